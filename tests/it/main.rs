@@ -1,0 +1,5 @@
+//! The one integration-test binary: each module tests one capability through the real `xtask` binary.
+
+mod util;
+
+mod tidy;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The one command that runs every test (README, "Two commands"); .ci/run calls exactly this.
+# It installs what the tests need on a fresh machine, then checks formatting,
+# lints, and runs the whole test suite against real git, zstd, zip and node.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v zstd >/dev/null || need_apt+=(zstd)
+command -v zip >/dev/null || need_apt+=(zip)
+command -v unzip >/dev/null || need_apt+=(unzip)
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
+[ -x "$(git --exec-path)/git-daemon" ] || need_apt+=(git-daemon-sysvinit)
+[ -x "$(git --exec-path)/git-http-backend" ] || need_apt+=(git)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "tools/test.sh: installing ${need_apt[*]}" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+  else
+    echo "tools/test.sh: missing ${need_apt[*]}; run as root or install them" >&2
+    exit 1
+  fi
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest
+fi
+if [ -f tools/test-requirements.txt ]; then
+  python3 -m pip install -q --disable-pip-version-check -r tools/test-requirements.txt
+fi
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --quiet -- -D warnings
+cargo nextest run --workspace --no-fail-fast "$@"

@@ -1,0 +1,19 @@
+//! warmstart's library: every capability lives here; the `xtask` binary only
+//! parses arguments and dispatches to `run`.
+//!
+//! Modules are one per capability (see ARCHITECTURE.md for the map). Shared
+//! pieces: `exit` (exit codes), `repo` (finding the repository and its state
+//! directory), `cli` (all argument types).
+
+pub mod cli;
+pub mod exit;
+pub mod repo;
+
+use anyhow::Result;
+
+/// Runs one parsed command line.
+pub fn run(cli: cli::Cli) -> Result<()> {
+    let _sh = xshell::Shell::new()?;
+    // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
+    match cli.command {}
+}

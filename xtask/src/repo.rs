@@ -1,0 +1,106 @@
+//! Finding the repository warmstart serves, and its private state directory.
+//!
+//! The binary works in any repository: it finds the root from the current
+//! directory, reads that repository's `cache-manifests/`, and keeps its state
+//! (stamps, logs, journals) under the git directory, never in the work tree.
+//! This module only looks at the file system; it never runs git, so the warm
+//! paths that use it stay fast.
+
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+use crate::exit::{Code, fail};
+
+/// A repository: its work-tree root and its git directory.
+#[derive(Clone, Debug)]
+pub struct Repo {
+    pub root: PathBuf,
+    pub git_dir: PathBuf,
+}
+
+impl Repo {
+    /// Walks up from `start` to the first directory holding `.git` (a
+    /// directory, or a `gitdir:` file as in worktrees and submodules).
+    pub fn discover(start: &Path) -> Result<Repo> {
+        let start = if start.is_absolute() {
+            start.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .context("reading the current directory")?
+                .join(start)
+        };
+        let mut dir = start.as_path();
+        loop {
+            let dot_git = dir.join(".git");
+            if dot_git.is_dir() {
+                return Ok(Repo {
+                    root: dir.to_path_buf(),
+                    git_dir: dot_git,
+                });
+            }
+            if dot_git.is_file() {
+                let text = std::fs::read_to_string(&dot_git)
+                    .with_context(|| format!("reading {}", dot_git.display()))?;
+                let target = text
+                    .strip_prefix("gitdir:")
+                    .map(str::trim)
+                    .with_context(|| format!("{} has no gitdir: line", dot_git.display()))?;
+                return Ok(Repo {
+                    root: dir.to_path_buf(),
+                    git_dir: dir.join(target),
+                });
+            }
+            match dir.parent() {
+                Some(parent) => dir = parent,
+                None => {
+                    return Err(fail(
+                        Code::Config,
+                        format!(
+                            "{} is not inside a git repository: run warmstart from a clone, or `git init` first",
+                            start.display()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Discovers from the current directory.
+    pub fn from_cwd() -> Result<Repo> {
+        Repo::discover(Path::new("."))
+    }
+
+    /// `cache-manifests/` of this repository.
+    pub fn manifests_dir(&self) -> PathBuf {
+        self.root.join("cache-manifests")
+    }
+
+    /// Where warmstart keeps per-clone state: `<git-dir>/warmstart/`.
+    /// Created on demand by the callers that write there.
+    pub fn state_dir(&self) -> PathBuf {
+        self.git_dir.join("warmstart")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_root_from_subdirectory() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join(".git")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("a/b")).unwrap();
+        let repo = Repo::discover(&tmp.path().join("a/b")).unwrap();
+        assert_eq!(repo.root, tmp.path());
+        assert_eq!(repo.state_dir(), tmp.path().join(".git/warmstart"));
+    }
+
+    #[test]
+    fn follows_gitdir_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(".git"), "gitdir: /elsewhere/wt\n").unwrap();
+        let repo = Repo::discover(tmp.path()).unwrap();
+        assert_eq!(repo.git_dir, Path::new("/elsewhere/wt"));
+    }
+}
