@@ -5,7 +5,9 @@
 //! pieces: `exit` (exit codes), `repo` (finding the repository and its state
 //! directory), `cli` (all argument types).
 
+pub mod cache;
 pub mod cli;
+pub mod clock;
 pub mod exit;
 pub mod repo;
 

@@ -1,0 +1,416 @@
+//! Cache branch format v1: `warmstart.json`, `SHA256SUMS` and chunk names.
+//!
+//! Pure data and text: this module parses and renders the files of a cache
+//! branch and never touches git, the network or the file system. See
+//! DESIGN.md, "Cache branch format v1" and "Legacy branches".
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The `format` field of `warmstart.json` this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The largest chunk a publisher may write. GitHub rejects files of 100 MiB
+/// (its "100 MB" is binary); the shell recipe's `split -b 99m` and our default
+/// stay a MiB below that.
+pub const MAX_CHUNK_BYTES: u64 = 100 * 1024 * 1024 - 1;
+
+/// Default chunk size: 99 MiB.
+pub const DEFAULT_CHUNK_BYTES: u64 = 99 * 1024 * 1024;
+
+/// `warmstart.json`: the machine manifest at the root of a cache branch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BranchManifest {
+    /// Always `FORMAT_VERSION` for files this build writes.
+    pub format: u32,
+    /// One entry per key held on the branch (e.g. one per platform).
+    pub keys: BTreeMap<String, KeyEntry>,
+}
+
+/// One published key: its chunks and what they decode to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyEntry {
+    /// `<key>.tar.zst`: the name of the (virtual) whole archive.
+    pub archive: String,
+    /// `zstd` for v1 (legacy branches may be gzip, but have no warmstart.json).
+    pub compression: String,
+    /// The chunk files, in order; their concatenation is the compressed stream.
+    pub chunks: Vec<Chunk>,
+    /// sha256 of the uncompressed tar stream.
+    pub tar_sha256: String,
+    /// Size in bytes of the uncompressed tar stream (also the unpack cap).
+    pub tar_size: u64,
+    /// Number of entries (files, directories, links) in the tar.
+    pub files: u64,
+    /// How the key was built: each pin's name and value, in order.
+    #[serde(default)]
+    pub key_parts: Vec<KeyPart>,
+    /// The commit and tree the artifact was published from.
+    #[serde(default)]
+    pub source_commit: Option<String>,
+    #[serde(default)]
+    pub source_tree: Option<String>,
+    /// The green gate record the publish relied on (null when none was required).
+    #[serde(default)]
+    pub gates: serde_json::Value,
+    /// True when published with `--allow-ungated`.
+    #[serde(default)]
+    pub ungated: bool,
+    /// RFC 3339 UTC time of the publish.
+    pub created_at: String,
+    /// `warmstart <version>` that published it.
+    pub tool_version: String,
+}
+
+/// One chunk file of a key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    pub file: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// One pin of a cache key, as recorded on the branch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPart {
+    pub name: String,
+    pub value: String,
+}
+
+impl BranchManifest {
+    pub fn new() -> BranchManifest {
+        BranchManifest {
+            format: FORMAT_VERSION,
+            keys: BTreeMap::new(),
+        }
+    }
+
+    /// Parses `warmstart.json`, refusing unknown format versions.
+    pub fn parse(text: &str) -> Result<BranchManifest> {
+        #[derive(Deserialize)]
+        struct Version {
+            format: u32,
+        }
+        let v: Version = serde_json::from_str(text)
+            .map_err(|e| anyhow::anyhow!("warmstart.json is not valid: {e}"))?;
+        if v.format != FORMAT_VERSION {
+            bail!(
+                "warmstart.json has format {} but this warmstart reads format {FORMAT_VERSION}: upgrade warmstart",
+                v.format
+            );
+        }
+        let m: BranchManifest = serde_json::from_str(text)
+            .map_err(|e| anyhow::anyhow!("warmstart.json is not valid: {e}"))?;
+        for (key, entry) in &m.keys {
+            entry.validate(key)?;
+        }
+        Ok(m)
+    }
+
+    /// Renders `warmstart.json` (pretty, trailing newline, stable order).
+    pub fn render(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).expect("manifest serializes");
+        s.push('\n');
+        s
+    }
+
+    /// The SHA256SUMS lines for every chunk of every key, sorted by file name.
+    pub fn sums(&self) -> Vec<SumLine> {
+        let mut lines: Vec<SumLine> = self
+            .keys
+            .values()
+            .flat_map(|e| e.chunks.iter())
+            .map(|c| SumLine {
+                sha256: c.sha256.clone(),
+                file: c.file.clone(),
+            })
+            .collect();
+        lines.sort_by(|a, b| a.file.cmp(&b.file));
+        lines
+    }
+}
+
+impl Default for BranchManifest {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KeyEntry {
+    /// Checks what a restorer relies on: safe chunk names, hex digests.
+    pub fn validate(&self, key: &str) -> Result<()> {
+        check_key(key)?;
+        if self.chunks.is_empty() {
+            bail!("key {key} lists no chunks");
+        }
+        for c in &self.chunks {
+            check_file_name(&c.file)?;
+            check_hex(&c.sha256, &c.file)?;
+        }
+        check_hex(&self.tar_sha256, &self.archive)?;
+        Ok(())
+    }
+}
+
+/// The name of chunk `index` of a key: `<key>.tar.zst.part000`.
+pub fn chunk_name(key: &str, index: usize) -> String {
+    format!("{key}.tar.zst.part{index:03}")
+}
+
+/// The whole-archive name of a key: `<key>.tar.zst`.
+pub fn archive_name(key: &str) -> String {
+    format!("{key}.tar.zst")
+}
+
+/// Keys become file names on the branch: letters, digits, `.`, `_`, `+`, `-` only.
+pub fn check_key(key: &str) -> Result<()> {
+    if key.is_empty()
+        || key.starts_with('.')
+        || !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b))
+    {
+        bail!(
+            "cache key {key:?} is not a safe file name (use letters, digits, '.', '_', '+', '-')"
+        );
+    }
+    Ok(())
+}
+
+/// A file named on a branch must be a plain name in the branch's root.
+pub fn check_file_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\0')
+        || name.contains('\n')
+    {
+        bail!("file name {name:?} on the branch is not a plain file name");
+    }
+    Ok(())
+}
+
+fn check_hex(hex: &str, what: &str) -> Result<()> {
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("sha256 of {what} is not 64 hex digits: {hex:?}");
+    }
+    Ok(())
+}
+
+/// One line of `SHA256SUMS`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SumLine {
+    pub sha256: String,
+    pub file: String,
+}
+
+/// Renders lines `sha256sum -c` accepts: `<hex>  <file>` (text mode).
+pub fn render_sums(lines: &[SumLine]) -> String {
+    lines
+        .iter()
+        .map(|l| format!("{}  {}\n", l.sha256, l.file))
+        .collect()
+}
+
+/// Parses `SHA256SUMS` as written by us or by `sha256sum` (text `  ` or
+/// binary ` *` separator). Lowercases the digests.
+pub fn parse_sums(text: &str) -> Result<Vec<SumLine>> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (hex, rest) = line
+            .split_once(' ')
+            .ok_or_else(|| anyhow::anyhow!("SHA256SUMS line {} has no file name", n + 1))?;
+        let file = rest.strip_prefix(' ').or_else(|| rest.strip_prefix('*'));
+        let Some(file) = file else {
+            bail!("SHA256SUMS line {} is not `<sha256>  <file>`", n + 1);
+        };
+        check_hex(hex, file)?;
+        check_file_name(file)?;
+        out.push(SumLine {
+            sha256: hex.to_ascii_lowercase(),
+            file: file.to_string(),
+        });
+    }
+    if out.is_empty() {
+        bail!("SHA256SUMS is empty");
+    }
+    Ok(out)
+}
+
+/// How to read a branch: v1 (warmstart.json) or a legacy shell-recipe branch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `warmstart.json` is present.
+    V1,
+    /// SHA256SUMS names one whole archive absent from the tree, whose
+    /// `<archive>.partNN` pieces are present: concatenated, they are it.
+    Legacy {
+        archive: String,
+        sha256: String,
+        compression: Compression,
+        parts: Vec<String>,
+    },
+}
+
+/// Compression of a legacy archive, from its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    Gzip,
+    Zstd,
+}
+
+/// Decides the layout from the branch's file names and SHA256SUMS text.
+pub fn detect_layout(files: &[String], sums: &str) -> Result<Layout> {
+    if files.iter().any(|f| f == "warmstart.json") {
+        return Ok(Layout::V1);
+    }
+    let lines = parse_sums(sums)?;
+    let [line] = lines.as_slice() else {
+        bail!(
+            "branch has no warmstart.json and SHA256SUMS names more than one file: not a legacy cache"
+        );
+    };
+    if files.contains(&line.file) {
+        bail!(
+            "branch has no warmstart.json and {} is a plain file: not a cache branch",
+            line.file
+        );
+    }
+    let compression = if line.file.ends_with(".gz") || line.file.ends_with(".tgz") {
+        Compression::Gzip
+    } else if line.file.ends_with(".zst") {
+        Compression::Zstd
+    } else {
+        bail!("legacy archive {} is neither .gz nor .zst", line.file);
+    };
+    let prefix = format!("{}.part", line.file);
+    let mut parts: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            f.strip_prefix(&prefix)
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .cloned()
+        .collect();
+    if parts.is_empty() {
+        bail!(
+            "legacy archive {} has no {prefix}NN pieces on the branch",
+            line.file
+        );
+    }
+    // Zero-padded numbers of equal width sort correctly as text; sort by
+    // number so that mixed widths (part9, part10) do too.
+    parts.sort_by_key(|p| p[prefix.len()..].parse::<u64>().unwrap_or(u64::MAX));
+    Ok(Layout::Legacy {
+        archive: line.file.clone(),
+        sha256: line.sha256.clone(),
+        compression,
+        parts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str) -> KeyEntry {
+        KeyEntry {
+            archive: archive_name(key),
+            compression: "zstd".into(),
+            chunks: vec![Chunk {
+                file: chunk_name(key, 0),
+                size: 3,
+                sha256: "a".repeat(64),
+            }],
+            tar_sha256: "b".repeat(64),
+            tar_size: 10240,
+            files: 1,
+            key_parts: vec![KeyPart {
+                name: "platform".into(),
+                value: "x86_64-linux".into(),
+            }],
+            source_commit: None,
+            source_tree: None,
+            gates: serde_json::Value::Null,
+            ungated: false,
+            created_at: "2026-11-30T00:00:00Z".into(),
+            tool_version: "warmstart 0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn manifest_round_trips() {
+        let mut m = BranchManifest::new();
+        m.keys.insert("k1".into(), entry("k1"));
+        let text = m.render();
+        assert!(text.ends_with("}\n"));
+        assert_eq!(BranchManifest::parse(&text).unwrap(), m);
+    }
+
+    #[test]
+    fn unknown_format_is_refused() {
+        let err = BranchManifest::parse(r#"{"format": 2, "keys": {}}"#).unwrap_err();
+        assert!(err.to_string().contains("format 2"), "{err}");
+    }
+
+    #[test]
+    fn hostile_chunk_name_is_refused() {
+        let mut m = BranchManifest::new();
+        let mut e = entry("k1");
+        e.chunks[0].file = "../x".into();
+        m.keys.insert("k1".into(), e);
+        assert!(BranchManifest::parse(&m.render()).is_err());
+    }
+
+    #[test]
+    fn sums_render_and_parse() {
+        let lines = vec![SumLine {
+            sha256: "0".repeat(64),
+            file: "k.tar.zst.part000".into(),
+        }];
+        let text = render_sums(&lines);
+        assert_eq!(text, format!("{}  k.tar.zst.part000\n", "0".repeat(64)));
+        assert_eq!(parse_sums(&text).unwrap(), lines);
+        let binary = format!("{} *k.tar.zst.part000\n", "0".repeat(64));
+        assert_eq!(parse_sums(&binary).unwrap(), lines);
+        assert!(parse_sums("nonsense\n").is_err());
+        assert!(parse_sums(&format!("{}  ../etc/passwd\n", "0".repeat(64))).is_err());
+    }
+
+    #[test]
+    fn legacy_layout_is_detected() {
+        let files: Vec<String> = ["SHA256SUMS", "cache.tar.gz.part01", "cache.tar.gz.part00"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let sums = format!("{}  cache.tar.gz\n", "c".repeat(64));
+        match detect_layout(&files, &sums).unwrap() {
+            Layout::Legacy {
+                archive,
+                compression,
+                parts,
+                ..
+            } => {
+                assert_eq!(archive, "cache.tar.gz");
+                assert_eq!(compression, Compression::Gzip);
+                assert_eq!(parts, ["cache.tar.gz.part00", "cache.tar.gz.part01"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let v1: Vec<String> = vec!["warmstart.json".into(), "SHA256SUMS".into()];
+        assert_eq!(detect_layout(&v1, "").unwrap(), Layout::V1);
+    }
+
+    #[test]
+    fn keys_must_be_safe_names() {
+        assert!(check_key("rust-1.95.0-x86_64-linux").is_ok());
+        assert!(check_key("a/b").is_err());
+        assert!(check_key(".hidden").is_err());
+        assert!(check_key("").is_err());
+    }
+}

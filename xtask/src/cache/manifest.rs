@@ -1,0 +1,716 @@
+//! Cache manifests: `cache-manifests/<name>.toml`, parsed into a validated plan.
+//!
+//! Two stages, as in ripgrep's flag handling: `Raw*` types are what the user
+//! wrote (serde, unknown fields refused), `CacheManifest` is the resolved plan
+//! (paths expanded, globs compiled, limits checked). Computing the key reads
+//! files and asks git for tree ids; parsing touches nothing but the manifest.
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+use crate::cache::format::{self, DEFAULT_CHUNK_BYTES, KeyPart, MAX_CHUNK_BYTES};
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+
+/// Files in `cache-manifests/` that are not cache manifests.
+pub const RESERVED: [&str; 2] = ["restore", "gates"];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    #[serde(default)]
+    cache: RawCache,
+    #[serde(default)]
+    key: Vec<RawPin>,
+    pack: RawPack,
+    restore: RawRestore,
+    #[serde(default)]
+    ready: Option<RawReady>,
+    #[serde(default)]
+    publish: RawPublish,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCache {
+    branch: Option<String>,
+    remote: Option<String>,
+    description: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPin {
+    name: String,
+    literal: Option<String>,
+    #[serde(default)]
+    platform: bool,
+    json: Option<RawJsonPin>,
+    regex: Option<RawRegexPin>,
+    git_tree: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJsonPin {
+    file: String,
+    pointer: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRegexPin {
+    file: String,
+    pattern: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPack {
+    root: String,
+    #[serde(default)]
+    include: Vec<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    #[serde(default)]
+    keep_mtime: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRestore {
+    path: String,
+    #[serde(default)]
+    mode: Mode,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReady {
+    path: Option<String>,
+    command: Option<Vec<String>>,
+    matches: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPublish {
+    #[serde(default)]
+    gates: Vec<String>,
+    chunk_bytes: Option<u64>,
+    level: Option<i32>,
+}
+
+/// How a restore installs: replace a directory the cache owns, or merge
+/// files into a shared prefix (with a journal).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Replace,
+    Merge,
+}
+
+/// One pin of the key.
+#[derive(Clone, Debug)]
+pub enum PinSource {
+    Literal(String),
+    Platform,
+    Json {
+        file: PathBuf,
+        pointer: String,
+    },
+    Regex {
+        file: PathBuf,
+        pattern: regex_lite::Regex,
+    },
+    GitTree(Vec<String>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Pin {
+    pub name: String,
+    pub source: PinSource,
+}
+
+/// The ready-probe: the install is usable when this holds.
+#[derive(Clone, Debug)]
+pub enum Ready {
+    /// The restore directory itself exists.
+    Exists,
+    /// This path (relative to the restore path) exists.
+    Path(PathBuf),
+    /// This command's stdout matches (or, without a pattern, it succeeds).
+    Command {
+        argv: Vec<String>,
+        matches: Option<regex_lite::Regex>,
+    },
+}
+
+/// A validated cache manifest.
+#[derive(Clone, Debug)]
+pub struct CacheManifest {
+    pub name: String,
+    pub file: PathBuf,
+    pub branch: String,
+    pub remote: String,
+    pub description: String,
+    pub pins: Vec<Pin>,
+    pub pack_root: PathBuf,
+    pub include: Vec<Glob>,
+    pub exclude: Vec<Glob>,
+    pub keep_mtime: bool,
+    pub restore_path: PathBuf,
+    pub mode: Mode,
+    pub ready: Ready,
+    pub gates: Vec<String>,
+    pub chunk_bytes: u64,
+    pub level: i32,
+}
+
+/// The path of manifest `name` in `repo`.
+pub fn path_of(repo: &Repo, name: &str) -> PathBuf {
+    repo.manifests_dir().join(format!("{name}.toml"))
+}
+
+/// Loads and validates `cache-manifests/<name>.toml`.
+pub fn load(repo: &Repo, name: &str) -> Result<CacheManifest> {
+    let file = path_of(repo, name);
+    if RESERVED.contains(&name) {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{name} is reserved for {}, not a cache manifest",
+                file.display()
+            ),
+        ));
+    }
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(fail(
+                Code::NotFound,
+                format!(
+                    "no cache manifest {}: create it, or see `cargo xtask cache list` for the caches this repository has",
+                    file.display()
+                ),
+            ));
+        }
+        Err(e) => return Err(anyhow!(e).context(format!("reading {}", file.display()))),
+    };
+    parse(repo, name, &file, &text)
+        .map_err(|e| fail(Code::Config, format!("{}: {e:#}", file.display())))
+}
+
+/// Names of every cache manifest in `repo` (sorted), without loading them.
+pub fn names(repo: &Repo) -> Result<Vec<String>> {
+    let dir = repo.manifests_dir();
+    let mut names = Vec::new();
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+        Err(e) => return Err(anyhow!(e).context(format!("reading {}", dir.display()))),
+    };
+    for entry in rd {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "toml")
+            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+            && !RESERVED.contains(&stem)
+        {
+            names.push(stem.to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManifest> {
+    let raw: RawManifest = toml::from_str(text).map_err(|e| anyhow!("{e}"))?;
+    let mut pins = Vec::new();
+    for p in raw.key {
+        pins.push(resolve_pin(repo, p)?);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &pins {
+        if !seen.insert(p.name.as_str()) {
+            bail!("key pin {:?} is declared twice", p.name);
+        }
+    }
+    let restore_path = expand_path(repo, &raw.restore.path)?;
+    let ready = match raw.ready {
+        None => Ready::Exists,
+        Some(RawReady {
+            path: Some(p),
+            command: None,
+            matches: None,
+        }) => {
+            let p = PathBuf::from(p);
+            if p.is_absolute() || p.components().any(|c| c.as_os_str() == "..") {
+                bail!("ready.path must be relative to the restore path and stay inside it");
+            }
+            Ready::Path(p)
+        }
+        Some(RawReady {
+            path: None,
+            command: Some(argv),
+            matches,
+        }) => {
+            if argv.is_empty() {
+                bail!("ready.command is empty");
+            }
+            let matches = matches
+                .map(|m| regex_lite::Regex::new(&m).map_err(|e| anyhow!("ready.matches: {e}")))
+                .transpose()?;
+            Ready::Command { argv, matches }
+        }
+        Some(_) => bail!("[ready] takes either `path`, or `command` with an optional `matches`"),
+    };
+    let chunk_bytes = raw.publish.chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES);
+    if chunk_bytes == 0 || chunk_bytes > MAX_CHUNK_BYTES {
+        bail!(
+            "publish.chunk_bytes must be between 1 and {MAX_CHUNK_BYTES} (GitHub rejects files of 100 MiB)"
+        );
+    }
+    let level = raw.publish.level.unwrap_or(3);
+    if !(1..=19).contains(&level) {
+        bail!("publish.level must be a zstd level from 1 to 19");
+    }
+    let branch = raw.cache.branch.unwrap_or_else(|| format!("{name}-cache"));
+    if branch.is_empty() || branch.starts_with('-') || branch.contains("..") || branch.contains(' ')
+    {
+        bail!("cache.branch {branch:?} is not a usable branch name");
+    }
+    let include = if raw.pack.include.is_empty() {
+        vec![Glob::new("**")?]
+    } else {
+        raw.pack
+            .include
+            .iter()
+            .map(|g| Glob::new(g))
+            .collect::<Result<_>>()?
+    };
+    Ok(CacheManifest {
+        name: name.to_string(),
+        file: file.to_path_buf(),
+        branch,
+        remote: raw.cache.remote.unwrap_or_else(|| "origin".into()),
+        description: raw.cache.description.unwrap_or_default(),
+        pins,
+        pack_root: expand_path(repo, &raw.pack.root)?,
+        include,
+        exclude: raw
+            .pack
+            .exclude
+            .iter()
+            .map(|g| Glob::new(g))
+            .collect::<Result<_>>()?,
+        keep_mtime: raw.pack.keep_mtime,
+        restore_path,
+        mode: raw.restore.mode,
+        ready,
+        gates: raw.publish.gates,
+        chunk_bytes,
+        level,
+    })
+}
+
+fn resolve_pin(repo: &Repo, p: RawPin) -> Result<Pin> {
+    let kinds = usize::from(p.literal.is_some())
+        + usize::from(p.platform)
+        + usize::from(p.json.is_some())
+        + usize::from(p.regex.is_some())
+        + usize::from(p.git_tree.is_some());
+    if kinds != 1 {
+        bail!(
+            "key pin {:?} must have exactly one of `literal`, `platform = true`, `json`, `regex`, `git_tree`",
+            p.name
+        );
+    }
+    let source = if let Some(l) = p.literal {
+        PinSource::Literal(l)
+    } else if p.platform {
+        PinSource::Platform
+    } else if let Some(j) = p.json {
+        if !(j.pointer.is_empty() || j.pointer.starts_with('/')) {
+            bail!("key pin {:?}: a JSON pointer starts with '/'", p.name);
+        }
+        PinSource::Json {
+            file: expand_path(repo, &j.file)?,
+            pointer: j.pointer,
+        }
+    } else if let Some(r) = p.regex {
+        let pattern =
+            regex_lite::Regex::new(&r.pattern).map_err(|e| anyhow!("key pin {:?}: {e}", p.name))?;
+        if pattern.captures_len() < 2 {
+            bail!(
+                "key pin {:?}: the regex needs a capture group for the value",
+                p.name
+            );
+        }
+        PinSource::Regex {
+            file: expand_path(repo, &r.file)?,
+            pattern,
+        }
+    } else {
+        let paths = p.git_tree.unwrap_or_default();
+        if paths.is_empty() {
+            bail!("key pin {:?}: git_tree lists no paths", p.name);
+        }
+        PinSource::GitTree(paths)
+    };
+    Ok(Pin {
+        name: p.name,
+        source,
+    })
+}
+
+/// Expands `~` and `$VAR` / `${VAR}`; a relative result is taken from the
+/// repository root. An unset variable is an error, not an empty string.
+pub fn expand_path(repo: &Repo, raw: &str) -> Result<PathBuf> {
+    let expanded = expand_vars(raw)?;
+    let path = if expanded == "~" {
+        home()?
+    } else if let Some(rest) = expanded.strip_prefix("~/") {
+        home()?.join(rest)
+    } else {
+        PathBuf::from(expanded)
+    };
+    Ok(if path.is_absolute() {
+        path
+    } else {
+        repo.root.join(path)
+    })
+}
+
+fn home() -> Result<PathBuf> {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .context("HOME is not set, so `~` cannot be expanded")
+}
+
+fn expand_vars(raw: &str) -> Result<String> {
+    let mut out = String::new();
+    let mut rest = raw;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let (name, tail) = if let Some(inner) = after.strip_prefix('{') {
+            let end = inner
+                .find('}')
+                .ok_or_else(|| anyhow!("unclosed ${{ in {raw:?}"))?;
+            (&inner[..end], &inner[end + 1..])
+        } else {
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..end], &after[end..])
+        };
+        if name.is_empty() {
+            bail!("a lone '$' in {raw:?}");
+        }
+        let value = std::env::var(name).map_err(|_| anyhow!("${name} in {raw:?} is not set"))?;
+        out.push_str(&value);
+        rest = tail;
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `x86_64-linux`, `aarch64-macos`, ...: the `platform` pin.
+pub fn platform() -> String {
+    format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS)
+}
+
+/// A computed key and the values that built it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Key {
+    pub value: String,
+    pub parts: Vec<KeyPart>,
+}
+
+/// Computes the key: each pin's value, sanitised to file-name characters,
+/// joined with `-` after the manifest name. `git_tree` pins run git.
+pub fn compute_key(sh: &xshell::Shell, repo: &Repo, m: &CacheManifest) -> Result<Key> {
+    let mut parts = Vec::new();
+    for pin in &m.pins {
+        let value = pin_value(sh, repo, pin)
+            .with_context(|| format!("key pin {:?} of {}", pin.name, m.file.display()))?;
+        parts.push(KeyPart {
+            name: pin.name.clone(),
+            value,
+        });
+    }
+    Ok(key_from_parts(&m.name, parts))
+}
+
+/// The key string for `name` and pin values (sanitised, joined with `-`).
+pub fn key_from_parts(name: &str, parts: Vec<KeyPart>) -> Key {
+    let mut value = sanitize(name);
+    for p in &parts {
+        value.push('-');
+        value.push_str(&sanitize(&p.value));
+    }
+    debug_assert!(format::check_key(&value).is_ok());
+    Key { value, parts }
+}
+
+fn sanitize(s: &str) -> String {
+    let t: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._+".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if t.is_empty() || t.starts_with('.') {
+        format!("_{t}")
+    } else {
+        t
+    }
+}
+
+fn pin_value(sh: &xshell::Shell, repo: &Repo, pin: &Pin) -> Result<String> {
+    match &pin.source {
+        PinSource::Literal(s) => Ok(s.clone()),
+        PinSource::Platform => Ok(platform()),
+        PinSource::Json { file, pointer } => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            let found = v
+                .pointer(pointer)
+                .ok_or_else(|| anyhow!("{} has nothing at {pointer}", file.display()))?;
+            Ok(match found {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+        }
+        PinSource::Regex { file, pattern } => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let caps = pattern.captures(&text).ok_or_else(|| {
+                anyhow!("{} does not match /{}/", file.display(), pattern.as_str())
+            })?;
+            Ok(caps
+                .get(1)
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default())
+        }
+        PinSource::GitTree(paths) => git_tree_digest(sh, repo, paths),
+    }
+}
+
+/// The first 16 hex digits of sha256 over `git rev-parse HEAD:<path>` lines
+/// (each with its newline). tools/bootstrap.sh computes the same with git and
+/// coreutils: `git rev-parse HEAD:a HEAD:b | sha256sum | cut -c1-16`.
+pub fn git_tree_digest(sh: &xshell::Shell, repo: &Repo, paths: &[String]) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let revs: Vec<String> = paths.iter().map(|p| format!("HEAD:{p}")).collect();
+    let root = &repo.root;
+    let out = xshell::cmd!(sh, "git -C {root} rev-parse {revs...}")
+        .quiet()
+        .read()
+        .with_context(|| format!("asking git for the tree ids of {}", paths.join(", ")))?;
+    let mut text = out;
+    text.push('\n');
+    let digest = Sha256::digest(text.as_bytes());
+    Ok(hex(&digest)[..16].to_string())
+}
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const H: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(H[(b >> 4) as usize] as char);
+        s.push(H[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// A path glob: `*` and `?` stay within one path component, `**` spans any
+/// number of them. Matched against `/`-separated paths relative to the pack root.
+#[derive(Clone, Debug)]
+pub struct Glob {
+    pub text: String,
+    re: regex_lite::Regex,
+}
+
+impl Glob {
+    pub fn new(glob: &str) -> Result<Glob> {
+        if glob.starts_with('/') || glob.split('/').any(|c| c == "..") {
+            bail!("glob {glob:?} must be relative to the pack root and stay inside it");
+        }
+        let mut re = String::from("^");
+        let mut chars = glob.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '*' if chars.peek() == Some(&'*') => {
+                    chars.next();
+                    if chars.peek() == Some(&'/') {
+                        chars.next();
+                        re.push_str("(?:.*/)?");
+                    } else {
+                        re.push_str(".*");
+                    }
+                }
+                '*' => re.push_str("[^/]*"),
+                '?' => re.push_str("[^/]"),
+                c => re.push_str(&regex_lite::escape(&c.to_string())),
+            }
+        }
+        re.push('$');
+        Ok(Glob {
+            text: glob.to_string(),
+            re: regex_lite::Regex::new(&re).map_err(|e| anyhow!("glob {glob:?}: {e}"))?,
+        })
+    }
+
+    pub fn matches(&self, rel: &str) -> bool {
+        self.re.is_match(rel)
+    }
+}
+
+impl CacheManifest {
+    /// Whether `rel` (a `/`-separated path under the pack root) is packed:
+    /// it, or a directory above it, matches an include, and nothing excludes it.
+    pub fn selects(&self, rel: &str) -> bool {
+        let mut prefixes = rel
+            .match_indices('/')
+            .map(|(i, _)| &rel[..i])
+            .chain(std::iter::once(rel));
+        let included = prefixes.any(|p| self.include.iter().any(|g| g.matches(p)));
+        included && !self.exclude.iter().any(|g| g.matches(rel))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo(dir: &Path) -> Repo {
+        Repo {
+            root: dir.to_path_buf(),
+            git_dir: dir.join(".git"),
+        }
+    }
+
+    fn parse_str(dir: &Path, text: &str) -> Result<CacheManifest> {
+        parse(&repo(dir), "tc", &dir.join("tc.toml"), text)
+    }
+
+    #[test]
+    fn minimal_manifest_gets_defaults() {
+        let m = parse_str(
+            Path::new("/r"),
+            "[pack]\nroot = \"out\"\n[restore]\npath = \"dest\"\n",
+        )
+        .unwrap();
+        assert_eq!(m.branch, "tc-cache");
+        assert_eq!(m.remote, "origin");
+        assert_eq!(m.pack_root, Path::new("/r/out"));
+        assert_eq!(m.restore_path, Path::new("/r/dest"));
+        assert_eq!(m.mode, Mode::Replace);
+        assert_eq!(m.chunk_bytes, DEFAULT_CHUNK_BYTES);
+        assert!(m.selects("a/b/c"));
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_pins_are_refused() {
+        let base = "[pack]\nroot = \"out\"\n[restore]\npath = \"dest\"\n";
+        assert!(parse_str(Path::new("/r"), &format!("{base}[cache]\nbrnach = \"x\"\n")).is_err());
+        let two = format!("{base}[[key]]\nname = \"a\"\nliteral = \"1\"\nplatform = true\n");
+        assert!(parse_str(Path::new("/r"), &two).is_err());
+        let big = format!("{base}[publish]\nchunk_bytes = 104857600\n");
+        assert!(parse_str(Path::new("/r"), &big).is_err());
+    }
+
+    #[test]
+    fn pins_build_the_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("build-info.json"),
+            r#"{"llvm": {"version": "19.1"}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            tmp.path().join("rust-toolchain.toml"),
+            "channel = \"1.95.0\"\n",
+        )
+        .unwrap();
+        let text = r#"
+[[key]]
+name = "v"
+literal = "2"
+[[key]]
+name = "llvm"
+json = { file = "build-info.json", pointer = "/llvm/version" }
+[[key]]
+name = "rust"
+regex = { file = "rust-toolchain.toml", pattern = 'channel = "([^"]+)"' }
+[[key]]
+name = "platform"
+platform = true
+[pack]
+root = "out"
+[restore]
+path = "dest"
+"#;
+        let m = parse_str(tmp.path(), text).unwrap();
+        let sh = xshell::Shell::new().unwrap();
+        let key = compute_key(&sh, &repo(tmp.path()), &m).unwrap();
+        assert_eq!(
+            key.value,
+            format!("tc-2-19.1-1.95.0-{}", platform().replace('-', "_"))
+        );
+        assert_eq!(key.parts[1].value, "19.1");
+        format::check_key(&key.value).unwrap();
+    }
+
+    #[test]
+    fn globs_match_paths() {
+        let g = Glob::new("lib/**/*.so").unwrap();
+        assert!(g.matches("lib/a.so"));
+        assert!(g.matches("lib/x/y/a.so"));
+        assert!(!g.matches("lib/a.so.1"));
+        assert!(!g.matches("bin/a.so"));
+        assert!(Glob::new("../x").is_err());
+        let star = Glob::new("bin/*").unwrap();
+        assert!(star.matches("bin/cargo"));
+        assert!(!star.matches("bin/sub/cargo"));
+    }
+
+    #[test]
+    fn include_selects_directories_and_their_contents() {
+        let m = parse_str(
+            Path::new("/r"),
+            "[pack]\nroot = \"o\"\ninclude = [\"bin\"]\nexclude = [\"**/*.tmp\"]\n[restore]\npath = \"d\"\n",
+        )
+        .unwrap();
+        assert!(m.selects("bin"));
+        assert!(m.selects("bin/tool"));
+        assert!(!m.selects("bin/x.tmp"));
+        assert!(!m.selects("lib/x"));
+    }
+
+    #[test]
+    fn variables_expand_and_unset_ones_fail() {
+        let r = repo(Path::new("/r"));
+        // SAFETY: tests in this module do not read these variables concurrently.
+        unsafe { std::env::set_var("WARMSTART_TEST_DIR", "/opt/x") };
+        assert_eq!(
+            expand_path(&r, "${WARMSTART_TEST_DIR}/bin").unwrap(),
+            Path::new("/opt/x/bin")
+        );
+        assert_eq!(
+            expand_path(&r, "$WARMSTART_TEST_DIR").unwrap(),
+            Path::new("/opt/x")
+        );
+        assert!(expand_path(&r, "$WARMSTART_SURELY_UNSET_VAR/x").is_err());
+    }
+}
