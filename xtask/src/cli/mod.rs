@@ -4,6 +4,8 @@
 //! has never seen warmstart. This module only describes arguments; it never
 //! does any work (that is `crate::run` and the capability modules).
 
+pub mod cache;
+
 use clap::{Parser, Subcommand};
 
 /// warmstart: make a fresh or recycled machine fully working again in
