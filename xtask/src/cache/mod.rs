@@ -7,3 +7,4 @@
 pub mod format;
 pub mod git;
 pub mod manifest;
+pub mod pack;
