@@ -8,3 +8,4 @@ pub mod format;
 pub mod git;
 pub mod manifest;
 pub mod pack;
+pub mod readme;
