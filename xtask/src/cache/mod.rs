@@ -3,9 +3,33 @@
 //! `format` is the branch layout (pure data), `manifest` the validated
 //! `cache-manifests/<name>.toml` plan and key computation, `git` the plumbing
 //! both halves share (a private cache.git, shallow fetch, blobs, trees, push).
+//! The publish half: `pack` (deterministic tar -> zstd -> chunk files),
+//! `readme` (the branch README), `publish` (merge the key, root commit, push).
 
 pub mod format;
 pub mod git;
 pub mod manifest;
 pub mod pack;
+pub mod publish;
 pub mod readme;
+
+use anyhow::Result;
+use xshell::Shell;
+
+use crate::cli::cache::{CacheArgs, CacheCommand};
+use crate::exit::{Code, fail};
+
+/// `cargo xtask cache ...`.
+pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
+    match args.command {
+        CacheCommand::Publish(a) => publish::run(sh, a),
+        // The restore half (branch cache-restore) wires these arms.
+        CacheCommand::Restore(_)
+        | CacheCommand::Verify(_)
+        | CacheCommand::List(_)
+        | CacheCommand::Status(_) => Err(fail(
+            Code::Failed,
+            "this build of warmstart has cache publish only: restore, verify, list and status come with the restore half",
+        )),
+    }
+}
