@@ -2,4 +2,5 @@
 
 mod util;
 
+mod cache_publish;
 mod tidy;
