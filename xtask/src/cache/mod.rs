@@ -5,3 +5,17 @@
 
 pub mod format;
 pub mod manifest;
+pub mod stamp;
+pub mod verify;
+
+/// Test-only kill point (temporary until unpack's is merged).
+pub(crate) fn kill_point(name: &str) {
+    if let Some(at) = std::env::var_os("WARMSTART_TEST_KILL_AT")
+        && at == name
+    {
+        // SAFETY: raise(3) with a valid signal number has no preconditions.
+        unsafe {
+            libc::raise(libc::SIGKILL);
+        }
+    }
+}
