@@ -1,0 +1,895 @@
+//! Git plumbing for cache branches, shared by publish and restore.
+//!
+//! Cache objects never enter the user's object store: every object lives in
+//! a private bare repository, `<git-dir>/warmstart/cache.git`, and the remote
+//! is addressed by URL (resolved from the user's remote name once). A branch
+//! is fetched shallow into `refs/warmstart/<branch>` of that repository.
+//!
+//! Why the git CLI and not libgit2: git2 is not a dependency (it would add a
+//! C build and OpenSSL/libssh2 to every cold compile), and the CLI is the
+//! best transport there is: it honours the user's credential helpers,
+//! `insteadOf` rewrites, proxies and ssh configuration, speaks protocol v2,
+//! and streams big blobs through bulk check-in without holding them in memory.
+//!
+//! This module never writes to the user's repository: it only reads its
+//! remote URLs and transport settings (`git -C <root> config`).
+
+use anyhow::{Context, Result, anyhow, bail};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use xshell::{Shell, cmd};
+
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+
+/// Settings written into `cache.git/config` when it is created, and passed
+/// again on the commands where they matter (a cache.git made by hand may
+/// lack them).
+///
+/// - Chunks are already zstd-compressed: zlib over them (git's default) costs
+///   seconds per 100 MB and saves nothing, so objects are stored at level 0.
+/// - `core.bigFileThreshold` below the chunk size makes `hash-object` stream
+///   each chunk straight into a pack (bulk check-in) instead of a loose
+///   object, and makes `pack-objects` skip delta search on chunks (a delta
+///   window over 99 MiB random blobs costs a GiB of memory for nothing).
+/// - No automatic gc: a repack of a multi-GB cache in the middle of a restore
+///   is a surprise nobody wants.
+const CONFIG: [(&str, &str); 6] = [
+    ("core.compression", "0"),
+    ("pack.compression", "0"),
+    ("core.bigFileThreshold", "1m"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("receive.autogc", "false"),
+];
+
+/// The local transport settings of the user's repository that a fetch or a
+/// push from cache.git must see too. CI checkouts keep the access token in
+/// the repository's own config (e.g. actions/checkout writes
+/// `http.https://github.com/.extraheader`), which cache.git would not read.
+const FORWARDED_CONFIG: &str = r"^(http|credential|url|protocol)\.|^core\.(sshcommand|askpass)$";
+
+/// A resolved remote: what the user called it, and the URL git talks to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Remote {
+    /// The configured remote name, or the URL itself when given directly.
+    pub name: String,
+    /// A URL or an absolute path, usable from any directory.
+    pub url: String,
+}
+
+impl std::fmt::Display for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.name == self.url {
+            write!(f, "{}", self.url)
+        } else {
+            write!(f, "{} ({})", self.name, self.url)
+        }
+    }
+}
+
+/// One line of `git ls-tree -l`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// `100644`, `100755`, `040000`, `120000`, `160000`.
+    pub mode: String,
+    /// `blob`, `tree` or `commit`.
+    pub kind: String,
+    pub oid: String,
+    /// Blob size in bytes (`None` for trees and submodules).
+    pub size: Option<u64>,
+    pub name: String,
+}
+
+/// The private object store of one clone.
+#[derive(Clone, Debug)]
+pub struct CacheGit {
+    /// `<git-dir>/warmstart/cache.git`.
+    pub dir: PathBuf,
+    /// Transport settings forwarded from the user's repository.
+    forwarded: Vec<(String, String)>,
+    /// The user's work-tree root (to resolve remotes).
+    root: PathBuf,
+}
+
+/// The ref a fetched branch is kept under in cache.git.
+pub fn local_ref(branch: &str) -> String {
+    format!("refs/warmstart/{branch}")
+}
+
+impl CacheGit {
+    /// Opens cache.git of `repo`, creating it on first use.
+    pub fn open(sh: &Shell, repo: &Repo) -> Result<CacheGit> {
+        let dir = repo.state_dir().join("cache.git");
+        if !dir.join("HEAD").is_file() {
+            create(sh, &dir)?;
+        }
+        let forwarded = forwarded_config(sh, &repo.root)?;
+        Ok(CacheGit {
+            dir,
+            forwarded,
+            root: repo.root.clone(),
+        })
+    }
+
+    /// A `git` command run in cache.git, with the forwarded transport
+    /// settings and messages in English (errors are classified by their text).
+    pub fn git(&self) -> Command {
+        let mut c = Command::new("git");
+        c.arg("--git-dir").arg(&self.dir);
+        for (k, v) in CONFIG {
+            c.arg("-c").arg(format!("{k}={v}"));
+        }
+        self.apply_env(&mut c);
+        c
+    }
+
+    fn apply_env(&self, c: &mut Command) {
+        c.env("LC_ALL", "C").env("LANGUAGE", "C");
+        c.env_remove("GIT_DIR").env_remove("GIT_WORK_TREE");
+        c.env_remove("GIT_INDEX_FILE")
+            .env_remove("GIT_OBJECT_DIRECTORY");
+        if !self.forwarded.is_empty() {
+            // GIT_CONFIG_COUNT keeps secrets (extraheader tokens) out of argv.
+            let base: usize = std::env::var("GIT_CONFIG_COUNT")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            for (i, (k, v)) in self.forwarded.iter().enumerate() {
+                c.env(format!("GIT_CONFIG_KEY_{}", base + i), k);
+                c.env(format!("GIT_CONFIG_VALUE_{}", base + i), v);
+            }
+            c.env(
+                "GIT_CONFIG_COUNT",
+                (base + self.forwarded.len()).to_string(),
+            );
+        }
+    }
+
+    /// Resolves a remote name (`origin`) or a URL/path to a URL git can use
+    /// from cache.git. A relative path is taken from the repository root.
+    pub fn resolve_remote(&self, sh: &Shell, remote: &str) -> Result<Remote> {
+        resolve_remote(sh, &self.root, remote)
+    }
+
+    /// Fetches `branch` shallow into `refs/warmstart/<branch>`; `Ok(None)`
+    /// when the remote has no such branch. Unreachable remote: exit code 8.
+    pub fn try_fetch_branch(&self, remote: &Remote, branch: &str) -> Result<Option<String>> {
+        check_branch(branch)?;
+        let _lock = self.lock()?;
+        let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
+        let out = self
+            .git()
+            .args(["fetch", "--quiet", "--depth", "1", "--no-tags"])
+            .args([
+                "--no-write-fetch-head",
+                "--no-auto-gc",
+                "--no-recurse-submodules",
+            ])
+            .arg("--")
+            .arg(&remote.url)
+            .arg(&refspec)
+            .stdin(Stdio::null())
+            .output()
+            .context("running git fetch")?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if stderr.contains("couldn't find remote ref") {
+                return Ok(None);
+            }
+            return Err(fail(
+                Code::Remote,
+                format!(
+                    "cannot fetch {branch} from {remote}: {}",
+                    last_lines(&stderr)
+                ),
+            ));
+        }
+        self.rev_parse(&local_ref(branch))?
+            .map(Some)
+            .ok_or_else(|| anyhow!("git fetch of {branch} from {remote} left no ref"))
+    }
+
+    /// Fetches `branch` shallow; a missing branch is exit code 4 (not found).
+    pub fn fetch_branch(&self, remote: &Remote, branch: &str) -> Result<String> {
+        self.try_fetch_branch(remote, branch)?.ok_or_else(|| {
+            fail(
+                Code::NotFound,
+                format!(
+                    "{remote} has no branch {branch}: publish it first (`cargo xtask cache publish`), or check cache.branch and cache.remote in the manifest"
+                ),
+            )
+        })
+    }
+
+    /// The commit `refs/warmstart/<branch>` points at from the last fetch or
+    /// publish in this clone, without contacting the remote.
+    pub fn local_branch(&self, branch: &str) -> Result<Option<String>> {
+        self.rev_parse(&local_ref(branch))
+    }
+
+    /// Points `refs/warmstart/<branch>` at `commit` (after a publish pushed it,
+    /// so the next fetch of that commit downloads nothing).
+    pub fn set_local_branch(&self, branch: &str, commit: &str) -> Result<()> {
+        run(self.git().args(["update-ref", &local_ref(branch), commit]))
+            .map(drop)
+            .with_context(|| format!("recording {branch} at {commit} in {}", self.dir.display()))
+    }
+
+    fn rev_parse(&self, rev: &str) -> Result<Option<String>> {
+        let out = self
+            .git()
+            .args([
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                &format!("{rev}^{{commit}}"),
+            ])
+            .output()
+            .context("running git rev-parse")?;
+        Ok(if out.status.success() {
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            None
+        })
+    }
+
+    /// The root tree of a commit (`git ls-tree -l -z`), in git's order.
+    pub fn ls_tree(&self, rev: &str) -> Result<Vec<TreeEntry>> {
+        let out = run(self.git().args(["ls-tree", "-l", "-z", "--full-tree", rev]))
+            .with_context(|| format!("listing the tree of {rev}"))?;
+        parse_ls_tree(&out)
+    }
+
+    /// Streams a blob: the reader fails (rather than ending early) if git
+    /// exits with an error before the whole blob was read.
+    pub fn read_blob(&self, oid: &str) -> Result<BlobReader> {
+        let mut child = self
+            .git()
+            .args(["cat-file", "blob", oid])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running git cat-file")?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        Ok(BlobReader {
+            child: Some(child),
+            stdout,
+            oid: oid.to_string(),
+        })
+    }
+
+    /// A whole small blob (e.g. `warmstart.json`) as bytes.
+    pub fn read_blob_bytes(&self, oid: &str) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.read_blob(oid)?
+            .read_to_end(&mut buf)
+            .with_context(|| format!("reading blob {oid}"))?;
+        Ok(buf)
+    }
+
+    /// Writes a small blob from memory.
+    pub fn write_blob_bytes(&self, bytes: &[u8]) -> Result<String> {
+        let mut child = self
+            .git()
+            .args(["hash-object", "-w", "--stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running git hash-object")?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let write = stdin.write_all(bytes);
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .context("running git hash-object")?;
+        write.context("writing to git hash-object")?;
+        check_status(&out, "git hash-object")?;
+        parse_oid(&out.stdout)
+    }
+
+    /// Starts a writer that turns files (big chunks) into blobs. Each file
+    /// is streamed by git into its own pack, uncompressed (see `CONFIG`):
+    /// no loose 99 MiB objects, no zlib, no copy through a pipe.
+    pub fn blob_writer(&self) -> Result<BlobWriter> {
+        let mut child = self
+            .git()
+            .args(["hash-object", "-w", "--no-filters", "--stdin-paths"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running git hash-object --stdin-paths")?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Ok(BlobWriter {
+            child,
+            stdin: Some(stdin),
+            stdout,
+        })
+    }
+
+    /// Builds a tree from entries (`mode`, `kind`, `oid`, `name`; sizes are
+    /// ignored). Names must be unique; git sorts them.
+    pub fn mktree(&self, entries: &[TreeEntry]) -> Result<String> {
+        let mut input = Vec::new();
+        for e in entries {
+            if e.name.contains('\0') || e.name.contains('/') {
+                bail!("tree entry name {:?} is not a plain file name", e.name);
+            }
+            write!(input, "{} {} {}\t{}\0", e.mode, e.kind, e.oid, e.name)?;
+        }
+        let mut child = self
+            .git()
+            .args(["mktree", "-z"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running git mktree")?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let write = stdin.write_all(&input);
+        drop(stdin);
+        let out = child.wait_with_output().context("running git mktree")?;
+        write.context("writing to git mktree")?;
+        check_status(&out, "git mktree")?;
+        parse_oid(&out.stdout)
+    }
+
+    /// A commit of `tree` with no parent (a cache branch is always one root
+    /// commit). The identity is fixed: the commit is made by a machine, and
+    /// a runner without `user.name` must still publish.
+    pub fn commit_tree(&self, tree: &str, message: &str) -> Result<String> {
+        let out = self
+            .git()
+            .args(["commit-tree", tree, "-m", message])
+            .env("GIT_AUTHOR_NAME", "warmstart")
+            .env("GIT_AUTHOR_EMAIL", "warmstart@localhost")
+            .env("GIT_COMMITTER_NAME", "warmstart")
+            .env("GIT_COMMITTER_EMAIL", "warmstart@localhost")
+            .stdin(Stdio::null())
+            .output()
+            .context("running git commit-tree")?;
+        check_status(&out, "git commit-tree")?;
+        parse_oid(&out.stdout)
+    }
+
+    /// Pushes `commit` to `refs/heads/<branch>` with a lease: the remote ref
+    /// must still be `expected` (`None`: must not exist). `progress` gets
+    /// git's "Writing objects" percentage as it goes.
+    pub fn push_branch(
+        &self,
+        remote: &Remote,
+        branch: &str,
+        commit: &str,
+        expected: Option<&str>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        check_branch(branch)?;
+        let dst = format!("refs/heads/{branch}");
+        let lease = format!("--force-with-lease={dst}:{}", expected.unwrap_or(""));
+        let mut child = self
+            .git()
+            .args(["push", "--porcelain", "--progress", "--no-verify"])
+            .arg(&lease)
+            .arg("--")
+            .arg(&remote.url)
+            .arg(format!("{commit}:{dst}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running git push")?;
+        let mut stdout = child.stdout.take().expect("piped stdout");
+        let out_thread = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout.read_to_string(&mut s);
+            s
+        });
+        let stderr = read_progress(child.stderr.take().expect("piped stderr"), progress);
+        let status = child.wait().context("waiting for git push")?;
+        let stdout = out_thread.join().unwrap_or_default();
+        if status.success() {
+            return Ok(());
+        }
+        if stdout.contains("stale info") || stdout.contains("fetch first") {
+            return Err(fail(
+                Code::Remote,
+                format!(
+                    "{branch} on {remote} changed since it was fetched (another publish?): nothing was pushed; publish again to rebase on it"
+                ),
+            ));
+        }
+        let mut why = last_lines(&stderr);
+        if why.is_empty() {
+            why = last_lines(&stdout);
+        }
+        Err(fail(
+            Code::Remote,
+            format!("cannot push {branch} to {remote}: {why}"),
+        ))
+    }
+
+    /// An exclusive lock on cache.git's refs for one fetch: concurrent
+    /// fetches into the same ref would otherwise fail on git's ref lock.
+    fn lock(&self) -> Result<File> {
+        let path = self.dir.join("warmstart-fetch.lock");
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        file.lock()
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(file)
+    }
+}
+
+/// `git hash-object --stdin-paths`, kept running across chunks.
+pub struct BlobWriter {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl BlobWriter {
+    /// Writes the file at `path` (absolute) as a blob; returns its oid. The
+    /// file may be deleted once this returns.
+    pub fn write_file(&mut self, path: &Path) -> Result<String> {
+        let text = path
+            .to_str()
+            .filter(|p| !p.contains('\n'))
+            .ok_or_else(|| anyhow!("{} cannot be passed to git by name", path.display()))?;
+        let stdin = self.stdin.as_mut().expect("writer is open");
+        let sent = writeln!(stdin, "{text}").and_then(|()| stdin.flush());
+        let mut line = String::new();
+        let read = self.stdout.read_line(&mut line);
+        if sent.is_err() || !matches!(read, Ok(n) if n > 0) {
+            return Err(self.failure(&format!("writing {} to cache.git", path.display())));
+        }
+        parse_oid(line.as_bytes())
+    }
+
+    fn failure(&mut self, what: &str) -> anyhow::Error {
+        drop(self.stdin.take());
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        let _ = self.child.wait();
+        anyhow!("{what}: git hash-object failed: {}", last_lines(&err))
+    }
+
+    /// Closes the writer and checks git's exit status.
+    pub fn finish(mut self) -> Result<()> {
+        drop(self.stdin.take());
+        let status = self.child.wait().context("waiting for git hash-object")?;
+        if !status.success() {
+            let mut err = String::new();
+            if let Some(mut e) = self.child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            bail!("git hash-object failed: {}", last_lines(&err));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        if self.stdin.take().is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A blob streamed from `git cat-file blob`. End of stream is only reported
+/// after git exited successfully, so a failing git never looks like a short
+/// blob.
+pub struct BlobReader {
+    child: Option<Child>,
+    stdout: ChildStdout,
+    oid: String,
+}
+
+impl Read for BlobReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.stdout.read(buf)?;
+        if n == 0
+            && !buf.is_empty()
+            && let Some(mut child) = self.child.take()
+        {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            let status = child.wait()?;
+            if !status.success() {
+                return Err(std::io::Error::other(format!(
+                    "git cat-file blob {} failed: {}",
+                    self.oid,
+                    last_lines(&err)
+                )));
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for BlobReader {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn create(sh: &Shell, dir: &Path) -> Result<()> {
+    // Made under a temporary name and renamed into place, so two processes
+    // creating cache.git at once never see (or configure) a half-made one.
+    let parent = dir.parent().expect("cache.git has a parent");
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let tmp = parent.join(format!("cache.git.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    cmd!(sh, "git init --bare -q {tmp}")
+        .env("LC_ALL", "C")
+        .quiet()
+        .ignore_stdout()
+        .run()
+        .with_context(|| format!("creating {}", dir.display()))?;
+    for (k, v) in CONFIG {
+        cmd!(sh, "git --git-dir {tmp} config {k} {v}")
+            .quiet()
+            .run()
+            .with_context(|| format!("configuring {}", dir.display()))?;
+    }
+    if let Err(e) = std::fs::rename(&tmp, dir) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        // Another process won the race: its cache.git is as good as ours.
+        if !dir.join("HEAD").is_file() {
+            return Err(anyhow!(e).context(format!("creating {}", dir.display())));
+        }
+    }
+    Ok(())
+}
+
+fn forwarded_config(sh: &Shell, root: &Path) -> Result<Vec<(String, String)>> {
+    let out = cmd!(
+        sh,
+        "git -C {root} config --local -z --get-regexp {FORWARDED_CONFIG}"
+    )
+    .quiet()
+    .ignore_status()
+    .ignore_stderr()
+    .output()
+    .context("reading the repository's transport settings")?;
+    // Exit 1 means "no such settings"; anything else is not ours to judge
+    // (e.g. a repository without config): forward nothing.
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .split('\0')
+        .filter(|r| !r.is_empty())
+        .map(|r| match r.split_once('\n') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (r.to_string(), "true".to_string()),
+        })
+        .collect())
+}
+
+/// Resolves `remote` for the repository at `root`: a configured remote name
+/// (`git remote get-url`), else a URL, an scp-like `host:path`, or a path.
+pub fn resolve_remote(sh: &Shell, root: &Path, remote: &str) -> Result<Remote> {
+    if remote.is_empty() || remote.starts_with('-') {
+        return Err(fail(
+            Code::Config,
+            format!("{remote:?} is not a remote name or URL"),
+        ));
+    }
+    if !looks_like_location(remote) {
+        let out = cmd!(sh, "git -C {root} remote get-url {remote}")
+            .quiet()
+            .ignore_status()
+            .output()
+            .context("running git remote get-url")?;
+        if !out.status.success() {
+            return Err(fail(
+                Code::Config,
+                format!(
+                    "remote {remote} is not configured in {}: add it (`git remote add {remote} URL`), or name a URL with --remote or cache.remote",
+                    root.display()
+                ),
+            ));
+        }
+        let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        return Ok(Remote {
+            name: remote.to_string(),
+            url: absolutize(root, &url),
+        });
+    }
+    let url = absolutize(root, remote);
+    Ok(Remote {
+        name: url.clone(),
+        url,
+    })
+}
+
+/// A URL (`scheme://`), scp-like (`host:path`, colon before any slash) or a path.
+fn looks_like_location(s: &str) -> bool {
+    s.contains("://") || is_scp_like(s) || s.contains('/') || s.starts_with('.')
+}
+
+fn is_scp_like(s: &str) -> bool {
+    match (s.find(':'), s.find('/')) {
+        (Some(c), Some(sl)) => c < sl && c > 0,
+        (Some(c), None) => c > 0,
+        _ => false,
+    }
+}
+
+/// Relative local paths are taken from the repository root, because git
+/// runs in cache.git, not there.
+fn absolutize(root: &Path, url: &str) -> String {
+    if url.contains("://") || is_scp_like(url) || Path::new(url).is_absolute() {
+        url.to_string()
+    } else {
+        root.join(url).to_string_lossy().into_owned()
+    }
+}
+
+/// Branch names go into refspecs: refuse what could change their meaning.
+pub fn check_branch(branch: &str) -> Result<()> {
+    if branch.is_empty()
+        || branch.starts_with('-')
+        || branch.contains("..")
+        || branch
+            .bytes()
+            .any(|b| b <= b' ' || b":~^?*[\\".contains(&b))
+    {
+        return Err(fail(
+            Code::Config,
+            format!("{branch:?} is not a usable branch name"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `git ls-tree -l -z` output.
+pub fn parse_ls_tree(out: &[u8]) -> Result<Vec<TreeEntry>> {
+    let text = std::str::from_utf8(out).context("git ls-tree printed a non-UTF-8 name")?;
+    let mut entries = Vec::new();
+    for rec in text.split('\0').filter(|r| !r.is_empty()) {
+        let (meta, name) = rec
+            .split_once('\t')
+            .ok_or_else(|| anyhow!("unexpected git ls-tree line {rec:?}"))?;
+        let fields: Vec<&str> = meta.split_whitespace().collect();
+        let [mode, kind, oid, size] = fields[..] else {
+            bail!("unexpected git ls-tree line {rec:?}");
+        };
+        entries.push(TreeEntry {
+            mode: mode.to_string(),
+            kind: kind.to_string(),
+            oid: oid.to_string(),
+            size: size.parse().ok(),
+            name: name.to_string(),
+        });
+    }
+    Ok(entries)
+}
+
+/// Reads git's progress output (lines ended by `\r` or `\n`), reports the
+/// "Writing objects" percentage, and returns everything it read.
+fn read_progress(mut stderr: impl Read, progress: &mut dyn FnMut(u64)) -> String {
+    let mut all = Vec::new();
+    let mut line = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stderr.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        for &b in &buf[..n] {
+            all.push(b);
+            if b == b'\r' || b == b'\n' {
+                let l = String::from_utf8_lossy(&line);
+                if let Some(rest) = l
+                    .trim_start_matches("remote: ")
+                    .strip_prefix("Writing objects:")
+                    && let Some(pct) = rest.trim().split('%').next()
+                    && let Ok(p) = pct.trim().parse::<u64>()
+                {
+                    progress(p);
+                }
+                line.clear();
+            } else {
+                line.push(b);
+            }
+        }
+    }
+    // Keep only whole lines of the final state, not every progress update.
+    String::from_utf8_lossy(&all)
+        .split(['\r', '\n'])
+        .filter(|l| !l.contains("objects:") && !l.contains("Delta compression"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn run(cmd: &mut Command) -> Result<Vec<u8>> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    check_status(&out, "git")?;
+    Ok(out.stdout)
+}
+
+fn check_status(out: &std::process::Output, what: &str) -> Result<()> {
+    if !out.status.success() {
+        bail!(
+            "{what} failed: {}",
+            last_lines(&String::from_utf8_lossy(&out.stderr))
+        );
+    }
+    Ok(())
+}
+
+fn parse_oid(out: &[u8]) -> Result<String> {
+    let s = String::from_utf8_lossy(out).trim().to_string();
+    if !(s.len() == 40 || s.len() == 64) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("git printed {s:?} where an object id was expected");
+    }
+    Ok(s)
+}
+
+/// The last meaningful lines of a git error, joined on one line.
+fn last_lines(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("hint:"))
+        .collect();
+    let start = lines.len().saturating_sub(2);
+    let s = lines[start..].join("; ");
+    if s.is_empty() {
+        "no message from git".to_string()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ls_tree_lines_parse() {
+        let out = b"100644 blob 3b18e512dba79e4c8300dd08aeb37f8e728b8dad      12\tREADME.md\x00040000 tree 4b825dc642cb6eb9a060e54bf8d69288fbee4904       -\tsub dir\0";
+        let e = parse_ls_tree(out).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].size, Some(12));
+        assert_eq!(e[0].name, "README.md");
+        assert_eq!(e[1].kind, "tree");
+        assert_eq!(e[1].size, None);
+        assert_eq!(e[1].name, "sub dir");
+    }
+
+    #[test]
+    fn locations_are_told_from_names() {
+        assert!(!looks_like_location("origin"));
+        assert!(looks_like_location("https://example.com/x.git"));
+        assert!(looks_like_location("git@github.com:o/r.git"));
+        assert!(looks_like_location("../origin.git"));
+        assert!(looks_like_location("/srv/origin.git"));
+        let root = Path::new("/work/repo");
+        assert_eq!(absolutize(root, "../o.git"), "/work/repo/../o.git");
+        assert_eq!(absolutize(root, "git@h:o/r.git"), "git@h:o/r.git");
+        assert_eq!(absolutize(root, "file:///srv/o.git"), "file:///srv/o.git");
+    }
+
+    #[test]
+    fn branch_names_are_checked() {
+        assert!(check_branch("xtask-bin-cache").is_ok());
+        assert!(check_branch("caches/rust").is_ok());
+        for bad in ["", "-x", "a..b", "a b", "a:b", "a^", "a~1"] {
+            assert!(check_branch(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn progress_is_parsed_from_carriage_returns() {
+        let text = b"Enumerating objects: 5, done.\rWriting objects:  40% (2/5)\rWriting objects: 100% (5/5), 1.00 MiB | 2 MiB/s, done.\nTotal 5\nerror: boom\n";
+        let mut seen = Vec::new();
+        let rest = read_progress(&text[..], &mut |p| seen.push(p));
+        assert_eq!(seen, [40, 100]);
+        assert!(rest.contains("error: boom"));
+        assert!(!rest.contains("Writing objects"));
+    }
+
+    #[test]
+    fn git_errors_keep_their_last_lines() {
+        assert_eq!(
+            last_lines("hint: x\nfatal: one\nfatal: two\n"),
+            "fatal: one; fatal: two"
+        );
+        assert_eq!(last_lines(""), "no message from git");
+    }
+
+    /// The whole publish path against a real bare remote: blobs, a root
+    /// tree and commit, a leased push, a shallow fetch back, a missing branch.
+    #[test]
+    fn publish_and_fetch_through_a_bare_remote() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sh = Shell::new().unwrap();
+        let root = tmp.path().join("work");
+        let origin = tmp.path().join("origin.git");
+        cmd!(sh, "git init -q {root}").run().unwrap();
+        cmd!(sh, "git init -q --bare {origin}").run().unwrap();
+        cmd!(sh, "git -C {root} remote add origin ../origin.git")
+            .run()
+            .unwrap();
+        let repo = Repo::discover(&root).unwrap();
+        let git = CacheGit::open(&sh, &repo).unwrap();
+        assert!(repo.state_dir().join("cache.git/HEAD").is_file());
+        let remote = git.resolve_remote(&sh, "origin").unwrap();
+        assert_eq!(remote.url, root.join("../origin.git").to_string_lossy());
+        assert_eq!(git.try_fetch_branch(&remote, "c-cache").unwrap(), None);
+        let err = git.fetch_branch(&remote, "c-cache").unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::NotFound);
+
+        let chunk = tmp.path().join("chunk");
+        std::fs::write(&chunk, vec![7u8; 3 << 20]).unwrap();
+        let mut w = git.blob_writer().unwrap();
+        let big = w.write_file(&chunk).unwrap();
+        w.finish().unwrap();
+        let small = git.write_blob_bytes(b"hello\n").unwrap();
+        let entry = |oid: &str, name: &str| TreeEntry {
+            mode: "100644".into(),
+            kind: "blob".into(),
+            oid: oid.into(),
+            size: None,
+            name: name.into(),
+        };
+        let tree = git
+            .mktree(&[entry(&small, "README.md"), entry(&big, "k.part000")])
+            .unwrap();
+        let commit = git.commit_tree(&tree, "cache").unwrap();
+        let mut seen = Vec::new();
+        git.push_branch(&remote, "c-cache", &commit, None, &mut |p| seen.push(p))
+            .unwrap();
+        // A lease on "absent" now fails: the branch exists.
+        let other = git.commit_tree(&tree, "another").unwrap();
+        let err = git
+            .push_branch(&remote, "c-cache", &other, None, &mut |_| {})
+            .unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Remote, "{err:#}");
+
+        assert_eq!(git.fetch_branch(&remote, "c-cache").unwrap(), commit);
+        let listed = git.ls_tree(&commit).unwrap();
+        assert_eq!(listed.len(), 2);
+        assert_eq!(listed[1].size, Some(3 << 20));
+        assert_eq!(git.read_blob_bytes(&small).unwrap(), b"hello\n");
+        let mut n = 0u64;
+        let mut r = git.read_blob(&big).unwrap();
+        n += std::io::copy(&mut r, &mut std::io::sink()).unwrap();
+        assert_eq!(n, 3 << 20);
+        // Reading a missing object is an error, not an empty blob.
+        let mut r = git.read_blob(&"0".repeat(40)).unwrap();
+        assert!(std::io::copy(&mut r, &mut std::io::sink()).is_err());
+    }
+
+    #[test]
+    fn unknown_remote_names_are_config_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sh = Shell::new().unwrap();
+        let root = tmp.path();
+        cmd!(sh, "git init -q {root}").run().unwrap();
+        let err = resolve_remote(&sh, root, "upstream").unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Config);
+        assert!(err.to_string().contains("git remote add upstream"), "{err}");
+    }
+}
