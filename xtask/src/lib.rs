@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod exit;
 pub mod repo;
+pub mod unpack;
 
 use anyhow::Result;
 
