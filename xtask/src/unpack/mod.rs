@@ -21,7 +21,7 @@ mod swap;
 
 pub use extract::extract_tar;
 pub use merge::{merge_into, recover};
-pub use swap::{recover_swap, staging_dir_for, swap_dir};
+pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
 
 /// Caps on what one archive may unpack. Exceeding either is refused with
 /// `exit::Code::Unsafe` before the entry that would cross it is written.

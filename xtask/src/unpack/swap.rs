@@ -113,7 +113,7 @@ pub fn recover_swap(target: &Path) -> Result<()> {
 }
 
 /// Removes a directory tree, making read-only directories writable first.
-pub(crate) fn remove_tree(path: &Path) -> Result<()> {
+pub fn remove_tree(path: &Path) -> Result<()> {
     match fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
