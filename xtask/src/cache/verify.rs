@@ -376,7 +376,7 @@ fn read_stage(
                 on_progress(piece.size);
                 send(tx, buf)?;
                 if i == 0 {
-                    crate::cache::kill_point("restore:first-chunk-decoding");
+                    crate::unpack::kill_point("restore:first-chunk-decoding");
                 }
             }
             Check::Whole { .. } => {
@@ -415,7 +415,7 @@ fn read_stage(
                     ));
                 }
                 if i == 0 {
-                    crate::cache::kill_point("restore:first-chunk-decoding");
+                    crate::unpack::kill_point("restore:first-chunk-decoding");
                 }
             }
         }
