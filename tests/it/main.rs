@@ -4,3 +4,4 @@ mod util;
 
 mod cache_publish;
 mod tidy;
+mod unpack;

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod exit;
 pub mod repo;
+pub mod unpack;
 
 use anyhow::Result;
 

@@ -92,6 +92,8 @@ pub struct CacheGit {
     forwarded: Vec<(String, String)>,
     /// The user's work-tree root (to resolve remotes).
     root: PathBuf,
+    /// The metadata store (`open_meta`): fetches skip big blobs.
+    meta: bool,
 }
 
 /// The ref a fetched branch is kept under in cache.git.
@@ -111,6 +113,28 @@ impl CacheGit {
             dir,
             forwarded,
             root: repo.root.clone(),
+            meta: false,
+        })
+    }
+
+    /// Opens the metadata store of `repo`, `<git-dir>/warmstart/cache-meta.git`:
+    /// fetches there take trees and blobs under 1 MiB only (`warmstart.json`,
+    /// `SHA256SUMS`, the README), never the chunks, so `cache list` and
+    /// `cache status` can read any branch cheaply. A separate repository,
+    /// because a filtered fetch makes its remote a promisor: cache.git would
+    /// then hold commits whose chunks it lacks, and a later full fetch of the
+    /// same commit would download nothing.
+    pub fn open_meta(sh: &Shell, repo: &Repo) -> Result<CacheGit> {
+        let dir = repo.state_dir().join("cache-meta.git");
+        if !dir.join("HEAD").is_file() {
+            create(sh, &dir)?;
+        }
+        let forwarded = forwarded_config(sh, &repo.root)?;
+        Ok(CacheGit {
+            dir,
+            forwarded,
+            root: repo.root.clone(),
+            meta: true,
         })
     }
 
@@ -128,6 +152,10 @@ impl CacheGit {
 
     fn apply_env(&self, c: &mut Command) {
         c.env("LC_ALL", "C").env("LANGUAGE", "C");
+        if self.meta {
+            // Reading a chunk there is a bug: fail rather than download it.
+            c.env("GIT_NO_LAZY_FETCH", "1");
+        }
         c.env_remove("GIT_DIR").env_remove("GIT_WORK_TREE");
         c.env_remove("GIT_INDEX_FILE")
             .env_remove("GIT_OBJECT_DIRECTORY");
@@ -154,8 +182,9 @@ impl CacheGit {
         resolve_remote(sh, &self.root, remote)
     }
 
-    /// Fetches `branch` shallow into `refs/warmstart/<branch>`; `Ok(None)`
-    /// when the remote has no such branch. Unreachable remote: exit code 8.
+    /// Fetches `branch` shallow into `refs/warmstart/<branch>` (in the
+    /// metadata store: without big blobs); `Ok(None)` when the remote has
+    /// no such branch. Unreachable remote: exit code 8.
     pub fn try_fetch_branch(&self, remote: &Remote, branch: &str) -> Result<Option<String>> {
         check_branch(branch)?;
         let _lock = self.lock()?;
@@ -163,6 +192,7 @@ impl CacheGit {
         let out = self
             .git()
             .args(["fetch", "--quiet", "--depth", "1", "--no-tags"])
+            .args(self.meta.then_some("--filter=blob:limit=1m"))
             .args([
                 "--no-write-fetch-head",
                 "--no-auto-gc",

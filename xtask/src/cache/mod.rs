@@ -5,13 +5,22 @@
 //! both halves share (a private cache.git, shallow fetch, blobs, trees, push).
 //! The publish half: `pack` (deterministic tar -> zstd -> chunk files),
 //! `readme` (the branch README), `publish` (merge the key, root commit, push).
+//! The restore half: `branch` reads and cross-checks a fetched branch,
+//! `verify` streams it (no unverified byte reaches the decoder), `restore`
+//! installs it, `stamp` makes the next run warm, `compare` checks an
+//! installed copy.
 
+pub mod branch;
+pub mod compare;
 pub mod format;
 pub mod git;
 pub mod manifest;
 pub mod pack;
 pub mod publish;
 pub mod readme;
+pub mod restore;
+pub mod stamp;
+pub mod verify;
 
 use anyhow::Result;
 use xshell::Shell;
@@ -23,13 +32,11 @@ use crate::exit::{Code, fail};
 pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
+        CacheCommand::Restore(a) => restore::run(sh, a),
         // The restore half (branch cache-restore) wires these arms.
-        CacheCommand::Restore(_)
-        | CacheCommand::Verify(_)
-        | CacheCommand::List(_)
-        | CacheCommand::Status(_) => Err(fail(
+        CacheCommand::Verify(_) | CacheCommand::List(_) | CacheCommand::Status(_) => Err(fail(
             Code::Failed,
-            "this build of warmstart has cache publish only: restore, verify, list and status come with the restore half",
+            "this build of warmstart lacks cache verify, list and status: they come with the restore half",
         )),
     }
 }

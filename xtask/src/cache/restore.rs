@@ -1,0 +1,655 @@
+//! `cargo xtask cache restore`: fetch, verify, install atomically, stamp.
+//!
+//! The warm path (stamp matches the current key, target and mode, and the
+//! manifest's ready-probe holds) returns before any lock, fetch or hash. The
+//! cold path takes the target's lock (one restorer per target), re-checks
+//! the stamp (a restorer that waited reuses the one that worked), completes
+//! or undoes what a killed run left behind, fetches the branch shallow into
+//! cache.git, streams it through `verify::stream` into a staging directory
+//! beside the target, and only then swaps it in (`unpack::swap_dir`) or
+//! merges it (`unpack::merge_into`, journaled), and writes the stamp.
+//!
+//! This module never writes into the target except through `unpack`'s swap
+//! and merge, never installs a byte before every digest matched, and never
+//! leaves a stamp that describes anything but a complete install.
+
+use anyhow::{Context, Result, anyhow};
+use serde::Serialize;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{IsTerminal, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use xshell::Shell;
+
+use crate::cache::branch::{Branch, KeyPlan};
+use crate::cache::compare;
+use crate::cache::git::CacheGit;
+use crate::cache::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
+use crate::cache::stamp::{self, Loaded, Miss, Stamp};
+use crate::cache::verify;
+use crate::cli::cache::RestoreArgs;
+use crate::clock;
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+use crate::unpack;
+
+/// How long a restorer waits for another one working on the same target,
+/// unless `WARMSTART_LOCK_TIMEOUT` (seconds) says otherwise.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// How `restore_named` runs.
+#[derive(Clone, Debug)]
+pub struct RestoreOptions {
+    /// Fetch from this remote (name or URL) instead of the manifest's.
+    pub remote: Option<String>,
+    /// Ignore the stamp: fetch, verify, and compare the installed copy with
+    /// the cache; replace it only if it differs.
+    pub verify: bool,
+    /// Show progress bars (only ever on a terminal).
+    pub progress: bool,
+    /// Give up waiting for another restorer of the same target after this.
+    pub lock_timeout: Duration,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        RestoreOptions {
+            remote: None,
+            verify: false,
+            progress: false,
+            lock_timeout: lock_timeout_from_env(),
+        }
+    }
+}
+
+fn lock_timeout_from_env() -> Duration {
+    std::env::var("WARMSTART_LOCK_TIMEOUT")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(DEFAULT_LOCK_TIMEOUT)
+}
+
+/// What a restore did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// The stamp matched and the ready-probe held: nothing was done.
+    Warm,
+    /// Fetched, verified and installed.
+    Restored,
+    /// Another restorer of the same target finished while this one waited
+    /// for the lock; its install is used as is.
+    Reused,
+    /// `--verify`: the installed copy was compared with the verified cache
+    /// and found identical; nothing was replaced.
+    Verified,
+    /// `--verify`: the installed copy differed and was replaced.
+    Repaired,
+}
+
+/// Time spent in each phase of a cold restore, in milliseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Phases {
+    pub lock_wait_ms: u64,
+    pub fetch_ms: u64,
+    pub unpack_ms: u64,
+    pub install_ms: u64,
+}
+
+/// The result of `restore_named`, also printed by `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RestoreOutcome {
+    pub name: String,
+    pub state: State,
+    pub key: String,
+    pub target: PathBuf,
+    pub mode: &'static str,
+    pub branch: String,
+    /// The remote the install came from (for warm runs: the one recorded
+    /// in the stamp).
+    pub source: String,
+    pub commit: String,
+    /// `v1`, `legacy-gzip` or `legacy-zstd`.
+    pub layout: String,
+    /// Uncompressed tar bytes unpacked (0 when nothing was unpacked).
+    pub bytes: u64,
+    /// Compressed chunk bytes read from cache.git.
+    pub compressed_bytes: u64,
+    /// Entries installed (files, directories, links), as the stamp records.
+    pub files: u64,
+    /// Bytes that went through sha256 in this run: 0 on the warm path.
+    pub bytes_hashed: u64,
+    pub duration_ms: u64,
+    #[serde(skip)]
+    pub duration: Duration,
+    pub phases: Phases,
+    /// With `--verify`: the first difference found in the installed copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub difference: Option<String>,
+}
+
+/// `cargo xtask cache restore NAME`.
+pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
+    let repo = Repo::from_cwd()?;
+    let opts = RestoreOptions {
+        remote: args.remote,
+        verify: args.verify,
+        progress: !args.out.quiet && !args.out.json && std::io::stderr().is_terminal(),
+        ..RestoreOptions::default()
+    };
+    let outcome = restore_named(sh, &repo, &args.name, &opts)?;
+    if args.out.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&outcome).expect("outcome serializes")
+        );
+    } else if !args.out.quiet {
+        println!("{}", outcome.summary());
+    }
+    Ok(())
+}
+
+impl RestoreOutcome {
+    /// One line for people.
+    pub fn summary(&self) -> String {
+        let t = self.target.display();
+        let secs = self.duration.as_secs_f64();
+        let from = format!(
+            "{} {}@{}",
+            self.source,
+            self.branch,
+            &self.commit[..self.commit.len().min(12)]
+        );
+        match self.state {
+            State::Warm => format!(
+                "cache {}: {} is installed at {t} (warm, {:.0} ms)",
+                self.name,
+                self.key,
+                secs * 1000.0
+            ),
+            State::Reused => format!(
+                "cache {}: {} was installed at {t} by another restore while this one waited ({:.1} s)",
+                self.name, self.key, secs
+            ),
+            State::Restored => format!(
+                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs:.1} s",
+                self.name,
+                self.key,
+                human_bytes(self.bytes),
+                self.files
+            ),
+            State::Verified => format!(
+                "cache {}: the installed copy of {} at {t} matches {from} ({secs:.1} s)",
+                self.name, self.key
+            ),
+            State::Repaired => format!(
+                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs:.1} s",
+                self.name,
+                self.key,
+                self.difference.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+}
+
+/// `1.4 GB`, `312 kB`: decimal units, as `du --si` prints.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Restores cache `name` of `repo`: a no-op when warm, else fetch, verify
+/// and install. The API `cargo xtask restore`'s `cache` steps call.
+pub fn restore_named(
+    sh: &Shell,
+    repo: &Repo,
+    name: &str,
+    opts: &RestoreOptions,
+) -> Result<RestoreOutcome> {
+    let start = Instant::now();
+    let started_ms = clock::now_ms();
+    let m = manifest::load(repo, name)?;
+    let key = manifest::compute_key(sh, repo, &m)?;
+    let state_dir = repo.state_dir();
+    let stamp_file = stamp::path(&state_dir, name);
+
+    if !opts.verify
+        && let Ok(s) = current_stamp(&m, &key, &stamp_file)?
+    {
+        return Ok(from_stamp(&m, &s, State::Warm, start, Phases::default()));
+    }
+
+    let (_lock, waited) = lock_target(&state_dir, &m.restore_path, opts.lock_timeout)?;
+    let phases = Phases {
+        lock_wait_ms: waited.as_millis() as u64,
+        ..Phases::default()
+    };
+    // Another restorer may have installed this key while we waited: use
+    // its result (with --verify, only if it finished after we started).
+    if let Ok(s) = current_stamp(&m, &key, &stamp_file)?
+        && (!opts.verify || s.restored_at_ms >= started_ms)
+    {
+        return Ok(from_stamp(&m, &s, State::Reused, start, phases));
+    }
+    cold(sh, repo, &m, &key, &stamp_file, opts, start, phases)
+        .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))
+}
+
+/// The stamp, if it makes the current restore warm; else why not. A corrupt
+/// stamp is set aside (with a warning) and counts as missing: the restore
+/// that follows writes a good one.
+fn current_stamp(m: &CacheManifest, key: &Key, file: &Path) -> Result<Result<Stamp, Miss>> {
+    let s = match stamp::load(file) {
+        Loaded::Missing => return Ok(Err(Miss::NoStamp)),
+        Loaded::Corrupt(e) => {
+            let aside = stamp::set_aside(file, clock::now_ms())?;
+            eprintln!(
+                "warning: {e:#}; moved it to {} and restoring from scratch",
+                aside.display()
+            );
+            return Ok(Err(Miss::NoStamp));
+        }
+        Loaded::Found(s) => *s,
+    };
+    if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
+        return Ok(Err(miss));
+    }
+    Ok(match ready(m) {
+        Ok(()) => Ok(s),
+        Err(_) => Err(Miss::NoStamp),
+    })
+}
+
+/// The manifest's cheap ready-probe. `Err` says what is missing.
+pub fn ready(m: &CacheManifest) -> Result<(), String> {
+    let target = &m.restore_path;
+    match &m.ready {
+        Ready::Exists => {
+            if target.is_dir() {
+                Ok(())
+            } else {
+                Err(format!("{} is not a directory", target.display()))
+            }
+        }
+        Ready::Path(p) => {
+            let path = target.join(p);
+            match std::fs::symlink_metadata(&path) {
+                Ok(_) => Ok(()),
+                Err(_) => Err(format!("{} does not exist", path.display())),
+            }
+        }
+        Ready::Command { argv, matches } => {
+            let dir = if target.is_dir() {
+                target.clone()
+            } else {
+                std::env::temp_dir()
+            };
+            let out = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .current_dir(dir)
+                .stdin(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("running {}: {e}", argv[0]))?;
+            if !out.status.success() {
+                return Err(format!("`{}` failed ({})", argv.join(" "), out.status));
+            }
+            if let Some(re) = matches
+                && !re.is_match(&String::from_utf8_lossy(&out.stdout))
+            {
+                return Err(format!(
+                    "the output of `{}` does not match /{}/",
+                    argv.join(" "),
+                    re.as_str()
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn from_stamp(
+    m: &CacheManifest,
+    s: &Stamp,
+    state: State,
+    start: Instant,
+    phases: Phases,
+) -> RestoreOutcome {
+    let duration = start.elapsed();
+    RestoreOutcome {
+        name: m.name.clone(),
+        state,
+        key: s.key.clone(),
+        target: s.target.clone(),
+        mode: stamp::mode_name(m.mode),
+        branch: s.branch.clone(),
+        source: s.source.clone(),
+        commit: s.commit.clone(),
+        layout: s.layout.clone(),
+        bytes: 0,
+        compressed_bytes: 0,
+        files: s.files,
+        bytes_hashed: 0,
+        duration_ms: duration.as_millis() as u64,
+        duration,
+        phases,
+        difference: None,
+    }
+}
+
+/// The lock file of a target: under the state directory (never beside the
+/// target, where it would be a stray file), named by a digest of the path.
+pub fn lock_path(state_dir: &Path, target: &Path) -> PathBuf {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(target.as_os_str().as_bytes());
+    state_dir
+        .join("cache")
+        .join("locks")
+        .join(format!("{}.lock", &hex(&digest)[..16]))
+}
+
+/// Takes the exclusive OS lock of `target`, waiting up to `timeout`.
+/// Returns the held lock and how long it waited.
+fn lock_target(state_dir: &Path, target: &Path, timeout: Duration) -> Result<(File, Duration)> {
+    let path = lock_path(state_dir, target);
+    let dir = path.parent().expect("a lock path has a parent");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening the restore lock {}", path.display()))?;
+    let t = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) => {
+                if t.elapsed() >= timeout {
+                    let mut holder = String::new();
+                    let _ = file.read_to_string(&mut holder);
+                    return Err(fail(
+                        Code::Busy,
+                        format!(
+                            "another restore of {} ({}) still holds {} after {:.0} s: wait for it, or raise WARMSTART_LOCK_TIMEOUT",
+                            target.display(),
+                            holder.trim(),
+                            path.display(),
+                            timeout.as_secs_f64()
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(anyhow!(e).context(format!("locking {}", path.display())));
+            }
+        }
+    }
+    // Who holds it, for the message of whoever waits too long.
+    let _ = file.set_len(0);
+    let _ = write!(file, "pid {}", std::process::id());
+    Ok((file, t.elapsed()))
+}
+
+/// The merge journal of a cache (merge mode only).
+pub fn journal_path(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir
+        .join("cache")
+        .join("journals")
+        .join(format!("{name}.journal"))
+}
+
+/// Removes a staging directory unless it was handed on (swapped or merged).
+struct Staging(Option<PathBuf>);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = unpack::remove_tree(&p);
+        }
+    }
+}
+
+/// A progress bar on stderr when `on`, else a hidden one.
+pub fn bar(on: bool, len: u64, what: &str) -> indicatif::ProgressBar {
+    if !on {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::with_draw_target(
+        Some(len),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// A spinner on stderr when `on`, else a hidden one.
+pub fn spinner(on: bool, what: String) -> indicatif::ProgressBar {
+    if !on {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    pb.set_message(what);
+    pb.enable_steady_tick(Duration::from_millis(100));
+    pb
+}
+
+/// Fetches `m`'s branch into cache.git and reads it (cross-checked).
+pub fn fetch(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    remote: Option<&str>,
+    progress: bool,
+) -> Result<(CacheGit, Branch)> {
+    let git = CacheGit::open(sh, repo)?;
+    let remote = git.resolve_remote(sh, remote.unwrap_or(&m.remote))?;
+    let spin = spinner(progress, format!("fetching {} from {remote}", m.branch));
+    let commit = git.fetch_branch(&remote, &m.branch);
+    spin.finish_and_clear();
+    let commit = commit?;
+    let branch = Branch::read(&git, remote, &m.branch, commit)?;
+    Ok((git, branch))
+}
+
+/// The advice on a damaged branch.
+pub fn republish_fix(name: &str) -> String {
+    format!(
+        "the branch is damaged or was edited by hand; republish it with `cargo xtask cache publish {name}`"
+    )
+}
+
+/// Streams `kp` from cache.git through verification into the empty
+/// directory `dest`. Returns what was unpacked and what was hashed.
+pub fn unpack_into(
+    git: &CacheGit,
+    kp: &KeyPlan,
+    dest: &Path,
+    progress: bool,
+) -> Result<(unpack::Stats, verify::Stats)> {
+    let total: u64 = kp.plan.pieces.iter().map(|p| p.size).sum();
+    let pb = bar(progress, total, "unpacking");
+    let git = git.clone();
+    let oids = kp.oids.clone();
+    let mut open =
+        move |i: usize| -> Result<Box<dyn Read + Send>> { Ok(Box::new(git.read_blob(&oids[i])?)) };
+    let r = verify::stream(&kp.plan, &mut open, &|n| pb.inc(n), |r| {
+        unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
+    });
+    pb.finish_and_clear();
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cold(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    key: &Key,
+    stamp_file: &Path,
+    opts: &RestoreOptions,
+    start: Instant,
+    mut phases: Phases,
+) -> Result<RestoreOutcome> {
+    let target = &m.restore_path;
+    let state_dir = repo.state_dir();
+    let journal = journal_path(&state_dir, &m.name);
+    // Finish (or undo) whatever a killed run left, before anything else:
+    // even if the fetch below fails, the target is whole again.
+    match m.mode {
+        Mode::Replace => unpack::recover_swap(target)?,
+        Mode::Merge => unpack::recover(&journal)?,
+    }
+
+    let t = Instant::now();
+    let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
+    let kp = branch.plan(&key.value, &republish_fix(&m.name))?;
+    phases.fetch_ms = t.elapsed().as_millis() as u64;
+    unpack::kill_point("restore:fetched");
+
+    let t = Instant::now();
+    let mut staging = Staging(Some(unpack::staging_dir_for(target)?));
+    let dest = staging.0.clone().expect("staging is set");
+    let (ustats, vstats) = unpack_into(&git, &kp, &dest, opts.progress)?;
+    phases.unpack_ms = t.elapsed().as_millis() as u64;
+    unpack::kill_point("restore:unpacked");
+
+    let bytes_hashed = vstats.bytes_hashed;
+    let mut difference = None;
+    let mut state = State::Restored;
+    if opts.verify && std::fs::symlink_metadata(target).is_ok() {
+        let (diff, _) = compare::first_difference(&dest, target, m.mode == Mode::Replace)?;
+        match diff {
+            None => state = State::Verified,
+            Some(d) => {
+                state = State::Repaired;
+                difference = Some(d);
+            }
+        }
+    }
+
+    let t = Instant::now();
+    if state != State::Verified {
+        // No stamp while the target is being replaced: a crash between the
+        // swap and the new stamp must not leave the old stamp describing the
+        // new tree.
+        stamp::remove(stamp_file)?;
+        match m.mode {
+            Mode::Replace => unpack::swap_dir(&dest, target)?,
+            Mode::Merge => {
+                unpack::merge_into(&dest, target, &journal)?;
+            }
+        }
+        staging.0 = None;
+        unpack::kill_point("restore:installed");
+    }
+    drop(staging);
+    let files = ustats.files + ustats.dirs + ustats.symlinks + ustats.hardlinks;
+    let now = clock::now_ms();
+    let s = Stamp {
+        format: stamp::STAMP_FORMAT,
+        name: m.name.clone(),
+        key: key.value.clone(),
+        key_parts: key.parts.clone(),
+        target: target.clone(),
+        mode: stamp::mode_name(m.mode).to_string(),
+        branch: branch.name.clone(),
+        source: branch.remote.to_string(),
+        commit: branch.commit.clone(),
+        layout: kp.layout.to_string(),
+        manifest_sha256: branch.manifest_sha256.clone(),
+        tar_sha256: vstats.tar_sha256.clone(),
+        tar_size: vstats.tar_bytes,
+        files,
+        restored_at: clock::rfc3339(now),
+        restored_at_ms: now,
+    };
+    stamp::store(stamp_file, &s)?;
+    phases.install_ms = t.elapsed().as_millis() as u64;
+    if let Err(why) = ready(m) {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "installed {} at {}, but the ready-probe of {} still fails ({why}): fix [ready] so that it checks something the cache contains",
+                key.value,
+                target.display(),
+                m.file.display()
+            ),
+        ));
+    }
+    let duration = start.elapsed();
+    Ok(RestoreOutcome {
+        name: m.name.clone(),
+        state,
+        key: key.value.clone(),
+        target: target.clone(),
+        mode: stamp::mode_name(m.mode),
+        branch: branch.name.clone(),
+        source: branch.remote.to_string(),
+        commit: branch.commit.clone(),
+        layout: kp.layout.to_string(),
+        bytes: vstats.tar_bytes,
+        compressed_bytes: vstats.compressed_bytes,
+        files,
+        bytes_hashed,
+        duration_ms: duration.as_millis() as u64,
+        duration,
+        phases,
+        difference,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_read_like_du_si() {
+        assert_eq!(human_bytes(999), "999 B");
+        assert_eq!(human_bytes(1_400_000_000), "1.4 GB");
+        assert_eq!(human_bytes(312_400), "312.4 kB");
+    }
+
+    #[test]
+    fn one_lock_per_target_path() {
+        let s = Path::new("/r/.git/warmstart");
+        assert_eq!(lock_path(s, Path::new("/a")), lock_path(s, Path::new("/a")));
+        assert_ne!(lock_path(s, Path::new("/a")), lock_path(s, Path::new("/b")));
+        assert!(lock_path(s, Path::new("/a")).starts_with("/r/.git/warmstart/cache/locks"));
+    }
+
+    #[test]
+    fn a_second_locker_times_out_busy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("t");
+        let (_held, _) = lock_target(tmp.path(), &target, Duration::ZERO).unwrap();
+        // flock locks belong to the open file description: a second open
+        // in the same process conflicts, as another process would.
+        let err = lock_target(tmp.path(), &target, Duration::from_millis(60)).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Busy);
+        assert!(format!("{err:#}").contains("WARMSTART_LOCK_TIMEOUT"));
+    }
+}

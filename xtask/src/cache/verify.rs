@@ -1,0 +1,756 @@
+//! Verified streaming: chunk bytes reach the decoder only after their sha256
+//! matched, and the decoded tar is hashed and size-capped on its way out.
+//!
+//! Three stages run at once, joined by bounded channels (memory stays at two
+//! chunk buffers plus a few MiB, whatever the artifact's size):
+//! 1. *read*: reads each chunk whole into a buffer, hashes it, and passes it on
+//!    only if the digest matches `warmstart.json` (DESIGN.md, restore invariant
+//!    1). Legacy branches only have a digest over the whole archive: there the
+//!    bytes are passed on as they are hashed, and the verdict comes at the end.
+//! 2. *decode*: zstd (or gzip for legacy branches), hashing the tar stream and
+//!    refusing more bytes than declared.
+//! 3. *consume*: the caller's function, e.g. `unpack::extract_tar` into a
+//!    staging directory.
+//!
+//! The caller swaps a staged install in only after `stream` returned `Ok`, so
+//! a late verdict (a legacy archive digest, the tar digest) never lets an
+//! unverified byte into the install. This module never writes to disk itself
+//! and never runs git; it reads what the caller's `open` function gives it.
+
+use anyhow::{Result, anyhow};
+use sha2::{Digest, Sha256};
+use std::io::{self, Read};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
+
+use crate::cache::format::MAX_CHUNK_BYTES;
+use crate::cache::manifest::hex;
+use crate::exit::{Code, Failure, fail};
+
+/// Size of the blocks passed between stages when nothing forces a chunk.
+const BLOCK: usize = 1 << 20;
+
+/// One piece of the compressed stream: a v1 chunk or a legacy part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The file name on the branch (used in every message).
+    pub file: String,
+    /// Its size in bytes (checked against the branch tree by the caller).
+    pub size: u64,
+    /// v1: the digest `warmstart.json` and `SHA256SUMS` give it.
+    pub sha256: Option<[u8; 32]>,
+}
+
+/// How the compressed stream is checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Every piece carries its own digest (v1): checked before any of its
+    /// bytes are passed on.
+    PerPiece,
+    /// One digest over the concatenation of all pieces (legacy), named
+    /// `archive` in SHA256SUMS: known only after the last byte.
+    Whole { archive: String, sha256: [u8; 32] },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Zstd,
+    Gzip,
+}
+
+/// What to stream and what it must add up to.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// What the stream is, for messages: `key K on branch B`.
+    pub label: String,
+    /// What to do about a verification failure, for messages.
+    pub fix: String,
+    pub pieces: Vec<Piece>,
+    pub check: Check,
+    pub codec: Codec,
+    /// v1: the tar's digest and exact size from `warmstart.json`.
+    pub tar_sha256: Option<[u8; 32]>,
+    pub tar_size: Option<u64>,
+    /// Most decoded bytes accepted before refusing (`tar_size` for v1).
+    pub tar_cap: u64,
+}
+
+/// What streaming did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    /// Compressed bytes read (and hashed).
+    pub compressed_bytes: u64,
+    /// Decoded tar bytes (all hashed).
+    pub tar_bytes: u64,
+    pub tar_sha256: String,
+    /// Every byte that went through sha256: compressed plus tar.
+    pub bytes_hashed: u64,
+}
+
+/// Opens piece `i` of the plan for reading.
+pub type Open<'a> = dyn FnMut(usize) -> Result<Box<dyn Read + Send>> + Send + 'a;
+
+/// Parses a 64-digit hex digest.
+pub fn parse_digest(hex: &str) -> Result<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return Err(anyhow!("{hex:?} is not a sha256 (64 hex digits)"));
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).map_err(|_| anyhow!("{hex:?} is not hex"))?;
+        out[i] = u8::from_str_radix(s, 16).map_err(|_| anyhow!("{hex:?} is not hex"))?;
+    }
+    Ok(out)
+}
+
+/// A stage stopped because the stage after it hung up (it failed first).
+#[derive(Debug)]
+struct Cancelled;
+
+impl std::fmt::Display for Cancelled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cancelled")
+    }
+}
+
+impl std::error::Error for Cancelled {}
+
+fn is_cancelled(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Cancelled>().is_some()
+}
+
+/// Messages between stages: bytes, or "I failed" (the error itself is
+/// returned by the failing stage's thread; this only stops the reader).
+enum Msg {
+    Data(Vec<u8>),
+    Failed(String),
+}
+
+/// Reads the blocks a stage sends, handing spent buffers back for reuse.
+struct BlockReader {
+    rx: Receiver<Msg>,
+    recycle: Sender<Vec<u8>>,
+    cur: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+impl BlockReader {
+    fn new(rx: Receiver<Msg>, recycle: Sender<Vec<u8>>) -> BlockReader {
+        BlockReader {
+            rx,
+            recycle,
+            cur: Vec::new(),
+            pos: 0,
+            done: false,
+        }
+    }
+}
+
+impl Read for BlockReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.cur.len() {
+            if self.done || buf.is_empty() {
+                return Ok(0);
+            }
+            let spent = std::mem::take(&mut self.cur);
+            if spent.capacity() > 0 {
+                let _ = self.recycle.send(spent);
+            }
+            self.pos = 0;
+            match self.rx.recv() {
+                Ok(Msg::Data(block)) => self.cur = block,
+                Ok(Msg::Failed(why)) => {
+                    self.done = true;
+                    return Err(io::Error::other(why));
+                }
+                // The sender finished: a clean end of stream.
+                Err(_) => {
+                    self.done = true;
+                    return Ok(0);
+                }
+            }
+        }
+        let n = buf.len().min(self.cur.len() - self.pos);
+        buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Sends `block` on; `Cancelled` if the next stage is gone.
+fn send(tx: &SyncSender<Msg>, block: Vec<u8>) -> Result<()> {
+    tx.send(Msg::Data(block)).map_err(|_| anyhow!(Cancelled))
+}
+
+/// Tells the next stage this one failed, and returns the error.
+fn failed(tx: &SyncSender<Msg>, err: anyhow::Error) -> anyhow::Error {
+    if !is_cancelled(&err) {
+        let _ = tx.send(Msg::Failed(format!("{err:#}")));
+    }
+    err
+}
+
+fn take_buffer(recycle: &Receiver<Vec<u8>>) -> Vec<u8> {
+    recycle.try_recv().unwrap_or_default()
+}
+
+/// Reads until `buf` is full or the reader ends; returns how much it read.
+fn fill(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match r.read(&mut buf[done..]) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Streams the plan's pieces through verification and decoding into
+/// `consume`, then checks the tar's size and digest. Returns `consume`'s
+/// result only when every check passed; on any failure the first cause is
+/// returned (a verification failure before a decode error before an unpack
+/// error), with its exit code.
+///
+/// `on_progress` is called with compressed bytes as they are read.
+pub fn stream<T>(
+    plan: &Plan,
+    open: &mut Open<'_>,
+    on_progress: &(dyn Fn(u64) + Sync),
+    consume: impl FnOnce(&mut dyn Read) -> Result<T>,
+) -> Result<(T, Stats)> {
+    for p in &plan.pieces {
+        if p.size > MAX_CHUNK_BYTES && plan.check == Check::PerPiece {
+            return Err(fail(
+                Code::Verify,
+                format!(
+                    "chunk {} of {} is {} bytes, more than a chunk may be ({MAX_CHUNK_BYTES}): {}",
+                    p.file, plan.label, p.size, plan.fix
+                ),
+            ));
+        }
+    }
+    // v1 passes whole verified chunks: a rendezvous channel keeps at most two
+    // chunk buffers alive (one being decoded, one being read and hashed).
+    let (raw_tx, raw_rx) = sync_channel::<Msg>(match plan.check {
+        Check::PerPiece => 0,
+        Check::Whole { .. } => 4,
+    });
+    let (raw_recycle_tx, raw_recycle_rx) = channel::<Vec<u8>>();
+    let (tar_tx, tar_rx) = sync_channel::<Msg>(4);
+    let (tar_recycle_tx, tar_recycle_rx) = channel::<Vec<u8>>();
+
+    std::thread::scope(|s| {
+        let reader = s.spawn(move || {
+            let r = read_stage(plan, open, on_progress, &raw_tx, &raw_recycle_rx);
+            r.map_err(|e| failed(&raw_tx, e))
+        });
+        let decoder = s.spawn(move || {
+            let input = BlockReader::new(raw_rx, raw_recycle_tx);
+            let r = decode_stage(plan, input, &tar_tx, &tar_recycle_rx);
+            r.map_err(|e| failed(&tar_tx, e))
+        });
+        let mut tar = BlockReader::new(tar_rx, tar_recycle_tx);
+        let consumed = consume(&mut tar).and_then(|v| {
+            // The tar reader stops at the end-of-archive marker; the rest
+            // (padding) still has to go through the digest.
+            io::copy(&mut tar, &mut io::sink())
+                .map_err(|e| anyhow!(e).context("reading the end of the tar stream"))?;
+            Ok(v)
+        });
+        // Hang up, so that stages still sending stop (as `Cancelled`).
+        drop(tar);
+        let read = reader.join().expect("read stage panicked");
+        let decoded = decoder.join().expect("decode stage panicked");
+        finish(read, decoded, consumed)
+    })
+}
+
+/// Picks the verdict: the earliest stage's real failure wins.
+fn finish<T>(
+    read: Result<u64>,
+    decoded: Result<(u64, [u8; 32])>,
+    consumed: Result<T>,
+) -> Result<(T, Stats)> {
+    let read = match read {
+        Err(e) if !is_cancelled(&e) => return Err(e),
+        r => r,
+    };
+    let decoded = match (decoded, &consumed) {
+        (Err(e), Err(c)) if !is_cancelled(&e) && code_is(&e, Code::Unsafe) => {
+            // The cap tripped while the extractor was inside an entry: its
+            // message names that entry, which helps more than a byte count.
+            return Err(fail(Code::Unsafe, format!("{c:#}")));
+        }
+        (Err(e), _) if !is_cancelled(&e) => return Err(e),
+        (d, _) => d,
+    };
+    let value = consumed?;
+    // Both stages can only be cancelled if the consumer failed, handled above.
+    let compressed = read?;
+    let (tar_bytes, digest) = decoded?;
+    Ok((
+        value,
+        Stats {
+            compressed_bytes: compressed,
+            tar_bytes,
+            tar_sha256: hex(&digest),
+            bytes_hashed: compressed + tar_bytes,
+        },
+    ))
+}
+
+fn code_is(e: &anyhow::Error, code: Code) -> bool {
+    e.chain()
+        .find_map(|x| x.downcast_ref::<Failure>())
+        .is_some_and(|f| f.code == code)
+}
+
+/// Stage 1: read, hash, check, pass on. Returns the bytes read.
+fn read_stage(
+    plan: &Plan,
+    open: &mut Open<'_>,
+    on_progress: &(dyn Fn(u64) + Sync),
+    tx: &SyncSender<Msg>,
+    recycle: &Receiver<Vec<u8>>,
+) -> Result<u64> {
+    let mut total = 0u64;
+    let mut whole = Sha256::new();
+    // Legacy: after the consumer failed, keep hashing so that a corrupt
+    // archive is reported as such rather than as whatever it decoded to.
+    let mut downstream_gone = false;
+    for (i, piece) in plan.pieces.iter().enumerate() {
+        let mut src = open(i)?;
+        let what = || format!("chunk {} of {}", piece.file, plan.label);
+        match plan.check {
+            Check::PerPiece => {
+                let expected = piece
+                    .sha256
+                    .ok_or_else(|| anyhow!("{} has no digest", what()))?;
+                let mut buf = take_buffer(recycle);
+                buf.resize(piece.size as usize, 0);
+                let n = fill(&mut *src, &mut buf)
+                    .map_err(|e| anyhow!(e).context(format!("reading {}", what())))?;
+                if n < buf.len() {
+                    return Err(fail(
+                        Code::Verify,
+                        format!(
+                            "{} ends after {n} of its {} bytes: {}",
+                            what(),
+                            piece.size,
+                            plan.fix
+                        ),
+                    ));
+                }
+                if fill(&mut *src, &mut [0u8; 1])
+                    .map_err(|e| anyhow!(e).context(format!("reading {}", what())))?
+                    != 0
+                {
+                    return Err(fail(
+                        Code::Verify,
+                        format!(
+                            "{} is longer than its {} bytes: {}",
+                            what(),
+                            piece.size,
+                            plan.fix
+                        ),
+                    ));
+                }
+                let got: [u8; 32] = Sha256::digest(&buf).into();
+                if got != expected {
+                    return Err(fail(
+                        Code::Verify,
+                        format!(
+                            "{} has sha256 {} but warmstart.json and SHA256SUMS say {}: {}",
+                            what(),
+                            hex(&got),
+                            hex(&expected),
+                            plan.fix
+                        ),
+                    ));
+                }
+                total += piece.size;
+                on_progress(piece.size);
+                send(tx, buf)?;
+                if i == 0 {
+                    crate::unpack::kill_point("restore:first-chunk-decoding");
+                }
+            }
+            Check::Whole { .. } => {
+                let mut left = piece.size;
+                loop {
+                    let mut buf = take_buffer(recycle);
+                    buf.resize(BLOCK, 0);
+                    let n = fill(&mut *src, &mut buf)
+                        .map_err(|e| anyhow!(e).context(format!("reading {}", what())))?;
+                    if n == 0 {
+                        break;
+                    }
+                    buf.truncate(n);
+                    left = left.checked_sub(n as u64).ok_or_else(|| {
+                        fail(
+                            Code::Verify,
+                            format!("{} is longer than its {} bytes", what(), piece.size),
+                        )
+                    })?;
+                    whole.update(&buf);
+                    total += n as u64;
+                    on_progress(n as u64);
+                    if !downstream_gone && send(tx, buf).is_err() {
+                        downstream_gone = true;
+                    }
+                }
+                if left != 0 {
+                    return Err(fail(
+                        Code::Verify,
+                        format!(
+                            "{} ends {left} bytes short of its {} bytes: {}",
+                            what(),
+                            piece.size,
+                            plan.fix
+                        ),
+                    ));
+                }
+                if i == 0 {
+                    crate::unpack::kill_point("restore:first-chunk-decoding");
+                }
+            }
+        }
+    }
+    if let Check::Whole { archive, sha256 } = &plan.check {
+        let got: [u8; 32] = whole.finalize().into();
+        if got != *sha256 {
+            return Err(fail(
+                Code::Verify,
+                format!(
+                    "the parts of {archive} on {} concatenate to sha256 {} but SHA256SUMS says {}: {}",
+                    plan.label,
+                    hex(&got),
+                    hex(sha256),
+                    plan.fix
+                ),
+            ));
+        }
+        if downstream_gone {
+            return Err(anyhow!(Cancelled));
+        }
+    }
+    Ok(total)
+}
+
+/// Stage 2: decode, hash and cap the tar stream, pass it on.
+fn decode_stage(
+    plan: &Plan,
+    input: BlockReader,
+    tx: &SyncSender<Msg>,
+    recycle: &Receiver<Vec<u8>>,
+) -> Result<(u64, [u8; 32])> {
+    let what = match plan.codec {
+        Codec::Zstd => "zstd",
+        Codec::Gzip => "gzip",
+    };
+    let mut decoder: Box<dyn Read> = match plan.codec {
+        Codec::Zstd => Box::new(
+            zstd::stream::read::Decoder::new(input)
+                .map_err(|e| anyhow!(e).context("starting the zstd decoder"))?,
+        ),
+        Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+    };
+    let mut hasher = Sha256::new();
+    let mut total = 0u64;
+    loop {
+        let mut buf = take_buffer(recycle);
+        buf.resize(BLOCK, 0);
+        let n = match fill(&mut *decoder, &mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                return Err(fail(
+                    Code::Verify,
+                    format!(
+                        "the {what} stream of {} does not decode: {e}: {}",
+                        plan.label, plan.fix
+                    ),
+                ));
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        buf.truncate(n);
+        total += n as u64;
+        if total > plan.tar_cap {
+            return Err(fail(
+                Code::Unsafe,
+                format!(
+                    "the tar stream of {} is longer than the {} bytes declared for it",
+                    plan.label, plan.tar_cap
+                ),
+            ));
+        }
+        hasher.update(&buf);
+        send(tx, buf)?;
+    }
+    let digest: [u8; 32] = hasher.finalize().into();
+    if let Some(size) = plan.tar_size
+        && size != total
+    {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "the tar stream of {} is {total} bytes but warmstart.json says {size}: {}",
+                plan.label, plan.fix
+            ),
+        ));
+    }
+    if let Some(expected) = plan.tar_sha256
+        && expected != digest
+    {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "the tar stream of {} has sha256 {} but warmstart.json says {}: {}",
+                plan.label,
+                hex(&digest),
+                hex(&expected),
+                plan.fix
+            ),
+        ));
+    }
+    Ok((total, digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::code_of;
+
+    fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// A v1 plan over `tar` compressed with zstd and cut into `parts` pieces.
+    fn v1(tar: &[u8], parts: usize) -> (Plan, Vec<Vec<u8>>) {
+        let z = zstd::encode_all(tar, 3).unwrap();
+        let step = z.len().div_ceil(parts);
+        let chunks: Vec<Vec<u8>> = z.chunks(step).map(<[u8]>::to_vec).collect();
+        let pieces = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Piece {
+                file: format!("k.tar.zst.part{i:03}"),
+                size: c.len() as u64,
+                sha256: Some(Sha256::digest(c).into()),
+            })
+            .collect();
+        let plan = Plan {
+            label: "key k on branch b".into(),
+            fix: "republish".into(),
+            pieces,
+            check: Check::PerPiece,
+            codec: Codec::Zstd,
+            tar_sha256: Some(Sha256::digest(tar).into()),
+            tar_size: Some(tar.len() as u64),
+            tar_cap: tar.len() as u64,
+        };
+        (plan, chunks)
+    }
+
+    fn run(plan: &Plan, chunks: &[Vec<u8>]) -> Result<(Vec<u8>, Stats)> {
+        let chunks = chunks.to_vec();
+        let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
+            Ok(Box::new(io::Cursor::new(chunks[i].clone())))
+        };
+        stream(plan, &mut open, &|_| {}, |r| {
+            let mut out = Vec::new();
+            r.read_to_end(&mut out)?;
+            Ok(out)
+        })
+    }
+
+    fn big_tar() -> Vec<u8> {
+        // Incompressible enough to make several chunks.
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        tar_of(&[("a", b"hello"), ("b/c", &data)])
+    }
+
+    #[test]
+    fn verified_stream_decodes_to_the_tar() {
+        let tar = big_tar();
+        let (plan, chunks) = v1(&tar, 4);
+        let (out, stats) = run(&plan, &chunks).unwrap();
+        assert_eq!(out, tar);
+        assert_eq!(stats.tar_bytes, tar.len() as u64);
+        assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
+        let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+        assert_eq!(stats.bytes_hashed, compressed + tar.len() as u64);
+    }
+
+    #[test]
+    fn a_flipped_byte_is_refused_before_the_decoder_sees_that_chunk() {
+        let tar = big_tar();
+        let (plan, mut chunks) = v1(&tar, 4);
+        chunks[2][10] ^= 1;
+        // The consumer records how many bytes it saw: only chunks 0 and 1
+        // can have been decoded.
+        let seen = std::sync::atomic::AtomicU64::new(0);
+        let chunks2 = chunks.clone();
+        let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
+            Ok(Box::new(io::Cursor::new(chunks2[i].clone())))
+        };
+        let err = stream(&plan, &mut open, &|_| {}, |r| {
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = r.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                seen.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+        .unwrap_err();
+        assert_eq!(code_of(&err), Code::Verify, "{err:#}");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("k.tar.zst.part002"), "{msg}");
+        assert!(msg.contains("republish"), "{msg}");
+        // The decoder stopped where chunk 2 begins: it never saw the tar's end.
+        let seen = seen.into_inner();
+        assert!(seen < tar.len() as u64, "{seen} of {}", tar.len());
+    }
+
+    #[test]
+    fn a_truncated_or_long_chunk_is_refused() {
+        let tar = big_tar();
+        let (plan, mut chunks) = v1(&tar, 3);
+        chunks[1].pop();
+        let err = run(&plan, &chunks).unwrap_err();
+        assert_eq!(code_of(&err), Code::Verify);
+        assert!(format!("{err:#}").contains("part001 of key k on branch b ends after"));
+        let (plan, mut chunks) = v1(&tar, 3);
+        chunks[0].push(0);
+        let err = run(&plan, &chunks).unwrap_err();
+        assert!(format!("{err:#}").contains("longer than"), "{err:#}");
+    }
+
+    #[test]
+    fn a_wrong_tar_digest_or_size_is_refused() {
+        let tar = big_tar();
+        let (mut plan, chunks) = v1(&tar, 2);
+        plan.tar_sha256 = Some([7; 32]);
+        let err = run(&plan, &chunks).unwrap_err();
+        assert_eq!(code_of(&err), Code::Verify);
+        assert!(
+            format!("{err:#}").contains("the tar stream of key k"),
+            "{err:#}"
+        );
+        let (mut plan, chunks) = v1(&tar, 2);
+        plan.tar_size = Some(tar.len() as u64 + 512);
+        plan.tar_cap = tar.len() as u64 + 512;
+        assert!(
+            format!("{:#}", run(&plan, &chunks).unwrap_err()).contains("but warmstart.json says")
+        );
+    }
+
+    #[test]
+    fn more_bytes_than_declared_are_refused_as_unsafe() {
+        let tar = big_tar();
+        let (mut plan, chunks) = v1(&tar, 2);
+        plan.tar_cap = 4096;
+        plan.tar_size = Some(4096);
+        let err = run(&plan, &chunks).unwrap_err();
+        assert_eq!(code_of(&err), Code::Unsafe, "{err:#}");
+    }
+
+    #[test]
+    fn oversized_chunks_are_refused_before_reading() {
+        let tar = big_tar();
+        let (mut plan, chunks) = v1(&tar, 2);
+        plan.pieces[0].size = MAX_CHUNK_BYTES + 1;
+        let err = run(&plan, &chunks).unwrap_err();
+        assert_eq!(code_of(&err), Code::Verify);
+    }
+
+    fn legacy(tar: &[u8], parts: usize) -> (Plan, Vec<Vec<u8>>) {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        io::Write::write_all(&mut gz, tar).unwrap();
+        let z = gz.finish().unwrap();
+        let step = z.len().div_ceil(parts);
+        let chunks: Vec<Vec<u8>> = z.chunks(step).map(<[u8]>::to_vec).collect();
+        let pieces = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Piece {
+                file: format!("cache.tar.gz.part{i:02}"),
+                size: c.len() as u64,
+                sha256: None,
+            })
+            .collect();
+        let plan = Plan {
+            label: "branch b".into(),
+            fix: "re-seed it".into(),
+            pieces,
+            check: Check::Whole {
+                archive: "cache.tar.gz".into(),
+                sha256: Sha256::digest(&z).into(),
+            },
+            codec: Codec::Gzip,
+            tar_sha256: None,
+            tar_size: None,
+            tar_cap: 1 << 30,
+        };
+        (plan, chunks)
+    }
+
+    #[test]
+    fn legacy_archives_check_the_whole_digest() {
+        let tar = big_tar();
+        let (plan, chunks) = legacy(&tar, 3);
+        let (out, stats) = run(&plan, &chunks).unwrap();
+        assert_eq!(out, tar);
+        assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
+        // A flipped byte in the last part: the verdict comes at the end, but
+        // it comes, and it is a verification failure.
+        let (plan, mut chunks) = legacy(&tar, 3);
+        let last = chunks.last_mut().unwrap();
+        last[0] ^= 0xff;
+        let err = run(&plan, &chunks).unwrap_err();
+        assert_eq!(code_of(&err), Code::Verify, "{err:#}");
+        assert!(format!("{err:#}").contains("cache.tar.gz"), "{err:#}");
+    }
+
+    #[test]
+    fn a_consumer_failure_is_reported_as_is() {
+        let tar = big_tar();
+        let (plan, chunks) = v1(&tar, 4);
+        let chunks = chunks.to_vec();
+        let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
+            Ok(Box::new(io::Cursor::new(chunks[i].clone())))
+        };
+        let err = stream(&plan, &mut open, &|_| {}, |_r| -> Result<()> {
+            Err(fail(Code::Unsafe, "refusing tar entry `x`"))
+        })
+        .unwrap_err();
+        assert_eq!(code_of(&err), Code::Unsafe);
+        assert_eq!(format!("{err:#}"), "refusing tar entry `x`");
+    }
+
+    #[test]
+    fn digests_parse() {
+        let d = parse_digest(&"ab".repeat(32)).unwrap();
+        assert_eq!(d, [0xab; 32]);
+        assert!(parse_digest("zz").is_err());
+        assert!(parse_digest(&"g".repeat(64)).is_err());
+    }
+}
