@@ -553,8 +553,8 @@ fn concurrent_publishers_of_two_keys_both_land() {
     assert_eq!(keys, ["race-one", "race-two"]);
 }
 
-/// Publish over smart HTTP (`git http-backend`), then the coreutils path
-/// over HTTP too.
+/// Publish over smart HTTP (`git http-backend`), then restore over HTTP
+/// with the coreutils path and with `cache restore` in a fresh clone.
 #[test]
 fn smart_http_round_trip() {
     let env = TestEnv::new();
@@ -579,7 +579,113 @@ fn smart_http_round_trip() {
     let dest = env.join("dest");
     coreutils_restore(&env, &url, "web-cache", "web-1", &dest);
     assert_same_tree(&src, &dest);
+    // Our restore, in a clone made over HTTP.
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "add the cache manifest"]);
+    env.git("work", ["push", "-q", "origin", "main"]);
+    env.git(".", ["clone", "-q", &url, "clone"]);
+    let mut cmd = env.xtask_in("clone");
+    cmd.args(["cache", "restore", "web"]);
+    run(&mut cmd).ok();
+    assert_same_tree(&src, &env.join("clone/restored"));
     // Unchanged over HTTP too.
     let s = json(&publish(&env, "work", &["web", "--json"]).ok());
     assert_eq!(s["status"], "unchanged");
+}
+
+/// Adoption: another repository with its own `cache-manifests/` (relative
+/// pack root, key pins from a JSON file and a regex, restore path under `~`)
+/// publishes with the built binary, and a fresh clone restores with it; a
+/// version bump is a new key.
+#[test]
+fn another_repository_publishes_and_restores_with_the_built_binary() {
+    let env = TestEnv::new();
+    env.bare_remote("other.git");
+    let daemon = GitDaemon::start(env.path());
+    let url = daemon.url("other.git");
+    let other = env.work_repo("other");
+    env.git("other", ["remote", "add", "origin", &url]);
+    std::fs::write(
+        other.join("build-info.json"),
+        r#"{"tool": {"version": "1.2.0"}}"#,
+    )
+    .unwrap();
+    std::fs::write(other.join("toolchain.txt"), "channel = 2026-11\n").unwrap();
+    write_manifest(
+        &other,
+        "tool",
+        r#"
+[cache]
+description = "the other project's built tool"
+
+[[key]]
+name = "version"
+json = { file = "build-info.json", pointer = "/tool/version" }
+
+[[key]]
+name = "channel"
+regex = { file = "toolchain.txt", pattern = 'channel = (\S+)' }
+
+[[key]]
+name = "platform"
+platform = true
+
+[pack]
+root = "build/out"
+exclude = ["**/*.tmp"]
+
+[restore]
+path = "~/.cache/other-tool"
+
+[ready]
+path = "bin/tool"
+"#,
+    );
+    std::fs::write(other.join(".gitignore"), "build/\n").unwrap();
+    make_tricky_tree(&other.join("build/out"), false);
+    std::fs::write(other.join("build/out/scratch.tmp"), "not packed\n").unwrap();
+    env.git("other", ["add", "-A"]);
+    env.git("other", ["commit", "-q", "-m", "adopt warmstart"]);
+    env.git("other", ["push", "-q", "origin", "main"]);
+
+    // Publish from a subdirectory: the repository is found from there.
+    std::fs::create_dir_all(other.join("docs")).unwrap();
+    let s = json(&publish(&env, "other/docs", &["tool", "--json"]).ok());
+    let key = s["key"].as_str().unwrap().to_string();
+    assert!(key.starts_with("tool-1.2.0-2026_11-"), "{key}");
+
+    env.git(".", ["clone", "-q", &url, "clone"]);
+    let restore = |cwd: &str| {
+        let mut cmd = env.xtask_in(cwd);
+        cmd.args(["cache", "restore", "tool"]);
+        run(&mut cmd)
+    };
+    restore("clone").ok();
+    let installed = env.home().join(".cache/other-tool");
+    std::fs::remove_file(other.join("build/out/scratch.tmp")).unwrap();
+    assert_same_tree(&other.join("build/out"), &installed);
+
+    // A version bump is a new key: not on the branch until published.
+    std::fs::write(
+        other.join("build-info.json"),
+        r#"{"tool": {"version": "1.3.0"}}"#,
+    )
+    .unwrap();
+    std::fs::write(other.join("build/out/plain.txt"), "built by 1.3.0\n").unwrap();
+    env.git("other", ["commit", "-q", "-am", "1.3.0"]);
+    env.git("other", ["push", "-q", "origin", "main"]);
+    env.git("clone", ["pull", "-q", "origin", "main"]);
+    let r = restore("clone");
+    assert_eq!(
+        r.code(),
+        4,
+        "restoring an unpublished key\n{}",
+        show(&r.out)
+    );
+    publish(&env, "other", &["tool"]).ok();
+    restore("clone").ok();
+    assert_same_tree(&other.join("build/out"), &installed);
+    assert_one_root_commit(&env, "other.git", "tool-cache");
+    let m = branch_manifest(&env, "other.git", "tool-cache");
+    assert_eq!(m["keys"].as_object().unwrap().len(), 2);
 }

@@ -3,5 +3,6 @@
 mod util;
 
 mod cache_publish;
+mod demo;
 mod tidy;
 mod unpack;

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod cli;
 pub mod clock;
+pub mod demo;
 pub mod exit;
 pub mod repo;
 pub mod unpack;
@@ -20,5 +21,6 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
     match cli.command {
         cli::Command::Cache(args) => cache::run(&sh, args),
+        cli::Command::Demo(args) => demo::run(&sh, args),
     }
 }

@@ -253,8 +253,9 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             summary.commit = Some(s.commit.clone());
             summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
             out.say(format!(
-                "unchanged: {} on {remote} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
+                "unchanged: {} on {} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
                 m.branch,
+                remote.name,
                 key.value,
                 &entry.tar_sha256[..12]
             ));
@@ -280,8 +281,9 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             .map(|c| c.size)
             .sum();
         out.say(format!(
-            "pushing {} to {remote} ({} of new chunks)",
+            "pushing {} to {} ({} of new chunks)",
             m.branch,
+            remote.name,
             human_bytes(new_bytes)
         ));
         let bar = out.bar(100, "push");
@@ -298,9 +300,10 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 summary.commit = Some(commit.clone());
                 summary.keys_on_branch = keys;
                 out.say(format!(
-                    "published {} to {} on {remote}: commit {} (one root commit), push {:.1}s",
+                    "published {} to {} on {}: commit {} (one root commit), push {:.1}s",
                     key.value,
                     m.branch,
+                    remote.name,
                     &commit[..12],
                     t.elapsed().as_secs_f64()
                 ));

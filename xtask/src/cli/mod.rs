@@ -5,6 +5,7 @@
 //! does any work (that is `crate::run` and the capability modules).
 
 pub mod cache;
+pub mod demo;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,9 @@ pub struct Cli {
 pub enum Command {
     /// Cache branches: publish an artifact to an orphan branch, restore it anywhere, verified.
     Cache(cache::CacheArgs),
+    /// The main job on a local default, no setup: publish a real directory to a
+    /// scratch origin, restore it into a fresh clone, compare, and time it.
+    Demo(demo::DemoArgs),
 }
 
 #[cfg(test)]
