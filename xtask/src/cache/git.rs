@@ -36,10 +36,15 @@ use crate::repo::Repo;
 ///   window over 99 MiB random blobs costs a GiB of memory for nothing).
 /// - No automatic gc: a repack of a multi-GB cache in the middle of a restore
 ///   is a surprise nobody wants.
-const CONFIG: [(&str, &str); 6] = [
+/// - Small pack windows: git maps packs in windows of 1 GiB by default, so a
+///   push of a 250 MB artifact showed 250 MB of resident memory (measured);
+///   16 MiB windows within 64 MiB keep it bounded whatever the size.
+const CONFIG: [(&str, &str); 8] = [
     ("core.compression", "0"),
     ("pack.compression", "0"),
     ("core.bigFileThreshold", "1m"),
+    ("core.packedGitWindowSize", "16m"),
+    ("core.packedGitLimit", "64m"),
     ("gc.auto", "0"),
     ("maintenance.auto", "false"),
     ("receive.autogc", "false"),
