@@ -445,7 +445,14 @@ impl CacheGit {
         if status.success() {
             return Ok(());
         }
-        if stdout.contains("stale info") || stdout.contains("fetch first") {
+        // The lease is checked twice: by us against the advertised value
+        // ("stale info"), and by the server while it locks the ref, which is
+        // how a push racing another one for the same ref loses ("cannot lock
+        // ref ...: reference already exists" / "is at X but expected Y").
+        if stdout.contains("stale info")
+            || stdout.contains("fetch first")
+            || stderr.contains("cannot lock ref")
+        {
             return Err(fail(
                 Code::Remote,
                 format!(
