@@ -689,3 +689,61 @@ path = "bin/tool"
     let m = branch_manifest(&env, "other.git", "tool-cache");
     assert_eq!(m["keys"].as_object().unwrap().len(), 2);
 }
+
+/// A publish killed with SIGKILL while packing leaves its chunk directory
+/// behind and the remote untouched; the next publish removes the leftovers
+/// and succeeds.
+#[test]
+fn killed_publish_leaves_the_remote_and_is_cleaned_up() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    crate::util::tree::write_pseudo_random(&src.join("big/noise.bin"), 12 << 20, 7);
+    env.bare_remote("origin.git");
+    let work = work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "k",
+        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 524288\n"),
+    );
+    let cache_git = work.join(".git/warmstart/cache.git");
+    let mut child = env
+        .xtask_in("work")
+        .args(["cache", "publish", "k", "--quiet"])
+        .spawn()
+        .unwrap();
+    let scratch = cache_git.join(format!("warmstart-publish-{}", child.id()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !scratch.join("k-1.tar.zst.part001").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "publish ended before it could be killed mid-pack"
+        );
+        assert!(std::time::Instant::now() < deadline, "no chunk appeared");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(scratch.exists(), "the killed publish left nothing to clean");
+    assert_eq!(remote_ref(&env, "origin.git", "k-cache"), None);
+
+    publish(&env, "work", &["k"]).ok();
+    assert!(!scratch.exists(), "{} was not removed", scratch.display());
+    let left: Vec<_> = std::fs::read_dir(&cache_git)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("warmstart-publish-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_one_root_commit(&env, "origin.git", "k-cache");
+    let dest = env.join("dest");
+    coreutils_restore(
+        &env,
+        env.join("origin.git").to_str().unwrap(),
+        "k-cache",
+        "k-1",
+        &dest,
+    );
+    assert_same_tree(&src, &dest);
+}

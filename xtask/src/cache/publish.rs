@@ -554,6 +554,7 @@ fn pack_into_git(
     old_oids: &BTreeMap<String, String>,
     out: &Reporter,
 ) -> Result<PackedKey> {
+    remove_dead_scratch(&git.dir);
     let scratch = Scratch::new(
         git.dir
             .join(format!("warmstart-publish-{}", std::process::id())),
@@ -662,6 +663,31 @@ fn pack_into_git(
         oids,
         reused: is_reused,
     })
+}
+
+/// Removes chunk directories left by publishes that were killed (their
+/// process is gone): each can hold a few chunks' worth of disk.
+fn remove_dead_scratch(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in rd.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("warmstart-publish-"))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let alive = pid == std::process::id() as i32
+            || unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A scratch directory removed when dropped (also on error).
