@@ -747,3 +747,69 @@ fn killed_publish_leaves_the_remote_and_is_cleaned_up() {
     );
     assert_same_tree(&src, &dest);
 }
+
+/// Compares `text` with `tests/it/snapshots/<name>`; `UPDATE_SNAPSHOTS=1`
+/// rewrites it (review the diff).
+fn snapshot(name: &str, text: &str) {
+    let path = crate::util::source_root()
+        .join("tests/it/snapshots")
+        .join(name);
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        want == text,
+        "{} is stale: rerun with UPDATE_SNAPSHOTS=1 and review the diff\n--- now:\n{text}",
+        path.display()
+    );
+}
+
+/// What users read: the help of `cache publish` and `demo`, and the shape
+/// (field names) of `cache publish --json`.
+#[test]
+fn publish_help_and_json_shape_snapshots() {
+    let env = TestEnv::new();
+    for (file, args) in [
+        (
+            "cache-publish-help.txt",
+            &["cache", "publish", "--help"][..],
+        ),
+        ("demo-help.txt", &["demo", "--help"][..]),
+    ] {
+        let r = run(env.xtask().args(args).env("COLUMNS", "100")).ok();
+        snapshot(file, &r.stdout());
+    }
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "shape",
+        &manifest(&src, "1", ""),
+    );
+    let s = json(&publish(&env, "work", &["shape", "--json"]).ok());
+    let mut shape = String::new();
+    for (k, v) in s.as_object().unwrap() {
+        let kind = match v {
+            serde_json::Value::Null => "null",
+            serde_json::Value::Bool(_) => "bool",
+            serde_json::Value::Number(_) => "number",
+            serde_json::Value::String(_) => "string",
+            serde_json::Value::Array(_) => "array",
+            serde_json::Value::Object(_) => "object",
+        };
+        shape.push_str(&format!("{k}: {kind}\n"));
+    }
+    let chunk = &s["chunks"][0];
+    for k in chunk.as_object().unwrap().keys() {
+        shape.push_str(&format!("chunks[].{k}\n"));
+    }
+    for k in s["timings_ms"].as_object().unwrap().keys() {
+        shape.push_str(&format!("timings_ms.{k}\n"));
+    }
+    snapshot("cache-publish-json-shape.txt", &shape);
+}

@@ -3,15 +3,7 @@
 use clap::Args;
 use std::path::PathBuf;
 
-/// Run the main job end to end on a local default, with no setup.
-///
-/// In a scratch directory: a bare `origin.git` set up like a hosting server,
-/// a repository with its own `cache-manifests/demo.toml`, `cache publish`
-/// of a real directory (by default this machine's
-/// `$(rustc --print sysroot)/lib/rustlib`), a fresh clone, `cache restore`
-/// into it, and a byte-for-byte comparison with the source. Prints what
-/// happened, the timings, and the commands for real use. Touches nothing
-/// outside the scratch directory, which is removed at the end.
+/// `cargo xtask demo` (its help text is the `Command::Demo` doc comment).
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// The directory to publish (default: `$(rustc --print sysroot)/lib/rustlib`).

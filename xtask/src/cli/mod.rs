@@ -29,10 +29,22 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Cache branches: publish an artifact to an orphan branch, restore it anywhere, verified.
+    /// Cache branches: publish an artifact to an orphan branch of the
+    /// repository's remote, and restore it on any machine, verified byte for byte.
+    ///
+    /// Each cache is described by `cache-manifests/<NAME>.toml`: what to pack,
+    /// how its key is built, where it restores, and which gates a publish needs.
     Cache(cache::CacheArgs),
     /// The main job on a local default, no setup: publish a real directory to a
     /// scratch origin, restore it into a fresh clone, compare, and time it.
+    ///
+    /// In a scratch directory: a bare `origin.git` set up like a hosting server,
+    /// a repository with its own `cache-manifests/demo.toml`, `cache publish`
+    /// of a real directory (by default this machine's
+    /// `$(rustc --print sysroot)/lib/rustlib`), a fresh clone, `cache restore`
+    /// into it, and a byte-for-byte comparison with the source. Prints what
+    /// happened, the timings, and the commands for real use. Touches nothing
+    /// outside the scratch directory, which is removed at the end.
     Demo(demo::DemoArgs),
 }
 
