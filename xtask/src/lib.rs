@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod exit;
+pub mod gates;
 pub mod repo;
 
 use anyhow::Result;
