@@ -6,3 +6,4 @@
 
 pub mod manifest;
 pub mod record;
+pub mod runner;
