@@ -6,6 +6,8 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod gates;
+
 /// warmstart: make a fresh or recycled machine fully working again in
 /// seconds, from caches kept in the git repository itself.
 ///
@@ -25,7 +27,11 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Gates: commands that must pass on a clean tree before a cache is
+    /// published from it; run them, record them green, share the record.
+    Gates(gates::GatesArgs),
+}
 
 #[cfg(test)]
 mod tests {

@@ -234,9 +234,14 @@ pub fn digest(command: &GateCommand, cwd: &str, env: &BTreeMap<String, String>) 
 /// Parses and validates the text of gates.toml.
 pub fn parse(text: &str) -> Result<Plan> {
     let raw: RawPlan = toml::from_str(text).map_err(|e| {
+        // One line: toml's own Display draws the source over several.
+        let line = e
+            .span()
+            .map(|s| format!("line {}: ", text[..s.start].matches('\n').count() + 1))
+            .unwrap_or_default();
         fail(
             Code::Config,
-            format!("{PATH} is not valid: {}", e.to_string().trim_end()),
+            format!("{PATH} is not valid: {line}{}", e.message().trim_end()),
         )
     })?;
     let kill_grace = match &raw.kill_grace {
@@ -428,7 +433,12 @@ timeout = 30
     #[test]
     fn bad_inputs_name_the_problem() {
         assert!(err("[[gate]]\nname = \"a\"\n").contains("gates.toml is not valid"));
-        assert!(err("[[gate]]\nname = \"a\"\ncommand = \"x\"\ntimout = 3\n").contains("timout"));
+        let typo = err("[[gate]]\nname = \"a\"\ncommand = \"x\"\ntimout = 3\n");
+        assert!(
+            typo.contains("is not valid: line 4: unknown field `timout`"),
+            "{typo}"
+        );
+        assert!(!typo.contains('\n'), "one line: {typo}");
         assert!(
             err("kill_grace = \"soon\"\n")
                 .contains("kill_grace: `soon` is not a positive duration")
