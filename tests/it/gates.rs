@@ -3,7 +3,7 @@
 //! real bare remote and a real `git daemon`.
 
 use crate::util::git_daemon::GitDaemon;
-use crate::util::{Run, TestEnv, run};
+use crate::util::{Run, TestEnv, run, source_root};
 use serde_json::Value;
 use std::io::Write;
 use std::path::Path;
@@ -746,4 +746,43 @@ fn an_unreadable_record_is_exit_5_and_is_left_in_place() {
     xt(&env, "work", &["gates", "check"]).ok();
     let parent = rev(&env, "work", &format!("{refname}~2"));
     assert_eq!(parent, c.trim());
+}
+
+#[test]
+fn the_ci_script_runs_the_gates_and_pushes_the_record_only_when_green() {
+    let env = TestEnv::new();
+    env.bare_remote("origin.git");
+    let gates = "[[gate]]\nname = \"ok\"\ncommand = \"test ! -e FAIL\"\n";
+    setup(&env, gates);
+    let script = std::fs::read_to_string(source_root().join("tools/ci-gates.sh")).unwrap();
+    write(&env, "work/tools/ci-gates.sh", &script);
+    write(&env, "work/FAIL", "x");
+    commit(&env, "work", "ci script, failing");
+    env.git("work", ["remote", "add", "origin", "../origin.git"]);
+    let ci = |env: &TestEnv| {
+        let mut bash = Command::new("bash");
+        bash.arg(env.join("work/tools/ci-gates.sh"))
+            .current_dir(env.join("work"))
+            .env("XTASK", crate::util::bin());
+        env.isolate(&mut bash);
+        run(&mut bash)
+    };
+    let r = ci(&env).expect_code(11);
+    assert!(
+        r.stderr().contains("error: gates failed for tree"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stderr().contains("publishing"), "{}", r.stderr());
+    assert_eq!(
+        env.git("origin.git", ["for-each-ref", "refs/warmstart/"]),
+        ""
+    );
+
+    std::fs::remove_file(env.join("work/FAIL")).unwrap();
+    commit(&env, "work", "green");
+    let tree = rev(&env, "work", "HEAD^{tree}");
+    ci(&env).ok();
+    let on_remote = env.git("origin.git", ["for-each-ref", "refs/warmstart/"]);
+    assert!(on_remote.contains(&tree), "{on_remote}");
 }
