@@ -206,6 +206,16 @@ fn a_dirty_worktree_is_refused_modified_or_untracked() {
     assert_eq!(gate_refs(&env, "work"), "", "nothing recorded");
 
     env.git("work", ["checkout", "--", "README.md"]);
+    // A staged rename is one entry (its source path is not a second one).
+    env.git("work", ["mv", "README.md", "RENAMED.md"]);
+    let r = xt(&env, "work", &["gates", "run"]).expect_code(9);
+    assert!(
+        r.stderr()
+            .contains("the worktree is dirty (R  RENAMED.md);"),
+        "{}",
+        r.stderr()
+    );
+    env.git("work", ["mv", "RENAMED.md", "README.md"]);
     write(&env, "work/notes/new.txt", "untracked\n");
     let r = xt(&env, "work", &["gates", "run"]).expect_code(9);
     assert!(r.stderr().contains("?? notes/new.txt"), "{}", r.stderr());
@@ -746,6 +756,101 @@ fn an_unreadable_record_is_exit_5_and_is_left_in_place() {
     xt(&env, "work", &["gates", "check"]).ok();
     let parent = rev(&env, "work", &format!("{refname}~2"));
     assert_eq!(parent, c.trim());
+}
+
+#[test]
+fn a_gate_that_changes_the_worktree_or_head_is_not_recorded() {
+    let env = TestEnv::new();
+    setup(
+        &env,
+        r#"
+[[gate]]
+name = "writes"
+command = "echo x > generated.txt"
+
+[[gate]]
+name = "commits"
+command = "echo y > committed.txt && git add committed.txt && git commit -q -m sneaky"
+"#,
+    );
+    let tree = rev(&env, "work", "HEAD^{tree}");
+    let r = xt(&env, "work", &["gates", "run", "writes"]).expect_code(9);
+    assert!(
+        r.stderr().contains(&format!(
+            "error: gates passed but were not recorded for tree {tree}: writes"
+        )),
+        "{}",
+        r.stderr()
+    );
+    assert!(
+        r.stdout()
+            .contains("not recorded: while it ran, the worktree is dirty (?? generated.txt)"),
+        "{}",
+        r.stdout()
+    );
+    std::fs::remove_file(env.join("work/generated.txt")).unwrap();
+    let r = xt(&env, "work", &["gates", "run", "commits"]).expect_code(9);
+    assert!(
+        r.stdout().contains("not recorded: HEAD moved to tree"),
+        "{}",
+        r.stdout()
+    );
+    assert_eq!(gate_refs(&env, "work"), "", "nothing recorded for any tree");
+}
+
+#[test]
+fn with_no_gates_defined_check_is_green() {
+    let env = TestEnv::new();
+    setup(&env, "# no gates yet\n");
+    let r = xt(&env, "work", &["gates", "check"]).ok();
+    assert!(
+        r.stdout().contains("green: no gates defined"),
+        "{}",
+        r.stdout()
+    );
+    let r = xt(&env, "work", &["gates", "run", "--json"]).ok();
+    assert_eq!(json(&r)["gates"], serde_json::json!([]));
+}
+
+#[test]
+fn an_unreadable_record_on_the_remote_is_exit_5_and_the_local_one_is_kept() {
+    let env = TestEnv::new();
+    env.bare_remote("origin.git");
+    setup(&env, TWO_GATES);
+    env.git("work", ["remote", "add", "origin", "../origin.git"]);
+    let tree = rev(&env, "work", "HEAD^{tree}");
+    let refname = format!("refs/warmstart/gates/{tree}");
+    xt(&env, "work", &["gates", "run", "ok"]).ok();
+    let good = stored(&env, "work", &tree).unwrap();
+    // Someone pushed a record of another format version for this tree.
+    let blob = git_stdin(
+        &env,
+        &["hash-object", "-w", "--stdin"],
+        "{\"format\": \"warmstart-gates/99\"}",
+    );
+    let t = git_stdin(
+        &env,
+        &["mktree"],
+        &format!("100644 blob {blob}\tgates.json\n"),
+    );
+    let c = env.git("work", ["commit-tree", &t, "-m", "future"]);
+    env.git(
+        "work",
+        ["push", "-q", "origin", &format!("{}:{refname}", c.trim())],
+    );
+    let r = xt(&env, "work", &["gates", "fetch"]).expect_code(5);
+    assert_eq!(
+        r.stderr().trim(),
+        format!(
+            "error: gate record {refname} on `origin` is unreadable: format `warmstart-gates/99` is not `warmstart-gates/1` (written by a newer warmstart?); the local record was left as is: delete the remote one with `git push origin :{refname}`, then push a good one with `cargo xtask gates push origin`"
+        )
+    );
+    assert_eq!(stored(&env, "work", &tree).unwrap(), good);
+    xt(&env, "work", &["gates", "push"]).expect_code(5);
+    // The way out the message gives works.
+    env.git("work", ["push", "-q", "origin", &format!(":{refname}")]);
+    let r = xt(&env, "work", &["gates", "push", "--json"]).ok();
+    assert_eq!(json(&r)["result"], "created");
 }
 
 #[test]

@@ -144,10 +144,11 @@ impl Verdict {
             ));
         }
         let names: Vec<String> = self.states.iter().map(|(n, _)| n.clone()).collect();
+        // No gates asked (an empty gates.toml): green, with an empty record.
         let record = self
             .record
-            .as_ref()
-            .expect("green gates imply a record")
+            .clone()
+            .unwrap_or_else(|| Record::new(tree))
             .only(&names);
         Ok(serde_json::to_value(record)?)
     }
@@ -422,12 +423,19 @@ fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
     };
     let host = host_name();
     let tool = format!("warmstart {}", env!("CARGO_PKG_VERSION"));
-    runner::catch_interrupts();
 
     let mut runs: Vec<GateRun> = Vec::new();
     for gate in &gates {
-        let stop =
-            runner::interrupted().is_some() || (!args.keep_going && runs.iter().any(GateRun::bad));
+        let stop = if let Some(sig) = runner::interrupted() {
+            Some(format!(
+                "warmstart was interrupted by {}",
+                runner::signal_name(sig)
+            ))
+        } else if !args.keep_going && runs.iter().any(GateRun::bad) {
+            Some("an earlier gate failed".to_string())
+        } else {
+            None
+        };
         let mut run = GateRun {
             name: gate.name.clone(),
             result: Ended::NotRun,
@@ -436,8 +444,8 @@ fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
             note: None,
             log: None,
         };
-        if stop {
-            run.note = Some("an earlier gate failed".into());
+        if let Some(why) = stop {
+            run.note = Some(why);
             runs.push(run);
             continue;
         }
@@ -603,8 +611,8 @@ fn report(head: &Head, runs: &[GateRun], json: bool, record_it: bool) {
         print_json(&json!({
             "tree": head.tree,
             "head": head.commit,
-            "record": record_it,
-            "ref": store::ref_name(&head.tree),
+            // Where the greens went; null with --no-record.
+            "ref": record_it.then(|| store::ref_name(&head.tree)),
             "gates": gates,
         }));
         return;

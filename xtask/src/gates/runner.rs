@@ -79,18 +79,22 @@ extern "C" fn on_signal(sig: libc::c_int) {
     INTERRUPTED.store(sig, Ordering::SeqCst);
 }
 
-/// From now on SIGINT, SIGTERM and SIGHUP do not kill warmstart: they are
-/// noted, and the running command's group is sent the same signal, then
-/// killed after the grace period. Needed because a command in its own process
-/// group does not receive the terminal's Ctrl-C.
-pub fn catch_interrupts() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores into an atomic, which is
-        // async-signal-safe.
-        unsafe {
-            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+/// From the first `run` on, SIGINT, SIGTERM and SIGHUP do not kill warmstart:
+/// they are noted, and the running command's group is sent the same signal,
+/// then killed after the grace period, and `run` reports `Interrupted`
+/// (callers stop there). Needed because a command in its own process group
+/// does not receive the terminal's Ctrl-C.
+fn catch_interrupts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: the handler only stores into an atomic, which is
+            // async-signal-safe.
+            unsafe {
+                libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+            }
         }
-    }
+    });
 }
 
 /// The signal received since `catch_interrupts`, if any.
@@ -217,6 +221,7 @@ impl Group {
 
 /// Runs `cmd` to its end under `limits`. Errors only when it cannot start.
 pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> {
+    catch_interrupts();
     become_subreaper();
     let program = cmd.get_program().to_string_lossy().into_owned();
     let (mut reader, writer) = std::io::pipe().context("creating a pipe for the output")?;

@@ -89,8 +89,9 @@ pub fn dirty(sh: &Shell, root: &Path, ignore: &[String]) -> Result<Vec<String>> 
     let mut paths = Vec::new();
     let mut fields = out.split('\0').filter(|f| !f.is_empty());
     while let Some(entry) = fields.next() {
-        // A rename or copy is followed by its source path: skip it.
-        if entry.starts_with('R') || entry.starts_with('C') {
+        // A rename or copy (in either column) is followed by its source path.
+        let xy = entry.get(..2).unwrap_or_default();
+        if xy.contains('R') || xy.contains('C') {
             fields.next();
         }
         paths.push(entry.trim_start().to_string());
@@ -136,12 +137,22 @@ fn read_at(sh: &Shell, root: &Path, refname: &str, tree: &str) -> Result<Option<
     Ok(Some(Stored { commit, record }))
 }
 
-/// The error for a record that cannot be trusted, with the way out.
+/// The error for a local record that cannot be trusted, with the way out.
 pub fn corrupt(refname: &str, e: &ParseError) -> anyhow::Error {
     fail(
         Code::Corrupt,
         format!(
             "gate record {refname} is unreadable: {e}; it was left as is: run the gates again to write a new record over it, or delete it with `git update-ref -d {refname}`"
+        ),
+    )
+}
+
+/// The error for a remote record that cannot be trusted; the local one is untouched.
+fn corrupt_remote(remote: &str, refname: &str, e: &ParseError) -> anyhow::Error {
+    fail(
+        Code::Corrupt,
+        format!(
+            "gate record {refname} on `{remote}` is unreadable: {e}; the local record was left as is: delete the remote one with `git push {remote} :{refname}`, then push a good one with `cargo xtask gates push {remote}`"
         ),
     )
 }
@@ -393,7 +404,7 @@ fn merge_fetched(
     };
     let their_record = theirs
         .record
-        .map_err(|e| corrupt(&format!("{} on `{remote}`", ref_name(tree)), &e))?;
+        .map_err(|e| corrupt_remote(remote, &ref_name(tree), &e))?;
     let refname = ref_name(tree);
     for _ in 0..ATTEMPTS {
         let Some(ours) = read(sh, root, tree)? else {
