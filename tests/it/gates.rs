@@ -854,6 +854,44 @@ fn an_unreadable_record_on_the_remote_is_exit_5_and_the_local_one_is_kept() {
 }
 
 #[test]
+fn help_teaches_the_tree_binding_and_the_flags() {
+    let env = TestEnv::new();
+    let r = xt(&env, ".", &["gates", "--help"]).ok();
+    for needle in [
+        "HEAD's tree id",
+        "refs/warmstart/gates/<tree-id>",
+        "run",
+        "status",
+        "check",
+        "fetch",
+        "push",
+    ] {
+        assert!(
+            r.stdout().contains(needle),
+            "`{needle}` missing:\n{}",
+            r.stdout()
+        );
+    }
+    let r = xt(&env, ".", &["gates", "run", "--help"]).ok();
+    for needle in [
+        "--keep-going",
+        "--skip-green",
+        "--no-record",
+        "--json",
+        "SIGKILL",
+        "kill_grace",
+    ] {
+        assert!(
+            r.stdout().contains(needle),
+            "`{needle}` missing:\n{}",
+            r.stdout()
+        );
+    }
+    let r = xt(&env, ".", &["gates", "check", "--help"]).ok();
+    assert!(r.stdout().contains("--fetch[=<REMOTE>]"), "{}", r.stdout());
+}
+
+#[test]
 fn the_ci_script_runs_the_gates_and_pushes_the_record_only_when_green() {
     let env = TestEnv::new();
     env.bare_remote("origin.git");

@@ -5,14 +5,7 @@ use std::time::Duration;
 
 use crate::gates::manifest::parse_duration;
 
-/// The gates of `cache-manifests/gates.toml` and their green records.
-///
-/// A gate is a named command (fmt, clippy, test...). When it passes on a
-/// clean worktree, warmstart records it as green for HEAD's tree id (not the
-/// commit: the same tree reached by another commit stays green). The record
-/// lives in the ref `refs/warmstart/gates/<tree-id>`, so `gates push` and
-/// `gates fetch` share it between machines, and `cache publish` refuses to
-/// publish from a tree whose required gates are not green.
+// The group's help is the doc comment of `Command::Gates` in cli/mod.rs.
 #[derive(Debug, Args)]
 pub struct GatesArgs {
     #[command(subcommand)]
