@@ -75,6 +75,16 @@ fn git_stdin(env: &TestEnv, args: &[&str], input: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// A record commit made by hand in `work`, holding `text` as gates.json.
+fn record_commit(env: &TestEnv, text: &str) -> String {
+    let blob = git_stdin(env, &["hash-object", "-w", "--stdin"], text);
+    let listing = format!("100644 blob {blob}\tgates.json\n");
+    let tree = git_stdin(env, &["mktree"], &listing);
+    env.git("work", ["commit-tree", &tree, "-m", "by hand"])
+        .trim()
+        .to_string()
+}
+
 fn gate_refs(env: &TestEnv, dir: &str) -> String {
     env.git(dir, ["for-each-ref", "refs/warmstart/"])
 }
@@ -727,18 +737,8 @@ fn an_unreadable_record_is_exit_5_and_is_left_in_place() {
     let tree = rev(&env, "work", "HEAD^{tree}");
     let refname = format!("refs/warmstart/gates/{tree}");
     // A record ref that holds garbage (as a hand edit or a bug might leave).
-    let blob = git_stdin(
-        &env,
-        &["hash-object", "-w", "--stdin"],
-        "{\"format\": \"warmstart-gates/1\", \"tree\": ",
-    );
-    let t = git_stdin(
-        &env,
-        &["mktree"],
-        &format!("100644 blob {blob}\tgates.json\n"),
-    );
-    let c = env.git("work", ["commit-tree", &t, "-m", "junk"]);
-    env.git("work", ["update-ref", &refname, c.trim()]);
+    let c = record_commit(&env, "{\"format\": \"warmstart-gates/1\", \"tree\": ");
+    env.git("work", ["update-ref", &refname, &c]);
 
     for args in [&["gates", "check"][..], &["gates", "status"][..]] {
         let r = xt(&env, "work", args).expect_code(5);
@@ -749,13 +749,13 @@ fn an_unreadable_record_is_exit_5_and_is_left_in_place() {
             r.stderr()
         );
     }
-    assert_eq!(rev(&env, "work", &refname), c.trim(), "left in place");
+    assert_eq!(rev(&env, "work", &refname), c, "left in place");
     // Running the gates writes a good record on top; the junk stays in its history.
     let r = xt(&env, "work", &["gates", "run"]).ok();
     assert!(r.stderr().contains("is unreadable"), "{}", r.stderr());
     xt(&env, "work", &["gates", "check"]).ok();
     let parent = rev(&env, "work", &format!("{refname}~2"));
-    assert_eq!(parent, c.trim());
+    assert_eq!(parent, c);
 }
 
 #[test]
@@ -823,21 +823,8 @@ fn an_unreadable_record_on_the_remote_is_exit_5_and_the_local_one_is_kept() {
     xt(&env, "work", &["gates", "run", "ok"]).ok();
     let good = stored(&env, "work", &tree).unwrap();
     // Someone pushed a record of another format version for this tree.
-    let blob = git_stdin(
-        &env,
-        &["hash-object", "-w", "--stdin"],
-        "{\"format\": \"warmstart-gates/99\"}",
-    );
-    let t = git_stdin(
-        &env,
-        &["mktree"],
-        &format!("100644 blob {blob}\tgates.json\n"),
-    );
-    let c = env.git("work", ["commit-tree", &t, "-m", "future"]);
-    env.git(
-        "work",
-        ["push", "-q", "origin", &format!("{}:{refname}", c.trim())],
-    );
+    let c = record_commit(&env, "{\"format\": \"warmstart-gates/99\"}");
+    env.git("work", ["push", "-q", "origin", &format!("{c}:{refname}")]);
     let r = xt(&env, "work", &["gates", "fetch"]).expect_code(5);
     assert_eq!(
         r.stderr().trim(),
