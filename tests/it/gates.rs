@@ -714,6 +714,19 @@ fn bad_inputs_get_one_line_errors_and_distinct_codes() {
         "{}",
         r.stderr()
     );
+    // A remote that looks like an option is taken as a (missing) remote.
+    let r = xt(
+        &env,
+        "work",
+        &["gates", "fetch", "--", "--upload-pack=touch pwned"],
+    )
+    .expect_code(8);
+    assert!(
+        r.stderr().contains("`--upload-pack=touch pwned`"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!env.join("work/pwned").exists());
     // A bad duration flag is a usage error.
     xt(&env, "work", &["gates", "fetch", "--timeout", "soon"]).expect_code(2);
     // No commit yet.

@@ -302,13 +302,18 @@ impl Fetched {
 /// captured. A non-zero exit is returned, not raised; a timeout is exit 8.
 fn network_git(
     root: &Path,
-    args: &[&str],
+    options: &[&str],
     remote: &str,
+    refspec: &str,
     timeout: Duration,
     what: &str,
 ) -> Result<runner::Outcome> {
     let mut cmd = Command::new("git");
-    cmd.arg("-C").arg(root).args(args);
+    // --end-of-options: a remote named `-x` is a remote, never an option.
+    cmd.arg("-C")
+        .arg(root)
+        .args(options)
+        .args(["--end-of-options", remote, refspec]);
     // Messages in English so the porcelain and errors parse; never prompt.
     cmd.env("LC_ALL", "C").env("GIT_TERMINAL_PROMPT", "0");
     let limits = runner::Limits {
@@ -372,10 +377,9 @@ pub fn fetch(
             "--no-tags",
             "--no-write-fetch-head",
             "--no-auto-maintenance",
-            remote,
-            &refspec,
         ],
         remote,
+        &refspec,
         timeout,
         what,
     )?;
@@ -482,8 +486,9 @@ pub fn push(
         };
         let outcome = network_git(
             root,
-            &["push", "--porcelain", "--no-verify", remote, &refspec],
+            &["push", "--porcelain", "--no-verify"],
             remote,
+            &refspec,
             timeout,
             what,
         )?;
