@@ -9,13 +9,16 @@ pub mod cache;
 pub mod cli;
 pub mod clock;
 pub mod exit;
+pub mod gates;
 pub mod repo;
 
 use anyhow::Result;
 
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> Result<()> {
-    let _sh = xshell::Shell::new()?;
+    let sh = xshell::Shell::new()?;
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
-    match cli.command {}
+    match cli.command {
+        cli::Command::Gates(args) => gates::run(&sh, args),
+    }
 }
