@@ -8,12 +8,15 @@
 pub mod cli;
 pub mod exit;
 pub mod repo;
+pub mod resume;
 
 use anyhow::Result;
 
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> Result<()> {
-    let _sh = xshell::Shell::new()?;
+    let sh = xshell::Shell::new()?;
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
-    match cli.command {}
+    match cli.command {
+        cli::Command::Resume(args) => resume::run(&sh, args),
+    }
 }
