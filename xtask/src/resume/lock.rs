@@ -2,13 +2,17 @@
 //! with rmdir, exactly as the JavaScript tool does, so both serialise on it.
 //!
 //! On top of that protocol this side is careful where the JavaScript tool is
-//! not: a stale lock (older than 15 s) is stolen by renaming it to a unique
+//! not. A stale lock (older than 15 s) is stolen by renaming it to a unique
 //! name and checking that the renamed directory is the very one judged stale
 //! (same device, inode and mtime) before removing it, so two stealers never
-//! both win and a fresh lock is never removed; a lock is released only while
-//! it is still the directory this process made; and anything at the lock
-//! path that is not an empty directory is reported at once instead of being
-//! waited on. This module never reads or writes the index itself.
+//! both win and a fresh lock is never removed. Stealers of this tool also
+//! take turns (flock on the directory) and look again in their turn, so they
+//! never move a fresh lock at all; only the JavaScript tool's unchecked
+//! rmdir-steal can make one move a fresh lock, which it then puts back. A
+//! lock is released only while it is still the directory this process made,
+//! and anything at the lock path that is not an empty directory is reported
+//! at once instead of being waited on. This module never reads or writes the
+//! index itself.
 
 use crate::exit::{Code, fail};
 use anyhow::{Context, Result};
@@ -228,9 +232,31 @@ fn unique_sibling(path: &Path, what: &str) -> PathBuf {
 /// Removes the stale lock `judged`, if it is still the one at `path`.
 /// Returns true when this process removed it.
 fn steal(path: &Path, judged: DirId) -> Result<bool> {
+    // Stealers of this tool take turns (flock on the lock's directory, held
+    // for microseconds) and look again inside their turn, so none of them
+    // ever moves a lock made after another stealer removed the stale one.
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let turn = fs::File::open(parent).with_context(|| format!("opening {}", parent.display()))?;
+    turn.lock()
+        .with_context(|| format!("locking {} to steal a stale lock", parent.display()))?;
+    match fs::symlink_metadata(path) {
+        Ok(meta) if DirId::of(&meta) == judged => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("inspecting the lock {}", path.display())),
+    }
+    take_if_same(path, judged)
+}
+
+/// Moves the lock at `path` aside and removes it if it is `judged`; puts it
+/// back otherwise. Returns true when this process removed it.
+fn take_if_same(path: &Path, judged: DirId) -> Result<bool> {
     let aside = unique_sibling(path, "stale");
-    // Only one rename of a given directory can succeed, so of two stealers
-    // exactly one moves it; the other finds the path gone or a new lock there.
+    // Only one rename of a given directory can succeed, so even against the
+    // JavaScript tool (which takes no turn) exactly one stealer moves it.
     match fs::rename(path, &aside) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
@@ -251,8 +277,9 @@ fn steal(path: &Path, judged: DirId) -> Result<bool> {
         })?;
         return Ok(true);
     }
-    // Between our look and our rename, the stale lock went and a writer made
-    // a fresh one, which we moved: put it back, never over another lock.
+    // Between our look and our rename the JavaScript tool removed the stale
+    // lock and a writer made a fresh one, which we moved: put it back, never
+    // over another lock.
     match rename_noreplace(&aside, path) {
         Ok(()) => Ok(false),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
@@ -371,8 +398,12 @@ mod tests {
         let judged = DirId::of(&fs::symlink_metadata(&path).unwrap());
         let lock = acquire(&path, fast()).unwrap();
         assert!(lock.stole.unwrap() >= Duration::from_secs(19));
-        // A stealer that judged the old lock stale must not remove the new one.
+        // A stealer that judged the old lock stale must not remove the new
+        // one: it does not move it, and if it had (racing the JavaScript
+        // tool) it puts it back unchanged.
         assert!(!steal(&path, judged).unwrap());
+        assert!(lock.still_owned());
+        assert!(!take_if_same(&path, judged).unwrap());
         assert!(lock.still_owned());
         assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
     }
