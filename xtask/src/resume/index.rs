@@ -16,7 +16,7 @@ pub const VERSION: u64 = 1;
 /// Why bytes are not a usable index.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("not valid JSON ({0})")]
+    #[error("is not valid JSON ({0})")]
     Json(#[from] serde_json::Error),
     #[error("{0}")]
     Shape(String),
@@ -66,7 +66,7 @@ impl Index {
             Some(Value::Object(entries)) => {
                 if let Some((key, _)) = entries.iter().find(|(_, v)| !v.is_object()) {
                     return Err(FormatError::Shape(format!(
-                        "entry {key:?} is not a JSON object"
+                        "has an entry {key:?} that is not a JSON object"
                     )));
                 }
             }
