@@ -265,17 +265,27 @@ fn take_if_same(path: &Path, judged: DirId) -> Result<bool> {
                 .with_context(|| format!("moving the stale lock {} aside", path.display()));
         }
     }
-    let meta = fs::symlink_metadata(&aside)
-        .with_context(|| format!("inspecting the moved lock {}", aside.display()))?;
+    // A writer that takes the lock meanwhile sweeps away moved-aside locks
+    // older than the stale limit (see `store`): gone means it was stale.
+    let meta = match fs::symlink_metadata(&aside) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(true),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("inspecting the moved lock {}", aside.display()));
+        }
+    };
     if DirId::of(&meta) == judged {
-        fs::remove_dir(&aside).with_context(|| {
-            format!(
-                "removing the stale lock {} (moved to {})",
-                path.display(),
-                aside.display()
-            )
-        })?;
-        return Ok(true);
+        return match fs::remove_dir(&aside) {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(e).with_context(|| {
+                format!(
+                    "removing the stale lock {} (moved to {})",
+                    path.display(),
+                    aside.display()
+                )
+            }),
+            _ => Ok(true),
+        };
     }
     // Between our look and our rename the JavaScript tool removed the stale
     // lock and a writer made a fresh one, which we moved: put it back, never
