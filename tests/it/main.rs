@@ -3,4 +3,5 @@
 mod util;
 
 mod gates;
+mod resume;
 mod tidy;

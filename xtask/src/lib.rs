@@ -11,6 +11,7 @@ pub mod clock;
 pub mod exit;
 pub mod gates;
 pub mod repo;
+pub mod resume;
 
 use anyhow::Result;
 
@@ -20,5 +21,6 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
     match cli.command {
         cli::Command::Gates(args) => gates::run(&sh, args),
+        cli::Command::Resume(args) => resume::run(&sh, args),
     }
 }
