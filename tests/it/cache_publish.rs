@@ -402,22 +402,32 @@ fn dry_run_and_key_only_write_nothing() {
     assert_eq!(remote_ref(&env, "origin.git", "tricky-cache"), None);
 }
 
+/// With `[publish] gates`: refused (exit 9, naming the gate) until `gates
+/// run` records them green for HEAD's tree; then the record is embedded in
+/// warmstart.json. `--allow-ungated` is loud and recorded.
 #[test]
-fn required_gates_refuse_and_allow_ungated_is_loud_and_recorded() {
+fn required_gates_refuse_until_green_and_allow_ungated_is_loud_and_recorded() {
     let env = TestEnv::new();
     let src = env.join("src");
     make_tricky_tree(&src, false);
     env.bare_remote("origin.git");
-    work_with_manifest(
+    let work = work_with_manifest(
         &env,
         "work",
         "../origin.git",
         "gated",
-        &manifest(&src, "1", "\n[publish]\ngates = [\"test\"]\n"),
+        &manifest(&src, "1", "\n[publish]\ngates = [\"check\"]\n"),
     );
+    std::fs::write(
+        work.join("cache-manifests/gates.toml"),
+        "[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
+    )
+    .unwrap();
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "cache and gates manifests"]);
+
     let r = publish(&env, "work", &["gated"]).expect_code(9);
-    assert!(r.stderr().contains("gates [test]"), "{}", r.stderr());
-    assert!(r.stderr().contains("--allow-ungated"), "{}", r.stderr());
+    assert!(r.stderr().contains("check"), "{}", r.stderr());
     assert_eq!(remote_ref(&env, "origin.git", "gated-cache"), None);
 
     let r = publish(&env, "work", &["gated", "--allow-ungated", "--quiet"]).ok();
@@ -429,6 +439,26 @@ fn required_gates_refuse_and_allow_ungated_is_loud_and_recorded() {
     assert_eq!(r.stdout(), "", "--quiet printed to stdout");
     let m = branch_manifest(&env, "origin.git", "gated-cache");
     assert_eq!(m["keys"]["gated-1"]["ungated"], true);
+    assert_eq!(m["keys"]["gated-1"]["gates"], serde_json::Value::Null);
+
+    let mut gates = env.xtask_in("work");
+    gates.args(["gates", "run"]);
+    run(&mut gates).ok();
+    // Same bytes, but now gated: republished to record the gates.
+    let s = json(&publish(&env, "work", &["gated", "--json"]).ok());
+    assert_eq!(s["status"], "published");
+    assert_eq!(s["ungated"], false);
+    let m = branch_manifest(&env, "origin.git", "gated-cache");
+    let entry = &m["keys"]["gated-1"];
+    assert_eq!(entry["ungated"], false);
+    let record = entry["gates"].to_string();
+    assert!(
+        record.contains("check"),
+        "no gate record in warmstart.json: {record}"
+    );
+    // And a dirty worktree is not green.
+    std::fs::write(work.join("untracked.txt"), "dirty\n").unwrap();
+    publish(&env, "work", &["gated"]).expect_code(9);
 }
 
 #[test]

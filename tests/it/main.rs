@@ -4,5 +4,7 @@ mod util;
 
 mod cache_publish;
 mod demo;
+mod gates;
+mod resume;
 mod tidy;
 mod unpack;

@@ -10,7 +10,9 @@ pub mod cli;
 pub mod clock;
 pub mod demo;
 pub mod exit;
+pub mod gates;
 pub mod repo;
+pub mod resume;
 pub mod unpack;
 
 use anyhow::Result;
@@ -22,5 +24,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     match cli.command {
         cli::Command::Cache(args) => cache::run(&sh, args),
         cli::Command::Demo(args) => demo::run(&sh, args),
+        cli::Command::Gates(args) => gates::run(&sh, args),
+        cli::Command::Resume(args) => resume::run(&sh, args),
     }
 }

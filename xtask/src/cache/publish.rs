@@ -399,17 +399,16 @@ fn gate_record(
         ));
         return Ok((Value::Null, true));
     }
-    let _ = (sh, repo);
-    // The gates module (`crate::gates::require_green(sh, repo, &m.gates)`,
-    // exit 9 when not green) replaces this refusal when it lands on main.
-    Err(fail(
-        Code::NotGreen,
+    // Exit 9 naming the missing gate when HEAD's tree is not green (local
+    // records: `cargo xtask gates fetch` takes those pushed elsewhere).
+    let record = crate::gates::require_green(sh, repo, &m.gates).with_context(|| {
         format!(
-            "{} requires gates [{}] but this warmstart has no gates module yet, so no green record can be checked: publish with --allow-ungated (recorded on the branch), or remove [publish].gates",
-            m.file.display(),
+            "publishing {} requires gates [{}]",
+            m.name,
             m.gates.join(", ")
-        ),
-    ))
+        )
+    })?;
+    Ok((record, false))
 }
 
 fn rev_parse(sh: &Shell, root: &Path, rev: &str) -> Option<String> {

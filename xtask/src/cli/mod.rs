@@ -6,6 +6,8 @@
 
 pub mod cache;
 pub mod demo;
+pub mod gates;
+pub mod resume;
 
 use clap::{Parser, Subcommand};
 
@@ -46,6 +48,27 @@ pub enum Command {
     /// happened, the timings, and the commands for real use. Touches nothing
     /// outside the scratch directory, which is removed at the end.
     Demo(demo::DemoArgs),
+    /// Gates: commands that must pass on a clean tree before a cache is
+    /// published from it; run them, record them green, share the record.
+    ///
+    /// A gate is a named command in cache-manifests/gates.toml (fmt, clippy,
+    /// test...). When it passes on a clean worktree, warmstart records it green
+    /// for HEAD's tree id, not the commit: the same tree reached by another
+    /// commit stays green, any other tree is not. The record lives in the ref
+    /// refs/warmstart/gates/<tree-id>, so `gates push` and `gates fetch` share
+    /// it between machines, and `cache publish` refuses a tree whose required
+    /// gates are not green.
+    Gates(gates::GatesArgs),
+    /// The crash-resume index: record, look up and resume agent sessions.
+    ///
+    /// Which agent session ran on which terminal surface, so a crashed or
+    /// recycled machine can resume it. The index is one JSON file shared with
+    /// the JavaScript tool (same bytes, same lock directory `<index>.lock`):
+    /// `--path FILE`, else `$CRASH_RESUME_INDEX_PATH`, else
+    /// `$HOME/.golems/crash-resume-index.json`. A corrupt or unreadable index
+    /// is never overwritten (exit 5; `record --reinit` moves it aside); the
+    /// lock is waited on for 4 s (exit 3).
+    Resume(resume::ResumeArgs),
 }
 
 #[cfg(test)]
