@@ -222,8 +222,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         })
         .collect();
     out.say(format!(
-        "packed {} entries ({} of files): tar {} -> zstd {} in {} chunk(s), {:.1}s",
-        plan.items.len(),
+        "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s), {:.1}s",
+        plural(plan.items.len(), "entry", "entries"),
         human_bytes(plan.file_bytes),
         human_bytes(packed.entry.tar_size),
         human_bytes(summary.compressed_size.unwrap_or(0)),
@@ -322,6 +322,10 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     timings.insert("total", ms(started.elapsed()));
     summary.timings_ms = timings;
     Ok(summary)
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn ms(d: Duration) -> u64 {
@@ -827,9 +831,9 @@ impl Reporter {
             return indicatif::ProgressBar::hidden();
         }
         let template = if what == "push" {
-            "{prefix:>5} [{bar:40}] {pos}% {elapsed}"
+            "{prefix:>5} [{bar:30}] {pos:>3}% {elapsed}"
         } else {
-            "{prefix:>5} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}"
+            "{prefix:>5} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}"
         };
         let style = indicatif::ProgressStyle::with_template(template)
             .expect("valid template")
