@@ -6,13 +6,17 @@
 //! The restore half: `branch` reads and cross-checks a fetched branch,
 //! `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it, `stamp` makes the next run warm, `compare` checks an
-//! installed copy.
+//! installed copy, `check` is `cache verify`, `status` is `cache list` and
+//! `cache status`.
 
 pub mod branch;
+pub mod check;
 pub mod compare;
 pub mod format;
 pub mod git;
 pub mod manifest;
 pub mod restore;
 pub mod stamp;
+pub mod status;
 pub mod verify;
+
