@@ -2,5 +2,6 @@
 
 mod util;
 
+mod cache_publish;
 mod tidy;
 mod unpack;

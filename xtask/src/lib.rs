@@ -16,7 +16,9 @@ use anyhow::Result;
 
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> Result<()> {
-    let _sh = xshell::Shell::new()?;
+    let sh = xshell::Shell::new()?;
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
-    match cli.command {}
+    match cli.command {
+        cli::Command::Cache(args) => cache::run(&sh, args),
+    }
 }

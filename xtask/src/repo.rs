@@ -67,7 +67,8 @@ impl Repo {
 
     /// Discovers from the current directory.
     pub fn from_cwd() -> Result<Repo> {
-        Repo::discover(Path::new("."))
+        // The directory itself, not `cwd/.`: paths in messages stay clean.
+        Repo::discover(&std::env::current_dir().context("reading the current directory")?)
     }
 
     /// `cache-manifests/` of this repository.

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod git_daemon;
+pub mod http_backend;
 pub mod tree;
 
 use std::ffi::OsStr;

@@ -266,6 +266,20 @@ impl CacheGit {
         })
     }
 
+    /// The parents a commit object names (a shallow fetch keeps them in the
+    /// object even though the parents themselves are absent).
+    pub fn commit_parents(&self, commit: &str) -> Result<Vec<String>> {
+        let out = run(self.git().args(["cat-file", "commit", commit]))
+            .with_context(|| format!("reading commit {commit}"))?;
+        let text = String::from_utf8_lossy(&out);
+        Ok(text
+            .lines()
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.strip_prefix("parent "))
+            .map(str::to_string)
+            .collect())
+    }
+
     /// The root tree of a commit (`git ls-tree -l -z`), in git's order.
     pub fn ls_tree(&self, rev: &str) -> Result<Vec<TreeEntry>> {
         let out = run(self.git().args(["ls-tree", "-l", "-z", "--full-tree", rev]))

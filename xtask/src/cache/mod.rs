@@ -3,6 +3,8 @@
 //! `format` is the branch layout (pure data), `manifest` the validated
 //! `cache-manifests/<name>.toml` plan and key computation, `git` the plumbing
 //! both halves share (a private cache.git, shallow fetch, blobs, trees, push).
+//! The publish half: `pack` (deterministic tar -> zstd -> chunk files),
+//! `readme` (the branch README), `publish` (merge the key, root commit, push).
 //! The restore half: `branch` reads and cross-checks a fetched branch,
 //! `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it, `stamp` makes the next run warm, `compare` checks an
@@ -15,8 +17,26 @@ pub mod compare;
 pub mod format;
 pub mod git;
 pub mod manifest;
+pub mod pack;
+pub mod publish;
+pub mod readme;
 pub mod restore;
 pub mod stamp;
 pub mod status;
 pub mod verify;
 
+use anyhow::Result;
+use xshell::Shell;
+
+use crate::cli::cache::{CacheArgs, CacheCommand};
+
+/// `cargo xtask cache ...`.
+pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
+    match args.command {
+        CacheCommand::Publish(a) => publish::run(sh, a),
+        CacheCommand::Restore(a) => restore::run(sh, a),
+        CacheCommand::Verify(a) => check::run(sh, a),
+        CacheCommand::List(a) => status::list(sh, a),
+        CacheCommand::Status(a) => status::status(sh, a),
+    }
+}

@@ -27,7 +27,10 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Cache branches: publish an artifact to an orphan branch, restore it anywhere, verified.
+    Cache(cache::CacheArgs),
+}
 
 #[cfg(test)]
 mod tests {

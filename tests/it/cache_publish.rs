@@ -1,0 +1,585 @@
+//! `cargo xtask cache publish` against real remotes: bare repositories over file://, `git daemon`, smart HTTP.
+//!
+//! What a publish must guarantee, checked from the outside: the branch is
+//! one root commit after every publish; the coreutils path of DESIGN.md
+//! restores what was published (`sha256sum -c SHA256SUMS` passes in a
+//! checkout of the branch); an unchanged artifact makes no commit and no
+//! push; the same tree packs to the same bytes; bad input is refused with its
+//! own exit code and leaves the remote as it was.
+
+use crate::util::git_daemon::GitDaemon;
+use crate::util::http_backend::HttpGit;
+use crate::util::tree::{BIG_FILE_BYTES, assert_same_tree, make_tricky_tree};
+use crate::util::{Run, TestEnv, run, show};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A work repository whose `origin` is `origin` (a URL or a path), with
+/// `cache-manifests/<name>.toml` packing `src`.
+fn work_with_manifest(env: &TestEnv, rel: &str, origin: &str, name: &str, body: &str) -> PathBuf {
+    let work = env.work_repo(rel);
+    env.git(rel, ["remote", "add", "origin", origin]);
+    write_manifest(&work, name, body);
+    work
+}
+
+fn write_manifest(work: &Path, name: &str, body: &str) {
+    std::fs::create_dir_all(work.join("cache-manifests")).unwrap();
+    std::fs::write(work.join(format!("cache-manifests/{name}.toml")), body).unwrap();
+}
+
+/// A manifest packing `src` with key `<name>-<literal>`.
+fn manifest(src: &Path, literal: &str, extra: &str) -> String {
+    format!(
+        "[cache]\ndescription = \"test artifact\"\n\n[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[restore]\npath = \"restored\"\n{extra}",
+        src.display()
+    )
+}
+
+fn publish(env: &TestEnv, work: &str, args: &[&str]) -> Run {
+    let mut cmd = env.xtask_in(work);
+    cmd.args(["cache", "publish"]).args(args);
+    run(&mut cmd)
+}
+
+fn json(r: &Run) -> serde_json::Value {
+    serde_json::from_str(&r.stdout())
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", show(&r.out)))
+}
+
+/// The branch tip on a bare remote, or None.
+fn remote_ref(env: &TestEnv, bare: &str, branch: &str) -> Option<String> {
+    let mut cmd = Command::new("git");
+    cmd.current_dir(env.join(bare))
+        .args(["rev-parse", "--verify", "--quiet"])
+        .arg(format!("refs/heads/{branch}"));
+    env.isolate(&mut cmd);
+    let out = cmd.output().unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Loose and packed object counts and the pack count of a bare remote.
+fn object_counts(env: &TestEnv, bare: &str) -> String {
+    env.git(bare, ["count-objects", "-v"])
+        .lines()
+        .filter(|l| l.starts_with("count:") || l.starts_with("in-pack:") || l.starts_with("packs:"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The branch is exactly one commit, and that commit has no parent.
+fn assert_one_root_commit(env: &TestEnv, bare: &str, branch: &str) {
+    let count = env.git(
+        bare,
+        ["rev-list", "--count", &format!("refs/heads/{branch}")],
+    );
+    assert_eq!(count.trim(), "1", "{branch} should be one commit");
+    let parents = env.git(
+        bare,
+        [
+            "rev-list",
+            "--parents",
+            "-n",
+            "1",
+            &format!("refs/heads/{branch}"),
+        ],
+    );
+    assert_eq!(
+        parents.split_whitespace().count(),
+        1,
+        "{branch} tip has a parent: {parents}"
+    );
+}
+
+/// DESIGN.md's coreutils path, verbatim (plus `pipefail`), in a fresh clone
+/// with `url` as origin: fetch, `git archive | tar -x`, `sha256sum -c`,
+/// then `cat parts | zstd -d | tar -x` into `dest`. Returns sha256sum's output.
+fn coreutils_restore(env: &TestEnv, url: &str, branch: &str, key: &str, dest: &Path) -> String {
+    let clone = env.join(format!(
+        "coreutils-{}",
+        dest.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::create_dir_all(&clone).unwrap();
+    env.git(&clone, ["init", "-q"]);
+    env.git(&clone, ["remote", "add", "origin", url]);
+    std::fs::create_dir_all(clone.join("tmp")).unwrap();
+    std::fs::create_dir_all(dest).unwrap();
+    let script = format!(
+        "set -o pipefail; git fetch origin {branch} && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/{key}.tar.zst.part* | zstd -d | tar -x -C \"$DEST\""
+    );
+    let mut cmd = Command::new("bash");
+    cmd.current_dir(&clone)
+        .args(["-c", &script])
+        .env("DEST", dest);
+    env.isolate(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "coreutils restore failed\n{}",
+        show(&out)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.contains(": OK"), "sha256sum -c said nothing: {said}");
+    assert!(!said.contains("FAILED"), "{said}");
+    said
+}
+
+fn branch_manifest(env: &TestEnv, bare: &str, branch: &str) -> serde_json::Value {
+    let text = env.git(
+        bare,
+        ["show", &format!("refs/heads/{branch}:warmstart.json")],
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn tricky_tree_over_file_url_restores_with_coreutils() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    let url = format!("file://{}", env.join("origin.git").display());
+    // Small chunks so that chunk boundaries fall inside files and headers.
+    work_with_manifest(
+        &env,
+        "work",
+        &url,
+        "tricky",
+        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 500\n"),
+    );
+    let r = publish(&env, "work", &["tricky", "--json"]).ok();
+    let s = json(&r);
+    assert_eq!(s["status"], "published");
+    assert_eq!(s["key"], "tricky-1");
+    let chunks = s["chunks"].as_array().unwrap();
+    assert!(chunks.len() >= 3, "expected several chunks: {chunks:?}");
+    assert!(chunks.iter().all(|c| c["size"].as_u64().unwrap() <= 500));
+    assert_one_root_commit(&env, "origin.git", "tricky-cache");
+
+    let files = env.git(
+        "origin.git",
+        ["ls-tree", "--name-only", "refs/heads/tricky-cache"],
+    );
+    let mut names: Vec<&str> = files.lines().collect();
+    names.sort();
+    assert_eq!(
+        &names[..3],
+        ["README.md", "SHA256SUMS", "tricky-1.tar.zst.part000"]
+    );
+    assert_eq!(names.last(), Some(&"warmstart.json"));
+    let m = branch_manifest(&env, "origin.git", "tricky-cache");
+    assert_eq!(m["format"], 1);
+    let entry = &m["keys"]["tricky-1"];
+    assert_eq!(entry["compression"], "zstd");
+    assert_eq!(entry["archive"], "tricky-1.tar.zst");
+    assert_eq!(entry["ungated"], false);
+    assert_eq!(entry["key_parts"][0]["value"], "1");
+    let head = env.git("work", ["rev-parse", "HEAD"]);
+    assert_eq!(entry["source_commit"], head.trim());
+    let readme = env.git("origin.git", ["show", "refs/heads/tricky-cache:README.md"]);
+    assert!(readme.contains("sha256sum -c SHA256SUMS"), "{readme}");
+
+    let dest = env.join("restored-by-coreutils");
+    coreutils_restore(&env, &url, "tricky-cache", "tricky-1", &dest);
+    assert_same_tree(&src, &dest);
+    // The tar digest on the branch is the digest of what zstd -d gives.
+    let tar = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; cat {}/tmp/tricky-1.tar.zst.part* | zstd -d | sha256sum",
+            env.join("coreutils-restored-by-coreutils").display()
+        ))
+        .output()
+        .unwrap();
+    assert!(tar.status.success(), "{}", show(&tar));
+    assert!(
+        String::from_utf8_lossy(&tar.stdout).starts_with(entry["tar_sha256"].as_str().unwrap())
+    );
+}
+
+/// The one big case: a 210 MB incompressible file spans three default-size
+/// (99 MiB) chunks; published and restored through `git daemon`.
+#[test]
+fn big_file_crosses_default_chunks_over_git_daemon() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, true);
+    env.bare_remote("origin.git");
+    let daemon = GitDaemon::start(env.path());
+    let url = daemon.url("origin.git");
+    work_with_manifest(&env, "work", &url, "big", &manifest(&src, "1", ""));
+    let s = json(&publish(&env, "work", &["big", "--json"]).ok());
+    let chunks = s["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 3, "{chunks:?}");
+    for c in &chunks[..2] {
+        assert_eq!(c["size"].as_u64().unwrap(), 99 * 1024 * 1024);
+    }
+    assert!(s["compressed_size"].as_u64().unwrap() > BIG_FILE_BYTES);
+    assert_one_root_commit(&env, "origin.git", "big-cache");
+    let dest = env.join("dest");
+    coreutils_restore(&env, &url, "big-cache", "big-1", &dest);
+    assert_same_tree(&src, &dest);
+}
+
+#[test]
+fn unchanged_artifact_makes_no_commit_and_no_push() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "tricky",
+        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 300\n"),
+    );
+    publish(&env, "work", &["tricky"]).ok();
+    let tip = remote_ref(&env, "origin.git", "tricky-cache").unwrap();
+    let counts = object_counts(&env, "origin.git");
+
+    // Touching files changes mtimes, which the tar ignores by default.
+    std::fs::write(src.join("plain.txt"), "plain text\n").unwrap();
+    let r = publish(&env, "work", &["tricky"]).ok();
+    assert!(r.stdout().contains("unchanged"), "{}", r.stdout());
+    assert!(r.stdout().contains("no commit, no push"), "{}", r.stdout());
+    assert_eq!(remote_ref(&env, "origin.git", "tricky-cache").unwrap(), tip);
+    assert_eq!(object_counts(&env, "origin.git"), counts);
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(s["status"], "unchanged");
+    assert_eq!(s["commit"], tip.as_str());
+    assert!(
+        s["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["reused"] == true)
+    );
+    // Not a tty: plain lines, no progress-bar escapes.
+    assert!(
+        !r.stderr().contains('\u{1b}') && !r.stderr().contains('\r'),
+        "{}",
+        r.stderr()
+    );
+
+    // A change in the last file makes a new root commit; the leading
+    // chunks are the same bytes and are not stored again.
+    std::fs::write(src.join("zz-new-file"), "new\n").unwrap();
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(s["status"], "published");
+    assert_eq!(s["previous_commit"], tip.as_str());
+    assert_ne!(remote_ref(&env, "origin.git", "tricky-cache").unwrap(), tip);
+    assert_one_root_commit(&env, "origin.git", "tricky-cache");
+    let reused = s["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["reused"] == true)
+        .count();
+    assert!(reused >= 1, "{}", s["chunks"]);
+}
+
+#[test]
+fn keys_are_kept_merged_and_sorted() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    let work = work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "multi",
+        &manifest(&src, "b", ""),
+    );
+    publish(&env, "work", &["multi"]).ok();
+    write_manifest(&work, "multi", &manifest(&src, "a", ""));
+    publish(&env, "work", &["multi"]).ok();
+    assert_one_root_commit(&env, "origin.git", "multi-cache");
+    let m = branch_manifest(&env, "origin.git", "multi-cache");
+    let keys: Vec<&String> = m["keys"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["multi-a", "multi-b"]);
+    let sums = env.git("origin.git", ["show", "refs/heads/multi-cache:SHA256SUMS"]);
+    assert!(
+        sums.contains("multi-a.tar.zst.part000") && sums.contains("multi-b.tar.zst.part000"),
+        "{sums}"
+    );
+    // Both keys restore through the coreutils path (sha256sum -c checks all chunks).
+    let url = env.join("origin.git").display().to_string();
+    for key in ["multi-a", "multi-b"] {
+        let dest = env.join(format!("dest-{key}"));
+        coreutils_restore(&env, &url, "multi-cache", key, &dest);
+        assert_same_tree(&src, &dest);
+    }
+    // Republishing b with other content replaces b only.
+    std::fs::write(src.join("plain.txt"), "changed\n").unwrap();
+    write_manifest(&work, "multi", &manifest(&src, "b", ""));
+    publish(&env, "work", &["multi"]).ok();
+    assert_one_root_commit(&env, "origin.git", "multi-cache");
+    let m2 = branch_manifest(&env, "origin.git", "multi-cache");
+    assert_eq!(m2["keys"]["multi-a"], m["keys"]["multi-a"]);
+    assert_ne!(
+        m2["keys"]["multi-b"]["tar_sha256"],
+        m["keys"]["multi-b"]["tar_sha256"]
+    );
+}
+
+/// Same input, same bytes: two trees made apart in time (other mtimes,
+/// inodes and creation order), published from two repositories to two
+/// remotes, give the same chunk blobs.
+#[test]
+fn pack_is_deterministic_across_trees_and_clones() {
+    let env = TestEnv::new();
+    make_tricky_tree(&env.join("src1"), false);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    make_tricky_tree(&env.join("src2"), false);
+    let mut oids = Vec::new();
+    for i in ["1", "2"] {
+        let bare = format!("origin{i}.git");
+        env.bare_remote(&bare);
+        let body = manifest(
+            &env.join(format!("src{i}")),
+            "x",
+            "\n[publish]\nchunk_bytes = 400\n",
+        );
+        work_with_manifest(
+            &env,
+            &format!("work{i}"),
+            &format!("../{bare}"),
+            "det",
+            &body,
+        );
+        let s = json(&publish(&env, &format!("work{i}"), &["det", "--json"]).ok());
+        oids.push((
+            s["tar_sha256"].clone(),
+            s["chunks"].clone(),
+            env.git(&bare, ["ls-tree", "refs/heads/det-cache"])
+                .lines()
+                .filter(|l| l.contains(".part"))
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
+        ));
+    }
+    assert_eq!(oids[0], oids[1]);
+    assert!(oids[0].2.len() >= 2);
+}
+
+#[test]
+fn dry_run_and_key_only_write_nothing() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    let work = work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "tricky",
+        &manifest(&src, "7", ""),
+    );
+    let r = publish(&env, "work", &["tricky", "--dry-run"]).ok();
+    let out = r.stdout();
+    for want in [
+        "key      tricky-7",
+        "v = 7",
+        "branch   tricky-cache",
+        "remote   origin",
+        "entries",
+    ] {
+        assert!(out.contains(want), "dry run lacks {want:?}:\n{out}");
+    }
+    let s = json(&publish(&env, "work", &["tricky", "--dry-run", "--json"]).ok());
+    assert_eq!(s["status"], "dry-run");
+    assert!(s["files"].as_u64().unwrap() > 20);
+    let r = publish(&env, "work", &["tricky", "--key-only"]).ok();
+    assert_eq!(r.stdout().lines().next(), Some("tricky-7"));
+    assert!(
+        !work.join(".git/warmstart").exists(),
+        "dry run created state"
+    );
+    assert_eq!(remote_ref(&env, "origin.git", "tricky-cache"), None);
+}
+
+#[test]
+fn required_gates_refuse_and_allow_ungated_is_loud_and_recorded() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "gated",
+        &manifest(&src, "1", "\n[publish]\ngates = [\"test\"]\n"),
+    );
+    let r = publish(&env, "work", &["gated"]).expect_code(9);
+    assert!(r.stderr().contains("gates [test]"), "{}", r.stderr());
+    assert!(r.stderr().contains("--allow-ungated"), "{}", r.stderr());
+    assert_eq!(remote_ref(&env, "origin.git", "gated-cache"), None);
+
+    let r = publish(&env, "work", &["gated", "--allow-ungated", "--quiet"]).ok();
+    assert!(
+        r.stderr().contains("PUBLISHING WITHOUT GATES"),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!(r.stdout(), "", "--quiet printed to stdout");
+    let m = branch_manifest(&env, "origin.git", "gated-cache");
+    assert_eq!(m["keys"]["gated-1"]["ungated"], true);
+}
+
+#[test]
+fn bad_input_is_refused_with_its_code_and_the_remote_kept() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    let work = work_with_manifest(&env, "work", "../origin.git", "c", &manifest(&src, "1", ""));
+    publish(&env, "work", &["c"]).ok();
+    let tip = remote_ref(&env, "origin.git", "c-cache").unwrap();
+
+    // No such manifest.
+    let r = publish(&env, "work", &["nope"]).expect_code(4);
+    assert!(r.stderr().contains("nope.toml"), "{}", r.stderr());
+    // A pack root that does not exist.
+    write_manifest(&work, "missing", &manifest(&env.join("not-built"), "1", ""));
+    let r = publish(&env, "work", &["missing"]).expect_code(4);
+    assert!(r.stderr().contains("not-built"), "{}", r.stderr());
+    // A fifo in the tree is named, and nothing is pushed.
+    let fifo = src.join("dir/a-fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::fs::write(src.join("plain.txt"), "changed so a publish would push\n").unwrap();
+    let r = publish(&env, "work", &["c"]).expect_code(7);
+    assert!(r.stderr().contains("a-fifo"), "{}", r.stderr());
+    assert!(r.stderr().contains("pack.exclude"), "{}", r.stderr());
+    std::fs::remove_file(&fifo).unwrap();
+    // An unknown remote name.
+    let r = publish(&env, "work", &["c", "--remote", "upstream"]).expect_code(10);
+    assert!(
+        r.stderr().contains("git remote add upstream"),
+        "{}",
+        r.stderr()
+    );
+    // An unreachable remote.
+    let gone = env.join("gone.git").display().to_string();
+    let r = publish(&env, "work", &["c", "--remote", &gone]).expect_code(8);
+    assert!(r.stderr().contains("gone.git"), "{}", r.stderr());
+    // A branch with history is not a cache branch: never replaced.
+    env.git("work", ["push", "-q", "origin", "main:refs/heads/main"]);
+    env.git("work", ["commit", "-q", "--allow-empty", "-m", "second"]);
+    env.git("work", ["push", "-q", "origin", "main:refs/heads/main"]);
+    let main_tip = remote_ref(&env, "origin.git", "main").unwrap();
+    write_manifest(
+        &work,
+        "clobber",
+        &manifest(&src, "1", "").replace("[cache]\n", "[cache]\nbranch = \"main\"\n"),
+    );
+    let r = publish(&env, "work", &["clobber"]).expect_code(10);
+    assert!(r.stderr().contains("has history"), "{}", r.stderr());
+    assert_eq!(remote_ref(&env, "origin.git", "main").unwrap(), main_tip);
+    // An invalid manifest.
+    write_manifest(&work, "bad", "[pack]\nroot = \"x\"\n");
+    publish(&env, "work", &["bad"]).expect_code(10);
+
+    assert_eq!(remote_ref(&env, "origin.git", "c-cache").unwrap(), tip);
+    assert_one_root_commit(&env, "origin.git", "c-cache");
+}
+
+#[test]
+fn unreadable_branch_manifest_is_refused_not_replaced() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    work_with_manifest(&env, "work", "../origin.git", "c", &manifest(&src, "1", ""));
+    // A root commit on c-cache whose warmstart.json is not JSON.
+    let hand = env.join("hand");
+    env.git(".", ["init", "-q", "-b", "c-cache", "hand"]);
+    std::fs::write(hand.join("warmstart.json"), "{ not json").unwrap();
+    env.git("hand", ["add", "-A"]);
+    env.git("hand", ["commit", "-q", "-m", "broken"]);
+    env.git(
+        "hand",
+        [
+            "push",
+            "-q",
+            env.join("origin.git").to_str().unwrap(),
+            "c-cache",
+        ],
+    );
+    let tip = remote_ref(&env, "origin.git", "c-cache").unwrap();
+    let r = publish(&env, "work", &["c"]).expect_code(5);
+    assert!(r.stderr().contains("warmstart.json"), "{}", r.stderr());
+    assert_eq!(remote_ref(&env, "origin.git", "c-cache").unwrap(), tip);
+}
+
+/// Two publishers of different keys race for one branch: the lease makes
+/// the loser merge again, and both keys end up on the single root commit.
+#[test]
+fn concurrent_publishers_of_two_keys_both_land() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    for (w, k) in [("w1", "one"), ("w2", "two")] {
+        work_with_manifest(&env, w, "../origin.git", "race", &manifest(&src, k, ""));
+    }
+    let children: Vec<_> = ["w1", "w2"]
+        .iter()
+        .map(|w| {
+            let mut cmd = env.xtask_in(w);
+            cmd.args(["cache", "publish", "race"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+    }
+    assert_one_root_commit(&env, "origin.git", "race-cache");
+    let m = branch_manifest(&env, "origin.git", "race-cache");
+    let keys: Vec<&String> = m["keys"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["race-one", "race-two"]);
+}
+
+/// Publish over smart HTTP (`git http-backend`), then the coreutils path
+/// over HTTP too.
+#[test]
+fn smart_http_round_trip() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    let server = HttpGit::start(env.path());
+    let url = server.url("origin.git");
+    work_with_manifest(
+        &env,
+        "work",
+        &url,
+        "web",
+        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 400\n"),
+    );
+    let s = json(&publish(&env, "work", &["web", "--json"]).ok());
+    assert_eq!(s["status"], "published");
+    assert_eq!(s["remote"]["url"], url.as_str());
+    assert_one_root_commit(&env, "origin.git", "web-cache");
+    let served = server.requests.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(served >= 2, "only {served} HTTP requests");
+    let dest = env.join("dest");
+    coreutils_restore(&env, &url, "web-cache", "web-1", &dest);
+    assert_same_tree(&src, &dest);
+    // Unchanged over HTTP too.
+    let s = json(&publish(&env, "work", &["web", "--json"]).ok());
+    assert_eq!(s["status"], "unchanged");
+}

@@ -1,0 +1,847 @@
+//! Packing: the selected tree as a deterministic tar, through multithreaded
+//! zstd, cut into chunk files as it streams.
+//!
+//! `plan` walks the pack root and decides what goes in (read-only, so
+//! `--dry-run` uses it). `write_tar` turns a plan into tar bytes, and `pack`
+//! runs the whole pipeline: tar -> sha256 of the tar -> zstd -> chunk files
+//! of at most `chunk_bytes`, each hashed as it is written and handed to the
+//! caller as soon as it is complete. Nothing holds the archive in memory or
+//! writes it whole to disk: the caller decides how many finished chunks may
+//! exist at once.
+//!
+//! Same input tree, same bytes: entries sorted by path (bytes), uid/gid 0,
+//! no user or group names, a fixed mtime unless asked to keep them, modes
+//! reduced to permission bits, GNU long-name records for names over 99
+//! bytes. zstd's multithreaded mode gives the same frames for any number of
+//! workers (measured with 1, 2, 4 and 8), so chunks do not depend on the
+//! machine's core count.
+//!
+//! This module never runs git and never writes outside the chunk directory
+//! it is given.
+
+use anyhow::{Context, Result, anyhow, bail};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::cache::manifest::{CacheManifest, Glob, hex};
+use crate::exit::{Code, fail};
+
+/// The mtime of every entry unless the manifest keeps real ones:
+/// 2000-01-01T00:00:00Z. Not 0: tools that zip restored files (Python
+/// wheels, for one) refuse timestamps before 1980, in any time zone.
+pub const FIXED_MTIME: u64 = 946_684_800;
+
+/// What kind of entry a path becomes in the tar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    /// A symlink with its target, verbatim.
+    Symlink(Vec<u8>),
+    /// A second (or later) name of a file already in the tar: its path.
+    Hardlink(Vec<u8>),
+}
+
+/// One entry of the tar.
+#[derive(Clone, Debug)]
+pub struct Item {
+    /// `/`-separated path relative to the pack root, as bytes.
+    pub rel: Vec<u8>,
+    pub kind: Kind,
+    /// Permission bits (`mode & 0o777`).
+    pub mode: u32,
+    /// Seconds since the epoch (used only with `keep_mtime`).
+    pub mtime: u64,
+    /// File size in bytes at planning time (0 for other kinds).
+    pub size: u64,
+}
+
+/// What to pack: every entry in tar order.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub root: PathBuf,
+    pub items: Vec<Item>,
+    /// Sum of regular file sizes (hardlinks counted once).
+    pub file_bytes: u64,
+    pub keep_mtime: bool,
+}
+
+impl Plan {
+    /// Number of regular files (not counting extra hardlink names).
+    pub fn regular_files(&self) -> usize {
+        self.items.iter().filter(|i| i.kind == Kind::File).count()
+    }
+}
+
+/// Walks `m.pack_root` and lists what the manifest selects, in tar order.
+pub fn plan(m: &CacheManifest) -> Result<Plan> {
+    let select = |rel: &str| m.selects(rel);
+    let descend = |rel: &str| {
+        !m.exclude.iter().any(|g| g.matches(rel)) && m.include.iter().any(|g| could_contain(g, rel))
+    };
+    plan_tree(&m.pack_root, m.keep_mtime, &select, &descend).map_err(|e| {
+        let code = crate::exit::code_of(&e);
+        if code == Code::Failed {
+            e.context(format!(
+                "packing {} for {}",
+                m.pack_root.display(),
+                m.file.display()
+            ))
+        } else {
+            e
+        }
+    })
+}
+
+/// The walk behind `plan`: `select(rel)` says whether an entry is packed,
+/// `descend(rel)` whether a directory may hold anything selected.
+pub fn plan_tree(
+    root: &Path,
+    keep_mtime: bool,
+    select: &dyn Fn(&str) -> bool,
+    descend: &dyn Fn(&str) -> bool,
+) -> Result<Plan> {
+    let root_md = match fs::metadata(root) {
+        Ok(md) => md,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(fail(
+                Code::NotFound,
+                format!(
+                    "nothing to publish: the pack root {} does not exist (build the artifact first, or fix pack.root)",
+                    root.display()
+                ),
+            ));
+        }
+        Err(e) => return Err(anyhow!(e).context(format!("reading {}", root.display()))),
+    };
+    if !root_md.is_dir() {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "the pack root {} is not a directory: pack.root names the directory to pack",
+                root.display()
+            ),
+        ));
+    }
+    let mut selected: Vec<(Item, Option<(u64, u64)>)> = Vec::new();
+    let mut dirs: BTreeMap<Vec<u8>, (u32, u64)> = BTreeMap::new();
+    let mut special = Vec::new();
+    let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
+    while let Some(dir_rel) = stack.pop() {
+        let dir = join(root, &dir_rel);
+        let rd = fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+        for entry in rd {
+            let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
+            let name = entry.file_name();
+            let mut rel = dir_rel.clone();
+            if !rel.is_empty() {
+                rel.push(b'/');
+            }
+            rel.extend_from_slice(name.as_bytes());
+            let path = entry.path();
+            let md = fs::symlink_metadata(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let rel_str = String::from_utf8_lossy(&rel).into_owned();
+            let ft = md.file_type();
+            let mode = md.mode() & 0o777;
+            let mtime = md.mtime().max(0) as u64;
+            if ft.is_dir() {
+                dirs.insert(rel.clone(), (mode, mtime));
+                if descend(&rel_str) {
+                    stack.push(rel.clone());
+                }
+            }
+            if !select(&rel_str) {
+                continue;
+            }
+            let (kind, size, inode) = if ft.is_dir() {
+                (Kind::Dir, 0, None)
+            } else if ft.is_symlink() {
+                let target =
+                    fs::read_link(&path).with_context(|| format!("reading {}", path.display()))?;
+                (
+                    Kind::Symlink(target.as_os_str().as_bytes().to_vec()),
+                    0,
+                    None,
+                )
+            } else if ft.is_file() {
+                let inode = (md.nlink() > 1).then(|| (md.dev(), md.ino()));
+                (Kind::File, md.len(), inode)
+            } else {
+                special.push(path.display().to_string());
+                continue;
+            };
+            selected.push((
+                Item {
+                    rel,
+                    kind,
+                    mode,
+                    mtime,
+                    size,
+                },
+                inode,
+            ));
+        }
+    }
+    if !special.is_empty() {
+        let n = special.len();
+        special.truncate(5);
+        return Err(fail(
+            Code::Unsafe,
+            format!(
+                "cannot pack {n} special file(s) (socket, fifo or device): {}; only files, directories and symlinks are packed: add them to pack.exclude",
+                special.join(", ")
+            ),
+        ));
+    }
+    // Directories above a selected entry are packed too, so that their
+    // modes travel even when only their contents were selected.
+    let have: BTreeSet<Vec<u8>> = selected.iter().map(|(i, _)| i.rel.clone()).collect();
+    let mut parents = BTreeSet::new();
+    for (item, _) in &selected {
+        for (i, &b) in item.rel.iter().enumerate() {
+            if b == b'/' && !have.contains(&item.rel[..i]) {
+                parents.insert(item.rel[..i].to_vec());
+            }
+        }
+    }
+    for rel in parents {
+        let (mode, mtime) = dirs[&rel];
+        selected.push((
+            Item {
+                rel,
+                kind: Kind::Dir,
+                mode,
+                mtime,
+                size: 0,
+            },
+            None,
+        ));
+    }
+    selected.sort_by(|a, b| a.0.rel.cmp(&b.0.rel));
+    // The first name of a multiply-linked file (in tar order) carries the
+    // data; later names become hardlink entries pointing at it.
+    let mut first: BTreeMap<(u64, u64), Vec<u8>> = BTreeMap::new();
+    let mut file_bytes = 0;
+    let mut items = Vec::with_capacity(selected.len());
+    for (mut item, inode) in selected {
+        if let Some(inode) = inode {
+            if let Some(target) = first.get(&inode) {
+                item.kind = Kind::Hardlink(target.clone());
+                item.size = 0;
+            } else {
+                first.insert(inode, item.rel.clone());
+            }
+        }
+        if item.kind == Kind::File {
+            file_bytes += item.size;
+        }
+        items.push(item);
+    }
+    Ok(Plan {
+        root: root.to_path_buf(),
+        items,
+        file_bytes,
+        keep_mtime,
+    })
+}
+
+fn join(root: &Path, rel: &[u8]) -> PathBuf {
+    if rel.is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(OsStr::from_bytes(rel))
+    }
+}
+
+/// Whether directory `dir` may hold paths `glob` selects (conservative:
+/// true when unsure). `selects` takes a matching directory's whole subtree,
+/// so a glob whose literal components run out inside `dir` matches too.
+pub fn could_contain(glob: &Glob, dir: &str) -> bool {
+    let mut g = glob.text.split('/');
+    for d in dir.split('/') {
+        match g.next() {
+            // The glob matched a directory above: its subtree is selected.
+            None => return true,
+            Some("**") => return true,
+            Some(c) if c.contains(['*', '?', '[']) => continue,
+            Some(c) if c == d => continue,
+            Some(_) => return false,
+        }
+    }
+    true
+}
+
+/// The result of writing a tar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TarDigest {
+    pub sha256: String,
+    pub size: u64,
+    pub entries: u64,
+}
+
+/// Writes the tar of `plan` to `out` and returns its digest. `progress` is
+/// called with file bytes read so far.
+pub fn write_tar(plan: &Plan, out: impl Write, progress: &mut dyn FnMut(u64)) -> Result<TarDigest> {
+    let mut w = HashingWriter {
+        inner: out,
+        hasher: Sha256::new(),
+        written: 0,
+    };
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut done = 0u64;
+    for item in &plan.items {
+        let mtime = if plan.keep_mtime {
+            item.mtime
+        } else {
+            FIXED_MTIME
+        };
+        let (ty, size) = match &item.kind {
+            Kind::Dir => (tar::EntryType::Directory, 0),
+            Kind::File => (tar::EntryType::Regular, item.size),
+            Kind::Symlink(_) => (tar::EntryType::Symlink, 0),
+            Kind::Hardlink(_) => (tar::EntryType::Link, 0),
+        };
+        let mut name = item.rel.clone();
+        if item.kind == Kind::Dir {
+            name.push(b'/');
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(ty);
+        h.set_size(size);
+        h.set_mode(item.mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(mtime);
+        set_long(&mut w, &mut h, Field::Name, &name)?;
+        if let Kind::Symlink(t) | Kind::Hardlink(t) = &item.kind {
+            set_long(&mut w, &mut h, Field::Link, t)?;
+        }
+        h.set_cksum();
+        w.write_all(h.as_bytes())?;
+        if item.kind == Kind::File {
+            let path = join(&plan.root, &item.rel);
+            let mut f = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            let mut left = item.size;
+            while left > 0 {
+                let want = left.min(buf.len() as u64) as usize;
+                let n = f
+                    .read(&mut buf[..want])
+                    .with_context(|| format!("reading {}", path.display()))?;
+                if n == 0 {
+                    bail!(
+                        "{} shrank while it was being packed: publish again when nothing writes to it",
+                        path.display()
+                    );
+                }
+                w.write_all(&buf[..n])?;
+                left -= n as u64;
+                done += n as u64;
+                progress(done);
+            }
+            if f.read(&mut buf[..1])? != 0 {
+                bail!(
+                    "{} grew while it was being packed: publish again when nothing writes to it",
+                    path.display()
+                );
+            }
+            pad(&mut w, item.size)?;
+        }
+    }
+    // End of archive: two zero blocks, as GNU tar writes.
+    w.write_all(&[0u8; 1024])?;
+    w.inner.flush()?;
+    Ok(TarDigest {
+        sha256: hex(&w.hasher.finalize()),
+        size: w.written,
+        entries: plan.items.len() as u64,
+    })
+}
+
+enum Field {
+    Name,
+    Link,
+}
+
+/// Puts a name into the header, preceded by a GNU long-name record (`L` for
+/// names, `K` for link targets) when it does not fit in 99 bytes plus NUL.
+fn set_long(w: &mut impl Write, h: &mut tar::Header, field: Field, bytes: &[u8]) -> io::Result<()> {
+    let old = h.as_old_mut();
+    let slot: &mut [u8; 100] = match field {
+        Field::Name => &mut old.name,
+        Field::Link => &mut old.linkname,
+    };
+    let n = bytes.len().min(slot.len());
+    slot[..n].copy_from_slice(&bytes[..n]);
+    if bytes.len() < slot.len() {
+        return Ok(());
+    }
+    let mut long = tar::Header::new_gnu();
+    long.as_old_mut().name[..13].copy_from_slice(b"././@LongLink");
+    long.set_mode(0o644);
+    long.set_uid(0);
+    long.set_gid(0);
+    long.set_mtime(0);
+    long.set_size(bytes.len() as u64 + 1);
+    long.set_entry_type(match field {
+        Field::Name => tar::EntryType::GNULongName,
+        Field::Link => tar::EntryType::GNULongLink,
+    });
+    long.set_cksum();
+    w.write_all(long.as_bytes())?;
+    w.write_all(bytes)?;
+    w.write_all(&[0])?;
+    pad(w, bytes.len() as u64 + 1)
+}
+
+fn pad(w: &mut impl Write, size: u64) -> io::Result<()> {
+    let rem = (size % 512) as usize;
+    if rem != 0 {
+        w.write_all(&[0u8; 512][..512 - rem])?;
+    }
+    Ok(())
+}
+
+struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+    written: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+    // Never forwards flush: a zstd flush would end a block early and make
+    // the output depend on when it was called.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How to compress and cut.
+#[derive(Clone, Copy, Debug)]
+pub struct PackOptions {
+    pub level: i32,
+    /// zstd worker threads (at least 1: the output is the same for any count).
+    pub threads: u32,
+    pub chunk_bytes: u64,
+}
+
+impl PackOptions {
+    pub fn new(level: i32, chunk_bytes: u64) -> PackOptions {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        PackOptions {
+            level,
+            threads,
+            chunk_bytes,
+        }
+    }
+}
+
+/// A finished chunk file, handed over as soon as it is complete.
+#[derive(Clone, Debug)]
+pub struct ChunkFile {
+    pub index: usize,
+    /// The chunk's name on the branch (`<key>.tar.zst.partNNN`).
+    pub name: String,
+    /// Where it was written (inside the chunk directory).
+    pub path: PathBuf,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// What `pack` produced.
+#[derive(Clone, Debug)]
+pub struct Packed {
+    pub tar: TarDigest,
+    pub chunks: Vec<ChunkFile>,
+    /// Total compressed bytes.
+    pub compressed: u64,
+}
+
+/// Runs the pipeline for `plan`: chunk files named by `name_of(index)` are
+/// written into `dir` and passed to `on_chunk` one by one, in order. The
+/// callback may move or delete the file.
+pub fn pack(
+    plan: &Plan,
+    opts: PackOptions,
+    dir: &Path,
+    name_of: &dyn Fn(usize) -> String,
+    on_chunk: &mut dyn FnMut(ChunkFile) -> Result<()>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Packed> {
+    let mut chunks = Vec::new();
+    let mut first_error = None;
+    let writer = ChunkWriter {
+        dir,
+        name_of,
+        limit: opts.chunk_bytes,
+        current: None,
+        index: 0,
+        on_chunk: &mut |c: ChunkFile| {
+            chunks.push(c.clone());
+            on_chunk(c).map_err(|e| {
+                let msg = format!("{e:#}");
+                first_error = Some(e);
+                io::Error::other(msg)
+            })
+        },
+        total: 0,
+    };
+    let mut enc = zstd::stream::write::Encoder::new(writer, opts.level)
+        .context("starting the zstd encoder")?;
+    enc.multithread(opts.threads.max(1))
+        .context("enabling multithreaded zstd")?;
+    enc.include_checksum(true)
+        .context("configuring the zstd encoder")?;
+    let result = write_tar(plan, &mut enc, progress).and_then(|tar| {
+        let mut writer = enc.finish().context("finishing the zstd stream")?;
+        writer.finish_chunk()?;
+        Ok((tar, writer.total))
+    });
+    let (tar, compressed) = match result {
+        Ok(r) => r,
+        // The callback's own error (e.g. git failing) says more than the
+        // io::Error it was squeezed into.
+        Err(e) => return Err(first_error.take().unwrap_or(e)),
+    };
+    drop(first_error);
+    Ok(Packed {
+        tar,
+        chunks,
+        compressed,
+    })
+}
+
+struct OpenChunk {
+    file: io::BufWriter<File>,
+    path: PathBuf,
+    name: String,
+    hasher: Sha256,
+    size: u64,
+}
+
+/// Cuts the compressed stream into files of at most `limit` bytes, hashing
+/// each as it is written.
+struct ChunkWriter<'a> {
+    dir: &'a Path,
+    name_of: &'a dyn Fn(usize) -> String,
+    limit: u64,
+    current: Option<OpenChunk>,
+    index: usize,
+    on_chunk: &'a mut dyn FnMut(ChunkFile) -> io::Result<()>,
+    total: u64,
+}
+
+impl ChunkWriter<'_> {
+    fn open(&mut self) -> io::Result<&mut OpenChunk> {
+        if self.current.is_none() {
+            let name = (self.name_of)(self.index);
+            let path = self.dir.join(&name);
+            let file = File::create(&path).map_err(|e| {
+                io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))
+            })?;
+            self.current = Some(OpenChunk {
+                file: io::BufWriter::with_capacity(1 << 20, file),
+                path,
+                name,
+                hasher: Sha256::new(),
+                size: 0,
+            });
+        }
+        Ok(self.current.as_mut().expect("just opened"))
+    }
+
+    fn finish_chunk(&mut self) -> io::Result<()> {
+        let Some(c) = self.current.take() else {
+            return Ok(());
+        };
+        c.file.into_inner().map_err(|e| e.into_error())?;
+        let chunk = ChunkFile {
+            index: self.index,
+            name: c.name,
+            path: c.path,
+            size: c.size,
+            sha256: hex(&c.hasher.finalize()),
+        };
+        self.index += 1;
+        (self.on_chunk)(chunk)
+    }
+}
+
+impl Write for ChunkWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let limit = self.limit;
+        let c = self.open()?;
+        let n = buf.len().min((limit - c.size) as usize);
+        c.file.write_all(&buf[..n])?;
+        c.hasher.update(&buf[..n]);
+        c.size += n as u64;
+        let full = c.size == limit;
+        self.total += n as u64;
+        if full {
+            self.finish_chunk()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn all(root: &Path) -> Plan {
+        plan_tree(root, false, &|_| true, &|_| true).unwrap()
+    }
+
+    fn tree(dir: &Path) {
+        fs::create_dir_all(dir.join("b/c")).unwrap();
+        fs::create_dir_all(dir.join("empty")).unwrap();
+        fs::write(dir.join("a-b"), "x").unwrap();
+        fs::write(dir.join("b/c/file"), "hello").unwrap();
+        fs::write(dir.join("tool"), "#!/bin/sh\n").unwrap();
+        fs::set_permissions(dir.join("tool"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::hard_link(dir.join("b/c/file"), dir.join("z-hard")).unwrap();
+        symlink("./b//c/file", dir.join("link")).unwrap();
+        let long = "n".repeat(150);
+        fs::write(dir.join(&long), "long").unwrap();
+        symlink(format!("{long}/../{long}"), dir.join("long-link")).unwrap();
+    }
+
+    fn tar_of(plan: &Plan) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_tar(plan, &mut out, &mut |_| {}).unwrap();
+        out
+    }
+
+    #[test]
+    fn plan_is_sorted_and_links_are_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        tree(tmp.path());
+        let p = all(tmp.path());
+        let names: Vec<String> = p
+            .items
+            .iter()
+            .map(|i| String::from_utf8_lossy(&i.rel).into_owned())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        assert_eq!(&names[..4], ["a-b", "b", "b/c", "b/c/file"]);
+        let link = p.items.iter().find(|i| i.rel == b"link").unwrap();
+        assert_eq!(link.kind, Kind::Symlink(b"./b//c/file".to_vec()));
+        let hard = p.items.iter().find(|i| i.rel == b"z-hard").unwrap();
+        assert_eq!(hard.kind, Kind::Hardlink(b"b/c/file".to_vec()));
+        assert_eq!(p.file_bytes, 1 + 5 + 10 + 4);
+    }
+
+    /// Same tree, same bytes: a second tree made later (other mtimes, other
+    /// inode numbers, other creation order) packs byte for byte the same.
+    #[test]
+    fn tar_is_deterministic() {
+        let tmp = tempfile::tempdir().unwrap();
+        tree(&tmp.path().join("one"));
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        tree(&tmp.path().join("two"));
+        let a = tar_of(&all(&tmp.path().join("one")));
+        let b = tar_of(&all(&tmp.path().join("two")));
+        assert_eq!(a, b);
+        assert_eq!(a.len() % 512, 0);
+    }
+
+    /// GNU tar reads what we write: long names, verbatim link targets,
+    /// hardlinks, modes, owner 0 and the fixed mtime.
+    #[test]
+    fn gnu_tar_lists_what_we_write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        tree(&src);
+        let archive = tmp.path().join("a.tar");
+        fs::write(&archive, tar_of(&all(&src))).unwrap();
+        let out = std::process::Command::new("tar")
+            .args(["--numeric-owner", "--full-time", "-tvf"])
+            .arg(&archive)
+            .env("TZ", "UTC")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let listing = String::from_utf8_lossy(&out.stdout);
+        let long = "n".repeat(150);
+        let line = listing
+            .lines()
+            .find(|l| l.ends_with(&format!(" {long}")))
+            .unwrap_or_else(|| panic!("no line for the long name in {listing}"));
+        assert!(line.starts_with("-rw-r--r-- 0/0 "), "{line}");
+        assert!(line.contains(" 4 2000-01-01 00:00:00 "), "{line}");
+        assert!(
+            listing.contains(&format!("long-link -> {long}/../{long}")),
+            "{listing}"
+        );
+        assert!(listing.contains("link -> ./b//c/file"), "{listing}");
+        assert!(listing.contains("z-hard link to b/c/file"), "{listing}");
+        assert!(listing.contains("-rwxr-xr-x 0/0"), "{listing}");
+        assert!(listing.contains(" empty/\n"), "{listing}");
+    }
+
+    #[test]
+    fn chunks_concatenate_to_the_zstd_stream() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        tree(&src);
+        // Incompressible content so that a small chunk size gives several chunks.
+        let mut x = 1u64;
+        let noise: Vec<u8> = (0..300_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        fs::write(src.join("noise"), &noise).unwrap();
+        let out = tmp.path().join("out");
+        fs::create_dir_all(&out).unwrap();
+        let plan = all(&src);
+        let opts = PackOptions {
+            level: 3,
+            threads: 2,
+            chunk_bytes: 100_000,
+        };
+        let mut seen = Vec::new();
+        let packed = pack(
+            &plan,
+            opts,
+            &out,
+            &|i| format!("k.part{i:03}"),
+            &mut |c| {
+                seen.push(c.name.clone());
+                Ok(())
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(packed.chunks.len() >= 3, "{:?}", packed.chunks);
+        assert_eq!(seen.len(), packed.chunks.len());
+        let mut stream = Vec::new();
+        for (i, c) in packed.chunks.iter().enumerate() {
+            let bytes = fs::read(&c.path).unwrap();
+            assert_eq!(bytes.len() as u64, c.size);
+            assert!(c.size <= 100_000);
+            if i + 1 < packed.chunks.len() {
+                assert_eq!(c.size, 100_000);
+            }
+            assert_eq!(hex(&Sha256::digest(&bytes)), c.sha256);
+            stream.extend(bytes);
+        }
+        assert_eq!(stream.len() as u64, packed.compressed);
+        let tar = zstd::decode_all(&stream[..]).unwrap();
+        assert_eq!(tar, tar_of(&plan));
+        assert_eq!(hex(&Sha256::digest(&tar)), packed.tar.sha256);
+        assert_eq!(tar.len() as u64, packed.tar.size);
+
+        // One worker or two: the same chunks.
+        let out1 = tmp.path().join("out1");
+        fs::create_dir_all(&out1).unwrap();
+        let one = pack(
+            &plan,
+            PackOptions { threads: 1, ..opts },
+            &out1,
+            &|i| format!("k.part{i:03}"),
+            &mut |_| Ok(()),
+            &mut |_| {},
+        )
+        .unwrap();
+        let digests = |p: &Packed| {
+            p.chunks
+                .iter()
+                .map(|c| c.sha256.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(digests(&one), digests(&packed));
+    }
+
+    #[test]
+    fn a_failing_consumer_stops_the_pack_with_its_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        tree(&src);
+        let err = pack(
+            &all(&src),
+            PackOptions {
+                level: 1,
+                threads: 1,
+                chunk_bytes: 64,
+            },
+            tmp.path(),
+            &|i| format!("p{i}"),
+            &mut |c| {
+                if c.index == 1 {
+                    bail!("git refused chunk {}", c.name)
+                } else {
+                    Ok(())
+                }
+            },
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert_eq!(format!("{err:#}"), "git refused chunk p1");
+    }
+
+    #[test]
+    fn special_files_are_refused_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("ok"), "x").unwrap();
+        let fifo = tmp.path().join("pipe");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let err = plan_tree(tmp.path(), false, &|_| true, &|_| true).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Unsafe);
+        assert!(err.to_string().contains("pipe"), "{err}");
+        // Excluded, it is no longer a problem.
+        let p = plan_tree(tmp.path(), false, &|r| r != "pipe", &|_| true).unwrap();
+        assert_eq!(p.items.len(), 1);
+    }
+
+    #[test]
+    fn selected_files_bring_their_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        tree(tmp.path());
+        let p = plan_tree(tmp.path(), false, &|r| r == "b/c/file", &|_| true).unwrap();
+        let names: Vec<&[u8]> = p.items.iter().map(|i| i.rel.as_slice()).collect();
+        assert_eq!(names, [&b"b"[..], b"b/c", b"b/c/file"]);
+    }
+
+    #[test]
+    fn globs_prune_directories() {
+        let g = Glob::new("lib/rustlib/*/lib").unwrap();
+        assert!(could_contain(&g, "lib"));
+        assert!(could_contain(&g, "lib/rustlib"));
+        assert!(could_contain(&g, "lib/rustlib/x86_64/lib"));
+        assert!(could_contain(&g, "lib/rustlib/x86_64/lib/deep"));
+        assert!(!could_contain(&g, "share"));
+        assert!(!could_contain(&g, "lib/other"));
+        assert!(could_contain(&Glob::new("**/*.so").unwrap(), "any/where"));
+    }
+}

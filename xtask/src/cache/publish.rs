@@ -1,0 +1,872 @@
+//! `cargo xtask cache publish <name>`: pack an artifact and make it the single
+//! root commit of its cache branch.
+//!
+//! Steps: load the manifest and compute the key; walk the pack root (the
+//! plan: `--dry-run` stops here); check gates; fetch the branch as it is
+//! now; pack (tar -> zstd -> chunk files) while a second thread turns each
+//! finished chunk into a blob in cache.git and deletes the file; merge this
+//! key into the branch's `warmstart.json` (other keys are kept); write a
+//! fresh root commit and push it with a lease on the fetched value. If the
+//! lease fails because another publisher moved the branch meanwhile, the
+//! merge is redone on the new value (the packed chunks are kept).
+//!
+//! Never: commit with a parent, push without a lease, replace a branch that
+//! is not a cache branch, or push when this key's bytes are already there.
+
+use anyhow::{Context, Result, anyhow};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use xshell::{Shell, cmd};
+
+use crate::cache::format::{
+    self, BranchManifest, Chunk, KeyEntry, KeyPart, Layout, archive_name, chunk_name, render_sums,
+};
+use crate::cache::git::{CacheGit, Remote, TreeEntry};
+use crate::cache::manifest::{self, CacheManifest, Key};
+use crate::cache::pack::{self, ChunkFile, PackOptions, Plan};
+use crate::cache::readme::{self, ReadmeContext, human_bytes};
+use crate::cli::cache::PublishArgs;
+use crate::clock;
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+
+/// How many times a publish rebuilds its commit after another publisher
+/// moved the branch between our fetch and our push.
+const LEASE_RETRIES: usize = 4;
+
+/// What to publish (the parsed command line, or the demo's request).
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub name: String,
+    pub key_only: bool,
+    pub dry_run: bool,
+    pub allow_ungated: bool,
+    pub remote: Option<String>,
+    pub json: bool,
+    pub quiet: bool,
+}
+
+impl From<PublishArgs> for Request {
+    fn from(a: PublishArgs) -> Request {
+        Request {
+            name: a.name,
+            key_only: a.key_only,
+            dry_run: a.dry_run,
+            allow_ungated: a.allow_ungated,
+            remote: a.remote,
+            json: a.out.json,
+            quiet: a.out.quiet,
+        }
+    }
+}
+
+/// What a publish did: the `--json` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// `published`, `unchanged`, `dry-run` or `key-only`.
+    pub status: &'static str,
+    pub name: String,
+    pub key: String,
+    pub key_parts: Vec<KeyPart>,
+    pub branch: String,
+    pub remote: Option<RemoteJson>,
+    /// The branch's commit after the publish (the new one, or the unchanged one).
+    pub commit: Option<String>,
+    /// The branch's commit before the publish (null on a first publish).
+    pub previous_commit: Option<String>,
+    /// Tar entries (planned entries for a dry run).
+    pub files: u64,
+    /// Bytes of regular files packed.
+    pub file_bytes: u64,
+    pub tar_size: Option<u64>,
+    pub tar_sha256: Option<String>,
+    pub compressed_size: Option<u64>,
+    pub chunks: Vec<ChunkJson>,
+    /// Every key on the branch after the publish.
+    pub keys_on_branch: Vec<String>,
+    pub gates_required: Vec<String>,
+    pub ungated: bool,
+    pub timings_ms: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RemoteJson {
+    pub name: String,
+    pub url: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChunkJson {
+    pub file: String,
+    pub size: u64,
+    pub sha256: String,
+    /// True when the branch already held this exact chunk (nothing written).
+    pub reused: bool,
+}
+
+/// `cargo xtask cache publish`.
+pub fn run(sh: &Shell, args: PublishArgs) -> Result<()> {
+    let repo = Repo::from_cwd()?;
+    let req = Request::from(args);
+    let summary = publish(sh, &repo, &req)?;
+    if req.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).expect("summary serializes")
+        );
+    }
+    Ok(())
+}
+
+/// Publishes `req.name` from `repo` and says what happened (to stdout
+/// unless `json` or `quiet`; progress bars only on a terminal).
+pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
+    let out = Reporter::new(req.quiet, req.json);
+    let started = Instant::now();
+    let mut timings = BTreeMap::new();
+    let m = manifest::load(repo, &req.name)?;
+    let key = manifest::compute_key(sh, repo, &m)?;
+    let mut summary = Summary {
+        status: "key-only",
+        name: m.name.clone(),
+        key: key.value.clone(),
+        key_parts: key.parts.clone(),
+        branch: m.branch.clone(),
+        remote: None,
+        commit: None,
+        previous_commit: None,
+        files: 0,
+        file_bytes: 0,
+        tar_size: None,
+        tar_sha256: None,
+        compressed_size: None,
+        chunks: Vec::new(),
+        keys_on_branch: Vec::new(),
+        gates_required: m.gates.clone(),
+        ungated: false,
+        timings_ms: BTreeMap::new(),
+    };
+    if req.key_only {
+        out.say(&key.value);
+        for p in &key.parts {
+            out.say(format!("  {} = {}", p.name, p.value));
+        }
+        return Ok(summary);
+    }
+
+    let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());
+    let remote = crate::cache::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    summary.remote = Some(RemoteJson {
+        name: remote.name.clone(),
+        url: remote.url.clone(),
+    });
+    let t = Instant::now();
+    let plan = pack::plan(&m)?;
+    timings.insert("plan", ms(t.elapsed()));
+    summary.files = plan.items.len() as u64;
+    summary.file_bytes = plan.file_bytes;
+
+    if req.dry_run {
+        summary.status = "dry-run";
+        summary.timings_ms = timings;
+        print_plan(&out, &m, &key, &plan, &remote);
+        return Ok(summary);
+    }
+
+    let (gate_record, ungated) = gate_record(sh, repo, &m, req.allow_ungated, &out)?;
+    summary.ungated = ungated;
+
+    out.say(format!(
+        "publishing {} (key {}) to {} on {remote}",
+        m.name, key.value, m.branch
+    ));
+    let git = CacheGit::open(sh, repo)?;
+    let t = Instant::now();
+    let mut state = BranchState::load(&git, &remote, &m.branch, &out)?;
+    timings.insert("fetch", ms(t.elapsed()));
+    summary.previous_commit = state.as_ref().map(|s| s.commit.clone());
+
+    let t = Instant::now();
+    let old_entry = state
+        .as_ref()
+        .and_then(|s| s.manifest.keys.get(&key.value).cloned());
+    let old_oids = state.as_ref().map(|s| s.oids()).unwrap_or_default();
+    let packed = pack_into_git(
+        &git,
+        &m,
+        &key.value,
+        &plan,
+        old_entry.as_ref(),
+        &old_oids,
+        &out,
+    )?;
+    timings.insert("pack", ms(t.elapsed()));
+    summary.tar_size = Some(packed.entry.tar_size);
+    summary.tar_sha256 = Some(packed.entry.tar_sha256.clone());
+    summary.compressed_size = Some(packed.entry.chunks.iter().map(|c| c.size).sum());
+    summary.chunks = packed
+        .entry
+        .chunks
+        .iter()
+        .zip(&packed.reused)
+        .map(|(c, &reused)| ChunkJson {
+            file: c.file.clone(),
+            size: c.size,
+            sha256: c.sha256.clone(),
+            reused,
+        })
+        .collect();
+    out.say(format!(
+        "packed {} entries ({} of files): tar {} -> zstd {} in {} chunk(s), {:.1}s",
+        plan.items.len(),
+        human_bytes(plan.file_bytes),
+        human_bytes(packed.entry.tar_size),
+        human_bytes(summary.compressed_size.unwrap_or(0)),
+        packed.entry.chunks.len(),
+        t.elapsed().as_secs_f64()
+    ));
+
+    let mut entry = KeyEntry {
+        gates: gate_record,
+        ungated,
+        source_commit: rev_parse(sh, &repo.root, "HEAD"),
+        source_tree: rev_parse(sh, &repo.root, "HEAD^{tree}"),
+        key_parts: key.parts.clone(),
+        ..packed.entry
+    };
+    entry.created_at = clock::rfc3339(clock::now_ms());
+
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let old = state.as_ref().and_then(|s| s.manifest.keys.get(&key.value));
+        if let (Some(s), Some(old)) = (&state, old)
+            && same_artifact(old, &entry)
+        {
+            git.set_local_branch(&m.branch, &s.commit)?;
+            summary.status = "unchanged";
+            summary.commit = Some(s.commit.clone());
+            summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
+            out.say(format!(
+                "unchanged: {} on {remote} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
+                m.branch,
+                key.value,
+                &entry.tar_sha256[..12]
+            ));
+            break;
+        }
+        let t = Instant::now();
+        let (commit, keys) = build_commit(
+            &git,
+            &m,
+            &remote,
+            state.as_ref(),
+            &key.value,
+            &entry,
+            &packed.oids,
+            &out,
+        )?;
+        timings.insert("commit", ms(t.elapsed()));
+        let t = Instant::now();
+        let new_bytes: u64 = summary
+            .chunks
+            .iter()
+            .filter(|c| !c.reused)
+            .map(|c| c.size)
+            .sum();
+        out.say(format!(
+            "pushing {} to {remote} ({} of new chunks)",
+            m.branch,
+            human_bytes(new_bytes)
+        ));
+        let bar = out.bar(100, "push");
+        let expected = state.as_ref().map(|s| s.commit.clone());
+        let pushed = git.push_branch(&remote, &m.branch, &commit, expected.as_deref(), &mut |p| {
+            bar.set_position(p)
+        });
+        bar.finish_and_clear();
+        match pushed {
+            Ok(()) => {
+                timings.insert("push", ms(t.elapsed()));
+                git.set_local_branch(&m.branch, &commit)?;
+                summary.status = "published";
+                summary.commit = Some(commit.clone());
+                summary.keys_on_branch = keys;
+                out.say(format!(
+                    "published {} to {} on {remote}: commit {} (one root commit), push {:.1}s",
+                    key.value,
+                    m.branch,
+                    &commit[..12],
+                    t.elapsed().as_secs_f64()
+                ));
+                break;
+            }
+            Err(e) if is_stale_lease(&e) && attempt <= LEASE_RETRIES => {
+                out.say(format!(
+                    "{} moved on {remote} while publishing (another publisher): merging again",
+                    m.branch
+                ));
+                state = BranchState::load(&git, &remote, &m.branch, &out)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    timings.insert("total", ms(started.elapsed()));
+    summary.timings_ms = timings;
+    Ok(summary)
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// The same artifact: same tar, same chunks, and the same gate standing (a
+/// gated publish of bytes first published ungated records its gates).
+fn same_artifact(old: &KeyEntry, new: &KeyEntry) -> bool {
+    old.tar_sha256 == new.tar_sha256
+        && old.tar_size == new.tar_size
+        && old.chunks == new.chunks
+        && old.compression == new.compression
+        && old.ungated == new.ungated
+}
+
+fn is_stale_lease(e: &anyhow::Error) -> bool {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<crate::exit::Failure>())
+        .is_some_and(|f| {
+            f.code == Code::Remote && f.message.contains("changed since it was fetched")
+        })
+}
+
+fn print_plan(out: &Reporter, m: &CacheManifest, key: &Key, plan: &Plan, remote: &Remote) {
+    out.say("dry run: nothing is packed, written or pushed");
+    out.say(format!("cache    {} ({})", m.name, m.file.display()));
+    out.say(format!("key      {}", key.value));
+    for p in &key.parts {
+        out.say(format!("  {} = {}", p.name, p.value));
+    }
+    out.say(format!(
+        "files    {} entries ({} regular files, {}) from {}",
+        plan.items.len(),
+        plan.regular_files(),
+        human_bytes(plan.file_bytes),
+        m.pack_root.display()
+    ));
+    out.say(format!("branch   {}", m.branch));
+    out.say(format!("remote   {remote}"));
+    out.say(format!(
+        "pack     zstd level {}, chunks of at most {}",
+        m.level,
+        human_bytes(m.chunk_bytes)
+    ));
+    if m.gates.is_empty() {
+        out.say("gates    none required");
+    } else {
+        out.say(format!("gates    {} (required)", m.gates.join(", ")));
+    }
+}
+
+/// The gate record a publish relies on, and whether it bypassed gates.
+fn gate_record(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    allow_ungated: bool,
+    out: &Reporter,
+) -> Result<(Value, bool)> {
+    if m.gates.is_empty() {
+        if allow_ungated {
+            out.warn(format!(
+                "--allow-ungated has no effect: {} requires no gates",
+                m.file.display()
+            ));
+        }
+        return Ok((Value::Null, false));
+    }
+    if allow_ungated {
+        out.loud(format!(
+            "PUBLISHING WITHOUT GATES: {} requires gates [{}] and --allow-ungated skips them; the branch records \"ungated\": true",
+            m.file.display(),
+            m.gates.join(", ")
+        ));
+        return Ok((Value::Null, true));
+    }
+    let _ = (sh, repo);
+    // The gates module (`crate::gates::require_green(sh, repo, &m.gates)`,
+    // exit 9 when not green) replaces this refusal when it lands on main.
+    Err(fail(
+        Code::NotGreen,
+        format!(
+            "{} requires gates [{}] but this warmstart has no gates module yet, so no green record can be checked: publish with --allow-ungated (recorded on the branch), or remove [publish].gates",
+            m.file.display(),
+            m.gates.join(", ")
+        ),
+    ))
+}
+
+fn rev_parse(sh: &Shell, root: &Path, rev: &str) -> Option<String> {
+    cmd!(sh, "git -C {root} rev-parse --verify --quiet {rev}")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// The cache branch as fetched: its commit, files and manifest.
+struct BranchState {
+    commit: String,
+    entries: Vec<TreeEntry>,
+    manifest: BranchManifest,
+}
+
+impl BranchState {
+    /// Fetches the branch; `None` when the remote does not have it yet.
+    fn load(
+        git: &CacheGit,
+        remote: &Remote,
+        branch: &str,
+        out: &Reporter,
+    ) -> Result<Option<BranchState>> {
+        let Some(commit) = git.try_fetch_branch(remote, branch)? else {
+            out.say(format!(
+                "{branch} does not exist on {remote} yet: this is its first publish"
+            ));
+            return Ok(None);
+        };
+        let parents = git.commit_parents(&commit)?;
+        if !parents.is_empty() {
+            return Err(fail(
+                Code::Config,
+                format!(
+                    "{branch} on {remote} has history (commit {} has a parent), so it is not a cache branch: refusing to replace it; set cache.branch to a branch of its own",
+                    &commit[..12]
+                ),
+            ));
+        }
+        let entries = git.ls_tree(&commit)?;
+        let blob = |name: &str| entries.iter().find(|e| e.name == name && e.kind == "blob");
+        let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+        let manifest = if let Some(e) = blob("warmstart.json") {
+            let bytes = git.read_blob_bytes(&e.oid)?;
+            let text = String::from_utf8_lossy(&bytes);
+            let mut manifest = BranchManifest::parse(&text).map_err(|err| {
+                fail(
+                    Code::Corrupt,
+                    format!(
+                        "warmstart.json on {branch} of {remote} cannot be read ({err:#}): fix it, or delete the branch (`git push {} --delete {branch}`) to start over",
+                        remote.name
+                    ),
+                )
+            })?;
+            drop_broken_keys(&mut manifest, &entries, branch, out);
+            manifest
+        } else if let Some(e) = blob("SHA256SUMS") {
+            let sums = String::from_utf8_lossy(&git.read_blob_bytes(&e.oid)?).into_owned();
+            match format::detect_layout(&names, &sums) {
+                Ok(Layout::Legacy { archive, .. }) => {
+                    out.say(format!(
+                        "{branch} holds a legacy cache ({archive}, made by the shell recipe): this publish replaces it with format v1"
+                    ));
+                    BranchManifest::new()
+                }
+                _ => return Err(not_a_cache(branch, remote)),
+            }
+        } else if entries.is_empty() {
+            BranchManifest::new()
+        } else {
+            return Err(not_a_cache(branch, remote));
+        };
+        Ok(Some(BranchState {
+            commit,
+            entries,
+            manifest,
+        }))
+    }
+
+    /// Blob ids by file name.
+    fn oids(&self) -> BTreeMap<String, String> {
+        self.entries
+            .iter()
+            .filter(|e| e.kind == "blob")
+            .map(|e| (e.name.clone(), e.oid.clone()))
+            .collect()
+    }
+}
+
+fn not_a_cache(branch: &str, remote: &Remote) -> anyhow::Error {
+    fail(
+        Code::Config,
+        format!(
+            "{branch} on {remote} is not a cache branch (no warmstart.json, no legacy SHA256SUMS): refusing to replace it; set cache.branch to a branch of its own"
+        ),
+    )
+}
+
+/// Another key whose chunks are not all on the branch cannot be restored;
+/// keeping it would write a SHA256SUMS that fails. It is dropped, loudly.
+fn drop_broken_keys(m: &mut BranchManifest, entries: &[TreeEntry], branch: &str, out: &Reporter) {
+    let sizes: BTreeMap<&str, Option<u64>> = entries
+        .iter()
+        .filter(|e| e.kind == "blob")
+        .map(|e| (e.name.as_str(), e.size))
+        .collect();
+    m.keys.retain(|key, e| {
+        let missing = e
+            .chunks
+            .iter()
+            .find(|c| sizes.get(c.file.as_str()).copied().flatten() != Some(c.size));
+        if let Some(c) = missing {
+            out.warn(format!(
+                "dropping key {key} from {branch}: its chunk {} is missing or has the wrong size",
+                c.file
+            ));
+        }
+        missing.is_none()
+    });
+}
+
+/// The packed key, its blob ids, and which chunks were already on the branch.
+struct PackedKey {
+    entry: KeyEntry,
+    oids: Vec<String>,
+    reused: Vec<bool>,
+}
+
+/// Packs the plan into chunk blobs in cache.git. Chunk files live in a
+/// scratch directory inside cache.git (same file system as the objects) and
+/// are deleted as soon as git has them; a chunk identical to the one the
+/// branch already holds at that place is not written again.
+fn pack_into_git(
+    git: &CacheGit,
+    m: &CacheManifest,
+    key: &str,
+    plan: &Plan,
+    old: Option<&KeyEntry>,
+    old_oids: &BTreeMap<String, String>,
+    out: &Reporter,
+) -> Result<PackedKey> {
+    let scratch = Scratch::new(
+        git.dir
+            .join(format!("warmstart-publish-{}", std::process::id())),
+    )?;
+    // One chunk queued while git stores another and zstd fills a third:
+    // disk use stays at a few chunks whatever the artifact's size.
+    let (tx, rx) = mpsc::sync_channel::<ChunkFile>(1);
+    let writer_git = git.clone();
+    let writer = std::thread::spawn(move || -> Result<BTreeMap<usize, String>> {
+        let mut oids = BTreeMap::new();
+        let mut blobs = None;
+        for c in rx {
+            let w = match &mut blobs {
+                Some(w) => w,
+                None => blobs.insert(writer_git.blob_writer()?),
+            };
+            let oid = w
+                .write_file(&c.path)
+                .with_context(|| format!("storing chunk {}", c.name))?;
+            std::fs::remove_file(&c.path)
+                .with_context(|| format!("removing {}", c.path.display()))?;
+            oids.insert(c.index, oid);
+        }
+        if let Some(w) = blobs {
+            w.finish()?;
+        }
+        Ok(oids)
+    });
+
+    let mut reused = BTreeMap::new();
+    let bar = out.bar(plan.file_bytes, "pack");
+    let opts = PackOptions::new(m.level, m.chunk_bytes);
+    let mut tx = Some(tx);
+    let result = pack::pack(
+        plan,
+        opts,
+        &scratch.0,
+        &|i| chunk_name(key, i),
+        &mut |c: ChunkFile| {
+            let same = old
+                .and_then(|o| o.chunks.get(c.index))
+                .filter(|o| o.file == c.name && o.size == c.size && o.sha256 == c.sha256);
+            if let Some(oid) = same.and_then(|o| old_oids.get(&o.file)) {
+                std::fs::remove_file(&c.path)
+                    .with_context(|| format!("removing {}", c.path.display()))?;
+                reused.insert(c.index, oid.clone());
+                return Ok(());
+            }
+            tx.as_ref()
+                .expect("sender lives until packing ends")
+                .send(c)
+                .map_err(|_| anyhow!("the git writer stopped"))
+        },
+        &mut |done| bar.set_position(done),
+    );
+    bar.finish_and_clear();
+    drop(tx.take());
+    let written = writer
+        .join()
+        .map_err(|_| anyhow!("the git writer thread panicked"))?;
+    // A git failure explains a pack failure better than "writer stopped".
+    let (packed, mut oids) = match (result, written) {
+        (Ok(p), Ok(o)) => (p, o),
+        (_, Err(e)) => {
+            return Err(e.context(format!(
+                "writing chunks of {key} into {}",
+                git.dir.display()
+            )));
+        }
+        (Err(e), _) => return Err(e),
+    };
+    let n = packed.chunks.len();
+    let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();
+    oids.extend(reused);
+    let oids: Vec<String> = (0..n)
+        .map(|i| {
+            oids.remove(&i)
+                .ok_or_else(|| anyhow!("chunk {i} of {key} has no blob"))
+        })
+        .collect::<Result<_>>()?;
+    let entry = KeyEntry {
+        archive: archive_name(key),
+        compression: "zstd".into(),
+        chunks: packed
+            .chunks
+            .iter()
+            .map(|c| Chunk {
+                file: c.name.clone(),
+                size: c.size,
+                sha256: c.sha256.clone(),
+            })
+            .collect(),
+        tar_sha256: packed.tar.sha256,
+        tar_size: packed.tar.size,
+        files: packed.tar.entries,
+        key_parts: Vec::new(),
+        source_commit: None,
+        source_tree: None,
+        gates: Value::Null,
+        ungated: false,
+        created_at: String::new(),
+        tool_version: format!("warmstart {}", env!("CARGO_PKG_VERSION")),
+    };
+    Ok(PackedKey {
+        entry,
+        oids,
+        reused: is_reused,
+    })
+}
+
+/// A scratch directory removed when dropped (also on error).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(path: PathBuf) -> Result<Scratch> {
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Scratch(path))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Merges this key into the branch state and writes the root commit.
+/// Returns the commit and the keys it holds.
+#[allow(clippy::too_many_arguments)]
+fn build_commit(
+    git: &CacheGit,
+    m: &CacheManifest,
+    remote: &Remote,
+    state: Option<&BranchState>,
+    key: &str,
+    entry: &KeyEntry,
+    chunk_oids: &[String],
+    out: &Reporter,
+) -> Result<(String, Vec<String>)> {
+    let mut manifest = state.map(|s| s.manifest.clone()).unwrap_or_default();
+    let replaced = manifest
+        .keys
+        .insert(key.to_string(), entry.clone())
+        .is_some();
+    let mut oids = state.map(|s| s.oids()).unwrap_or_default();
+    for (c, oid) in entry.chunks.iter().zip(chunk_oids) {
+        oids.insert(c.file.clone(), oid.clone());
+    }
+    for (k, e) in &manifest.keys {
+        e.validate(k)?;
+    }
+    let readme = readme::render(
+        &ReadmeContext {
+            name: &m.name,
+            branch: &m.branch,
+            remote: if remote.name == remote.url {
+                "origin"
+            } else {
+                &remote.name
+            },
+            description: &m.description,
+        },
+        &manifest,
+    );
+    let blob = |name: &str, oid: String| TreeEntry {
+        mode: "100644".into(),
+        kind: "blob".into(),
+        oid,
+        size: None,
+        name: name.to_string(),
+    };
+    let mut tree = vec![
+        blob("README.md", git.write_blob_bytes(readme.as_bytes())?),
+        blob(
+            "warmstart.json",
+            git.write_blob_bytes(manifest.render().as_bytes())?,
+        ),
+        blob(
+            "SHA256SUMS",
+            git.write_blob_bytes(render_sums(&manifest.sums()).as_bytes())?,
+        ),
+    ];
+    for e in manifest.keys.values() {
+        for c in &e.chunks {
+            let oid = oids
+                .get(&c.file)
+                .ok_or_else(|| anyhow!("chunk {} is not in cache.git", c.file))?;
+            tree.push(blob(&c.file, oid.clone()));
+        }
+    }
+    let tree_oid = git.mktree(&tree)?;
+    let message = format!(
+        "warmstart cache {}: {} key {key}\n\nPublished by warmstart {}{}.\nKeys on this branch: {}.\n",
+        m.name,
+        if replaced { "replace" } else { "add" },
+        env!("CARGO_PKG_VERSION"),
+        entry
+            .source_commit
+            .as_deref()
+            .map(|c| format!(" from commit {c}"))
+            .unwrap_or_default(),
+        manifest.keys.keys().cloned().collect::<Vec<_>>().join(", ")
+    );
+    let commit = git.commit_tree(&tree_oid, &message)?;
+    let _ = out;
+    Ok((commit, manifest.keys.keys().cloned().collect()))
+}
+
+/// Where the words go: results on stdout, warnings on stderr, progress bars
+/// on stderr only when it is a terminal.
+struct Reporter {
+    quiet: bool,
+    json: bool,
+    tty: bool,
+}
+
+impl Reporter {
+    fn new(quiet: bool, json: bool) -> Reporter {
+        Reporter {
+            quiet,
+            json,
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn say(&self, msg: impl AsRef<str>) {
+        if !self.quiet && !self.json {
+            println!("{}", msg.as_ref());
+        }
+    }
+
+    fn warn(&self, msg: impl AsRef<str>) {
+        if !self.quiet {
+            eprintln!("warning: {}", msg.as_ref());
+        }
+    }
+
+    /// A warning nobody should miss: printed even with --quiet.
+    fn loud(&self, msg: impl AsRef<str>) {
+        eprintln!("warning: {}", msg.as_ref());
+    }
+
+    fn bar(&self, len: u64, what: &str) -> indicatif::ProgressBar {
+        if !self.tty || self.quiet {
+            return indicatif::ProgressBar::hidden();
+        }
+        let template = if what == "push" {
+            "{prefix:>5} [{bar:40}] {pos}% {elapsed}"
+        } else {
+            "{prefix:>5} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}"
+        };
+        let style = indicatif::ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> ");
+        indicatif::ProgressBar::new(len)
+            .with_style(style)
+            .with_prefix(what.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(sha: &str) -> KeyEntry {
+        KeyEntry {
+            archive: "k.tar.zst".into(),
+            compression: "zstd".into(),
+            chunks: vec![Chunk {
+                file: "k.tar.zst.part000".into(),
+                size: 10,
+                sha256: sha.repeat(64),
+            }],
+            tar_sha256: "b".repeat(64),
+            tar_size: 1024,
+            files: 1,
+            key_parts: vec![],
+            source_commit: None,
+            source_tree: None,
+            gates: Value::Null,
+            ungated: false,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            tool_version: "warmstart 0".into(),
+        }
+    }
+
+    #[test]
+    fn sameness_ignores_time_and_source_but_not_bytes_or_gates() {
+        let a = entry("a");
+        let mut b = entry("a");
+        b.created_at = "2027-01-01T00:00:00Z".into();
+        b.source_commit = Some("c".repeat(40));
+        assert!(same_artifact(&a, &b));
+        assert!(!same_artifact(&a, &entry("c")));
+        b.ungated = true;
+        assert!(!same_artifact(&a, &b));
+    }
+
+    #[test]
+    fn broken_keys_are_dropped() {
+        let mut m = BranchManifest::new();
+        m.keys.insert("k".into(), entry("a"));
+        m.keys.insert("j".into(), {
+            let mut e = entry("a");
+            e.chunks[0].file = "j.tar.zst.part000".into();
+            e
+        });
+        let entries = vec![TreeEntry {
+            mode: "100644".into(),
+            kind: "blob".into(),
+            oid: "0".repeat(40),
+            size: Some(10),
+            name: "k.tar.zst.part000".into(),
+        }];
+        drop_broken_keys(&mut m, &entries, "b", &Reporter::new(true, false));
+        assert_eq!(m.keys.keys().collect::<Vec<_>>(), ["k"]);
+    }
+}

@@ -1,0 +1,177 @@
+//! The generated `README.md` at the root of every cache branch.
+//!
+//! Someone who finds the branch on a hosting site learns what it is, what
+//! each key holds, and how to restore it with warmstart or with git and
+//! coreutils alone (the exact command of DESIGN.md, "Cache branch format
+//! v1"). Pure text: this module renders and never touches anything.
+
+use crate::cache::format::BranchManifest;
+
+/// Inputs of the README besides the branch manifest.
+pub struct ReadmeContext<'a> {
+    /// The cache's name (`cache-manifests/<name>.toml`).
+    pub name: &'a str,
+    pub branch: &'a str,
+    /// How a clone usually calls the remote (`origin`), or its URL.
+    pub remote: &'a str,
+    pub description: &'a str,
+}
+
+/// Renders the branch README.
+pub fn render(cx: &ReadmeContext, m: &BranchManifest) -> String {
+    let ReadmeContext {
+        name,
+        branch,
+        remote,
+        description,
+    } = *cx;
+    let mut s = String::new();
+    s.push_str(&format!("# `{branch}`: a warmstart cache branch\n\n"));
+    if !description.is_empty() {
+        s.push_str(&format!("> {description}\n\n"));
+    }
+    s.push_str(&format!(
+        "This branch is a cache, not source code. `cargo xtask cache publish {name}` \
+(warmstart) wrote it from `cache-manifests/{name}.toml`. It always holds exactly one \
+commit with no parent: every publish replaces that commit, so fetching it never \
+drags old artifacts along.\n\n"
+    ));
+    s.push_str("## What it holds\n\n");
+    s.push_str("| key | entries | unpacked | compressed | chunks | published |\n");
+    s.push_str("|---|---:|---:|---:|---:|---|\n");
+    for (key, e) in &m.keys {
+        let compressed: u64 = e.chunks.iter().map(|c| c.size).sum();
+        s.push_str(&format!(
+            "| `{key}` | {} | {} | {} | {} | {} |\n",
+            e.files,
+            human_bytes(e.tar_size),
+            human_bytes(compressed),
+            e.chunks.len(),
+            e.created_at
+        ));
+    }
+    s.push_str(
+        "\nFiles: `warmstart.json` describes every key (its chunks, the sha256 and size of \
+its tar, how its key was built, the commit it was published from, its gate record); \
+`SHA256SUMS` lists the sha256 of every chunk file; `<key>.tar.zst.partNNN` are the \
+chunks. The chunks of a key, concatenated in name order, are one zstd stream whose \
+content is a tar of the artifact.\n\n",
+    );
+    s.push_str("## Restore with warmstart\n\n");
+    s.push_str(&format!(
+        "```sh\ncargo xtask cache restore {name}\n```\n\n\
+It fetches only this branch, checks every chunk before decompressing it, unpacks into a \
+staging directory and swaps it in atomically.\n\n"
+    ));
+    s.push_str("## Restore with git and coreutils alone\n\n");
+    s.push_str(
+        "Needs git, `sha256sum` (coreutils), `tar` and `zstd`. Pick a key from the table, \
+then run, in a clone of the repository:\n\n",
+    );
+    let key = m.keys.keys().next().map(String::as_str).unwrap_or("KEY");
+    s.push_str(&format!(
+        "```sh\nKEY={key}\nDEST=restored\nmkdir -p tmp \"$DEST\"\n\
+git fetch {remote} {branch} && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/$KEY.tar.zst.part* | zstd -d | tar -x -C \"$DEST\"\n```\n\n"
+    ));
+    s.push_str(
+        "`sha256sum -c` must print `OK` for every chunk before anything is unpacked. To \
+check the unpacked tar too, compare `cat tmp/$KEY.tar.zst.part* | zstd -d | sha256sum` \
+with the key's `tar_sha256` in `warmstart.json`.\n",
+    );
+    s
+}
+
+/// `1.4 GiB`, `512 KiB`, `12 B`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::format::{Chunk, KeyEntry, KeyPart, archive_name, chunk_name};
+
+    fn manifest() -> BranchManifest {
+        let mut m = BranchManifest::new();
+        for (key, parts) in [
+            ("rust-1.95.0-x86_64_linux", 2u64),
+            ("rust-1.95.0-aarch64_linux", 1),
+        ] {
+            m.keys.insert(
+                key.into(),
+                KeyEntry {
+                    archive: archive_name(key),
+                    compression: "zstd".into(),
+                    chunks: (0..parts)
+                        .map(|i| Chunk {
+                            file: chunk_name(key, i as usize),
+                            size: 103_809_024 - i * 100_000_000,
+                            sha256: "0".repeat(64),
+                        })
+                        .collect(),
+                    tar_sha256: "1".repeat(64),
+                    tar_size: 1_503_238_553,
+                    files: 58_211,
+                    key_parts: vec![KeyPart {
+                        name: "platform".into(),
+                        value: "x86_64-linux".into(),
+                    }],
+                    source_commit: Some("2".repeat(40)),
+                    source_tree: Some("3".repeat(40)),
+                    gates: serde_json::Value::Null,
+                    ungated: false,
+                    created_at: "2026-11-30T02:26:20Z".into(),
+                    tool_version: "warmstart 0.1.0".into(),
+                },
+            );
+        }
+        m
+    }
+
+    /// The README users read, pinned. Regenerate with
+    /// `UPDATE_SNAPSHOTS=1 cargo test --lib readme` after a deliberate change.
+    #[test]
+    fn branch_readme_snapshot() {
+        let text = render(
+            &ReadmeContext {
+                name: "rust",
+                branch: "rust-cache",
+                remote: "origin",
+                description: "the Rust toolchain",
+            },
+            &manifest(),
+        );
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/cache/snapshots/branch-readme.md");
+        if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &text).unwrap();
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            text == want,
+            "{} is stale: rerun with UPDATE_SNAPSHOTS=1 cargo test --lib readme and review the diff\n--- rendered:\n{text}",
+            path.display()
+        );
+        // The coreutils path of DESIGN.md, verbatim apart from the variables.
+        assert!(text.contains("git fetch origin rust-cache && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/$KEY.tar.zst.part* | zstd -d | tar -x -C \"$DEST\""));
+    }
+
+    #[test]
+    fn sizes_are_human() {
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(1_503_238_553), "1.4 GiB");
+    }
+}
