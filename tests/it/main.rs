@@ -3,5 +3,6 @@
 mod util;
 
 mod cache_publish;
+mod cache_restore;
 mod tidy;
 mod unpack;
