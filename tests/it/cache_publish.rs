@@ -221,6 +221,15 @@ fn big_file_crosses_default_chunks_over_git_daemon() {
     let dest = env.join("dest");
     coreutils_restore(&env, &url, "big-cache", "big-1", &dest);
     assert_same_tree(&src, &dest);
+    // The restore half on the same branch (kept in this one big test):
+    // fetched over git daemon, every chunk verified, swapped in.
+    let r = run(env
+        .xtask_in("work")
+        .args(["cache", "restore", "big", "--json"]));
+    let j = json(&r.ok());
+    assert_eq!(j["state"], "restored", "{j}");
+    assert!(j["compressed_bytes"].as_u64().unwrap() > BIG_FILE_BYTES);
+    assert_same_tree(&src, &env.join("work/restored"));
 }
 
 #[test]

@@ -3,6 +3,7 @@
 mod util;
 
 mod cache_publish;
+mod cache_restore;
 mod demo;
 mod gates;
 mod resume;

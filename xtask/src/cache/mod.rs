@@ -8,9 +8,11 @@
 //! The restore half: `branch` reads and cross-checks a fetched branch,
 //! `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it, `stamp` makes the next run warm, `compare` checks an
-//! installed copy.
+//! installed copy, `check` is `cache verify`, `status` is `cache list` and
+//! `cache status`.
 
 pub mod branch;
+pub mod check;
 pub mod compare;
 pub mod format;
 pub mod git;
@@ -20,23 +22,21 @@ pub mod publish;
 pub mod readme;
 pub mod restore;
 pub mod stamp;
+pub mod status;
 pub mod verify;
 
 use anyhow::Result;
 use xshell::Shell;
 
 use crate::cli::cache::{CacheArgs, CacheCommand};
-use crate::exit::{Code, fail};
 
 /// `cargo xtask cache ...`.
 pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
         CacheCommand::Restore(a) => restore::run(sh, a),
-        // The restore half (branch cache-restore) wires these arms.
-        CacheCommand::Verify(_) | CacheCommand::List(_) | CacheCommand::Status(_) => Err(fail(
-            Code::Failed,
-            "this build of warmstart lacks cache verify, list and status: they come with the restore half",
-        )),
+        CacheCommand::Verify(a) => check::run(sh, a),
+        CacheCommand::List(a) => status::list(sh, a),
+        CacheCommand::Status(a) => status::status(sh, a),
     }
 }

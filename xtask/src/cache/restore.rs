@@ -140,7 +140,15 @@ pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
         progress: !args.out.quiet && !args.out.json && std::io::stderr().is_terminal(),
         ..RestoreOptions::default()
     };
-    let outcome = restore_named(sh, &repo, &args.name, &opts)?;
+    let outcome = match restore_named(sh, &repo, &args.name, &opts) {
+        Ok(o) => o,
+        Err(e) => {
+            if args.out.json {
+                println!("{}", error_json(&args.name, &e));
+            }
+            return Err(e);
+        }
+    };
     if args.out.json {
         println!(
             "{}",
@@ -150,6 +158,18 @@ pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
         println!("{}", outcome.summary());
     }
     Ok(())
+}
+
+/// The `--json` output of a command that failed: the cache, `ok: false`,
+/// the error (as printed on stderr) and the exit code.
+pub fn error_json(name: &str, err: &anyhow::Error) -> String {
+    serde_json::to_string_pretty(&serde_json::json!({
+        "name": name,
+        "ok": false,
+        "error": format!("{err:#}"),
+        "code": crate::exit::code_of(err).as_i32(),
+    }))
+    .expect("json serializes")
 }
 
 impl RestoreOutcome {

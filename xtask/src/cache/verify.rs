@@ -482,6 +482,12 @@ fn decode_stage(
         buf.truncate(n);
         total += n as u64;
         if total > plan.tar_cap {
+            // Pass on what fits first: the extractor then usually refuses
+            // the entry that crosses the cap, and its error names it.
+            let fits = n as u64 - (total - plan.tar_cap);
+            buf.truncate(fits as usize);
+            hasher.update(&buf);
+            send(tx, buf)?;
             return Err(fail(
                 Code::Unsafe,
                 format!(

@@ -1,0 +1,299 @@
+//! `cargo xtask cache verify`: check a cache branch (and the installed copy)
+//! without installing anything.
+//!
+//! Fetches the branch, cross-checks `SHA256SUMS` with `warmstart.json`, then
+//! streams every key through the same verification and the same safe
+//! extractor as a restore, into a scratch directory inside cache.git that is
+//! removed afterwards. If the current key is installed here (per the stamp),
+//! the installed copy is compared with the verified one.
+//!
+//! Architecture: this command never writes outside the private cache.git
+//! (and cache.git's scratch directories), never touches the target, never
+//! writes a stamp.
+
+use anyhow::Result;
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use xshell::Shell;
+
+use crate::cache::branch::Content;
+use crate::cache::compare;
+use crate::cache::manifest;
+use crate::cache::restore::{self, human_bytes};
+use crate::cache::stamp::{self, Loaded};
+use crate::cli::cache::VerifyArgs;
+use crate::exit::{Code, code_of, fail};
+use crate::repo::Repo;
+use crate::unpack;
+
+/// The verdict on one key of the branch.
+#[derive(Debug, Serialize)]
+pub struct KeyReport {
+    pub key: String,
+    /// Whether this is the key this machine computes.
+    pub current: bool,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub chunks: usize,
+    pub compressed_bytes: u64,
+    pub tar_bytes: u64,
+    pub tar_sha256: String,
+    pub entries: u64,
+}
+
+/// The verdict on the installed copy of the current key.
+#[derive(Debug, Serialize)]
+pub struct InstalledReport {
+    pub target: PathBuf,
+    /// `matches`, `differs`, `not installed`, `other key installed`.
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub difference: Option<String>,
+}
+
+/// The whole `cache verify` report (`--json`).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub name: String,
+    pub branch: String,
+    pub source: String,
+    pub commit: String,
+    pub layout: &'static str,
+    pub ok: bool,
+    pub keys: Vec<KeyReport>,
+    pub installed: Option<InstalledReport>,
+    pub bytes_hashed: u64,
+}
+
+/// `cargo xtask cache verify NAME`.
+pub fn run(sh: &Shell, args: VerifyArgs) -> Result<()> {
+    let repo = Repo::from_cwd()?;
+    let progress = !args.out.quiet && !args.out.json && std::io::stderr().is_terminal();
+    let (report, first_err) =
+        match verify_named(sh, &repo, &args.name, args.remote.as_deref(), progress) {
+            Ok(r) => r,
+            Err(e) => {
+                if args.out.json {
+                    println!("{}", restore::error_json(&args.name, &e));
+                }
+                return Err(e);
+            }
+        };
+    if args.out.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report serializes")
+        );
+    } else if !args.out.quiet {
+        print_text(&report);
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn print_text(r: &Report) {
+    println!(
+        "cache {}: branch {} from {} at {} ({})",
+        r.name,
+        r.branch,
+        r.source,
+        &r.commit[..r.commit.len().min(12)],
+        r.layout
+    );
+    for k in &r.keys {
+        let mark = if k.current {
+            " (this machine's key)"
+        } else {
+            ""
+        };
+        match &k.error {
+            None => println!(
+                "  ok      {}{mark}: {} chunks, {} compressed, {} tar, {} entries",
+                k.key,
+                k.chunks,
+                human_bytes(k.compressed_bytes),
+                human_bytes(k.tar_bytes),
+                k.entries
+            ),
+            Some(e) => println!("  FAILED  {}{mark}: {e}", k.key),
+        }
+    }
+    if let Some(i) = &r.installed {
+        match &i.difference {
+            None => println!("  installed copy at {}: {}", i.target.display(), i.state),
+            Some(d) => println!(
+                "  installed copy at {}: {} ({d}): repair it with `cargo xtask cache restore {} --verify`",
+                i.target.display(),
+                i.state,
+                r.name
+            ),
+        }
+    }
+}
+
+/// Verifies every key of cache `name`'s branch. Returns the report and
+/// the first failure (whose exit code the command ends with).
+pub fn verify_named(
+    sh: &Shell,
+    repo: &Repo,
+    name: &str,
+    remote: Option<&str>,
+    progress: bool,
+) -> Result<(Report, Option<anyhow::Error>)> {
+    let m = manifest::load(repo, name)?;
+    // The key is only needed to mark the current key and check the install;
+    // a key that cannot be computed here does not stop the branch check.
+    let key = match manifest::compute_key(sh, repo, &m) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            eprintln!("warning: cannot compute the key of {name} here: {e:#}");
+            None
+        }
+    };
+    let (git, branch) = restore::fetch(sh, repo, &m, remote, progress)?;
+    // Scratch trees are staging directories of a target that is never
+    // swapped in: `staging_dir_for` also removes those of killed runs.
+    let scratch = git.dir.join("warmstart-verify");
+    let fix = restore::republish_fix(name);
+    let keys: Vec<String> = match &branch.content {
+        Content::V1(_) => branch.keys(),
+        // A legacy branch holds one archive, restored whatever the key.
+        Content::Legacy { archive, .. } => vec![
+            key.as_ref()
+                .map(|k| k.value.clone())
+                .unwrap_or_else(|| archive.clone()),
+        ],
+    };
+    let mut reports = Vec::new();
+    let mut first_err = None;
+    let mut installed = None;
+    let mut bytes_hashed = 0;
+    let layout = match &branch.content {
+        Content::V1(_) => "v1",
+        Content::Legacy { compression, .. } => match compression {
+            crate::cache::format::Compression::Gzip => "legacy-gzip",
+            crate::cache::format::Compression::Zstd => "legacy-zstd",
+        },
+    };
+    for k in keys {
+        let current = key.as_ref().is_some_and(|c| c.value == k);
+        let dest = unpack::staging_dir_for(&scratch)?;
+        let result = (|| -> Result<(usize, unpack::Stats, crate::cache::verify::Stats)> {
+            let kp = branch.plan(&k, &fix)?;
+            let (u, v) = restore::unpack_into(&git, &kp, &dest, progress)?;
+            Ok((kp.plan.pieces.len(), u, v))
+        })();
+        match result {
+            Ok((chunks, u, v)) => {
+                bytes_hashed += v.bytes_hashed;
+                if current && let Some(key) = &key {
+                    installed = Some(check_installed(repo, &m, &key.value, &dest)?);
+                }
+                reports.push(KeyReport {
+                    key: k,
+                    current,
+                    ok: true,
+                    error: None,
+                    chunks,
+                    compressed_bytes: v.compressed_bytes,
+                    tar_bytes: v.tar_bytes,
+                    tar_sha256: v.tar_sha256,
+                    entries: u.files + u.dirs + u.symlinks + u.hardlinks,
+                })
+            }
+            Err(e) => {
+                reports.push(KeyReport {
+                    key: k.clone(),
+                    current,
+                    ok: false,
+                    error: Some(format!("{e:#}")),
+                    chunks: 0,
+                    compressed_bytes: 0,
+                    tar_bytes: 0,
+                    tar_sha256: String::new(),
+                    entries: 0,
+                });
+                if first_err.is_none() {
+                    first_err = Some(e.context(format!("verifying key {k} of cache {name}")));
+                }
+            }
+        }
+        unpack::remove_tree(&dest)?;
+    }
+    if let Some(key) = &key
+        && !reports.iter().any(|r| r.current)
+        && first_err.is_none()
+    {
+        first_err = Some(fail(
+            Code::NotFound,
+            format!(
+                "branch {} holds no key {} (this machine's key): the other keys verified; publish this one with `cargo xtask cache publish {name}`",
+                branch.name, key.value
+            ),
+        ));
+    }
+    if let Some(i) = &installed
+        && i.state == "differs"
+        && first_err.is_none()
+    {
+        first_err = Some(fail(
+            Code::Verify,
+            format!(
+                "the installed copy of cache {name} at {} differs from the branch ({}): repair it with `cargo xtask cache restore {name} --verify`",
+                i.target.display(),
+                i.difference.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+    let ok = first_err.is_none();
+    debug_assert!(first_err.as_ref().is_none_or(|e| code_of(e) != Code::Ok));
+    Ok((
+        Report {
+            name: name.to_string(),
+            branch: branch.name.clone(),
+            source: branch.remote.to_string(),
+            commit: branch.commit.clone(),
+            layout,
+            ok,
+            keys: reports,
+            installed,
+            bytes_hashed,
+        },
+        first_err,
+    ))
+}
+
+/// Compares the installed copy with the verified scratch tree, if the stamp
+/// says the current key is installed.
+fn check_installed(
+    repo: &Repo,
+    m: &manifest::CacheManifest,
+    key: &str,
+    verified: &Path,
+) -> Result<InstalledReport> {
+    let target = m.restore_path.clone();
+    let state = match stamp::load(&stamp::path(&repo.state_dir(), &m.name)) {
+        Loaded::Found(s) if s.key == key && s.target == target => None,
+        Loaded::Found(_) => Some("other key installed"),
+        Loaded::Missing => Some("not installed"),
+        Loaded::Corrupt(_) => Some("not installed (corrupt stamp)"),
+    };
+    if let Some(state) = state {
+        return Ok(InstalledReport {
+            target,
+            state: state.to_string(),
+            difference: None,
+        });
+    }
+    let exact = m.mode == manifest::Mode::Replace;
+    let (diff, _) = compare::first_difference(verified, &target, exact)?;
+    Ok(InstalledReport {
+        target,
+        state: if diff.is_some() { "differs" } else { "matches" }.to_string(),
+        difference: diff,
+    })
+}
