@@ -465,6 +465,10 @@ fn required_gates_refuse_until_green_and_allow_ungated_is_loud_and_recorded() {
         record.contains("check"),
         "no gate record in warmstart.json: {record}"
     );
+    // --allow-ungated on a green tree bypasses nothing: no warning, unchanged.
+    let r = publish(&env, "work", &["gated", "--allow-ungated"]).ok();
+    assert!(!r.stderr().contains("WITHOUT GATES"), "{}", r.stderr());
+    assert!(r.stdout().contains("unchanged"), "{}", r.stdout());
     // And a dirty worktree is not green.
     std::fs::write(work.join("untracked.txt"), "dirty\n").unwrap();
     publish(&env, "work", &["gated"]).expect_code(9);

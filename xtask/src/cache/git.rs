@@ -453,12 +453,16 @@ impl CacheGit {
             || stdout.contains("fetch first")
             || stderr.contains("cannot lock ref")
         {
-            return Err(fail(
-                Code::Remote,
-                format!(
-                    "{branch} on {remote} changed since it was fetched (another publish?): nothing was pushed; publish again to rebase on it"
+            let git_said = last_lines(&format!("{stdout}\n{stderr}"));
+            return Err(anyhow::Error::new(StaleLease {
+                message: format!(
+                    "{branch} on {remote} changed since it was fetched (another publish?): nothing was pushed; publish again to build on it"
                 ),
-            ));
+                git: crate::exit::Failure {
+                    code: Code::Remote,
+                    message: format!("git said: {git_said}"),
+                },
+            }));
         }
         let mut why = last_lines(&stderr);
         if why.is_empty() {
@@ -484,6 +488,33 @@ impl CacheGit {
             .with_context(|| format!("locking {}", path.display()))?;
         Ok(file)
     }
+}
+
+/// A push refused because the remote ref is no longer the value the lease
+/// named: someone else pushed in between. Callers may fetch again and retry
+/// (`is_stale_lease`); unhandled, it exits 8 like any push failure.
+#[derive(Debug)]
+pub struct StaleLease {
+    pub message: String,
+    /// What git said, carrying the exit code (8) for `exit::code_of`.
+    pub git: crate::exit::Failure,
+}
+
+impl std::fmt::Display for StaleLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StaleLease {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.git)
+    }
+}
+
+/// Whether `err` is a push that lost its lease (see `StaleLease`).
+pub fn is_stale_lease(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.is::<StaleLease>())
 }
 
 /// `git hash-object --stdin-paths`, kept running across chunks.
@@ -923,6 +954,7 @@ mod tests {
             .push_branch(&remote, "c-cache", &other, None, &mut |_| {})
             .unwrap_err();
         assert_eq!(crate::exit::code_of(&err), Code::Remote, "{err:#}");
+        assert!(is_stale_lease(&err), "{err:#}");
 
         assert_eq!(git.fetch_branch(&remote, "c-cache").unwrap(), commit);
         let listed = git.ls_tree(&commit).unwrap();

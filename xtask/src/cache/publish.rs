@@ -26,7 +26,7 @@ use xshell::{Shell, cmd};
 use crate::cache::format::{
     self, BranchManifest, Chunk, KeyEntry, KeyPart, Layout, archive_name, chunk_name, render_sums,
 };
-use crate::cache::git::{CacheGit, Remote, TreeEntry};
+use crate::cache::git::{CacheGit, Remote, TreeEntry, is_stale_lease};
 use crate::cache::manifest::{self, CacheManifest, Key};
 use crate::cache::pack::{self, ChunkFile, PackOptions, Plan};
 use crate::cache::readme::{self, ReadmeContext, human_bytes};
@@ -342,14 +342,6 @@ fn same_artifact(old: &KeyEntry, new: &KeyEntry) -> bool {
         && old.ungated == new.ungated
 }
 
-fn is_stale_lease(e: &anyhow::Error) -> bool {
-    e.chain()
-        .find_map(|c| c.downcast_ref::<crate::exit::Failure>())
-        .is_some_and(|f| {
-            f.code == Code::Remote && f.message.contains("changed since it was fetched")
-        })
-}
-
 fn print_plan(out: &Reporter, m: &CacheManifest, key: &Key, plan: &Plan, remote: &Remote) {
     out.say("dry run: nothing is packed, written or pushed");
     out.say(format!("cache    {} ({})", m.name, m.file.display()));
@@ -395,24 +387,26 @@ fn gate_record(
         }
         return Ok((Value::Null, false));
     }
-    if allow_ungated {
-        out.loud(format!(
-            "PUBLISHING WITHOUT GATES: {} requires gates [{}] and --allow-ungated skips them; the branch records \"ungated\": true",
-            m.file.display(),
-            m.gates.join(", ")
-        ));
-        return Ok((Value::Null, true));
-    }
     // Exit 9 naming the missing gate when HEAD's tree is not green (local
     // records: `cargo xtask gates fetch` takes those pushed elsewhere).
-    let record = crate::gates::require_green(sh, repo, &m.gates).with_context(|| {
+    let green = crate::gates::require_green(sh, repo, &m.gates).with_context(|| {
         format!(
             "publishing {} requires gates [{}]",
             m.name,
             m.gates.join(", ")
         )
-    })?;
-    Ok((record, false))
+    });
+    match green {
+        Ok(record) => Ok((record, false)),
+        // Green anyway: nothing was bypassed, so nothing is flagged.
+        Err(e) if allow_ungated => {
+            out.loud(format!(
+                "PUBLISHING WITHOUT GATES ({e:#}): --allow-ungated publishes anyway and the branch records \"ungated\": true"
+            ));
+            Ok((Value::Null, true))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn rev_parse(sh: &Shell, root: &Path, rev: &str) -> Option<String> {
