@@ -6,6 +6,7 @@
 //! directory), `cli` (all argument types).
 
 pub mod cli;
+pub mod conda;
 pub mod exit;
 pub mod repo;
 pub mod unpack;
@@ -14,7 +15,9 @@ use anyhow::Result;
 
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> Result<()> {
-    let _sh = xshell::Shell::new()?;
+    let sh = xshell::Shell::new()?;
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
-    match cli.command {}
+    match cli.command {
+        cli::Command::Conda(args) => conda::run(&sh, args),
+    }
 }

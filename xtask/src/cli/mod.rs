@@ -6,6 +6,8 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod conda;
+
 /// warmstart: make a fresh or recycled machine fully working again in
 /// seconds, from caches kept in the git repository itself.
 ///
@@ -25,7 +27,11 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Inspect and unpack conda packages (`.conda`, `.tar.bz2`) safely,
+    /// e.g. to put a newer tool than the OS ships into /usr/local.
+    Conda(conda::CondaArgs),
+}
 
 #[cfg(test)]
 mod tests {
