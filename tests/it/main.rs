@@ -2,5 +2,6 @@
 
 mod util;
 
+mod conda;
 mod tidy;
 mod unpack;

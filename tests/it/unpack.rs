@@ -63,7 +63,9 @@ with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as t:
         raise SystemExit("unknown case " + case)
 "#;
 
-fn hostile(env: &TestEnv, case: &str, arg: &str) -> PathBuf {
+/// A hostile tar of the named case, written by Python's tarfile (shared with
+/// the conda tests, which wrap these in packages).
+pub fn hostile(env: &TestEnv, case: &str, arg: &str) -> PathBuf {
     let out = env.join(format!("{case}.tar"));
     let o = Command::new("python3")
         .arg("-c")
@@ -89,7 +91,13 @@ fn sandbox(env: &TestEnv) -> (PathBuf, PathBuf) {
 }
 
 /// Every path under `root` with what it is: type, mode, content or target.
-fn snapshot(root: &Path) -> BTreeMap<String, String> {
+pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
+    snapshot_with(root, true)
+}
+
+/// `snapshot`, optionally without directory mtimes (which differ when a
+/// tar has no directory entries and each tool creates them at its own time).
+pub fn snapshot_with(root: &Path, dir_mtimes: bool) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -103,7 +111,11 @@ fn snapshot(root: &Path) -> BTreeMap<String, String> {
                 format!("link -> {}", fs::read_link(&p).unwrap().display())
             } else if m.is_dir() {
                 stack.push(rel.clone());
-                format!("dir {mode:o} mtime {}", m.mtime())
+                if dir_mtimes {
+                    format!("dir {mode:o} mtime {}", m.mtime())
+                } else {
+                    format!("dir {mode:o}")
+                }
             } else {
                 format!(
                     "file {mode:o} mtime {} nlink {} {}",

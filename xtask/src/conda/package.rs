@@ -146,7 +146,8 @@ impl CondaFile {
                 return Err(refuse(
                     path,
                     format!(
-                        "zip member `{name}` is compressed ({method}); .conda members must be STORED (was the package re-zipped?)"
+                        "zip member `{name}` is compressed with {}; .conda members must be STORED (was the package re-zipped?)",
+                        method_name(method)
                     ),
                 ));
             }
@@ -277,6 +278,26 @@ impl CondaFile {
             .map_err(|e| refuse(&path, format!("zip member `{}`: {e}", member.name)))?;
         zstd_tar(progress.wrap_read(raw), &path, &member.name, f)
     }
+}
+
+/// The zip compression method's common name (the zip crate is built
+/// without decoders, so it only knows their numbers).
+fn method_name(method: zip::CompressionMethod) -> String {
+    use zip::CompressionMethod as M;
+    let known = [
+        (M::DEFLATE, "DEFLATE"),
+        (M::DEFLATE64, "Deflate64"),
+        (M::BZIP2, "bzip2"),
+        (M::LZMA, "LZMA"),
+        (M::ZSTD, "zstd"),
+        (M::XZ, "xz"),
+        (M::AES, "AES encryption"),
+    ];
+    known
+        .iter()
+        .find(|(m, _)| *m == method)
+        .map(|(_, name)| name.to_string())
+        .unwrap_or_else(|| format!("{method:?}"))
 }
 
 fn kind_word(kind: MemberKind) -> &'static str {

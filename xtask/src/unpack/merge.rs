@@ -104,10 +104,8 @@ fn read_journal(journal: &Path) -> Result<Option<Journal>> {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
-            return Err(fail(
-                Code::Corrupt,
-                format!("cannot read the merge journal {}: {e}", journal.display()),
-            ));
+            return Err(e)
+                .with_context(|| format!("reading the merge journal {}", journal.display()));
         }
     };
     Journal::parse(&bytes).map(Some).map_err(|why| {
