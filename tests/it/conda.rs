@@ -151,6 +151,9 @@ fn assert_no_strays(prefix: &Path) {
 fn conda_unpack_matches_cph_extract_for_the_cph_made_fixture() {
     let env = TestEnv::new();
     let ph = fixture_placeholder();
+    // cph writes its two tarball members with zip64 extra fields
+    // (force_zip64=True); metadata.json without.
+    assert_eq!(zip64_members(&fixture("wsfixture-1.2.3-h0_0.conda")), 2);
     assert_matches_cph(
         &env,
         &fixture("wsfixture-1.2.3-h0_0.conda"),
@@ -196,6 +199,8 @@ fn conda_info_reports_name_members_and_placeholders() {
         "pkg-wsfixture-1.2.3-h0_0.tar.zst",
         "info-wsfixture-1.2.3-h0_0.tar.zst",
         "prefix placeholders (3 files, from info/paths.json)",
+        "placeholder /opt/wsbuild/_h_env_placehold_",
+        "(252 bytes)",
         "binary  lib/libwsfixture.so.1.0",
         "text    bin/wsfixture-tool",
     ] {

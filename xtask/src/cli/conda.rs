@@ -3,12 +3,7 @@
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
-/// Inspect and unpack conda packages (`.conda` and legacy `.tar.bz2`)
-/// without conda, safely.
-///
-/// For tools the OS ships too old (for example binaryen for `wasm-merge`):
-/// download the conda-forge package, then
-/// `cargo xtask conda unpack binaryen-*.conda --into /usr/local --only bin/ --only lib/`.
+/// `cargo xtask conda`: its help text is the `Command::Conda` doc comment.
 #[derive(Debug, Args)]
 pub struct CondaArgs {
     #[command(subcommand)]
@@ -35,6 +30,10 @@ pub enum CondaCommand {
     /// into PREFIX under a journal, so an interrupted run is completed by the
     /// next one. Files of PREFIX that the package does not contain are left
     /// alone; `info/` is not installed (conda keeps it outside the prefix too).
+    ///
+    /// Exit codes: 7 an entry or member was refused or a cap was exceeded
+    /// (the error names it; PREFIX is untouched), 2 PREFIX is too long for
+    /// a binary placeholder, 4 the package file does not exist.
     Unpack(UnpackArgs),
 }
 

@@ -30,6 +30,9 @@ pub struct Cli {
 pub enum Command {
     /// Inspect and unpack conda packages (`.conda`, `.tar.bz2`) safely,
     /// e.g. to put a newer tool than the OS ships into /usr/local.
+    ///
+    /// Example: `cargo xtask conda unpack binaryen-118-h59595ed_0.conda
+    /// --into /usr/local --only bin/ --only lib/`.
     Conda(conda::CondaArgs),
 }
 

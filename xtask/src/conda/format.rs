@@ -53,8 +53,8 @@ pub struct Placeholder {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Paths {
     pub count: u64,
-    /// Sum of `size_in_bytes` where given.
-    pub bytes: u64,
+    /// Sum of `size_in_bytes`, when the entries give it.
+    pub bytes: Option<u64>,
     pub placeholders: Vec<Placeholder>,
 }
 
@@ -81,7 +81,9 @@ pub fn parse_paths_json(bytes: &[u8]) -> Result<Paths, String> {
     let mut out = Paths::default();
     for entry in parsed.paths {
         out.count += 1;
-        out.bytes += entry.size_in_bytes.unwrap_or(0);
+        if let Some(size) = entry.size_in_bytes {
+            out.bytes = Some(out.bytes.unwrap_or(0) + size);
+        }
         if let Some(placeholder) = entry.prefix_placeholder {
             if placeholder.is_empty() {
                 return Err(format!(
@@ -366,7 +368,7 @@ mod tests {
             {"_path": "share/d", "prefix_placeholder": "/opt/p"}
         ], "paths_version": 1}"#;
         let p = parse_paths_json(json).unwrap();
-        assert_eq!((p.count, p.bytes), (4, 15));
+        assert_eq!((p.count, p.bytes), (4, Some(15)));
         let modes: Vec<_> = p
             .placeholders
             .iter()

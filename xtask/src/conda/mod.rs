@@ -220,7 +220,7 @@ fn info(args: InfoArgs) -> Result<()> {
         file_size: file_size.unwrap_or(0),
         format,
         paths: metadata.paths.as_ref().map(|p| p.count),
-        bytes: metadata.paths.as_ref().map(|p| p.bytes),
+        bytes: metadata.paths.as_ref().and_then(|p| p.bytes),
         metadata,
         members,
     };
@@ -256,8 +256,14 @@ fn render_info(r: &InfoReport) -> String {
         r.file.display(),
         r.file_size
     );
-    if let (Some(p), Some(b)) = (r.paths, r.bytes) {
-        let _ = writeln!(out, "contents  {p} paths, {b} bytes (info/paths.json)");
+    match (r.paths, r.bytes) {
+        (Some(p), Some(b)) => {
+            let _ = writeln!(out, "contents  {p} paths, {b} bytes (info/paths.json)");
+        }
+        (Some(p), None) => {
+            let _ = writeln!(out, "contents  {p} paths (info/paths.json)");
+        }
+        _ => {}
     }
     if !r.members.is_empty() {
         let _ = writeln!(out, "members");
@@ -283,12 +289,24 @@ fn render_info(r: &InfoReport) -> String {
                 "prefix placeholders ({} files, from {src})",
                 m.placeholders.len()
             );
+            let shared = m
+                .placeholders
+                .iter()
+                .all(|p| p.placeholder == m.placeholders[0].placeholder);
+            if shared {
+                let ph = &m.placeholders[0].placeholder;
+                let _ = writeln!(out, "  placeholder {ph} ({} bytes)", ph.len());
+            }
             for p in &m.placeholders {
                 let mode = match p.mode {
                     FileMode::Text => "text",
                     FileMode::Binary => "binary",
                 };
-                let _ = writeln!(out, "  {mode:<6}  {}  ({})", p.path, p.placeholder);
+                if shared {
+                    let _ = writeln!(out, "  {mode:<6}  {}", p.path);
+                } else {
+                    let _ = writeln!(out, "  {mode:<6}  {}  ({})", p.path, p.placeholder);
+                }
             }
         }
     }
