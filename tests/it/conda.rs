@@ -797,6 +797,30 @@ fn conda_unpack_only_installs_the_chosen_directories_and_keeps_others() {
     assert_no_strays(&s.prefix);
 }
 
+#[test]
+fn conda_unpack_refuses_a_conflicting_prefix_and_leaves_no_staging() {
+    let env = TestEnv::new();
+    let s = scene(&env);
+    // The prefix has a file where the package has a directory.
+    fs::write(s.prefix.join("lib"), "a file named lib\n").unwrap();
+    let before = snapshot_with(&s.prefix, true);
+    let out = run(env
+        .xtask()
+        .args(["conda", "unpack"])
+        .arg(fixture("wsfixture-1.2.3-h0_0.conda"))
+        .arg("--into")
+        .arg(&s.prefix))
+    .expect_code(1);
+    assert!(
+        out.stderr()
+            .contains("is a file but the package has a directory there; move it away"),
+        "{}",
+        out.stderr()
+    );
+    assert_eq!(snapshot_with(&s.prefix, true), before, "the prefix changed");
+    assert_no_strays(&s.prefix);
+}
+
 /// A package with many small files, so that a kill lands mid-merge.
 fn many_files_package(env: &TestEnv, n: usize) -> PathBuf {
     let root = env.join("many-root");

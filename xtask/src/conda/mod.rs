@@ -496,8 +496,15 @@ fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
     }
     let mut guard = guard;
     guard.0 = None;
-    unpack::merge_into(&staging, &prefix, &journal)
-        .with_context(|| format!("installing into {}", prefix.display()))?;
+    if let Err(err) = unpack::merge_into(&staging, &prefix, &journal) {
+        // Refused before its journal was written (e.g. a conflict in the
+        // prefix): nothing moved, so the staging directory is ours to drop.
+        // With a journal, the next run needs it to complete the merge.
+        if !journal.exists() {
+            let _ = unpack::remove_staging(&staging);
+        }
+        return Err(err.context(format!("installing into {}", prefix.display())));
+    }
     Ok(UnpackReport {
         name: meta.index.name,
         version: meta.index.version,

@@ -158,6 +158,14 @@ fn scan(root: &Path, rel: &Path, out: &mut Vec<(Kind, PathBuf)>) -> Result<()> {
         let meta = fs::symlink_metadata(root.join(&child))
             .with_context(|| format!("reading {}", root.join(&child).display()))?;
         if meta.is_dir() {
+            // Moving files out needs write access to their staging
+            // directory; an archive may have made it read-only.
+            let mode = meta.permissions().mode();
+            if mode & 0o300 != 0o300 {
+                let path = root.join(&child);
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode | 0o700))
+                    .with_context(|| format!("making {} writable", path.display()))?;
+            }
             out.push((Kind::Dir, child.clone()));
             scan(root, &child, out)?;
         } else {
