@@ -2,6 +2,8 @@
 
 mod util;
 
+mod conda;
 mod gates;
 mod resume;
 mod tidy;
+mod unpack;

@@ -8,10 +8,12 @@
 pub mod cache;
 pub mod cli;
 pub mod clock;
+pub mod conda;
 pub mod exit;
 pub mod gates;
 pub mod repo;
 pub mod resume;
+pub mod unpack;
 
 use anyhow::Result;
 
@@ -22,5 +24,6 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     match cli.command {
         cli::Command::Gates(args) => gates::run(&sh, args),
         cli::Command::Resume(args) => resume::run(&sh, args),
+        cli::Command::Conda(args) => conda::run(&sh, args),
     }
 }

@@ -8,6 +8,7 @@ pub mod cache;
 
 use clap::{Parser, Subcommand};
 
+pub mod conda;
 pub mod gates;
 pub mod resume;
 
@@ -52,6 +53,12 @@ pub enum Command {
     /// is never overwritten (exit 5; `record --reinit` moves it aside); the
     /// lock is waited on for 4 s (exit 3).
     Resume(resume::ResumeArgs),
+    /// Inspect and unpack conda packages (`.conda`, `.tar.bz2`) safely,
+    /// e.g. to put a newer tool than the OS ships into /usr/local.
+    ///
+    /// Example: `cargo xtask conda unpack binaryen-118-h59595ed_0.conda
+    /// --into /usr/local --only bin/ --only lib/`.
+    Conda(conda::CondaArgs),
 }
 
 #[cfg(test)]

@@ -1,0 +1,674 @@
+//! The checked tar extractor: reads headers with the `tar` crate and creates
+//! every file, directory and link itself, so each rule is an error, not a skip.
+//!
+//! Why not `tar::Archive::unpack`: it silently skips some unsafe entries,
+//! follows symlinks inside the destination when writing, and its long-name
+//! handling reads extension records of any size into memory. Here the stream
+//! is read through a budget (extension records are capped at `EXT_BUDGET`),
+//! every parent directory is checked to be a real directory this run created,
+//! and files are opened with `O_CREAT | O_EXCL | O_NOFOLLOW`.
+
+use anyhow::{Context, Result};
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs::{self, OpenOptions, Permissions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, SystemTime};
+
+use super::{Limits, Options, Stats};
+use crate::exit::{Code, fail};
+
+/// Most bytes of headers and extension records (GNU long names, PAX records)
+/// that may precede one entry. Real archives need a few KiB.
+const EXT_BUDGET: u64 = 1 << 20;
+
+/// Copy buffer size: large enough that syscalls do not dominate.
+const BUF_SIZE: usize = 1 << 20;
+
+/// How many bytes the `tar` crate may still pull from the stream, and whether
+/// it hit the limit (so the error can say so instead of "unexpected EOF").
+struct Budget {
+    allowance: Cell<u64>,
+    exceeded: Cell<bool>,
+}
+
+struct BudgetReader<R> {
+    inner: R,
+    budget: Rc<Budget>,
+}
+
+impl<R: Read> Read for BudgetReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.budget.allowance.get();
+        if left == 0 && !buf.is_empty() {
+            self.budget.exceeded.set(true);
+            return Err(io::Error::other("tar header budget exceeded"));
+        }
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.budget.allowance.set(left - n as u64);
+        Ok(n)
+    }
+}
+
+/// Extracts a tar stream into `dest`, an empty directory the caller owns (a
+/// staging directory on the target's filesystem).
+///
+/// Refuses with `exit::Code::Unsafe` and an error naming the entry: `..`
+/// components, absolute paths, symlinks whose target leaves `dest` (unless
+/// `opts.allow_external_symlinks`), writes through a symlink (any entry whose
+/// parent path is a symlink), hardlinks to outside or to entries not yet
+/// extracted, hardlinks to symlinks, duplicate entries, device nodes, fifos,
+/// sparse files, more bytes than `limits.max_bytes` or entries than
+/// `limits.max_entries`, and entries whose data is shorter or longer than
+/// declared. On error, what was written stays in `dest` for the caller to
+/// remove (it is a staging directory); nothing is ever written outside it.
+///
+/// Keeps file modes (permission bits; setuid, setgid and sticky bits are
+/// dropped), mtimes, empty directories, relative symlinks, hardlinks, and long
+/// and unicode names (PAX and GNU). Memory stays bounded: one copy buffer plus
+/// one path per directory.
+pub fn extract_tar<R: Read>(
+    reader: R,
+    dest: &Path,
+    limits: &Limits,
+    opts: &Options,
+) -> Result<Stats> {
+    extract_tar_select(
+        reader,
+        Some(dest),
+        limits,
+        opts,
+        &mut |_| Select::Extract,
+        &mut |_, _| Ok(()),
+    )
+}
+
+/// What `extract_tar_select` does with one entry, chosen from its checked
+/// relative path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Select {
+    /// Create it in the destination.
+    Extract,
+    /// Check it, then pass over it (e.g. outside `--only bin/`).
+    Skip,
+    /// Read a regular file's contents into memory (at most `CAPTURE_MAX`
+    /// bytes) and hand them to the `capture` callback; other kinds are skipped.
+    Capture,
+}
+
+/// Largest file `Select::Capture` reads into memory (metadata such as
+/// `info/paths.json`).
+pub const CAPTURE_MAX: u64 = 64 << 20;
+
+/// `extract_tar` with a choice per entry: `select` sees each entry's path
+/// (relative, already checked) and says whether to extract, skip or capture
+/// it. Every entry is checked by the same rules whatever the choice, so a
+/// hostile entry is refused even when it would have been skipped. `dest` may
+/// be `None` when `select` never answers `Extract`.
+pub fn extract_tar_select<R: Read>(
+    reader: R,
+    dest: Option<&Path>,
+    limits: &Limits,
+    opts: &Options,
+    select: &mut dyn FnMut(&Path) -> Select,
+    capture: &mut dyn FnMut(&Path, Vec<u8>) -> Result<()>,
+) -> Result<Stats> {
+    if let Some(dest) = dest {
+        let meta = fs::symlink_metadata(dest)
+            .with_context(|| format!("reading the destination {}", dest.display()))?;
+        anyhow::ensure!(
+            meta.is_dir(),
+            "the destination {} is not a directory",
+            dest.display()
+        );
+    }
+    let budget = Rc::new(Budget {
+        allowance: Cell::new(0),
+        exceeded: Cell::new(false),
+    });
+    let mut archive = tar::Archive::new(BudgetReader {
+        inner: reader,
+        budget: budget.clone(),
+    });
+    let mut entries = archive.entries().context("reading the tar stream")?;
+    let mut x = Extractor {
+        dest,
+        limits,
+        opts,
+        select,
+        capture,
+        stats: Stats::default(),
+        entries: 0,
+        declared: 0,
+        dirs: HashSet::new(),
+        deferred_dirs: Vec::new(),
+        buf: vec![0; BUF_SIZE],
+    };
+    let mut prev: Option<String> = None;
+    let mut prev_unread: u64 = 0;
+    loop {
+        // Skipping the unread rest of the previous entry, its padding, then
+        // the headers and extension records of the next one.
+        budget
+            .allowance
+            .set(prev_unread.saturating_add(1024 + EXT_BUDGET));
+        let entry = match entries.next() {
+            None => break,
+            Some(Ok(entry)) => entry,
+            Some(Err(err)) => {
+                let after = match &prev {
+                    Some(name) => format!("after entry `{name}`"),
+                    None => "at the first entry".to_string(),
+                };
+                if budget.exceeded.get() {
+                    return Err(fail(
+                        Code::Unsafe,
+                        format!(
+                            "refusing tar stream {after}: headers and extension records (long names, pax) exceed {EXT_BUDGET} bytes"
+                        ),
+                    ));
+                }
+                return Err(fail(
+                    Code::Unsafe,
+                    format!(
+                        "refusing tar stream {after}: {err} (an entry's data is longer than its declared size, or the stream is corrupt)"
+                    ),
+                ));
+            }
+        };
+        budget.allowance.set(u64::MAX);
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        prev_unread = x.entry(entry, &name)?;
+        prev = Some(name);
+    }
+    x.finish()?;
+    Ok(x.stats)
+}
+
+/// A refusal naming the entry.
+fn refuse(name: &str, reason: impl std::fmt::Display) -> anyhow::Error {
+    fail(
+        Code::Unsafe,
+        format!("refusing tar entry `{name}`: {reason}"),
+    )
+}
+
+/// Splits an archive path into its normal components, refusing absolute
+/// paths and `..`. `.` and empty components (`a//b`) are dropped. Returns an
+/// empty path for the archive root (`.`, `./`).
+pub(crate) fn safe_relative(raw: &[u8]) -> Result<PathBuf, String> {
+    if raw.first() == Some(&b'/') {
+        return Err("absolute path".into());
+    }
+    let mut out = PathBuf::new();
+    for comp in raw.split(|&b| b == b'/') {
+        match comp {
+            b"" | b"." => {}
+            b".." => return Err("path contains a `..` component".into()),
+            name => out.push(OsStr::from_bytes(name)),
+        }
+    }
+    Ok(out)
+}
+
+/// Checks that a symlink at `rel` (relative to the destination) pointing to
+/// `target` resolves inside the destination. Allowed shapes: `../../x/y`
+/// (leading `..`s that stay within the link's depth, then names). A `..`
+/// after a name is refused, because the name may itself be a symlink and
+/// `..` would then resolve from wherever that points.
+pub(crate) fn check_symlink_target(rel: &Path, target: &[u8]) -> Result<(), String> {
+    if target.is_empty() {
+        return Err("symlink with an empty target".into());
+    }
+    if target.first() == Some(&b'/') {
+        return Err(format!(
+            "symlink to the absolute path `{}` leaves the destination",
+            String::from_utf8_lossy(target)
+        ));
+    }
+    let mut level = rel.components().count() as i64 - 1;
+    let mut seen_name = false;
+    for comp in target.split(|&b| b == b'/') {
+        match comp {
+            b"" | b"." => {}
+            b".." if seen_name => {
+                return Err(format!(
+                    "symlink target `{}` has `..` after a name, which could resolve outside through another symlink",
+                    String::from_utf8_lossy(target)
+                ));
+            }
+            b".." => {
+                level -= 1;
+                if level < 0 {
+                    return Err(format!(
+                        "symlink target `{}` leaves the destination",
+                        String::from_utf8_lossy(target)
+                    ));
+                }
+            }
+            _ => seen_name = true,
+        }
+    }
+    Ok(())
+}
+
+struct Extractor<'a> {
+    dest: Option<&'a Path>,
+    limits: &'a Limits,
+    opts: &'a Options,
+    select: &'a mut dyn FnMut(&Path) -> Select,
+    capture: &'a mut dyn FnMut(&Path, Vec<u8>) -> Result<()>,
+    stats: Stats,
+    entries: u64,
+    /// Sum of declared sizes of all entries so far (bounds the work too).
+    declared: u64,
+    /// Relative paths known to be real directories (created or checked by
+    /// this run). Nothing can replace one later: duplicates are refused.
+    dirs: HashSet<PathBuf>,
+    /// Directory modes and mtimes, applied at the end so that a read-only
+    /// directory does not stop its own children from being created.
+    deferred_dirs: Vec<(PathBuf, u32, u64)>,
+    buf: Vec<u8>,
+}
+
+enum Kind {
+    File,
+    Dir,
+    /// A symlink and its (checked) target.
+    Symlink(Vec<u8>),
+    /// A hardlink and the (checked) relative path it links to.
+    Hardlink(PathBuf, String),
+}
+
+impl Extractor<'_> {
+    /// Handles one entry; returns how many bytes of its data were left unread.
+    fn entry<R: Read>(&mut self, mut entry: tar::Entry<'_, R>, name: &str) -> Result<u64> {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(refuse(
+                name,
+                format!(
+                    "the archive has more than {} entries (the cap)",
+                    self.limits.max_entries
+                ),
+            ));
+        }
+        let size = entry.size();
+        self.declared = self.declared.saturating_add(size);
+        if self.declared > self.limits.max_bytes {
+            return Err(refuse(
+                name,
+                format!(
+                    "the archive's contents exceed {} bytes (the cap)",
+                    self.limits.max_bytes
+                ),
+            ));
+        }
+        let header = entry.header();
+        let ty = header.entry_type();
+        if ty.is_pax_global_extensions() {
+            // Metadata for the whole archive; nothing to create.
+            return Ok(size);
+        }
+        let raw = entry.path_bytes().into_owned();
+        let rel = safe_relative(&raw).map_err(|reason| refuse(name, reason))?;
+        let kind = if ty.is_dir() || (ty.is_file() && raw.last() == Some(&b'/')) {
+            Kind::Dir
+        } else if ty.is_file() || ty.is_contiguous() {
+            Kind::File
+        } else if ty.is_symlink() {
+            let target = entry
+                .link_name_bytes()
+                .ok_or_else(|| refuse(name, "symlink without a target"))?
+                .into_owned();
+            if target.is_empty() {
+                return Err(refuse(name, "symlink with an empty target"));
+            }
+            if !self.opts.allow_external_symlinks {
+                check_symlink_target(&rel, &target).map_err(|reason| {
+                    refuse(
+                        name,
+                        format!("{reason} (allow with --allow-external-symlinks)"),
+                    )
+                })?;
+            }
+            Kind::Symlink(target)
+        } else if ty.is_hard_link() {
+            let link = entry
+                .link_name_bytes()
+                .ok_or_else(|| refuse(name, "hardlink without a target"))?
+                .into_owned();
+            let shown = String::from_utf8_lossy(&link).into_owned();
+            let link_rel = safe_relative(&link)
+                .map_err(|reason| refuse(name, format!("hardlink target `{shown}`: {reason}")))?;
+            if link_rel.as_os_str().is_empty() {
+                return Err(refuse(name, "hardlink to the destination itself"));
+            }
+            Kind::Hardlink(link_rel, shown)
+        } else if ty.is_character_special() || ty.is_block_special() {
+            return Err(refuse(name, "device nodes are refused"));
+        } else if ty.is_fifo() {
+            return Err(refuse(name, "fifos are refused"));
+        } else if ty.is_gnu_sparse() {
+            return Err(refuse(name, "sparse files are not supported"));
+        } else {
+            return Err(refuse(
+                name,
+                format!("unsupported entry type {:?}", ty.as_byte() as char),
+            ));
+        };
+        let mode = header.mode().unwrap_or(0o644) & 0o777;
+        let mtime = header.mtime().unwrap_or(0);
+        if rel.as_os_str().is_empty() {
+            return match kind {
+                // `./` itself: the destination exists already; keep its mode.
+                Kind::Dir => Ok(size),
+                _ => Err(refuse(name, "the entry names the destination itself")),
+            };
+        }
+        match (self.select)(&rel) {
+            Select::Extract => {}
+            Select::Skip => return Ok(size),
+            Select::Capture => {
+                if !matches!(kind, Kind::File) {
+                    return Ok(size);
+                }
+                if size > CAPTURE_MAX {
+                    return Err(refuse(
+                        name,
+                        format!(
+                            "{size} bytes is too large to read as metadata (the cap is {CAPTURE_MAX})"
+                        ),
+                    ));
+                }
+                let mut data = Vec::with_capacity(size as usize);
+                (&mut entry)
+                    .take(size)
+                    .read_to_end(&mut data)
+                    .with_context(|| format!("reading tar entry `{name}`"))?;
+                if (data.len() as u64) < size {
+                    return Err(refuse(
+                        name,
+                        format!(
+                            "declares {size} bytes but the stream ends after {}",
+                            data.len()
+                        ),
+                    ));
+                }
+                (self.capture)(&rel, data)?;
+                return Ok(0);
+            }
+        }
+        let Some(dest) = self.dest else {
+            anyhow::bail!(
+                "tar entry `{name}` selected for extraction, but there is no destination"
+            );
+        };
+        self.ensure_parent(dest, &rel, name)?;
+        let path = dest.join(&rel);
+        match kind {
+            Kind::File => {
+                let mut file = match OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&path)
+                {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        return Err(refuse(name, "duplicate entry: the path exists already"));
+                    }
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("creating {}", path.display()));
+                    }
+                };
+                let mut done: u64 = 0;
+                while done < size {
+                    let n = match entry.read(&mut self.buf) {
+                        Ok(0) => {
+                            return Err(refuse(
+                                name,
+                                format!("declares {size} bytes but the stream ends after {done}"),
+                            ));
+                        }
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            return Err(e).with_context(|| format!("reading tar entry `{name}`"));
+                        }
+                    };
+                    file.write_all(&self.buf[..n])
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    done += n as u64;
+                }
+                file.set_permissions(Permissions::from_mode(mode))
+                    .with_context(|| format!("setting the mode of {}", path.display()))?;
+                file.set_modified(epoch(mtime))
+                    .with_context(|| format!("setting the mtime of {}", path.display()))?;
+                self.stats.files += 1;
+                self.stats.bytes += size;
+                Ok(0)
+            }
+            Kind::Dir => {
+                match fs::symlink_metadata(&path) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => {
+                        return Err(refuse(
+                            name,
+                            "duplicate entry: a file or symlink of that name exists already",
+                        ));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        fs::create_dir(&path)
+                            .with_context(|| format!("creating {}", path.display()))?;
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+                }
+                self.dirs.insert(rel.clone());
+                self.deferred_dirs.push((rel, mode, mtime));
+                self.stats.dirs += 1;
+                Ok(size)
+            }
+            Kind::Symlink(target) => {
+                match std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        return Err(refuse(name, "duplicate entry: the path exists already"));
+                    }
+                    Err(e) => {
+                        return Err(e)
+                            .with_context(|| format!("creating the symlink {}", path.display()));
+                    }
+                }
+                set_symlink_mtime(&path, mtime)?;
+                self.stats.symlinks += 1;
+                Ok(size)
+            }
+            Kind::Hardlink(link_rel, shown) => {
+                // Every directory on the way must be one this run made or
+                // checked, so the link cannot reach through a symlink.
+                if let Some(parent) = link_rel.parent()
+                    && !parent.as_os_str().is_empty()
+                    && !self.dirs.contains(parent)
+                {
+                    return Err(refuse(
+                        name,
+                        format!("hardlink target `{shown}` is not an earlier entry of the archive"),
+                    ));
+                }
+                let src = dest.join(&link_rel);
+                match fs::symlink_metadata(&src) {
+                    Ok(m) if m.file_type().is_file() => {}
+                    Ok(m) if m.file_type().is_symlink() => {
+                        return Err(refuse(
+                            name,
+                            format!("hardlink target `{shown}` is a symlink"),
+                        ));
+                    }
+                    Ok(_) => {
+                        return Err(refuse(
+                            name,
+                            format!("hardlink target `{shown}` is not a regular file"),
+                        ));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        return Err(refuse(
+                            name,
+                            format!(
+                                "hardlink target `{shown}` is not an earlier entry of the archive"
+                            ),
+                        ));
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("reading {}", src.display())),
+                }
+                match fs::hard_link(&src, &path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        return Err(refuse(name, "duplicate entry: the path exists already"));
+                    }
+                    Err(e) => {
+                        return Err(e)
+                            .with_context(|| format!("creating the hardlink {}", path.display()));
+                    }
+                }
+                self.stats.hardlinks += 1;
+                Ok(size)
+            }
+        }
+    }
+
+    /// Makes sure every ancestor of `rel` is a real directory inside `dest`,
+    /// creating missing ones, refusing symlinks and files on the way.
+    fn ensure_parent(&mut self, dest: &Path, rel: &Path, name: &str) -> Result<()> {
+        let Some(parent) = rel.parent() else {
+            return Ok(());
+        };
+        if parent.as_os_str().is_empty() || self.dirs.contains(parent) {
+            return Ok(());
+        }
+        let mut sofar = PathBuf::new();
+        for comp in parent.components() {
+            sofar.push(comp);
+            if self.dirs.contains(&sofar) {
+                continue;
+            }
+            let path = dest.join(&sofar);
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => {}
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(refuse(
+                        name,
+                        format!(
+                            "its parent `{}` is a symlink: writing through a symlink is refused",
+                            sofar.display()
+                        ),
+                    ));
+                }
+                Ok(_) => {
+                    return Err(refuse(
+                        name,
+                        format!("its parent `{}` is not a directory", sofar.display()),
+                    ));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    fs::create_dir(&path)
+                        .with_context(|| format!("creating {}", path.display()))?;
+                }
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            }
+            self.dirs.insert(sofar.clone());
+        }
+        Ok(())
+    }
+
+    /// Applies directory modes and mtimes, deepest first, once all children exist.
+    fn finish(&mut self) -> Result<()> {
+        let Some(dest) = self.dest else {
+            return Ok(());
+        };
+        self.deferred_dirs
+            .sort_by_key(|(rel, _, _)| std::cmp::Reverse(rel.components().count()));
+        for (rel, mode, mtime) in self.deferred_dirs.drain(..) {
+            let path = dest.join(&rel);
+            fs::set_permissions(&path, Permissions::from_mode(mode))
+                .with_context(|| format!("setting the mode of {}", path.display()))?;
+            set_symlink_mtime(&path, mtime)?;
+        }
+        Ok(())
+    }
+}
+
+fn epoch(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+/// Sets the mtime of `path` itself (not what a symlink points to).
+fn set_symlink_mtime(path: &Path, mtime: u64) -> Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .with_context(|| format!("{} contains a NUL byte", path.display()))?;
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: mtime.min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: 0,
+        },
+    ];
+    // SAFETY: `c` is a valid NUL-terminated path and `times` has two entries.
+    let rc = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error())
+            .with_context(|| format!("setting the mtime of {}", path.display()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_relative_accepts_normal_and_refuses_escapes() {
+        assert_eq!(safe_relative(b"a/b/c").unwrap(), Path::new("a/b/c"));
+        assert_eq!(safe_relative(b"./a//b/").unwrap(), Path::new("a/b"));
+        assert_eq!(safe_relative(b"./").unwrap(), Path::new(""));
+        assert!(
+            safe_relative(b"/etc/passwd")
+                .unwrap_err()
+                .contains("absolute")
+        );
+        assert!(safe_relative(b"a/../../b").unwrap_err().contains(".."));
+        assert!(safe_relative(b"..").is_err());
+    }
+
+    #[test]
+    fn symlink_targets_must_stay_inside() {
+        let at = |p: &str, t: &str| check_symlink_target(Path::new(p), t.as_bytes());
+        assert!(at("lib/libz.so", "libz.so.1").is_ok());
+        assert!(at("share/x", "../lib/y").is_ok());
+        assert!(at("a/b/c", "../../d/e").is_ok());
+        assert!(at("a", ".").is_ok());
+        assert!(at("top", "../x").unwrap_err().contains("leaves"));
+        assert!(at("a/b", "../../x").unwrap_err().contains("leaves"));
+        assert!(at("a/b", "/etc/passwd").unwrap_err().contains("absolute"));
+        // `x/..` is where `x` points, plus one up: refused.
+        assert!(at("a/b", "x/../y").unwrap_err().contains("after a name"));
+        assert!(at("a", "").is_err());
+    }
+}

@@ -1,0 +1,148 @@
+//! The merge journal's file format: the plan of a merge into a shared prefix,
+//! written (and fsynced) before the first file moves.
+//!
+//! Byte-exact for any path (names need not be UTF-8), so fields are
+//! NUL-terminated after a text header line:
+//! ```text
+//! warmstart-merge-journal 1\n
+//! staging\0<path>\0 prefix\0<path>\0
+//! d\0<rel>\0 ...   directories to create, parents first
+//! f\0<rel>\0 ...   files and symlinks to move
+//! end\0
+//! ```
+//! The trailing `end` marks a complete file; the journal is written to a
+//! temporary name and renamed, so a torn journal means a corrupt disk.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+const HEADER: &[u8] = b"warmstart-merge-journal 1\n";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Journal {
+    pub staging: PathBuf,
+    pub prefix: PathBuf,
+    pub entries: Vec<(Kind, PathBuf)>,
+}
+
+impl Journal {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = HEADER.to_vec();
+        let mut field = |tag: &[u8], value: &OsStr| {
+            out.extend_from_slice(tag);
+            out.push(0);
+            out.extend_from_slice(value.as_bytes());
+            out.push(0);
+        };
+        field(b"staging", self.staging.as_os_str());
+        field(b"prefix", self.prefix.as_os_str());
+        for (kind, rel) in &self.entries {
+            let tag: &[u8] = match kind {
+                Kind::Dir => b"d",
+                Kind::File => b"f",
+            };
+            field(tag, rel.as_os_str());
+        }
+        out.extend_from_slice(b"end\0");
+        out
+    }
+
+    /// Parses a journal; the error says what is wrong, for the caller to
+    /// report with the file's path.
+    pub fn parse(bytes: &[u8]) -> Result<Journal, String> {
+        let body = bytes
+            .strip_prefix(HEADER)
+            .ok_or("not a warmstart merge journal (version 1)")?;
+        let body = body
+            .strip_suffix(b"end\0")
+            .ok_or("truncated: no end marker")?;
+        let fields: Vec<&[u8]> = body.split(|&b| b == 0).collect();
+        // `split` yields one empty piece after the final NUL.
+        let fields = match fields.split_last() {
+            Some(([], rest)) => rest,
+            _ => return Err("malformed: fields are not NUL-terminated".into()),
+        };
+        if fields.len() % 2 != 0 {
+            return Err("malformed: a tag without a value".into());
+        }
+        let mut staging = None;
+        let mut prefix = None;
+        let mut entries = Vec::new();
+        for pair in fields.chunks(2) {
+            let value = PathBuf::from(OsStr::from_bytes(pair[1]));
+            match pair[0] {
+                b"staging" => staging = Some(value),
+                b"prefix" => prefix = Some(value),
+                b"d" => entries.push((Kind::Dir, value)),
+                b"f" => entries.push((Kind::File, value)),
+                tag => {
+                    return Err(format!(
+                        "malformed: unknown tag `{}`",
+                        String::from_utf8_lossy(tag)
+                    ));
+                }
+            }
+            if let Some((_, rel)) = entries.last()
+                && (rel.is_absolute()
+                    || rel
+                        .components()
+                        .any(|c| !matches!(c, std::path::Component::Normal(_))))
+            {
+                return Err(format!("malformed: unsafe path `{}`", rel.display()));
+            }
+        }
+        Ok(Journal {
+            staging: staging.ok_or("malformed: no staging path")?,
+            prefix: prefix.ok_or("malformed: no prefix path")?,
+            entries,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Journal {
+        Journal {
+            staging: "/p/.x.staging-1".into(),
+            prefix: "/usr/local".into(),
+            entries: vec![
+                (Kind::Dir, "bin".into()),
+                (Kind::File, "bin/wasm-merge".into()),
+                (
+                    Kind::File,
+                    PathBuf::from(OsStr::from_bytes(b"lib/\xffodd name")),
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trips_any_bytes() {
+        let j = sample();
+        assert_eq!(Journal::parse(&j.to_bytes()).unwrap(), j);
+    }
+
+    #[test]
+    fn torn_or_foreign_journals_are_refused() {
+        let bytes = sample().to_bytes();
+        let torn = &bytes[..bytes.len() - 3];
+        assert!(Journal::parse(torn).unwrap_err().contains("truncated"));
+        assert!(
+            Journal::parse(b"{}")
+                .unwrap_err()
+                .contains("not a warmstart")
+        );
+        let mut bad = HEADER.to_vec();
+        bad.extend_from_slice(b"staging\0/s\0prefix\0/p\0f\0../etc/passwd\0end\0");
+        assert!(Journal::parse(&bad).unwrap_err().contains("unsafe path"));
+    }
+}

@@ -1,0 +1,136 @@
+//! Safe unpacking shared by `cache restore` and `conda unpack`: a checked tar
+//! extractor, an atomic directory swap, and a journaled merge into a shared prefix.
+//!
+//! The three steps of every install (DESIGN.md, "Restore invariants" 2, 3, 6):
+//! 1. `extract_tar` streams a tar into an empty staging directory the caller
+//!    owns, refusing (never skipping) every entry that could land outside it.
+//! 2. Either `swap_dir` replaces a directory the cache owns with the staging
+//!    directory by rename, or `merge_into` moves each staged file into a
+//!    shared prefix (such as `/usr/local`) by rename, with a journal.
+//! 3. `recover` / `recover_swap` finish or undo what a killed run left behind;
+//!    the functions above call them first, so callers rarely need to.
+//!
+//! This module never follows a symlink it did not find in place before the
+//! run (it creates files with `O_NOFOLLOW | O_EXCL`), never writes outside the
+//! destination it was given, and never holds a whole file in memory.
+
+mod extract;
+mod journal;
+mod merge;
+mod swap;
+
+pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
+pub use merge::{merge_into, recover};
+pub use swap::{recover_swap, staging_dir_for, swap_dir};
+
+/// Removes a staging directory (any tree), making read-only directories
+/// writable first; a missing directory is fine.
+pub fn remove_staging(dir: &std::path::Path) -> anyhow::Result<()> {
+    swap::remove_tree(dir)
+}
+
+/// Caps on what one archive may unpack. Exceeding either is refused with
+/// `exit::Code::Unsafe` before the entry that would cross it is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Sum of the declared sizes of all entries (file contents), in bytes.
+    pub max_bytes: u64,
+    /// Number of entries of any kind (files, directories, links).
+    pub max_entries: u64,
+}
+
+impl Limits {
+    /// Generous caps for archives whose size nobody declared (16 GiB, one
+    /// million entries); callers that know the size should pass it instead.
+    pub const GENEROUS: Limits = Limits {
+        max_bytes: 16 << 30,
+        max_entries: 1_000_000,
+    };
+}
+
+/// Relaxations of the default (strict) behaviour.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Allow symlinks whose target leaves the destination (absolute targets
+    /// such as `/usr/bin/env`, or relative ones climbing above it). Such a link
+    /// is created but never written through.
+    pub allow_external_symlinks: bool,
+}
+
+/// What an unpack or merge did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub hardlinks: u64,
+    /// Bytes of file content written.
+    pub bytes: u64,
+}
+
+/// Test-only kill points: when the environment variable
+/// `WARMSTART_TEST_KILL_AT` equals `name`, the process kills itself with
+/// SIGKILL right there, leaving the disk exactly as a crash would. Unit tests
+/// use a thread-local instead (see `tests`), which unwinds without cleanup.
+pub(crate) fn kill_point(name: &str) {
+    #[cfg(test)]
+    {
+        if test_hook::armed(name) {
+            std::panic::panic_any(test_hook::Killed(name.to_string()));
+        }
+    }
+    if let Some(at) = std::env::var_os("WARMSTART_TEST_KILL_AT")
+        && at == name
+    {
+        // SAFETY: raise(3) with a valid signal number has no preconditions.
+        unsafe {
+            libc::raise(libc::SIGKILL);
+        }
+    }
+}
+
+/// fsync a directory so that renames inside it survive a power cut.
+pub(crate) fn fsync_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+pub(crate) mod test_hook {
+    //! A per-thread kill point for unit tests: the code under test unwinds at
+    //! the named point, skipping all later steps, as a SIGKILL would.
+    use std::cell::RefCell;
+
+    thread_local! {
+        static ARMED: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    #[derive(Debug)]
+    pub struct Killed(pub String);
+
+    pub fn armed(name: &str) -> bool {
+        ARMED.with(|a| {
+            let hit = a.borrow().as_deref() == Some(name);
+            if hit {
+                *a.borrow_mut() = None;
+            }
+            hit
+        })
+    }
+
+    /// Runs `f` with a kill armed at `point`; returns true if `f` was killed there.
+    pub fn run_killed_at<T>(point: &str, f: impl FnOnce() -> T) -> bool {
+        ARMED.with(|a| *a.borrow_mut() = Some(point.to_string()));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        ARMED.with(|a| *a.borrow_mut() = None);
+        match result {
+            Ok(_) => false,
+            Err(payload) => match payload.downcast::<Killed>() {
+                Ok(k) => {
+                    assert_eq!(k.0, point);
+                    true
+                }
+                Err(other) => std::panic::resume_unwind(other),
+            },
+        }
+    }
+}
