@@ -10,12 +10,15 @@ pub mod cli;
 pub mod clock;
 pub mod exit;
 pub mod repo;
+pub mod restore;
 
 use anyhow::Result;
 
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> Result<()> {
-    let _sh = xshell::Shell::new()?;
+    let sh = xshell::Shell::new()?;
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
-    match cli.command {}
+    match cli.command {
+        cli::Command::Restore(args) => restore::run(&sh, args),
+    }
 }

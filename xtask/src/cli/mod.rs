@@ -5,6 +5,7 @@
 //! does any work (that is `crate::run` and the capability modules).
 
 pub mod cache;
+pub mod restore;
 
 use clap::{Parser, Subcommand};
 
@@ -27,7 +28,11 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Bring this machine back: run the steps of cache-manifests/restore.toml
+    /// (each only when its probe says it is needed) and print what each did.
+    Restore(restore::RestoreArgs),
+}
 
 #[cfg(test)]
 mod tests {
