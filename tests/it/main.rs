@@ -2,4 +2,5 @@
 
 mod util;
 
+mod restore;
 mod tidy;

@@ -81,14 +81,21 @@ fn spawn_grouped(cmd: &mut Command) -> Result<Child> {
 
 fn wait_bounded(child: &mut Child, timeout: Option<Duration>) -> Result<Exit> {
     let start = Instant::now();
+    wait_until(child, || match timeout {
+        Some(limit) if start.elapsed() >= limit => Some(limit),
+        _ => None,
+    })
+}
+
+/// Waits for the child, polling `give_up`; when it returns the limit that was
+/// passed, the child's whole process group is killed.
+fn wait_until(child: &mut Child, mut give_up: impl FnMut() -> Option<Duration>) -> Result<Exit> {
     let mut nap = Duration::from_millis(1);
     loop {
         if let Some(status) = child.try_wait().context("waiting for a child process")? {
             return Ok(Exit::Status(status));
         }
-        if let Some(limit) = timeout
-            && start.elapsed() >= limit
-        {
+        if let Some(limit) = give_up() {
             // SAFETY: kill(2) on the child's own process group (its pid, as
             // process_group(0) made it the leader); no memory is involved.
             unsafe {
@@ -116,6 +123,18 @@ pub fn run_logged(cmd: &mut Command, log: &mut Log, timeout: Option<Duration>) -
 
 /// Runs `cmd` and captures what it prints (stdout, then stderr).
 pub fn capture(cmd: &mut Command, timeout: Option<Duration>) -> Result<(Exit, String, String)> {
+    let start = Instant::now();
+    capture_until(cmd, || match timeout {
+        Some(limit) if start.elapsed() >= limit => Some(limit),
+        _ => None,
+    })
+}
+
+/// `capture`, giving up when `give_up` returns a limit (see `wait_until`).
+pub fn capture_until(
+    cmd: &mut Command,
+    give_up: impl FnMut() -> Option<Duration>,
+) -> Result<(Exit, String, String)> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -141,7 +160,7 @@ pub fn capture(cmd: &mut Command, timeout: Option<Duration>) -> Result<(Exit, St
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let exit = wait_bounded(&mut child, timeout)?;
+    let exit = wait_until(&mut child, give_up)?;
     let out = out.join().unwrap_or_default();
     let err = err.join().unwrap_or_default();
     Ok((exit, out, err))

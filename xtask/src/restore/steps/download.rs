@@ -4,9 +4,12 @@
 //! `http_proxy` and `no_proxy`/`NO_PROXY` exactly as every other tool on the
 //! machine does, uses the system's CA store, and costs warmstart no TLS stack
 //! to compile (a Rust client with rustls would add ring or aws-lc to every
-//! build of a tool whose point is to be ready fast). Timeouts: connect, and a
-//! read timeout as "no byte for N seconds" (`--speed-limit 1 --speed-time N`).
-//! Retries with doubling backoff on timeouts, refused connections and 5xx.
+//! build of a tool whose point is to be ready fast). Timeouts: connect
+//! (curl's), and a read timeout as "no byte for N": curl writes unbuffered
+//! into the temp file and this module watches it grow, killing a transfer
+//! that stalls (curl's own `--speed-time` averages over several seconds, so a
+//! trickle of bytes would hide a stall for too long). Retries with doubling
+//! backoff on timeouts, refused connections and 5xx.
 //!
 //! Install: into a temp file beside `dest`, hash it, and only when the hash
 //! equals the pin, rename it onto `dest`. A wrong pin installs nothing and
@@ -19,7 +22,7 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Ctx, Outcome, Probe};
 use crate::cache::manifest::hex;
@@ -78,24 +81,41 @@ fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt> {
     } else {
         "=http,https"
     };
-    // --speed-time takes whole seconds: round a sub-second read timeout up.
-    let stall = d.read_timeout.as_secs_f64().ceil().max(1.0) as u64;
     let mut cmd = Command::new("curl");
-    cmd.args(["--silent", "--show-error", "--fail", "--location"])
-        .args(["--proto", protos, "--proto-redir", protos])
-        .args(["--connect-timeout", &secs(d.connect_timeout)])
-        .args(["--speed-limit", "1", "--speed-time", &stall.to_string()])
-        .args(["--write-out", "%{http_code}"])
-        .arg("--output")
-        .arg(tmp);
+    cmd.args([
+        "--silent",
+        "--show-error",
+        "--fail",
+        "--location",
+        "--no-buffer",
+    ])
+    .args(["--proto", protos, "--proto-redir", protos])
+    .args(["--connect-timeout", &secs(d.connect_timeout)])
+    .args(["--write-out", "%{http_code}"])
+    .arg("--output")
+    .arg(tmp);
     if let Some(m) = d.max_time {
         cmd.args(["--max-time", &secs(m)]);
     }
     cmd.arg("--").arg(&d.url);
     log.line(&format!("$ {}", proc::show(&cmd)));
-    // A backstop in case curl itself wedges: its own limits plus slack.
-    let wall = d.max_time.map(|m| m + Duration::from_secs(10));
-    let (exit, out, err) = proc::capture(&mut cmd, wall)
+    // The read timeout: no new byte in the temp file for `read_timeout`
+    // (before the first byte, the connect timeout is allowed on top).
+    let start = Instant::now();
+    let (mut size, mut progress, mut any) = (0u64, start, false);
+    let stalled = || {
+        let now_size = std::fs::metadata(tmp).map(|m| m.len()).unwrap_or(0);
+        if now_size != size {
+            (size, progress, any) = (now_size, Instant::now(), true);
+        }
+        let limit = if any {
+            d.read_timeout
+        } else {
+            d.read_timeout + d.connect_timeout
+        };
+        (progress.elapsed() >= limit).then_some(d.read_timeout)
+    };
+    let (exit, out, err) = proc::capture_until(&mut cmd, stalled)
         .map_err(|e| e.context("running curl (downloads need it: `apt-get install curl`)"))?;
     let said = proc::last_line(&err);
     log.line(&format!(
@@ -107,7 +127,7 @@ fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt> {
         Exit::Status(s) => s.code().unwrap_or(-1),
         Exit::TimedOut(t) => {
             return Ok(Attempt::Transient(format!(
-                "no answer within {}",
+                "timed out: no byte for {}",
                 fmt_duration(t)
             )));
         }
@@ -115,10 +135,7 @@ fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt> {
     let http: u32 = out.trim().parse().unwrap_or(0);
     Ok(match code {
         0 => Attempt::Ok,
-        28 => Attempt::Transient(format!(
-            "timed out (connect {}, or no byte for {stall}s): {said}",
-            fmt_duration(d.connect_timeout)
-        )),
+        28 => Attempt::Transient(format!("timed out: {said}")),
         5 | 6 | 7 | 18 | 35 | 52 | 55 | 56 => Attempt::Transient(said),
         22 if http >= 500 || http == 429 => Attempt::Transient(format!("HTTP {http}")),
         22 => Attempt::Permanent(format!("HTTP {http}: {said}")),
