@@ -999,3 +999,173 @@ fn restore_bad_input_has_its_own_exit_codes() {
     assert_eq!(kept.len(), 1);
     assert_eq!(state(&status_json(&env, "r"), "c"), "done");
 }
+
+// ------------------------------------------------------- tools/bootstrap.sh
+
+/// A repository shaped like this one (the paths the xtask-bin key covers, the
+/// real bootstrap script and xtask-bin manifest), pushed to origin.git.
+fn bootstrap_world(env: &TestEnv) -> PathBuf {
+    let origin = env.bare_remote("origin.git");
+    let src = env.work_repo("src");
+    let real = crate::util::source_root();
+    write(src.join("xtask/src/main.rs"), "fn main() {}\n");
+    write(src.join("Cargo.toml"), "[workspace]\n");
+    write(src.join("Cargo.lock"), "version = 4\n");
+    for f in ["tools/bootstrap.sh", "cache-manifests/xtask-bin.toml"] {
+        std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
+        std::fs::copy(real.join(f), src.join(f)).unwrap();
+    }
+    manifest(
+        env,
+        "src",
+        "[[step]]\nname = \"marker\"\nkind = \"command\"\nrun = \"touch restored-marker\"\ncreates = \"restored-marker\"\n",
+    );
+    env.git(&src, ["add", "-A"]);
+    env.git(
+        &src,
+        ["commit", "-q", "-m", "a repository with a bootstrap"],
+    );
+    env.git(&src, ["push", "-q", origin.to_str().unwrap(), "main"]);
+    src
+}
+
+fn sh(env: &TestEnv, cwd: &Path, script: &str) {
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-ec", script]).current_dir(cwd);
+    env.isolate(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script}\n{}",
+        crate::util::show(&out)
+    );
+}
+
+/// Publishes the real xtask binary under `key` as the cache branch format v1
+/// does (tar | zstd, split into parts, SHA256SUMS), optionally with one part
+/// altered after its sum was taken.
+fn publish_xtask_bin(env: &TestEnv, key: &str, tamper: bool) {
+    let stage = env.join(format!("publish-{tamper}"));
+    std::fs::create_dir_all(stage.join("payload")).unwrap();
+    std::fs::copy(crate::util::bin(), stage.join("payload/xtask")).unwrap();
+    env.git(&stage, ["init", "-q", "-b", "xtask-bin-cache"]);
+    let tamper_cmd = if tamper {
+        format!("printf x | dd of={key}.tar.zst.part001 bs=1 seek=100 conv=notrunc 2>/dev/null")
+    } else {
+        String::new()
+    };
+    sh(
+        env,
+        &stage,
+        &format!(
+            "tar -C payload -cf - xtask | zstd -q -1 | split -b 2M -d -a 3 - {key}.tar.zst.part
+             sha256sum {key}.tar.zst.part* > SHA256SUMS
+             {tamper_cmd}
+             rm -r payload"
+        ),
+    );
+    env.git(&stage, ["add", "-A"]);
+    env.git(&stage, ["commit", "-q", "-m", "xtask-bin cache"]);
+    let origin = env.join("origin.git");
+    env.git(
+        &stage,
+        [
+            "push",
+            "-q",
+            "-f",
+            origin.to_str().unwrap(),
+            "xtask-bin-cache",
+        ],
+    );
+}
+
+fn bootstrap(env: &TestEnv, repo: &str, args: &[&str]) -> Run {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(env.join(repo).join("tools/bootstrap.sh"))
+        .args(args)
+        .current_dir(env.join(repo));
+    env.isolate(&mut cmd);
+    run(&mut cmd)
+}
+
+#[test]
+fn restore_bootstrap_key_matches_the_cache_module() {
+    let env = TestEnv::new();
+    let src = bootstrap_world(&env);
+    let script_key = bootstrap(&env, "src", &["--print-key"]).ok().stdout();
+    let repo = warmstart::repo::Repo::discover(&src).unwrap();
+    let m = warmstart::cache::manifest::load(&repo, "xtask-bin").unwrap();
+    let shell = xshell::Shell::new().unwrap();
+    let key = warmstart::cache::manifest::compute_key(&shell, &repo, &m).unwrap();
+    assert_eq!(script_key.trim(), key.value);
+}
+
+#[test]
+fn restore_bootstrap_uses_the_verified_prebuilt_binary_then_stays_warm() {
+    let env = TestEnv::new();
+    bootstrap_world(&env);
+    let key = bootstrap(&env, "src", &["--print-key"]).ok().stdout();
+    let key = key.trim();
+    publish_xtask_bin(&env, key, false);
+    let origin = env.join("origin.git");
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+
+    let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
+    assert!(
+        r.stderr().contains(&format!("installed prebuilt {key}")),
+        "{}",
+        r.stderr()
+    );
+    let installed = env.join("box/target/warmstart-bin/xtask");
+    assert_eq!(
+        crate::util::sha256sum(&installed),
+        crate::util::sha256sum(&crate::util::bin())
+    );
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "done");
+    assert!(env.join("box/restored-marker").exists());
+    assert!(
+        dir_names(&env.join("box/target"))
+            .iter()
+            .all(|n| !n.starts_with(".bootstrap")),
+        "no staging left behind"
+    );
+
+    // Warm: the origin may be gone; the installed binary for this key is used.
+    env.git(
+        "box",
+        ["remote", "set-url", "origin", "/nonexistent/origin.git"],
+    );
+    let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
+    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "warm");
+
+    // Local edits to the source: the prebuilt binary no longer matches it.
+    write(
+        env.join("box/xtask/src/main.rs"),
+        "fn main() { edited() }\n",
+    );
+    let r = bootstrap(&env, "box", &["--prebuilt-only"]).expect_code(1);
+    assert!(r.stderr().contains("local changes"), "{}", r.stderr());
+}
+
+#[test]
+fn restore_bootstrap_refuses_a_tampered_part() {
+    let env = TestEnv::new();
+    bootstrap_world(&env);
+    let key = bootstrap(&env, "src", &["--print-key"]).ok().stdout();
+    publish_xtask_bin(&env, key.trim(), true);
+    let origin = env.join("origin.git");
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    let r = bootstrap(&env, "box", &["--prebuilt-only"]).expect_code(1);
+    assert!(r.stderr().contains("sha256sum -c failed"), "{}", r.stderr());
+    assert!(!env.join("box/target/warmstart-bin").exists());
+    assert!(!env.join("box/restored-marker").exists());
+    assert!(
+        dir_names(&env.join("box/target"))
+            .iter()
+            .all(|n| !n.starts_with(".bootstrap")),
+        "no staging left behind"
+    );
+}
