@@ -448,7 +448,7 @@ fn status(as_json: bool) -> Result<()> {
                 kind,
                 source,
                 state: State::Skipped,
-                what: "never run in this clone".into(),
+                what: "no run recorded in this clone (warm runs record nothing)".into(),
                 warnings: vec![],
                 ms: 0,
                 last_cold_ms: None,

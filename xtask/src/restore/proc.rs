@@ -185,15 +185,22 @@ pub fn last_line(text: &str) -> String {
         .to_string()
 }
 
-/// The last non-empty line of a log file (what a failed tool said last).
+/// What a failed tool said last, from the log: its last `fatal:` or
+/// `error:` line when it printed one (git's errors are several lines, and
+/// the last is often advice), else its last line.
 pub fn last_log_line(log: &Log) -> String {
     let text = std::fs::read_to_string(&log.path).unwrap_or_default();
-    text.lines()
-        .rev()
+    let said: Vec<&str> = text
+        .lines()
         .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with('['))
-        .unwrap_or("")
-        .to_string()
+        .filter(|l| !l.is_empty() && !l.starts_with('['))
+        .collect();
+    said.iter()
+        .rev()
+        .find(|l| l.starts_with("fatal:") || l.starts_with("error:"))
+        .or(said.last())
+        .map(|l| l.to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -65,6 +65,12 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
             .unwrap_or_else(|_| branch.clone()),
     };
     let theirs_name = format!("{remote}/{upstream}");
+    let is_url = remote.contains(':') || remote.contains('/');
+    if !is_url && git(&["remote", "get-url", &remote]).is_err() {
+        return Ok(Outcome::failed(format!(
+            "no remote named {remote:?} in this clone: add it, or set `remote` in the step"
+        )));
+    }
 
     let refspec = format!("refs/heads/{upstream}");
     let mut fetch: std::process::Command = cmd!(
