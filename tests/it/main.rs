@@ -2,5 +2,6 @@
 
 mod util;
 
+mod gates;
 mod restore;
 mod tidy;

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod cli;
 pub mod clock;
 pub mod exit;
+pub mod gates;
 pub mod repo;
 pub mod restore;
 
@@ -20,5 +21,6 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
     match cli.command {
         cli::Command::Restore(args) => restore::run(&sh, args),
+        cli::Command::Gates(args) => gates::run(&sh, args),
     }
 }

@@ -9,6 +9,8 @@ pub mod restore;
 
 use clap::{Parser, Subcommand};
 
+pub mod gates;
+
 /// warmstart: make a fresh or recycled machine fully working again in
 /// seconds, from caches kept in the git repository itself.
 ///
@@ -32,6 +34,17 @@ pub enum Command {
     /// Bring this machine back: run the steps of cache-manifests/restore.toml
     /// (each only when its probe says it is needed) and print what each did.
     Restore(restore::RestoreArgs),
+    /// Gates: commands that must pass on a clean tree before a cache is
+    /// published from it; run them, record them green, share the record.
+    ///
+    /// A gate is a named command in cache-manifests/gates.toml (fmt, clippy,
+    /// test...). When it passes on a clean worktree, warmstart records it green
+    /// for HEAD's tree id, not the commit: the same tree reached by another
+    /// commit stays green, any other tree is not. The record lives in the ref
+    /// refs/warmstart/gates/<tree-id>, so `gates push` and `gates fetch` share
+    /// it between machines, and `cache publish` refuses a tree whose required
+    /// gates are not green.
+    Gates(gates::GatesArgs),
 }
 
 #[cfg(test)]

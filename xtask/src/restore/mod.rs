@@ -36,7 +36,7 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
     if let Some(RestoreCommand::Status(s)) = &args.command {
         return status(s.json);
     }
-    let repo = discover()?;
+    let repo = Repo::from_cwd()?;
     let plan = plan::load(&repo)?;
     let selected = select(&plan, &args.only)?;
     if args.dry_run {
@@ -53,17 +53,6 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
         paths: &paths,
     };
     execute(&ctx, &selected, &args)
-}
-
-/// The repository of the current directory, with `.` components dropped
-/// from its paths so that tables and logs show `/repo/x`, not `/repo/./x`.
-fn discover() -> Result<Repo> {
-    let repo = Repo::from_cwd()?;
-    let clean = |p: &std::path::Path| p.components().collect::<std::path::PathBuf>();
-    Ok(Repo {
-        root: clean(&repo.root),
-        git_dir: clean(&repo.git_dir),
-    })
 }
 
 /// The steps `--only` names, in manifest order (all when none is named).
@@ -423,7 +412,7 @@ fn hand_off_everything(
 
 /// `restore status`: the state file, in manifest order, with worker liveness.
 fn status(as_json: bool) -> Result<()> {
-    let repo = discover()?;
+    let repo = Repo::from_cwd()?;
     let paths = Paths::new(&repo);
     let file = state::read(&paths)?;
     // Manifest order when the manifest is readable; the state file alone otherwise.
