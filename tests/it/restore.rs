@@ -335,6 +335,41 @@ creates = "never-made"
     assert_eq!((count_lines(&runs_build), count_lines(&runs_probe)), (2, 2));
 }
 
+#[test]
+fn restore_fail_closed_step_stops_the_restore_without_strict() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "r",
+        r#"
+[[step]]
+name = "must"
+kind = "command"
+fail_open = false
+run = "exit 4"
+creates = "never"
+
+[[step]]
+name = "later"
+kind = "command"
+run = "touch later-ran"
+creates = "later-ran"
+"#,
+    );
+    let r = restore(&env, "r", &["--json"]).expect_code(11);
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "must"), "failed");
+    assert_eq!(state(&v, "later"), "skipped");
+    assert!(!env.join("r/later-ran").exists());
+    assert!(
+        r.stderr()
+            .contains("error: step must failed: `exit 4` exit 4"),
+        "{}",
+        r.stderr()
+    );
+}
+
 fn script(path: PathBuf, body: &str) {
     write(&path, &format!("#!/bin/sh\n{body}\n"));
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
