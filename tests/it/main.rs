@@ -4,4 +4,5 @@ mod util;
 
 mod gates;
 mod restore;
+mod resume;
 mod tidy;

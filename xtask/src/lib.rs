@@ -12,6 +12,7 @@ pub mod exit;
 pub mod gates;
 pub mod repo;
 pub mod restore;
+pub mod resume;
 
 use anyhow::Result;
 
@@ -22,5 +23,6 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     match cli.command {
         cli::Command::Restore(args) => restore::run(&sh, args),
         cli::Command::Gates(args) => gates::run(&sh, args),
+        cli::Command::Resume(args) => resume::run(&sh, args),
     }
 }

@@ -10,6 +10,7 @@ pub mod restore;
 use clap::{Parser, Subcommand};
 
 pub mod gates;
+pub mod resume;
 
 /// warmstart: make a fresh or recycled machine fully working again in
 /// seconds, from caches kept in the git repository itself.
@@ -45,6 +46,16 @@ pub enum Command {
     /// it between machines, and `cache publish` refuses a tree whose required
     /// gates are not green.
     Gates(gates::GatesArgs),
+    /// The crash-resume index: record, look up and resume agent sessions.
+    ///
+    /// Which agent session ran on which terminal surface, so a crashed or
+    /// recycled machine can resume it. The index is one JSON file shared with
+    /// the JavaScript tool (same bytes, same lock directory `<index>.lock`):
+    /// `--path FILE`, else `$CRASH_RESUME_INDEX_PATH`, else
+    /// `$HOME/.golems/crash-resume-index.json`. A corrupt or unreadable index
+    /// is never overwritten (exit 5; `record --reinit` moves it aside); the
+    /// lock is waited on for 4 s (exit 3).
+    Resume(resume::ResumeArgs),
 }
 
 #[cfg(test)]
