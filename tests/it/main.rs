@@ -4,6 +4,7 @@ mod util;
 
 mod conda;
 mod gates;
+mod restore;
 mod resume;
 mod tidy;
 mod unpack;

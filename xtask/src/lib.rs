@@ -12,6 +12,7 @@ pub mod conda;
 pub mod exit;
 pub mod gates;
 pub mod repo;
+pub mod restore;
 pub mod resume;
 pub mod unpack;
 
@@ -22,6 +23,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     let sh = xshell::Shell::new()?;
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
     match cli.command {
+        cli::Command::Restore(args) => restore::run(&sh, args),
         cli::Command::Gates(args) => gates::run(&sh, args),
         cli::Command::Resume(args) => resume::run(&sh, args),
         cli::Command::Conda(args) => conda::run(&sh, args),

@@ -5,6 +5,7 @@
 //! does any work (that is `crate::run` and the capability modules).
 
 pub mod cache;
+pub mod restore;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +33,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Bring this machine back: run the steps of cache-manifests/restore.toml
+    /// (each only when its probe says it is needed) and print what each did.
+    Restore(restore::RestoreArgs),
     /// Gates: commands that must pass on a clean tree before a cache is
     /// published from it; run them, record them green, share the record.
     ///
