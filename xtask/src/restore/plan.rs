@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cache::manifest::expand_path;
+use crate::clock::DurationSpec;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
 
@@ -426,42 +427,7 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `"500ms"`, `"5s"`, `"2m"`, `"1h"`, or a bare number of seconds.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-enum RawDuration {
-    Secs(u64),
-    Text(String),
-}
-
-impl RawDuration {
-    fn resolve(&self, field: &str) -> Result<Duration> {
-        match self {
-            RawDuration::Secs(s) => Ok(Duration::from_secs(*s)),
-            RawDuration::Text(t) => parse_duration(t).ok_or_else(|| {
-                anyhow!(
-                    "`{field}` = {t:?} is not a duration like \"500ms\", \"5s\", \"2m\" or \"1h\""
-                )
-            }),
-        }
-    }
-}
-
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit.trim() {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return None,
-    })
-}
-
-fn dur(raw: &Option<RawDuration>, field: &str, default: Duration) -> Result<Duration> {
+fn dur(raw: &Option<DurationSpec>, field: &str, default: Duration) -> Result<Duration> {
     raw.as_ref()
         .map(|r| r.resolve(field))
         .transpose()
@@ -489,7 +455,7 @@ struct RawSubmodules {
     sentinel: Vec<RawSentinel>,
     #[serde(default)]
     allow_file_protocol: bool,
-    timeout: Option<RawDuration>,
+    timeout: Option<DurationSpec>,
 }
 
 #[derive(Deserialize)]
@@ -562,7 +528,7 @@ struct RawCommand {
     creates: Option<String>,
     unless: Option<Cmdline>,
     cwd: Option<String>,
-    timeout: Option<RawDuration>,
+    timeout: Option<DurationSpec>,
 }
 
 fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
@@ -595,11 +561,11 @@ struct RawDownload {
     dest: String,
     #[serde(default)]
     executable: bool,
-    connect_timeout: Option<RawDuration>,
-    read_timeout: Option<RawDuration>,
-    max_time: Option<RawDuration>,
+    connect_timeout: Option<DurationSpec>,
+    read_timeout: Option<DurationSpec>,
+    max_time: Option<DurationSpec>,
     retries: Option<u32>,
-    backoff: Option<RawDuration>,
+    backoff: Option<DurationSpec>,
 }
 
 fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
@@ -669,7 +635,7 @@ struct RawPin {
     tool: String,
     args: Option<Vec<String>>,
     expect: String,
-    timeout: Option<RawDuration>,
+    timeout: Option<DurationSpec>,
     fix: Option<RawFix>,
 }
 
@@ -728,8 +694,8 @@ fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Kind> {
 struct RawFreshness {
     remote: Option<String>,
     branch: Option<String>,
-    timeout: Option<RawDuration>,
-    interval: Option<RawDuration>,
+    timeout: Option<DurationSpec>,
+    interval: Option<DurationSpec>,
 }
 
 fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
@@ -908,16 +874,5 @@ timeout = "500ms"
             plan(&step(ok, &good)).unwrap();
         }
         assert!(err(&step("http://127.0.0.1.evil.org/x", &good)).contains("https://"));
-    }
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("1d"), None);
-        assert_eq!(parse_duration("s"), None);
-        assert_eq!(parse_duration("10"), None);
     }
 }
