@@ -8,10 +8,12 @@
 pub mod cache;
 pub mod cli;
 pub mod clock;
+pub mod conda;
 pub mod demo;
 pub mod exit;
 pub mod gates;
 pub mod repo;
+pub mod restore;
 pub mod resume;
 pub mod unpack;
 
@@ -24,7 +26,9 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     match cli.command {
         cli::Command::Cache(args) => cache::run(&sh, args),
         cli::Command::Demo(args) => demo::run(&sh, args),
+        cli::Command::Restore(args) => restore::run(&sh, args),
         cli::Command::Gates(args) => gates::run(&sh, args),
         cli::Command::Resume(args) => resume::run(&sh, args),
+        cli::Command::Conda(args) => conda::run(&sh, args),
     }
 }

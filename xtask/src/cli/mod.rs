@@ -5,8 +5,10 @@
 //! does any work (that is `crate::run` and the capability modules).
 
 pub mod cache;
+pub mod conda;
 pub mod demo;
 pub mod gates;
+pub mod restore;
 pub mod resume;
 
 use clap::{Parser, Subcommand};
@@ -48,6 +50,9 @@ pub enum Command {
     /// happened, the timings, and the commands for real use. Touches nothing
     /// outside the scratch directory, which is removed at the end.
     Demo(demo::DemoArgs),
+    /// Bring this machine back: run the steps of cache-manifests/restore.toml
+    /// (each only when its probe says it is needed) and print what each did.
+    Restore(restore::RestoreArgs),
     /// Gates: commands that must pass on a clean tree before a cache is
     /// published from it; run them, record them green, share the record.
     ///
@@ -69,6 +74,12 @@ pub enum Command {
     /// is never overwritten (exit 5; `record --reinit` moves it aside); the
     /// lock is waited on for 4 s (exit 3).
     Resume(resume::ResumeArgs),
+    /// Inspect and unpack conda packages (`.conda`, `.tar.bz2`) safely,
+    /// e.g. to put a newer tool than the OS ships into /usr/local.
+    ///
+    /// Example: `cargo xtask conda unpack binaryen-118-h59595ed_0.conda
+    /// --into /usr/local --only bin/ --only lib/`.
+    Conda(conda::CondaArgs),
 }
 
 #[cfg(test)]
