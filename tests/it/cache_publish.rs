@@ -36,6 +36,23 @@ fn manifest(src: &Path, literal: &str, extra: &str) -> String {
     )
 }
 
+/// The common setup: a tricky tree in `src`, a bare `origin.git`, and a work
+/// repository whose manifest `name` packs `src` with key `<name>-<literal>`.
+fn tricky_setup(name: &str, literal: &str, extra: &str) -> (TestEnv, PathBuf, PathBuf) {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    let work = work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        name,
+        &manifest(&src, literal, extra),
+    );
+    (env, src, work)
+}
+
 fn publish(env: &TestEnv, work: &str, args: &[&str]) -> Run {
     let mut cmd = env.xtask_in(work);
     cmd.args(["cache", "publish"]).args(args);
@@ -234,17 +251,7 @@ fn big_file_crosses_default_chunks_over_git_daemon() {
 
 #[test]
 fn unchanged_artifact_makes_no_commit_and_no_push() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "tricky",
-        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 300\n"),
-    );
+    let (env, src, _) = tricky_setup("tricky", "1", "\n[publish]\nchunk_bytes = 300\n");
     publish(&env, "work", &["tricky"]).ok();
     let tip = remote_ref(&env, "origin.git", "tricky-cache").unwrap();
     let counts = object_counts(&env, "origin.git");
@@ -292,17 +299,7 @@ fn unchanged_artifact_makes_no_commit_and_no_push() {
 
 #[test]
 fn keys_are_kept_merged_and_sorted() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    let work = work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "multi",
-        &manifest(&src, "b", ""),
-    );
+    let (env, src, work) = tricky_setup("multi", "b", "");
     publish(&env, "work", &["multi"]).ok();
     write_manifest(&work, "multi", &manifest(&src, "a", ""));
     publish(&env, "work", &["multi"]).ok();
@@ -377,17 +374,7 @@ fn pack_is_deterministic_across_trees_and_clones() {
 
 #[test]
 fn dry_run_and_key_only_write_nothing() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    let work = work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "tricky",
-        &manifest(&src, "7", ""),
-    );
+    let (env, _, work) = tricky_setup("tricky", "7", "");
     let r = publish(&env, "work", &["tricky", "--dry-run"]).ok();
     let out = r.stdout();
     for want in [
@@ -416,17 +403,7 @@ fn dry_run_and_key_only_write_nothing() {
 /// warmstart.json. `--allow-ungated` is loud and recorded.
 #[test]
 fn required_gates_refuse_until_green_and_allow_ungated_is_loud_and_recorded() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    let work = work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "gated",
-        &manifest(&src, "1", "\n[publish]\ngates = [\"check\"]\n"),
-    );
+    let (env, _, work) = tricky_setup("gated", "1", "\n[publish]\ngates = [\"check\"]\n");
     std::fs::write(
         work.join("cache-manifests/gates.toml"),
         "[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
@@ -476,11 +453,7 @@ fn required_gates_refuse_until_green_and_allow_ungated_is_loud_and_recorded() {
 
 #[test]
 fn bad_input_is_refused_with_its_code_and_the_remote_kept() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    let work = work_with_manifest(&env, "work", "../origin.git", "c", &manifest(&src, "1", ""));
+    let (env, src, work) = tricky_setup("c", "1", "");
     publish(&env, "work", &["c"]).ok();
     let tip = remote_ref(&env, "origin.git", "c-cache").unwrap();
 
@@ -539,11 +512,7 @@ fn bad_input_is_refused_with_its_code_and_the_remote_kept() {
 
 #[test]
 fn unreadable_branch_manifest_is_refused_not_replaced() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    work_with_manifest(&env, "work", "../origin.git", "c", &manifest(&src, "1", ""));
+    let (env, _, _) = tricky_setup("c", "1", "");
     // A root commit on c-cache whose warmstart.json is not JSON.
     let hand = env.join("hand");
     env.git(".", ["init", "-q", "-b", "c-cache", "hand"]);
