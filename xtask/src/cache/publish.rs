@@ -270,7 +270,6 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             &key.value,
             &entry,
             &packed.oids,
-            &out,
         )?;
         timings.insert("commit", ms(t.elapsed()));
         let t = Instant::now();
@@ -706,7 +705,6 @@ impl Drop for Scratch {
 
 /// Merges this key into the branch state and writes the root commit.
 /// Returns the commit and the keys it holds.
-#[allow(clippy::too_many_arguments)]
 fn build_commit(
     git: &CacheGit,
     m: &CacheManifest,
@@ -715,7 +713,6 @@ fn build_commit(
     key: &str,
     entry: &KeyEntry,
     chunk_oids: &[String],
-    out: &Reporter,
 ) -> Result<(String, Vec<String>)> {
     let mut manifest = state.map(|s| s.manifest.clone()).unwrap_or_default();
     let replaced = manifest
@@ -782,7 +779,6 @@ fn build_commit(
         manifest.keys.keys().cloned().collect::<Vec<_>>().join(", ")
     );
     let commit = git.commit_tree(&tree_oid, &message)?;
-    let _ = out;
     Ok((commit, manifest.keys.keys().cloned().collect()))
 }
 
