@@ -38,4 +38,8 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
+# Smoke test of the cache benchmark on a small generated tree (~20 s): it
+# must run end to end; it never asserts a time. Before nextest, so that
+# nextest's summary stays the last thing printed.
+python3 tools/bench-cache.py --quick >/dev/null
 cargo nextest run --workspace --no-fail-fast "$@"
