@@ -825,3 +825,94 @@ fn publish_help_and_json_shape_snapshots() {
     }
     snapshot("cache-publish-json-shape.txt", &shape);
 }
+
+/// The cheap unchanged test (cache::packed): a re-publish of the same tree
+/// hashes the tar and compresses nothing; a content change that keeps size
+/// and mtime is still seen (contents are hashed, not stat'ed); a record that
+/// no longer vouches for the branch (other pack params, gone, corrupt)
+/// falls back to the full pack.
+#[test]
+fn unchanged_republish_hashes_instead_of_packing() {
+    let (env, src, work) = tricky_setup("tricky", "1", "\n[publish]\nchunk_bytes = 300\n");
+    let first = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(first["status"], "published");
+    let record = work.join(".git/warmstart/cache/packed/tricky.json");
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(rec["commit"], first["commit"]);
+    assert_eq!(rec["tar_sha256"], first["tar_sha256"]);
+    let timings = |s: &serde_json::Value| {
+        let t = s["timings_ms"].as_object().unwrap();
+        (t.contains_key("digest"), t.contains_key("pack"))
+    };
+
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(s["status"], "unchanged");
+    assert_eq!(s["commit"], first["commit"]);
+    let sums = |s: &serde_json::Value| -> Vec<serde_json::Value> {
+        s["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["sha256"].clone())
+            .collect()
+    };
+    assert_eq!(sums(&s), sums(&first));
+    assert!(
+        s["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["reused"] == true)
+    );
+    assert_eq!(timings(&s), (true, false), "hashed, not packed: {s}");
+
+    // Same size, same mtime, other bytes: a stat-based check would miss it.
+    let f = src.join("plain.txt");
+    let before = std::fs::metadata(&f).unwrap();
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[0] ^= 0x20;
+    std::fs::write(&f, &bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(before.modified().unwrap())
+        .unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), before.len());
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(s["status"], "published");
+    assert_eq!(timings(&s), (true, true), "hashed, differed, packed: {s}");
+    let tip = s["commit"].clone();
+
+    // Another zstd level: the record no longer describes the chunks, so the
+    // full pack runs (and makes other chunks from the same tar).
+    write_manifest(
+        &work,
+        "tricky",
+        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 300\nlevel = 9\n"),
+    );
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(timings(&s), (false, true), "{s}");
+    assert_eq!(s["status"], "published");
+    assert_ne!(s["commit"], tip);
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(
+        (s["status"].as_str(), timings(&s)),
+        (Some("unchanged"), (true, false))
+    );
+
+    // No record, or a corrupt one: the full pack decides, and writes a new one.
+    for damage in ["remove", "corrupt"] {
+        if damage == "remove" {
+            std::fs::remove_file(&record).unwrap();
+        } else {
+            std::fs::write(&record, "{ not json").unwrap();
+        }
+        let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+        assert_eq!(s["status"], "unchanged", "{damage}");
+        assert_eq!(timings(&s), (false, true), "{damage}: {s}");
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        assert_eq!(rec["commit"], s["commit"], "{damage}");
+    }
+}

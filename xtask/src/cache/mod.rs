@@ -4,7 +4,8 @@
 //! `cache-manifests/<name>.toml` plan and key computation, `git` the plumbing
 //! both halves share (a private cache.git, shallow fetch, blobs, trees, push).
 //! The publish half: `pack` (deterministic tar -> zstd -> chunk files),
-//! `readme` (the branch README), `publish` (merge the key, root commit, push).
+//! `readme` (the branch README), `publish` (merge the key, root commit, push),
+//! `packed` (the local record that lets an unchanged re-publish skip zstd).
 //! The restore half: `branch` reads and cross-checks a fetched branch,
 //! `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it, `stamp` makes the next run warm, `compare` checks an
@@ -18,6 +19,7 @@ pub mod format;
 pub mod git;
 pub mod manifest;
 pub mod pack;
+pub mod packed;
 pub mod publish;
 pub mod readme;
 pub mod restore;
