@@ -28,6 +28,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use crate::cache::manifest::{CacheManifest, Glob, hex};
 use crate::exit::{Code, fail};
@@ -289,9 +290,104 @@ pub struct TarDigest {
 /// Writes the tar of `plan` to `out` and returns its digest. `progress` is
 /// called with file bytes read so far.
 pub fn write_tar(plan: &Plan, out: impl Write, progress: &mut dyn FnMut(u64)) -> Result<TarDigest> {
+    let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), progress)?;
+    Ok(TarDigest {
+        sha256: hex(&hasher.expect("a hasher was given").finalize()),
+        size,
+        entries: plan.items.len() as u64,
+    })
+}
+
+/// The digest `write_tar` would return, without writing the tar anywhere.
+/// This thread reads the files and builds the stream while a second one
+/// hashes it, so reading (page cache copies, disk waits) and SHA-256
+/// overlap; a few MiB of buffers are in flight at most.
+pub fn tar_digest(plan: &Plan, progress: &mut dyn FnMut(u64)) -> Result<TarDigest> {
+    const BLOCK: usize = 1 << 20;
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(4);
+    let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<u8>>();
+    let hasher = std::thread::spawn(move || {
+        let mut h = Sha256::new();
+        for block in rx {
+            h.update(&block);
+            // The builder may be gone (it failed); then the block is dropped.
+            let _ = recycle_tx.send(block);
+        }
+        h
+    });
+    let out = BlockSender {
+        block: Vec::with_capacity(BLOCK),
+        tx,
+        recycle: recycle_rx,
+    };
+    let size = tar_stream(plan, out, None, progress).map(|(size, _)| size);
+    // The sender was dropped inside tar_stream (after its final flush), so
+    // the hasher has seen every block and ends.
+    let h = hasher
+        .join()
+        .map_err(|_| anyhow!("the tar hashing thread panicked"))?;
+    Ok(TarDigest {
+        sha256: hex(&h.finalize()),
+        size: size?,
+        entries: plan.items.len() as u64,
+    })
+}
+
+/// Collects writes into 1 MiB blocks and hands each full block (and the
+/// last one, on flush) to the hashing thread.
+struct BlockSender {
+    block: Vec<u8>,
+    tx: mpsc::SyncSender<Vec<u8>>,
+    recycle: mpsc::Receiver<Vec<u8>>,
+}
+
+impl BlockSender {
+    fn send_block(&mut self) -> io::Result<()> {
+        let cap = self.block.capacity();
+        let next = match self.recycle.try_recv() {
+            Ok(mut b) => {
+                b.clear();
+                b
+            }
+            Err(_) => Vec::with_capacity(cap),
+        };
+        let full = std::mem::replace(&mut self.block, next);
+        self.tx
+            .send(full)
+            .map_err(|_| io::Error::other("the tar hashing thread stopped"))
+    }
+}
+
+impl Write for BlockSender {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let room = self.block.capacity() - self.block.len();
+        let n = buf.len().min(room);
+        self.block.extend_from_slice(&buf[..n]);
+        if self.block.len() == self.block.capacity() {
+            self.send_block()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.block.is_empty() {
+            self.send_block()?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the tar of `plan` to `out`, hashing it into `hasher` if given;
+/// returns the size and the hasher. `out` is flushed once, at the end, and
+/// dropped before returning.
+fn tar_stream(
+    plan: &Plan,
+    out: impl Write,
+    hasher: Option<Sha256>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(u64, Option<Sha256>)> {
     let mut w = HashingWriter {
         inner: out,
-        hasher: Sha256::new(),
+        hasher,
         written: 0,
     };
     let mut buf = vec![0u8; 256 * 1024];
@@ -357,11 +453,7 @@ pub fn write_tar(plan: &Plan, out: impl Write, progress: &mut dyn FnMut(u64)) ->
     // End of archive: two zero blocks, as GNU tar writes.
     w.write_all(&[0u8; 1024])?;
     w.inner.flush()?;
-    Ok(TarDigest {
-        sha256: hex(&w.hasher.finalize()),
-        size: w.written,
-        entries: plan.items.len() as u64,
-    })
+    Ok((w.written, w.hasher))
 }
 
 enum Field {
@@ -410,14 +502,16 @@ fn pad(w: &mut impl Write, size: u64) -> io::Result<()> {
 
 struct HashingWriter<W> {
     inner: W,
-    hasher: Sha256,
+    hasher: Option<Sha256>,
     written: u64,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
+        if let Some(h) = &mut self.hasher {
+            h.update(&buf[..n]);
+        }
         self.written += n as u64;
         Ok(n)
     }
@@ -654,6 +748,26 @@ mod tests {
 
     /// Same tree, same bytes: a second tree made later (other mtimes, other
     /// inode numbers, other creation order) packs byte for byte the same.
+    #[test]
+    fn tar_digest_equals_the_digest_of_the_written_tar() {
+        let dir = tempfile::tempdir().unwrap();
+        tree(dir.path());
+        // Bigger than one 1 MiB block, not a multiple of it.
+        std::fs::write(dir.path().join("big.bin"), vec![7u8; (3 << 20) + 12345]).unwrap();
+        let plan = all(dir.path());
+        let mut bytes = Vec::new();
+        let written = write_tar(&plan, &mut bytes, &mut |_| {}).unwrap();
+        let mut seen = 0;
+        let digest = tar_digest(&plan, &mut |d| seen = d).unwrap();
+        assert_eq!(digest, written);
+        assert_eq!(digest.sha256, hex(&Sha256::digest(&bytes)));
+        assert_eq!(digest.size, bytes.len() as u64);
+        assert_eq!(seen, plan.file_bytes);
+        // A file that vanished after planning is an error, not a digest.
+        std::fs::remove_file(dir.path().join("big.bin")).unwrap();
+        assert!(tar_digest(&plan, &mut |_| {}).is_err());
+    }
+
     #[test]
     fn tar_is_deterministic() {
         let tmp = tempfile::tempdir().unwrap();

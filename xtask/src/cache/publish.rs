@@ -218,7 +218,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         })
     {
         let bar = out.bar(plan.file_bytes, "digest");
-        let digest = pack::write_tar(&plan, std::io::sink(), &mut |d| bar.set_position(d))?;
+        let digest = pack::tar_digest(&plan, &mut |d| bar.set_position(d))?;
         bar.finish_and_clear();
         timings.insert("digest", ms(t.elapsed()));
         if digest.sha256 == old.tar_sha256 && digest.size == old.tar_size {
