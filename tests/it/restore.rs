@@ -1282,3 +1282,47 @@ fn restore_bootstrap_refuses_a_tampered_part() {
         "no staging left behind"
     );
 }
+
+/// The bootstrap and the cache module share one install: a binary that
+/// `cache restore xtask-bin` (or restore.toml's cache step) installed for
+/// this key is warm for tools/bootstrap.sh too, with the origin gone.
+#[test]
+fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
+    let env = TestEnv::new();
+    let src = bootstrap_world(&env);
+    let release = src.join("target/release");
+    std::fs::create_dir_all(&release).unwrap();
+    std::fs::copy(crate::util::bin(), release.join("xtask")).unwrap();
+    write(src.join(".git/info/exclude"), "target/\n");
+    let origin = env.join("origin.git");
+    env.git(&src, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    run(env.xtask_in(&src).args([
+        "cache",
+        "publish",
+        "xtask-bin",
+        "--allow-ungated",
+        "--quiet",
+    ]))
+    .ok();
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    let r = run(env.xtask_in("box").args(["cache", "restore", "xtask-bin"])).ok();
+    assert!(r.stdout().contains("restored xtask_bin-"), "{}", r.stdout());
+
+    env.git(
+        "box",
+        ["remote", "set-url", "origin", "/nonexistent/origin.git"],
+    );
+    let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
+    assert!(
+        r.stderr().contains("running") && r.stderr().contains("warmstart-bin/xtask restore"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "done");
+    assert!(
+        !env.join("box/.git/warmstart/bootstrap").exists(),
+        "no second install, no second key file"
+    );
+}
