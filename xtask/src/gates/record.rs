@@ -24,7 +24,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The value of `format` this build writes and reads.
 pub const FORMAT: &str = "warmstart-gates/1";
@@ -173,38 +172,9 @@ impl Record {
     }
 }
 
-/// RFC 3339 UTC at second precision, e.g. `2026-11-30T02:31:07Z`.
-pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
-/// (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn entry(digest: &str, at: &str, host: &str) -> Entry {
         Entry {
@@ -321,15 +291,5 @@ mod tests {
         let o = r.only(&["test".into()]);
         assert_eq!(o.gates.keys().collect::<Vec<_>>(), ["test"]);
         assert_eq!(o.tree, "t");
-    }
-
-    #[test]
-    fn rfc3339_known_instants() {
-        let at = |s: u64| rfc3339(UNIX_EPOCH + Duration::from_secs(s));
-        assert_eq!(at(0), "1970-01-01T00:00:00Z");
-        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(at(1_709_251_199), "2024-02-29T23:59:59Z");
-        assert_eq!(at(1_796_000_000), "2026-11-30T00:53:20Z");
-        assert_eq!(at(4_102_444_800), "2100-01-01T00:00:00Z");
     }
 }

@@ -9,11 +9,11 @@ use anyhow::Result;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use xshell::Shell;
 
 use super::manifest::{self, Gate, Plan};
-use super::record::{self, Entry, Record, State};
+use super::record::{Entry, Record, State};
 use super::store::{self, Head};
 use super::{dirty_reason, print_json, runner, seconds, short, table};
 use crate::cli::gates::RunArgs;
@@ -257,7 +257,7 @@ fn record_pass(
         duration_ms: run.duration.unwrap_or_default().as_millis() as u64,
         host: host.to_string(),
         tool: tool.to_string(),
-        finished_at: record::rfc3339(SystemTime::now()),
+        finished_at: crate::clock::rfc3339(crate::clock::now_ms()),
         commit: head.commit.clone(),
         extra: Default::default(),
     };
