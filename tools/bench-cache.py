@@ -181,8 +181,9 @@ class Ours:
         argv = [self.xtask, "cache", "publish", "bench", "--quiet", "--remote", str(self.remote)]
         return run_timed(argv, self.run_env, cwd=self.work)
 
-    def restore(self, warm_runs=0):
-        """A cold restore into an empty directory from a fresh clone; then warm runs."""
+    def restore(self, warm_runs=0, keep=False):
+        """A cold restore into an empty directory from a fresh clone; then
+        warm runs. `keep` leaves the restored tree for the caller to delete."""
         clone = self.base / "clone"
         rm(clone)
         rm(self.dest)
@@ -191,7 +192,8 @@ class Ours:
         cold = run_timed(argv, self.run_env, cwd=clone)
         warms = [run_timed(argv, self.run_env, cwd=clone) for _ in range(warm_runs)]
         rm(clone)
-        rm(self.dest)
+        if not keep:
+            rm(self.dest)
         return cold, warms
 
 
@@ -235,7 +237,7 @@ def main():
         if shutil.which(tool) is None:
             sys.exit(f"bench-cache: {tool} is needed (tools/test.sh installs it)")
     if args.xtask:
-        xtask, build = Path(args.xtask).resolve(), "given"
+        xtask, build = Path(args.xtask).resolve(), "given (" + args.xtask + ")"
     else:
         prof = ["--release"] if args.release else []
         subprocess.run(["cargo", "build", "--quiet", "-p", "xtask", *prof], cwd=ROOT, check=True)
@@ -262,7 +264,6 @@ def main():
 
         ours = Ours(base, "big", src, xtask, env)
         seed_remote = base / "seed.git"
-        dest = base / "dest"
         samples = {}
 
         def record(name, result):
@@ -270,31 +271,51 @@ def main():
             log(f"  {name}: {result[0]:.2f} s, {result[1]:.0f} MiB, cpu {result[2]:.1f} s")
 
         comps = ["zst", "gz"] if gzip else ["zst"]
+        dests = base / "dests"
         for r in range(runs):
             log(f"round {r + 1}/{runs}")
+            # Restored trees are deleted here, at the start of a round, and
+            # synced, never between two contenders: on ext4 without a journal
+            # (this machine's /) inode allocation skips inodes freed in the
+            # last 60-300 s one by one (fs/ext4/ialloc.c, recently_deleted),
+            # so a restore right after `rm -rf` of a 58k-file tree pays for
+            # the deletion (perf: 45% of a restore's samples). The publishes
+            # below then run for well over a minute before the first restore.
+            rm(dests)
+            subprocess.run(["sync"], check=True)
+            dests.mkdir()
+            # Every contender that reads the source starts from a warm page cache.
+            warm(src)
             record("publish: warmstart", ours.publish())
             for comp in comps:
                 bare_remote(env, seed_remote)
+                warm(src)
                 record(
                     f"publish: seed recipe {comp}",
                     run_timed(["bash", str(seed), "publish", str(src), str(seed_remote), f"seed-{comp}", comp], env),
                 )
-                rm(dest)
                 record(
                     f"restore: seed recipe {comp}",
-                    run_timed(["bash", str(seed), "restore", str(seed_remote), f"seed-{comp}", str(dest), comp], env),
+                    run_timed(
+                        ["bash", str(seed), "restore", str(seed_remote), f"seed-{comp}", str(dests / comp), comp], env
+                    ),
                 )
-                rm(dest)
+            rm(seed_remote)
+            warm(src)
             record("re-publish unchanged: warmstart", ours.republish())
-            cold, warms = ours.restore(warm_runs=15 if r == 0 else 0)
+            ours.dest = dests / "warmstart"
+            ours.run_env["WARMSTART_BENCH_DEST"] = str(ours.dest)
+            cold, warms = ours.restore(warm_runs=15 if r == 0 else 0, keep=True)
             record("restore: warmstart", cold)
             for w in warms:
                 samples.setdefault("warm restore: warmstart", []).append(w)
-            rm(dest)
-            dest.mkdir()
-            record("floor: tar | tar", run_timed(f"tar -C '{src}' -cf - . | tar -C '{dest}' -xf -", env, shell=True))
-            rm(dest)
-        rm(seed_remote)
+            (dests / "floor").mkdir()
+            warm(src)
+            record(
+                "floor: tar | tar",
+                run_timed(f"tar -C '{src}' -cf - . | tar -C '{dests / 'floor'}' -xf -", env, shell=True),
+            )
+        rm(dests)
         if "warm restore: warmstart" in samples:
             w = samples["warm restore: warmstart"]
             log(f"  warm restore: warmstart: median {statistics.median(x[0] for x in w) * 1000:.1f} ms of {len(w)}")
@@ -349,7 +370,8 @@ def main():
         print("| contender | median s | median CPU s | peak RSS MiB | runs |")
         print("|---|---:|---:|---:|---:|")
         for k in samples:
-            print(f"| {k} | {med[k]:.3f} | {cpu[k]:.1f} | {rss[k]:.0f} | {len(samples[k])} |")
+            label = k.replace("|", "\\|")
+            print(f"| {label} | {med[k]:.3f} | {cpu[k]:.1f} | {rss[k]:.0f} | {len(samples[k])} |")
         print("\n| target (same run) | value | target | met |")
         print("|---|---:|---:|---|")
         for w, v, t in targets:
