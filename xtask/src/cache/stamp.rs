@@ -248,9 +248,12 @@ pub fn store(file: &Path, stamp: &Stamp) -> Result<()> {
 /// Moves a corrupt stamp aside to `<file>.corrupt-<ms>` and returns where.
 pub fn set_aside(file: &Path, now_ms: u64) -> Result<PathBuf> {
     let aside = PathBuf::from(format!("{}.corrupt-{now_ms}", file.display()));
-    std::fs::rename(file, &aside)
-        .with_context(|| format!("moving corrupt stamp {} aside", file.display()))?;
-    Ok(aside)
+    match std::fs::rename(file, &aside) {
+        Ok(()) => Ok(aside),
+        // Another restorer moved it first: the same outcome.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(aside),
+        Err(e) => Err(anyhow!(e).context(format!("moving corrupt stamp {} aside", file.display()))),
+    }
 }
 
 /// Removes the stamp (before an install is replaced, so that a crash in the
