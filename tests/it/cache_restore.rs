@@ -276,6 +276,7 @@ fn cache_restore_of_a_moved_pin_installs_the_new_key() {
     let j = fx.restore_json();
     assert_eq!(j["state"], "restored");
     assert_eq!(j["key"], "tc-2");
+    assert_eq!(j["reason"], "installed key tc-1 differs: v 1 -> 2");
     assert_same_tree(&s2, &fx.target);
     assert_eq!(fx.restore_json()["state"], "warm");
     fx.assert_no_leftovers();
@@ -378,7 +379,7 @@ fn cache_restore_refuses_hostile_archives_naming_the_entry() {
         &good,
         entries(json!([{ "name": abs, "data": "absolute" }])),
         7,
-        "absolute path",
+        &format!("`{}`: absolute path", abs.display()),
     );
     assert!(!abs.exists());
 
@@ -419,7 +420,7 @@ fn cache_restore_refuses_hostile_archives_naming_the_entry() {
         &good,
         entries(json!([{ "name": "null", "type": "chr" }])),
         7,
-        "device",
+        "`null`: device nodes are refused",
     );
     // More bytes than warmstart.json declares.
     refused(
@@ -918,7 +919,15 @@ fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
     assert_eq!(fx.restore_json()["state"], "warm");
     // The ready-probe fails when its path is gone: the next run reinstalls.
     std::fs::remove_file(prefix.join("bin/tool")).unwrap();
-    assert_eq!(fx.restore_json()["state"], "restored");
+    let j = fx.restore_json();
+    assert_eq!(j["state"], "restored");
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the ready-probe fails"),
+        "{j}"
+    );
     assert!(prefix.join("bin/tool").exists());
 
     // Killed in the middle of the merge (journal written, one file moved):

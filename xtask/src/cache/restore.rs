@@ -129,6 +129,10 @@ pub struct RestoreOutcome {
     /// With `--verify`: the first difference found in the installed copy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub difference: Option<String>,
+    /// Why the stamp did not make this run warm (`None` when warm, reused
+    /// or with `--verify`), e.g. `installed key tc-1 differs: v 1 -> 2`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `cargo xtask cache restore NAME`.
@@ -246,10 +250,12 @@ pub fn restore_named(
     let state_dir = repo.state_dir();
     let stamp_file = stamp::path(&state_dir, name);
 
-    if !opts.verify
-        && let Ok(s) = current_stamp(&m, &key, &stamp_file)?
-    {
-        return Ok(from_stamp(&m, &s, State::Warm, start, Phases::default()));
+    let mut reason = None;
+    if !opts.verify {
+        match current_stamp(&m, &key, &stamp_file)? {
+            Ok(s) => return Ok(from_stamp(&m, &s, State::Warm, start, Phases::default())),
+            Err(miss) => reason = Some(miss.to_string()),
+        }
     }
 
     let (_lock, waited) = lock_target(&state_dir, &m.restore_path, opts.lock_timeout)?;
@@ -264,8 +270,10 @@ pub fn restore_named(
     {
         return Ok(from_stamp(&m, &s, State::Reused, start, phases));
     }
-    cold(sh, repo, &m, &key, &stamp_file, opts, start, phases)
-        .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))
+    let mut outcome = cold(sh, repo, &m, &key, &stamp_file, opts, start, phases)
+        .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
+    outcome.reason = reason;
+    Ok(outcome)
 }
 
 /// The stamp, if it makes the current restore warm; else why not. A corrupt
@@ -287,10 +295,7 @@ fn current_stamp(m: &CacheManifest, key: &Key, file: &Path) -> Result<Result<Sta
     if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         return Ok(Err(miss));
     }
-    Ok(match ready(m) {
-        Ok(()) => Ok(s),
-        Err(_) => Err(Miss::NoStamp),
-    })
+    Ok(ready(m).map(|()| s).map_err(Miss::NotReady))
 }
 
 /// The manifest's cheap ready-probe. `Err` says what is missing.
@@ -367,6 +372,7 @@ fn from_stamp(
         duration,
         phases,
         difference: None,
+        reason: None,
     }
 }
 
@@ -510,8 +516,7 @@ pub fn unpack_into(
     dest: &Path,
     progress: bool,
 ) -> Result<(unpack::Stats, verify::Stats)> {
-    let total: u64 = kp.plan.pieces.iter().map(|p| p.size).sum();
-    let pb = bar(progress, total, "unpacking");
+    let pb = bar(progress, kp.plan.progress_total(), "verifying");
     let git = git.clone();
     let oids = kp.oids.clone();
     let mut open =
@@ -639,6 +644,7 @@ fn cold(
         duration,
         phases,
         difference,
+        reason: None,
     })
 }
 

@@ -68,6 +68,8 @@ pub enum Miss {
     Mode {
         installed: String,
     },
+    /// The stamp matches but the manifest's ready-probe fails.
+    NotReady(String),
 }
 
 /// One pin whose value differs between the stamp and the current key.
@@ -106,6 +108,7 @@ impl std::fmt::Display for Miss {
                 write!(f, "installed at {} instead", installed.display())
             }
             Miss::Mode { installed } => write!(f, "installed in {installed} mode instead"),
+            Miss::NotReady(why) => write!(f, "installed, but the ready-probe fails: {why}"),
         }
     }
 }
