@@ -30,6 +30,12 @@ if [ -f tools/test-requirements.txt ]; then
   python3 -m pip install -q --disable-pip-version-check -r tools/test-requirements.txt
 fi
 
+# TEST_SH_DEPS_ONLY=1: stop here, with the test tools installed (CI gate jobs,
+# see tools/ci-gates.sh and .github/workflows/gates.yml, then run the checks as gates).
+if [ "${TEST_SH_DEPS_ONLY:-}" = 1 ]; then
+  exit 0
+fi
+
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo nextest run --workspace --no-fail-fast "$@"

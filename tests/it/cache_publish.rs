@@ -36,6 +36,23 @@ fn manifest(src: &Path, literal: &str, extra: &str) -> String {
     )
 }
 
+/// The common setup: a tricky tree in `src`, a bare `origin.git`, and a work
+/// repository whose manifest `name` packs `src` with key `<name>-<literal>`.
+fn tricky_setup(name: &str, literal: &str, extra: &str) -> (TestEnv, PathBuf, PathBuf) {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    let work = work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        name,
+        &manifest(&src, literal, extra),
+    );
+    (env, src, work)
+}
+
 fn publish(env: &TestEnv, work: &str, args: &[&str]) -> Run {
     let mut cmd = env.xtask_in(work);
     cmd.args(["cache", "publish"]).args(args);
@@ -234,17 +251,7 @@ fn big_file_crosses_default_chunks_over_git_daemon() {
 
 #[test]
 fn unchanged_artifact_makes_no_commit_and_no_push() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "tricky",
-        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 300\n"),
-    );
+    let (env, src, _) = tricky_setup("tricky", "1", "\n[publish]\nchunk_bytes = 300\n");
     publish(&env, "work", &["tricky"]).ok();
     let tip = remote_ref(&env, "origin.git", "tricky-cache").unwrap();
     let counts = object_counts(&env, "origin.git");
@@ -292,17 +299,7 @@ fn unchanged_artifact_makes_no_commit_and_no_push() {
 
 #[test]
 fn keys_are_kept_merged_and_sorted() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    let work = work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "multi",
-        &manifest(&src, "b", ""),
-    );
+    let (env, src, work) = tricky_setup("multi", "b", "");
     publish(&env, "work", &["multi"]).ok();
     write_manifest(&work, "multi", &manifest(&src, "a", ""));
     publish(&env, "work", &["multi"]).ok();
@@ -377,17 +374,7 @@ fn pack_is_deterministic_across_trees_and_clones() {
 
 #[test]
 fn dry_run_and_key_only_write_nothing() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    let work = work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "tricky",
-        &manifest(&src, "7", ""),
-    );
+    let (env, _, work) = tricky_setup("tricky", "7", "");
     let r = publish(&env, "work", &["tricky", "--dry-run"]).ok();
     let out = r.stdout();
     for want in [
@@ -411,22 +398,22 @@ fn dry_run_and_key_only_write_nothing() {
     assert_eq!(remote_ref(&env, "origin.git", "tricky-cache"), None);
 }
 
+/// With `[publish] gates`: refused (exit 9, naming the gate) until `gates
+/// run` records them green for HEAD's tree; then the record is embedded in
+/// warmstart.json. `--allow-ungated` is loud and recorded.
 #[test]
-fn required_gates_refuse_and_allow_ungated_is_loud_and_recorded() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    work_with_manifest(
-        &env,
-        "work",
-        "../origin.git",
-        "gated",
-        &manifest(&src, "1", "\n[publish]\ngates = [\"test\"]\n"),
-    );
+fn required_gates_refuse_until_green_and_allow_ungated_is_loud_and_recorded() {
+    let (env, _, work) = tricky_setup("gated", "1", "\n[publish]\ngates = [\"check\"]\n");
+    std::fs::write(
+        work.join("cache-manifests/gates.toml"),
+        "[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
+    )
+    .unwrap();
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "cache and gates manifests"]);
+
     let r = publish(&env, "work", &["gated"]).expect_code(9);
-    assert!(r.stderr().contains("gates [test]"), "{}", r.stderr());
-    assert!(r.stderr().contains("--allow-ungated"), "{}", r.stderr());
+    assert!(r.stderr().contains("check"), "{}", r.stderr());
     assert_eq!(remote_ref(&env, "origin.git", "gated-cache"), None);
 
     let r = publish(&env, "work", &["gated", "--allow-ungated", "--quiet"]).ok();
@@ -438,15 +425,35 @@ fn required_gates_refuse_and_allow_ungated_is_loud_and_recorded() {
     assert_eq!(r.stdout(), "", "--quiet printed to stdout");
     let m = branch_manifest(&env, "origin.git", "gated-cache");
     assert_eq!(m["keys"]["gated-1"]["ungated"], true);
+    assert_eq!(m["keys"]["gated-1"]["gates"], serde_json::Value::Null);
+
+    let mut gates = env.xtask_in("work");
+    gates.args(["gates", "run"]);
+    run(&mut gates).ok();
+    // Same bytes, but now gated: republished to record the gates.
+    let s = json(&publish(&env, "work", &["gated", "--json"]).ok());
+    assert_eq!(s["status"], "published");
+    assert_eq!(s["ungated"], false);
+    let m = branch_manifest(&env, "origin.git", "gated-cache");
+    let entry = &m["keys"]["gated-1"];
+    assert_eq!(entry["ungated"], false);
+    let record = entry["gates"].to_string();
+    assert!(
+        record.contains("check"),
+        "no gate record in warmstart.json: {record}"
+    );
+    // --allow-ungated on a green tree bypasses nothing: no warning, unchanged.
+    let r = publish(&env, "work", &["gated", "--allow-ungated"]).ok();
+    assert!(!r.stderr().contains("WITHOUT GATES"), "{}", r.stderr());
+    assert!(r.stdout().contains("unchanged"), "{}", r.stdout());
+    // And a dirty worktree is not green.
+    std::fs::write(work.join("untracked.txt"), "dirty\n").unwrap();
+    publish(&env, "work", &["gated"]).expect_code(9);
 }
 
 #[test]
 fn bad_input_is_refused_with_its_code_and_the_remote_kept() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    let work = work_with_manifest(&env, "work", "../origin.git", "c", &manifest(&src, "1", ""));
+    let (env, src, work) = tricky_setup("c", "1", "");
     publish(&env, "work", &["c"]).ok();
     let tip = remote_ref(&env, "origin.git", "c-cache").unwrap();
 
@@ -505,11 +512,7 @@ fn bad_input_is_refused_with_its_code_and_the_remote_kept() {
 
 #[test]
 fn unreadable_branch_manifest_is_refused_not_replaced() {
-    let env = TestEnv::new();
-    let src = env.join("src");
-    make_tricky_tree(&src, false);
-    env.bare_remote("origin.git");
-    work_with_manifest(&env, "work", "../origin.git", "c", &manifest(&src, "1", ""));
+    let (env, _, _) = tricky_setup("c", "1", "");
     // A root commit on c-cache whose warmstart.json is not JSON.
     let hand = env.join("hand");
     env.git(".", ["init", "-q", "-b", "c-cache", "hand"]);
@@ -562,8 +565,8 @@ fn concurrent_publishers_of_two_keys_both_land() {
     assert_eq!(keys, ["race-one", "race-two"]);
 }
 
-/// Publish over smart HTTP (`git http-backend`), then the coreutils path
-/// over HTTP too.
+/// Publish over smart HTTP (`git http-backend`), then restore over HTTP
+/// with the coreutils path and with `cache restore` in a fresh clone.
 #[test]
 fn smart_http_round_trip() {
     let env = TestEnv::new();
@@ -588,7 +591,237 @@ fn smart_http_round_trip() {
     let dest = env.join("dest");
     coreutils_restore(&env, &url, "web-cache", "web-1", &dest);
     assert_same_tree(&src, &dest);
+    // Our restore, in a clone made over HTTP.
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "add the cache manifest"]);
+    env.git("work", ["push", "-q", "origin", "main"]);
+    env.git(".", ["clone", "-q", &url, "clone"]);
+    let mut cmd = env.xtask_in("clone");
+    cmd.args(["cache", "restore", "web"]);
+    run(&mut cmd).ok();
+    assert_same_tree(&src, &env.join("clone/restored"));
     // Unchanged over HTTP too.
     let s = json(&publish(&env, "work", &["web", "--json"]).ok());
     assert_eq!(s["status"], "unchanged");
+}
+
+/// Adoption: another repository with its own `cache-manifests/` (relative
+/// pack root, key pins from a JSON file and a regex, restore path under `~`)
+/// publishes with the built binary, and a fresh clone restores with it; a
+/// version bump is a new key.
+#[test]
+fn another_repository_publishes_and_restores_with_the_built_binary() {
+    let env = TestEnv::new();
+    env.bare_remote("other.git");
+    let daemon = GitDaemon::start(env.path());
+    let url = daemon.url("other.git");
+    let other = env.work_repo("other");
+    env.git("other", ["remote", "add", "origin", &url]);
+    std::fs::write(
+        other.join("build-info.json"),
+        r#"{"tool": {"version": "1.2.0"}}"#,
+    )
+    .unwrap();
+    std::fs::write(other.join("toolchain.txt"), "channel = 2026-11\n").unwrap();
+    write_manifest(
+        &other,
+        "tool",
+        r#"
+[cache]
+description = "the other project's built tool"
+
+[[key]]
+name = "version"
+json = { file = "build-info.json", pointer = "/tool/version" }
+
+[[key]]
+name = "channel"
+regex = { file = "toolchain.txt", pattern = 'channel = (\S+)' }
+
+[[key]]
+name = "platform"
+platform = true
+
+[pack]
+root = "build/out"
+exclude = ["**/*.tmp"]
+
+[restore]
+path = "~/.cache/other-tool"
+
+[ready]
+path = "bin/tool"
+"#,
+    );
+    std::fs::write(other.join(".gitignore"), "build/\n").unwrap();
+    make_tricky_tree(&other.join("build/out"), false);
+    std::fs::write(other.join("build/out/scratch.tmp"), "not packed\n").unwrap();
+    env.git("other", ["add", "-A"]);
+    env.git("other", ["commit", "-q", "-m", "adopt warmstart"]);
+    env.git("other", ["push", "-q", "origin", "main"]);
+
+    // Publish from a subdirectory: the repository is found from there.
+    std::fs::create_dir_all(other.join("docs")).unwrap();
+    let s = json(&publish(&env, "other/docs", &["tool", "--json"]).ok());
+    let key = s["key"].as_str().unwrap().to_string();
+    assert!(key.starts_with("tool-1.2.0-2026_11-"), "{key}");
+
+    env.git(".", ["clone", "-q", &url, "clone"]);
+    let restore = |cwd: &str| {
+        let mut cmd = env.xtask_in(cwd);
+        cmd.args(["cache", "restore", "tool"]);
+        run(&mut cmd)
+    };
+    restore("clone").ok();
+    let installed = env.home().join(".cache/other-tool");
+    std::fs::remove_file(other.join("build/out/scratch.tmp")).unwrap();
+    assert_same_tree(&other.join("build/out"), &installed);
+
+    // A version bump is a new key: not on the branch until published.
+    std::fs::write(
+        other.join("build-info.json"),
+        r#"{"tool": {"version": "1.3.0"}}"#,
+    )
+    .unwrap();
+    std::fs::write(other.join("build/out/plain.txt"), "built by 1.3.0\n").unwrap();
+    env.git("other", ["commit", "-q", "-am", "1.3.0"]);
+    env.git("other", ["push", "-q", "origin", "main"]);
+    env.git("clone", ["pull", "-q", "origin", "main"]);
+    let r = restore("clone");
+    assert_eq!(
+        r.code(),
+        4,
+        "restoring an unpublished key\n{}",
+        show(&r.out)
+    );
+    publish(&env, "other", &["tool"]).ok();
+    restore("clone").ok();
+    assert_same_tree(&other.join("build/out"), &installed);
+    assert_one_root_commit(&env, "other.git", "tool-cache");
+    let m = branch_manifest(&env, "other.git", "tool-cache");
+    assert_eq!(m["keys"].as_object().unwrap().len(), 2);
+}
+
+/// A publish killed with SIGKILL while packing leaves its chunk directory
+/// behind and the remote untouched; the next publish removes the leftovers
+/// and succeeds.
+#[test]
+fn killed_publish_leaves_the_remote_and_is_cleaned_up() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    crate::util::tree::write_pseudo_random(&src.join("big/noise.bin"), 12 << 20, 7);
+    env.bare_remote("origin.git");
+    let work = work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "k",
+        &manifest(&src, "1", "\n[publish]\nchunk_bytes = 524288\n"),
+    );
+    let cache_git = work.join(".git/warmstart/cache.git");
+    let mut child = env
+        .xtask_in("work")
+        .args(["cache", "publish", "k", "--quiet"])
+        .spawn()
+        .unwrap();
+    let scratch = cache_git.join(format!("warmstart-publish-{}", child.id()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !scratch.join("k-1.tar.zst.part001").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "publish ended before it could be killed mid-pack"
+        );
+        assert!(std::time::Instant::now() < deadline, "no chunk appeared");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(scratch.exists(), "the killed publish left nothing to clean");
+    assert_eq!(remote_ref(&env, "origin.git", "k-cache"), None);
+
+    publish(&env, "work", &["k"]).ok();
+    assert!(!scratch.exists(), "{} was not removed", scratch.display());
+    let left: Vec<_> = std::fs::read_dir(&cache_git)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("warmstart-publish-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_one_root_commit(&env, "origin.git", "k-cache");
+    let dest = env.join("dest");
+    coreutils_restore(
+        &env,
+        env.join("origin.git").to_str().unwrap(),
+        "k-cache",
+        "k-1",
+        &dest,
+    );
+    assert_same_tree(&src, &dest);
+}
+
+/// Compares `text` with `tests/it/snapshots/<name>`; `UPDATE_SNAPSHOTS=1`
+/// rewrites it (review the diff).
+fn snapshot(name: &str, text: &str) {
+    let path = crate::util::source_root()
+        .join("tests/it/snapshots")
+        .join(name);
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        want == text,
+        "{} is stale: rerun with UPDATE_SNAPSHOTS=1 and review the diff\n--- now:\n{text}",
+        path.display()
+    );
+}
+
+/// What users read: the help of `cache publish` and `demo`, and the shape
+/// (field names) of `cache publish --json`.
+#[test]
+fn publish_help_and_json_shape_snapshots() {
+    let env = TestEnv::new();
+    for (file, args) in [
+        (
+            "cache-publish-help.txt",
+            &["cache", "publish", "--help"][..],
+        ),
+        ("demo-help.txt", &["demo", "--help"][..]),
+    ] {
+        let r = run(env.xtask().args(args).env("COLUMNS", "100")).ok();
+        snapshot(file, &r.stdout());
+    }
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    env.bare_remote("origin.git");
+    work_with_manifest(
+        &env,
+        "work",
+        "../origin.git",
+        "shape",
+        &manifest(&src, "1", ""),
+    );
+    let s = json(&publish(&env, "work", &["shape", "--json"]).ok());
+    let mut shape = String::new();
+    for (k, v) in s.as_object().unwrap() {
+        let kind = match v {
+            serde_json::Value::Null => "null",
+            serde_json::Value::Bool(_) => "bool",
+            serde_json::Value::Number(_) => "number",
+            serde_json::Value::String(_) => "string",
+            serde_json::Value::Array(_) => "array",
+            serde_json::Value::Object(_) => "object",
+        };
+        shape.push_str(&format!("{k}: {kind}\n"));
+    }
+    let chunk = &s["chunks"][0];
+    for k in chunk.as_object().unwrap().keys() {
+        shape.push_str(&format!("chunks[].{k}\n"));
+    }
+    for k in s["timings_ms"].as_object().unwrap().keys() {
+        shape.push_str(&format!("timings_ms.{k}\n"));
+    }
+    snapshot("cache-publish-json-shape.txt", &shape);
 }

@@ -1034,7 +1034,7 @@ fn cache_restore_gives_up_busy_when_another_restorer_holds_the_target() {
         .env
         .xtask_in("work")
         .args(["cache", "restore", "tc"])
-        .env("WARMSTART_LOCK_TIMEOUT", "0.3"));
+        .env("WARMSTART_LOCK_TIMEOUT", "300ms"));
     let r = r.expect_code(3);
     assert!(
         r.stderr().contains("WARMSTART_LOCK_TIMEOUT"),

@@ -4,5 +4,10 @@ mod util;
 
 mod cache_publish;
 mod cache_restore;
+mod conda;
+mod demo;
+mod gates;
+mod restore;
+mod resume;
 mod tidy;
 mod unpack;

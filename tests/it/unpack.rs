@@ -63,7 +63,9 @@ with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as t:
         raise SystemExit("unknown case " + case)
 "#;
 
-fn hostile(env: &TestEnv, case: &str, arg: &str) -> PathBuf {
+/// A hostile tar of the named case, written by Python's tarfile (shared with
+/// the conda tests, which wrap these in packages).
+pub fn hostile(env: &TestEnv, case: &str, arg: &str) -> PathBuf {
     let out = env.join(format!("{case}.tar"));
     let o = Command::new("python3")
         .arg("-c")
@@ -89,7 +91,13 @@ fn sandbox(env: &TestEnv) -> (PathBuf, PathBuf) {
 }
 
 /// Every path under `root` with what it is: type, mode, content or target.
-fn snapshot(root: &Path) -> BTreeMap<String, String> {
+pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
+    snapshot_with(root, true)
+}
+
+/// `snapshot`, optionally without directory mtimes (which differ when a
+/// tar has no directory entries and each tool creates them at its own time).
+pub fn snapshot_with(root: &Path, dir_mtimes: bool) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -103,7 +111,11 @@ fn snapshot(root: &Path) -> BTreeMap<String, String> {
                 format!("link -> {}", fs::read_link(&p).unwrap().display())
             } else if m.is_dir() {
                 stack.push(rel.clone());
-                format!("dir {mode:o} mtime {}", m.mtime())
+                if dir_mtimes {
+                    format!("dir {mode:o} mtime {}", m.mtime())
+                } else {
+                    format!("dir {mode:o}")
+                }
             } else {
                 format!(
                     "file {mode:o} mtime {} nlink {} {}",
@@ -507,5 +519,77 @@ fn unpack_streams_a_zstd_tar_from_the_zstd_cli() {
     assert_eq!(
         fs::read_to_string(dest.join("ünïcødé-名前.txt")).unwrap(),
         "unicode\n"
+    );
+}
+
+/// Files per tree in the swap test; a complete tree has all of them, each
+/// holding the same generation number.
+const SWAP_FILES: usize = 20;
+
+fn swap_generation(target: &Path) -> String {
+    let first = fs::read_to_string(target.join("f00")).unwrap();
+    for i in 0..SWAP_FILES {
+        let got = fs::read_to_string(target.join(format!("f{i:02}")))
+            .unwrap_or_else(|e| panic!("f{i:02} missing from the swapped tree: {e}"));
+        assert_eq!(got, first, "a mixed tree: f{i:02} differs from f00");
+    }
+    first
+}
+
+#[test]
+fn swap_dir_survives_sigkill_at_any_moment() {
+    // Child mode: swap new generations into the target until killed. The
+    // parent below re-runs this test binary with WS_SWAP_LOOP set.
+    if let Some(dir) = std::env::var_os("WS_SWAP_LOOP") {
+        let target = Path::new(&dir).join("target");
+        for generation in 1.. {
+            let staging = unpack::staging_dir_for(&target).unwrap();
+            for i in 0..SWAP_FILES {
+                fs::write(staging.join(format!("f{i:02}")), generation.to_string()).unwrap();
+            }
+            unpack::swap_dir(&staging, &target).unwrap();
+        }
+        return;
+    }
+    let env = TestEnv::new();
+    let target = env.join("target");
+    fs::create_dir(&target).unwrap();
+    for i in 0..SWAP_FILES {
+        fs::write(target.join(format!("f{i:02}")), "0").unwrap();
+    }
+    let mut seen = Vec::new();
+    for delay_ms in [40u64, 90, 150, 230, 330] {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "unpack::swap_dir_survives_sigkill_at_any_moment",
+                "--nocapture",
+            ])
+            .env("WS_SWAP_LOOP", env.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            child.wait().unwrap().signal(),
+            Some(9),
+            "the swap loop ended by itself"
+        );
+        // The next run's recovery leaves exactly one complete tree.
+        unpack::recover_swap(&target).unwrap();
+        seen.push(swap_generation(&target));
+        let mut names: Vec<_> = fs::read_dir(env.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["home", "target"], "leftovers after recovery");
+    }
+    assert!(
+        seen.iter().any(|g| g != "0"),
+        "no swap completed before the kills: {seen:?}"
     );
 }

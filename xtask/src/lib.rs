@@ -8,8 +8,13 @@
 pub mod cache;
 pub mod cli;
 pub mod clock;
+pub mod conda;
+pub mod demo;
 pub mod exit;
+pub mod gates;
 pub mod repo;
+pub mod restore;
+pub mod resume;
 pub mod unpack;
 
 use anyhow::Result;
@@ -20,5 +25,10 @@ pub fn run(cli: cli::Cli) -> Result<()> {
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
     match cli.command {
         cli::Command::Cache(args) => cache::run(&sh, args),
+        cli::Command::Demo(args) => demo::run(&sh, args),
+        cli::Command::Restore(args) => restore::run(&sh, args),
+        cli::Command::Gates(args) => gates::run(&sh, args),
+        cli::Command::Resume(args) => resume::run(&sh, args),
+        cli::Command::Conda(args) => conda::run(&sh, args),
     }
 }

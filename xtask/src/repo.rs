@@ -22,13 +22,18 @@ impl Repo {
     /// Walks up from `start` to the first directory holding `.git` (a
     /// directory, or a `gitdir:` file as in worktrees and submodules).
     pub fn discover(start: &Path) -> Result<Repo> {
-        let start = if start.is_absolute() {
+        let joined = if start.is_absolute() {
             start.to_path_buf()
         } else {
             std::env::current_dir()
                 .context("reading the current directory")?
                 .join(start)
         };
+        // Drop `.` components so paths in messages read `/w/.git`, not `/w/./.git`.
+        let start: PathBuf = joined
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
         let mut dir = start.as_path();
         loop {
             let dot_git = dir.join(".git");
@@ -67,8 +72,7 @@ impl Repo {
 
     /// Discovers from the current directory.
     pub fn from_cwd() -> Result<Repo> {
-        // The directory itself, not `cwd/.`: paths in messages stay clean.
-        Repo::discover(&std::env::current_dir().context("reading the current directory")?)
+        Repo::discover(Path::new("."))
     }
 
     /// `cache-manifests/` of this repository.
@@ -95,6 +99,14 @@ mod tests {
         let repo = Repo::discover(&tmp.path().join("a/b")).unwrap();
         assert_eq!(repo.root, tmp.path());
         assert_eq!(repo.state_dir(), tmp.path().join(".git/warmstart"));
+    }
+
+    #[test]
+    fn current_dir_components_are_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join(".git")).unwrap();
+        let repo = Repo::discover(&tmp.path().join(".")).unwrap();
+        assert_eq!(repo.root, tmp.path());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use xshell::{Shell, cmd};
 use crate::cache::format::{
     self, BranchManifest, Chunk, KeyEntry, KeyPart, Layout, archive_name, chunk_name, render_sums,
 };
-use crate::cache::git::{CacheGit, Remote, TreeEntry};
+use crate::cache::git::{CacheGit, Remote, TreeEntry, is_stale_lease};
 use crate::cache::manifest::{self, CacheManifest, Key};
 use crate::cache::pack::{self, ChunkFile, PackOptions, Plan};
 use crate::cache::readme::{self, ReadmeContext, human_bytes};
@@ -222,8 +222,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         })
         .collect();
     out.say(format!(
-        "packed {} entries ({} of files): tar {} -> zstd {} in {} chunk(s), {:.1}s",
-        plan.items.len(),
+        "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s), {:.1}s",
+        plural(plan.items.len(), "entry", "entries"),
         human_bytes(plan.file_bytes),
         human_bytes(packed.entry.tar_size),
         human_bytes(summary.compressed_size.unwrap_or(0)),
@@ -253,8 +253,9 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             summary.commit = Some(s.commit.clone());
             summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
             out.say(format!(
-                "unchanged: {} on {remote} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
+                "unchanged: {} on {} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
                 m.branch,
+                remote.name,
                 key.value,
                 &entry.tar_sha256[..12]
             ));
@@ -269,7 +270,6 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             &key.value,
             &entry,
             &packed.oids,
-            &out,
         )?;
         timings.insert("commit", ms(t.elapsed()));
         let t = Instant::now();
@@ -280,8 +280,9 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             .map(|c| c.size)
             .sum();
         out.say(format!(
-            "pushing {} to {remote} ({} of new chunks)",
+            "pushing {} to {} ({} of new chunks)",
             m.branch,
+            remote.name,
             human_bytes(new_bytes)
         ));
         let bar = out.bar(100, "push");
@@ -298,9 +299,10 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 summary.commit = Some(commit.clone());
                 summary.keys_on_branch = keys;
                 out.say(format!(
-                    "published {} to {} on {remote}: commit {} (one root commit), push {:.1}s",
+                    "published {} to {} on {}: commit {} (one root commit), push {:.1}s",
                     key.value,
                     m.branch,
+                    remote.name,
                     &commit[..12],
                     t.elapsed().as_secs_f64()
                 ));
@@ -321,6 +323,10 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     Ok(summary)
 }
 
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
@@ -333,14 +339,6 @@ fn same_artifact(old: &KeyEntry, new: &KeyEntry) -> bool {
         && old.chunks == new.chunks
         && old.compression == new.compression
         && old.ungated == new.ungated
-}
-
-fn is_stale_lease(e: &anyhow::Error) -> bool {
-    e.chain()
-        .find_map(|c| c.downcast_ref::<crate::exit::Failure>())
-        .is_some_and(|f| {
-            f.code == Code::Remote && f.message.contains("changed since it was fetched")
-        })
 }
 
 fn print_plan(out: &Reporter, m: &CacheManifest, key: &Key, plan: &Plan, remote: &Remote) {
@@ -388,25 +386,26 @@ fn gate_record(
         }
         return Ok((Value::Null, false));
     }
-    if allow_ungated {
-        out.loud(format!(
-            "PUBLISHING WITHOUT GATES: {} requires gates [{}] and --allow-ungated skips them; the branch records \"ungated\": true",
-            m.file.display(),
-            m.gates.join(", ")
-        ));
-        return Ok((Value::Null, true));
-    }
-    let _ = (sh, repo);
-    // The gates module (`crate::gates::require_green(sh, repo, &m.gates)`,
-    // exit 9 when not green) replaces this refusal when it lands on main.
-    Err(fail(
-        Code::NotGreen,
+    // Exit 9 naming the missing gate when HEAD's tree is not green (local
+    // records: `cargo xtask gates fetch` takes those pushed elsewhere).
+    let green = crate::gates::require_green(sh, repo, &m.gates).with_context(|| {
         format!(
-            "{} requires gates [{}] but this warmstart has no gates module yet, so no green record can be checked: publish with --allow-ungated (recorded on the branch), or remove [publish].gates",
-            m.file.display(),
+            "publishing {} requires gates [{}]",
+            m.name,
             m.gates.join(", ")
-        ),
-    ))
+        )
+    });
+    match green {
+        Ok(record) => Ok((record, false)),
+        // Green anyway: nothing was bypassed, so nothing is flagged.
+        Err(e) if allow_ungated => {
+            out.loud(format!(
+                "PUBLISHING WITHOUT GATES ({e:#}): --allow-ungated publishes anyway and the branch records \"ungated\": true"
+            ));
+            Ok((Value::Null, true))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn rev_parse(sh: &Shell, root: &Path, rev: &str) -> Option<String> {
@@ -551,6 +550,7 @@ fn pack_into_git(
     old_oids: &BTreeMap<String, String>,
     out: &Reporter,
 ) -> Result<PackedKey> {
+    remove_dead_scratch(&git.dir);
     let scratch = Scratch::new(
         git.dir
             .join(format!("warmstart-publish-{}", std::process::id())),
@@ -661,6 +661,31 @@ fn pack_into_git(
     })
 }
 
+/// Removes chunk directories left by publishes that were killed (their
+/// process is gone): each can hold a few chunks' worth of disk.
+fn remove_dead_scratch(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in rd.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("warmstart-publish-"))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let alive = pid == std::process::id() as i32
+            || unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A scratch directory removed when dropped (also on error).
 struct Scratch(PathBuf);
 
@@ -680,7 +705,6 @@ impl Drop for Scratch {
 
 /// Merges this key into the branch state and writes the root commit.
 /// Returns the commit and the keys it holds.
-#[allow(clippy::too_many_arguments)]
 fn build_commit(
     git: &CacheGit,
     m: &CacheManifest,
@@ -689,7 +713,6 @@ fn build_commit(
     key: &str,
     entry: &KeyEntry,
     chunk_oids: &[String],
-    out: &Reporter,
 ) -> Result<(String, Vec<String>)> {
     let mut manifest = state.map(|s| s.manifest.clone()).unwrap_or_default();
     let replaced = manifest
@@ -756,7 +779,6 @@ fn build_commit(
         manifest.keys.keys().cloned().collect::<Vec<_>>().join(", ")
     );
     let commit = git.commit_tree(&tree_oid, &message)?;
-    let _ = out;
     Ok((commit, manifest.keys.keys().cloned().collect()))
 }
 
@@ -799,9 +821,9 @@ impl Reporter {
             return indicatif::ProgressBar::hidden();
         }
         let template = if what == "push" {
-            "{prefix:>5} [{bar:40}] {pos}% {elapsed}"
+            "{prefix:>5} [{bar:30}] {pos:>3}% {elapsed}"
         } else {
-            "{prefix:>5} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}"
+            "{prefix:>5} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}"
         };
         let style = indicatif::ProgressStyle::with_template(template)
             .expect("valid template")

@@ -35,7 +35,7 @@ use crate::repo::Repo;
 use crate::unpack;
 
 /// How long a restorer waits for another one working on the same target,
-/// unless `WARMSTART_LOCK_TIMEOUT` (seconds) says otherwise.
+/// unless `WARMSTART_LOCK_TIMEOUT` (`90s`, `5m`, or seconds) says otherwise.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// How `restore_named` runs.
@@ -66,9 +66,7 @@ impl Default for RestoreOptions {
 fn lock_timeout_from_env() -> Duration {
     std::env::var("WARMSTART_LOCK_TIMEOUT")
         .ok()
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
+        .and_then(|s| clock::parse_duration(&s).ok())
         .unwrap_or(DEFAULT_LOCK_TIMEOUT)
 }
 

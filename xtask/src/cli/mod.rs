@@ -5,6 +5,11 @@
 //! does any work (that is `crate::run` and the capability modules).
 
 pub mod cache;
+pub mod conda;
+pub mod demo;
+pub mod gates;
+pub mod restore;
+pub mod resume;
 
 use clap::{Parser, Subcommand};
 
@@ -28,8 +33,53 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Cache branches: publish an artifact to an orphan branch, restore it anywhere, verified.
+    /// Cache branches: publish an artifact to an orphan branch of the
+    /// repository's remote, and restore it on any machine, verified byte for byte.
+    ///
+    /// Each cache is described by `cache-manifests/<NAME>.toml`: what to pack,
+    /// how its key is built, where it restores, and which gates a publish needs.
     Cache(cache::CacheArgs),
+    /// The main job on a local default, no setup: publish a real directory to a
+    /// scratch origin, restore it into a fresh clone, compare, and time it.
+    ///
+    /// In a scratch directory: a bare `origin.git` set up like a hosting server,
+    /// a repository with its own `cache-manifests/demo.toml`, `cache publish`
+    /// of a real directory (by default this machine's
+    /// `$(rustc --print sysroot)/lib/rustlib`), a fresh clone, `cache restore`
+    /// into it, and a byte-for-byte comparison with the source. Prints what
+    /// happened, the timings, and the commands for real use. Touches nothing
+    /// outside the scratch directory, which is removed at the end.
+    Demo(demo::DemoArgs),
+    /// Bring this machine back: run the steps of cache-manifests/restore.toml
+    /// (each only when its probe says it is needed) and print what each did.
+    Restore(restore::RestoreArgs),
+    /// Gates: commands that must pass on a clean tree before a cache is
+    /// published from it; run them, record them green, share the record.
+    ///
+    /// A gate is a named command in cache-manifests/gates.toml (fmt, clippy,
+    /// test...). When it passes on a clean worktree, warmstart records it green
+    /// for HEAD's tree id, not the commit: the same tree reached by another
+    /// commit stays green, any other tree is not. The record lives in the ref
+    /// refs/warmstart/gates/<tree-id>, so `gates push` and `gates fetch` share
+    /// it between machines, and `cache publish` refuses a tree whose required
+    /// gates are not green.
+    Gates(gates::GatesArgs),
+    /// The crash-resume index: record, look up and resume agent sessions.
+    ///
+    /// Which agent session ran on which terminal surface, so a crashed or
+    /// recycled machine can resume it. The index is one JSON file shared with
+    /// the JavaScript tool (same bytes, same lock directory `<index>.lock`):
+    /// `--path FILE`, else `$CRASH_RESUME_INDEX_PATH`, else
+    /// `$HOME/.golems/crash-resume-index.json`. A corrupt or unreadable index
+    /// is never overwritten (exit 5; `record --reinit` moves it aside); the
+    /// lock is waited on for 4 s (exit 3).
+    Resume(resume::ResumeArgs),
+    /// Inspect and unpack conda packages (`.conda`, `.tar.bz2`) safely,
+    /// e.g. to put a newer tool than the OS ships into /usr/local.
+    ///
+    /// Example: `cargo xtask conda unpack binaryen-118-h59595ed_0.conda
+    /// --into /usr/local --only bin/ --only lib/`.
+    Conda(conda::CondaArgs),
 }
 
 #[cfg(test)]

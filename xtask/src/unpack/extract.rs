@@ -79,13 +79,55 @@ pub fn extract_tar<R: Read>(
     limits: &Limits,
     opts: &Options,
 ) -> Result<Stats> {
-    let meta = fs::symlink_metadata(dest)
-        .with_context(|| format!("reading the destination {}", dest.display()))?;
-    anyhow::ensure!(
-        meta.is_dir(),
-        "the destination {} is not a directory",
-        dest.display()
-    );
+    extract_tar_select(
+        reader,
+        Some(dest),
+        limits,
+        opts,
+        &mut |_| Select::Extract,
+        &mut |_, _| Ok(()),
+    )
+}
+
+/// What `extract_tar_select` does with one entry, chosen from its checked
+/// relative path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Select {
+    /// Create it in the destination.
+    Extract,
+    /// Check it, then pass over it (e.g. outside `--only bin/`).
+    Skip,
+    /// Read a regular file's contents into memory (at most `CAPTURE_MAX`
+    /// bytes) and hand them to the `capture` callback; other kinds are skipped.
+    Capture,
+}
+
+/// Largest file `Select::Capture` reads into memory (metadata such as
+/// `info/paths.json`).
+pub const CAPTURE_MAX: u64 = 64 << 20;
+
+/// `extract_tar` with a choice per entry: `select` sees each entry's path
+/// (relative, already checked) and says whether to extract, skip or capture
+/// it. Every entry is checked by the same rules whatever the choice, so a
+/// hostile entry is refused even when it would have been skipped. `dest` may
+/// be `None` when `select` never answers `Extract`.
+pub fn extract_tar_select<R: Read>(
+    reader: R,
+    dest: Option<&Path>,
+    limits: &Limits,
+    opts: &Options,
+    select: &mut dyn FnMut(&Path) -> Select,
+    capture: &mut dyn FnMut(&Path, Vec<u8>) -> Result<()>,
+) -> Result<Stats> {
+    if let Some(dest) = dest {
+        let meta = fs::symlink_metadata(dest)
+            .with_context(|| format!("reading the destination {}", dest.display()))?;
+        anyhow::ensure!(
+            meta.is_dir(),
+            "the destination {} is not a directory",
+            dest.display()
+        );
+    }
     let budget = Rc::new(Budget {
         allowance: Cell::new(0),
         exceeded: Cell::new(false),
@@ -99,6 +141,8 @@ pub fn extract_tar<R: Read>(
         dest,
         limits,
         opts,
+        select,
+        capture,
         stats: Stats::default(),
         entries: 0,
         declared: 0,
@@ -215,9 +259,11 @@ pub(crate) fn check_symlink_target(rel: &Path, target: &[u8]) -> Result<(), Stri
 }
 
 struct Extractor<'a> {
-    dest: &'a Path,
+    dest: Option<&'a Path>,
     limits: &'a Limits,
     opts: &'a Options,
+    select: &'a mut dyn FnMut(&Path) -> Select,
+    capture: &'a mut dyn FnMut(&Path, Vec<u8>) -> Result<()>,
     stats: Stats,
     entries: u64,
     /// Sum of declared sizes of all entries so far (bounds the work too).
@@ -234,10 +280,10 @@ struct Extractor<'a> {
 enum Kind {
     File,
     Dir,
-    Symlink,
-    Hardlink,
-    /// Global pax header: metadata for the whole archive, nothing to create.
-    Skip,
+    /// A symlink and its (checked) target.
+    Symlink(Vec<u8>),
+    /// A hardlink and the (checked) relative path it links to.
+    Hardlink(PathBuf, String),
 }
 
 impl Extractor<'_> {
@@ -266,17 +312,45 @@ impl Extractor<'_> {
         }
         let header = entry.header();
         let ty = header.entry_type();
+        if ty.is_pax_global_extensions() {
+            // Metadata for the whole archive; nothing to create.
+            return Ok(size);
+        }
         let raw = entry.path_bytes().into_owned();
-        let kind = if ty.is_pax_global_extensions() {
-            Kind::Skip
-        } else if ty.is_dir() || (ty.is_file() && raw.last() == Some(&b'/')) {
+        let rel = safe_relative(&raw).map_err(|reason| refuse(name, reason))?;
+        let kind = if ty.is_dir() || (ty.is_file() && raw.last() == Some(&b'/')) {
             Kind::Dir
         } else if ty.is_file() || ty.is_contiguous() {
             Kind::File
         } else if ty.is_symlink() {
-            Kind::Symlink
+            let target = entry
+                .link_name_bytes()
+                .ok_or_else(|| refuse(name, "symlink without a target"))?
+                .into_owned();
+            if target.is_empty() {
+                return Err(refuse(name, "symlink with an empty target"));
+            }
+            if !self.opts.allow_external_symlinks {
+                check_symlink_target(&rel, &target).map_err(|reason| {
+                    refuse(
+                        name,
+                        format!("{reason} (allow with --allow-external-symlinks)"),
+                    )
+                })?;
+            }
+            Kind::Symlink(target)
         } else if ty.is_hard_link() {
-            Kind::Hardlink
+            let link = entry
+                .link_name_bytes()
+                .ok_or_else(|| refuse(name, "hardlink without a target"))?
+                .into_owned();
+            let shown = String::from_utf8_lossy(&link).into_owned();
+            let link_rel = safe_relative(&link)
+                .map_err(|reason| refuse(name, format!("hardlink target `{shown}`: {reason}")))?;
+            if link_rel.as_os_str().is_empty() {
+                return Err(refuse(name, "hardlink to the destination itself"));
+            }
+            Kind::Hardlink(link_rel, shown)
         } else if ty.is_character_special() || ty.is_block_special() {
             return Err(refuse(name, "device nodes are refused"));
         } else if ty.is_fifo() {
@@ -289,10 +363,6 @@ impl Extractor<'_> {
                 format!("unsupported entry type {:?}", ty.as_byte() as char),
             ));
         };
-        if matches!(kind, Kind::Skip) {
-            return Ok(size);
-        }
-        let rel = safe_relative(&raw).map_err(|reason| refuse(name, reason))?;
         let mode = header.mode().unwrap_or(0o644) & 0o777;
         let mtime = header.mtime().unwrap_or(0);
         if rel.as_os_str().is_empty() {
@@ -302,8 +372,46 @@ impl Extractor<'_> {
                 _ => Err(refuse(name, "the entry names the destination itself")),
             };
         }
-        self.ensure_parent(&rel, name)?;
-        let path = self.dest.join(&rel);
+        match (self.select)(&rel) {
+            Select::Extract => {}
+            Select::Skip => return Ok(size),
+            Select::Capture => {
+                if !matches!(kind, Kind::File) {
+                    return Ok(size);
+                }
+                if size > CAPTURE_MAX {
+                    return Err(refuse(
+                        name,
+                        format!(
+                            "{size} bytes is too large to read as metadata (the cap is {CAPTURE_MAX})"
+                        ),
+                    ));
+                }
+                let mut data = Vec::with_capacity(size as usize);
+                (&mut entry)
+                    .take(size)
+                    .read_to_end(&mut data)
+                    .with_context(|| format!("reading tar entry `{name}`"))?;
+                if (data.len() as u64) < size {
+                    return Err(refuse(
+                        name,
+                        format!(
+                            "declares {size} bytes but the stream ends after {}",
+                            data.len()
+                        ),
+                    ));
+                }
+                (self.capture)(&rel, data)?;
+                return Ok(0);
+            }
+        }
+        let Some(dest) = self.dest else {
+            anyhow::bail!(
+                "tar entry `{name}` selected for extraction, but there is no destination"
+            );
+        };
+        self.ensure_parent(dest, &rel, name)?;
+        let path = dest.join(&rel);
         match kind {
             Kind::File => {
                 let mut file = match OpenOptions::new()
@@ -368,21 +476,7 @@ impl Extractor<'_> {
                 self.stats.dirs += 1;
                 Ok(size)
             }
-            Kind::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| refuse(name, "symlink without a target"))?
-                    .into_owned();
-                if !self.opts.allow_external_symlinks {
-                    check_symlink_target(&rel, &target).map_err(|reason| {
-                        refuse(
-                            name,
-                            format!("{reason} (allow with --allow-external-symlinks)"),
-                        )
-                    })?;
-                } else if target.is_empty() {
-                    return Err(refuse(name, "symlink with an empty target"));
-                }
+            Kind::Symlink(target) => {
                 match std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -397,18 +491,7 @@ impl Extractor<'_> {
                 self.stats.symlinks += 1;
                 Ok(size)
             }
-            Kind::Hardlink => {
-                let link = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| refuse(name, "hardlink without a target"))?
-                    .into_owned();
-                let shown = String::from_utf8_lossy(&link).into_owned();
-                let link_rel = safe_relative(&link).map_err(|reason| {
-                    refuse(name, format!("hardlink target `{shown}`: {reason}"))
-                })?;
-                if link_rel.as_os_str().is_empty() {
-                    return Err(refuse(name, "hardlink to the destination itself"));
-                }
+            Kind::Hardlink(link_rel, shown) => {
                 // Every directory on the way must be one this run made or
                 // checked, so the link cannot reach through a symlink.
                 if let Some(parent) = link_rel.parent()
@@ -420,7 +503,7 @@ impl Extractor<'_> {
                         format!("hardlink target `{shown}` is not an earlier entry of the archive"),
                     ));
                 }
-                let src = self.dest.join(&link_rel);
+                let src = dest.join(&link_rel);
                 match fs::symlink_metadata(&src) {
                     Ok(m) if m.file_type().is_file() => {}
                     Ok(m) if m.file_type().is_symlink() => {
@@ -458,13 +541,12 @@ impl Extractor<'_> {
                 self.stats.hardlinks += 1;
                 Ok(size)
             }
-            Kind::Skip => unreachable!("handled above"),
         }
     }
 
     /// Makes sure every ancestor of `rel` is a real directory inside `dest`,
     /// creating missing ones, refusing symlinks and files on the way.
-    fn ensure_parent(&mut self, rel: &Path, name: &str) -> Result<()> {
+    fn ensure_parent(&mut self, dest: &Path, rel: &Path, name: &str) -> Result<()> {
         let Some(parent) = rel.parent() else {
             return Ok(());
         };
@@ -477,7 +559,7 @@ impl Extractor<'_> {
             if self.dirs.contains(&sofar) {
                 continue;
             }
-            let path = self.dest.join(&sofar);
+            let path = dest.join(&sofar);
             match fs::symlink_metadata(&path) {
                 Ok(m) if m.is_dir() => {}
                 Ok(m) if m.file_type().is_symlink() => {
@@ -508,10 +590,13 @@ impl Extractor<'_> {
 
     /// Applies directory modes and mtimes, deepest first, once all children exist.
     fn finish(&mut self) -> Result<()> {
+        let Some(dest) = self.dest else {
+            return Ok(());
+        };
         self.deferred_dirs
             .sort_by_key(|(rel, _, _)| std::cmp::Reverse(rel.components().count()));
         for (rel, mode, mtime) in self.deferred_dirs.drain(..) {
-            let path = self.dest.join(&rel);
+            let path = dest.join(&rel);
             fs::set_permissions(&path, Permissions::from_mode(mode))
                 .with_context(|| format!("setting the mode of {}", path.display()))?;
             set_symlink_mtime(&path, mtime)?;

@@ -28,23 +28,37 @@ const TMP_SUFFIX: &str = ".warmstart-new";
 
 /// Merges every file of `staging` into `prefix`, each by rename, with a
 /// journal at `journal` so that an interrupted merge is completed by
-/// `recover(journal)`, which this function runs first. Holds an exclusive
-/// lock on `<journal>.lock` throughout, so merges through one journal never
-/// overlap. Existing files of `prefix` that `staging` does not contain are
-/// untouched; ones it does contain are replaced. Refuses, before moving
-/// anything, a staged file where the prefix has a directory and a staged
-/// directory where the prefix has a file. Existing symlinks to directories
-/// in the prefix (e.g. Debian's `/usr/local/man -> share/man`) are followed:
-/// they belong to the machine, not to the archive. Removes `staging` at the end.
+/// `recover(journal)`, which this function runs first.
+///
+/// Holds an exclusive `flock` on the `prefix` directory itself while it
+/// works, so two merges into one prefix never overlap (and no lock file is
+/// left beside it); callers must not flock the prefix directory themselves.
+/// Existing files of `prefix` that `staging` does not contain are untouched;
+/// ones it does contain are replaced. Refuses, before moving anything, a
+/// staged file where the prefix has a directory and a staged directory where
+/// the prefix has a file. Existing symlinks to directories in the prefix
+/// (e.g. Debian's `/usr/local/man -> share/man`) are followed: they belong
+/// to the machine, not to the archive. Removes `staging` at the end.
 pub fn merge_into(staging: &Path, prefix: &Path, journal: &Path) -> Result<Stats> {
-    let _lock = lock(journal)?;
-    recover_locked(journal)?;
+    recover(journal)?;
     fs::create_dir_all(prefix).with_context(|| format!("creating {}", prefix.display()))?;
     let mut plan = Journal {
         staging: absolute(staging)?,
         prefix: absolute(prefix)?,
         entries: Vec::new(),
     };
+    let _lock = lock_dir(&plan.prefix)?;
+    // A merge into this prefix killed while we waited for the lock.
+    if let Some(left) = read_journal(journal)? {
+        anyhow::ensure!(
+            left.prefix == plan.prefix,
+            "the merge journal {} belongs to {}, not {}: give each prefix its own journal",
+            journal.display(),
+            left.prefix.display(),
+            plan.prefix.display()
+        );
+        complete(journal, &left)?;
+    }
     scan(&plan.staging, Path::new(""), &mut plan.entries)?;
     preflight(&plan)?;
     write_journal(journal, &plan)?;
@@ -55,31 +69,29 @@ pub fn merge_into(staging: &Path, prefix: &Path, journal: &Path) -> Result<Stats
 }
 
 /// Completes a merge that was interrupted (by a crash or `kill -9`), if the
-/// journal at `journal` exists; a no-op otherwise. Takes the same lock as
-/// `merge_into`. A journal that cannot be parsed is an error with
-/// `exit::Code::Corrupt` naming the file and left in place.
+/// journal at `journal` exists; a no-op otherwise. Locks the journal's
+/// prefix like `merge_into`. A journal that cannot be parsed is an error
+/// with `exit::Code::Corrupt` naming the file, and is left in place.
 pub fn recover(journal: &Path) -> Result<()> {
-    let _lock = lock(journal)?;
-    recover_locked(journal)
+    let Some(plan) = read_journal(journal)? else {
+        return Ok(());
+    };
+    fs::create_dir_all(&plan.prefix)
+        .with_context(|| format!("creating {}", plan.prefix.display()))?;
+    let _lock = lock_dir(&plan.prefix)?;
+    // Another process may have completed it while we waited.
+    match read_journal(journal)? {
+        Some(plan) => complete(journal, &plan),
+        None => Ok(()),
+    }
 }
 
-fn lock(journal: &Path) -> Result<File> {
-    let mut path = journal.as_os_str().to_owned();
-    path.push(".lock");
-    let path = PathBuf::from(path);
-    if let Some(parent) = path.parent()
-        && !parent.as_os_str().is_empty()
-    {
-        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening the merge lock {}", path.display()))?;
+/// An exclusive flock on a directory (released when the file is dropped,
+/// or by the kernel when the process dies).
+fn lock_dir(dir: &Path) -> Result<File> {
+    let file = File::open(dir).with_context(|| format!("opening {} to lock it", dir.display()))?;
     file.lock()
-        .with_context(|| format!("locking {}", path.display()))?;
+        .with_context(|| format!("locking {}", dir.display()))?;
     Ok(file)
 }
 
@@ -87,18 +99,16 @@ fn absolute(path: &Path) -> Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
 }
 
-fn recover_locked(journal: &Path) -> Result<()> {
+fn read_journal(journal: &Path) -> Result<Option<Journal>> {
     let bytes = match fs::read(journal) {
         Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
-            return Err(fail(
-                Code::Corrupt,
-                format!("cannot read the merge journal {}: {e}", journal.display()),
-            ));
+            return Err(e)
+                .with_context(|| format!("reading the merge journal {}", journal.display()));
         }
     };
-    let plan = Journal::parse(&bytes).map_err(|why| {
+    Journal::parse(&bytes).map(Some).map_err(|why| {
         fail(
             Code::Corrupt,
             format!(
@@ -106,7 +116,11 @@ fn recover_locked(journal: &Path) -> Result<()> {
                 journal.display()
             ),
         )
-    })?;
+    })
+}
+
+/// Replays a journal under the prefix lock.
+fn complete(journal: &Path, plan: &Journal) -> Result<()> {
     if !plan.staging.exists() {
         eprintln!(
             "warning: an interrupted merge into {} cannot be completed because its staging directory {} is gone; run the install again",
@@ -118,15 +132,15 @@ fn recover_locked(journal: &Path) -> Result<()> {
                 remove_if_exists(&tmp_name(&plan.prefix.join(rel)))?;
             }
         }
-        return finish(journal, &plan);
+        return finish(journal, plan);
     }
     eprintln!(
         "warmstart: completing an interrupted merge into {} (journal {})",
         plan.prefix.display(),
         journal.display()
     );
-    apply(&plan)?;
-    finish(journal, &plan)
+    apply(plan)?;
+    finish(journal, plan)
 }
 
 /// Lists `dir` (relative `rel` under the staging root) in sorted order:
@@ -144,6 +158,14 @@ fn scan(root: &Path, rel: &Path, out: &mut Vec<(Kind, PathBuf)>) -> Result<()> {
         let meta = fs::symlink_metadata(root.join(&child))
             .with_context(|| format!("reading {}", root.join(&child).display()))?;
         if meta.is_dir() {
+            // Moving files out needs write access to their staging
+            // directory; an archive may have made it read-only.
+            let mode = meta.permissions().mode();
+            if mode & 0o300 != 0o300 {
+                let path = root.join(&child);
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode | 0o700))
+                    .with_context(|| format!("making {} writable", path.display()))?;
+            }
             out.push((Kind::Dir, child.clone()));
             scan(root, &child, out)?;
         } else {
@@ -182,6 +204,11 @@ fn preflight(plan: &Journal) -> Result<()> {
 }
 
 fn write_journal(journal: &Path, plan: &Journal) -> Result<()> {
+    if let Some(parent) = journal.parent()
+        && !parent.as_os_str().is_empty()
+    {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
     let mut tmp = journal.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

@@ -19,9 +19,15 @@ mod journal;
 mod merge;
 mod swap;
 
-pub use extract::extract_tar;
+pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
 pub use merge::{merge_into, recover};
 pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
+
+/// Removes a staging directory (any tree), making read-only directories
+/// writable first; a missing directory is fine.
+pub fn remove_staging(dir: &std::path::Path) -> anyhow::Result<()> {
+    swap::remove_tree(dir)
+}
 
 /// Caps on what one archive may unpack. Exceeding either is refused with
 /// `exit::Code::Unsafe` before the entry that would cross it is written.

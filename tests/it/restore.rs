@@ -1,0 +1,1206 @@
+//! `cargo xtask restore`: every step kind against real git, real processes and a real HTTP server.
+//!
+//! Remotes are bare repositories on disk (submodules, freshness); downloads
+//! come from a small HTTP server on 127.0.0.1 in a thread of this test, which
+//! can also stall or act as a proxy. Timeouts in the manifests are short so
+//! the failure paths finish in seconds.
+
+use crate::util::{Run, TestEnv, run};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn manifest(env: &TestEnv, repo: &str, text: &str) {
+    let dir = env.join(repo).join("cache-manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("restore.toml"), text).unwrap();
+}
+
+fn restore(env: &TestEnv, repo: &str, args: &[&str]) -> Run {
+    let mut cmd = env.xtask_in(repo);
+    cmd.arg("restore").args(args);
+    for v in [
+        "https_proxy",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "HTTP_PROXY",
+        "no_proxy",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        cmd.env_remove(v);
+    }
+    run(&mut cmd)
+}
+
+/// Runs `restore --json` (plus `args`), expecting exit 0; returns the rows by step name.
+fn restore_json(env: &TestEnv, repo: &str, args: &[&str]) -> (Value, Run) {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let r = restore(env, repo, &all).ok();
+    let v: Value = serde_json::from_str(&r.stdout())
+        .unwrap_or_else(|e| panic!("--json output is JSON ({e}):\n{}", r.stdout()));
+    (v, r)
+}
+
+fn row<'a>(v: &'a Value, step: &str) -> &'a Value {
+    v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["step"] == step)
+        .unwrap_or_else(|| panic!("no row {step} in {v:#}"))
+}
+
+fn state(v: &Value, step: &str) -> String {
+    row(v, step)["state"].as_str().unwrap().to_string()
+}
+
+fn what(v: &Value, step: &str) -> String {
+    row(v, step)["what"].as_str().unwrap().to_string()
+}
+
+fn write(path: impl AsRef<Path>, text: &str) {
+    let path = path.as_ref();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+fn git_dir_state(env: &TestEnv, repo: &str) -> PathBuf {
+    env.join(repo).join(".git/warmstart")
+}
+
+/// Every file under the state directory with its bytes and mtime: a warm run must change none.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let m = std::fs::metadata(&p).unwrap().modified().unwrap();
+                out.push((p.clone(), std::fs::read(&p).unwrap(), m));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+// ---------------------------------------------------------------- submodules
+
+fn suite_remote(env: &TestEnv, name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let bare = env.bare_remote(&format!("{name}.git"));
+    let src = env.work_repo(&format!("{name}-src"));
+    for (f, text) in files {
+        write(src.join(f), text);
+    }
+    env.git(&src, ["add", "-A"]);
+    env.git(&src, ["commit", "-q", "-m", "suite files"]);
+    env.git(&src, ["push", "-q", bare.to_str().unwrap(), "main"]);
+    bare
+}
+
+#[test]
+fn restore_submodules_cold_init_then_missing_sentinel_then_warm_noop() {
+    let env = TestEnv::new();
+    let a = suite_remote(&env, "alpha", &[("run.sh", "echo alpha\n")]);
+    let b = suite_remote(&env, "beta", &[("data/cases.txt", "1 2 3\n")]);
+    let app = env.work_repo("app");
+    for (bare, path) in [(&a, "vendor/alpha"), (&b, "vendor/beta")] {
+        env.git(
+            &app,
+            [
+                "-c",
+                "protocol.file.allow=always",
+                "submodule",
+                "add",
+                "-q",
+                bare.to_str().unwrap(),
+                path,
+            ],
+        );
+    }
+    manifest(
+        &env,
+        "app",
+        r#"
+[[step]]
+name = "suites"
+kind = "submodules"
+paths = ["vendor/alpha", "vendor/beta"]
+allow_file_protocol = true
+sentinel = [
+  { suite = "alpha", path = "vendor/alpha/run.sh", breaks = "make test-alpha" },
+  { suite = "beta", path = "vendor/beta/data/cases.txt", breaks = "cargo test -p beta" },
+]
+"#,
+    );
+    env.git(&app, ["add", "-A"]);
+    env.git(
+        &app,
+        ["commit", "-q", "-m", "submodules and restore manifest"],
+    );
+    // The fresh machine: a clone without its submodules.
+    env.git(".", ["clone", "-q", app.to_str().unwrap(), "box"]);
+    let sentinel_b = env.join("box/vendor/beta/data/cases.txt");
+    assert!(!sentinel_b.exists());
+
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "suites"), "done", "{v:#}");
+    assert_eq!(
+        std::fs::read_to_string(env.join("box/vendor/alpha/run.sh")).unwrap(),
+        "echo alpha\n"
+    );
+    assert!(sentinel_b.exists());
+    let log = row(&v, "suites")["log"].as_str().unwrap().to_string();
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("submodule update --init")
+    );
+
+    // Warm: nothing runs, nothing in the state directory changes.
+    let before = snapshot(&git_dir_state(&env, "box"));
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "suites"), "warm", "{v:#}");
+    assert_eq!(before, snapshot(&git_dir_state(&env, "box")));
+
+    // A sentinel deleted inside an initialised submodule: reported, restore goes on.
+    std::fs::remove_file(&sentinel_b).unwrap();
+    let (v, r) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "suites"), "failed-open", "{v:#}");
+    assert!(
+        r.stderr()
+            .lines()
+            .any(|l| l == "MISSING beta vendor/beta/data/cases.txt -> breaks: cargo test -p beta"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stderr().contains("MISSING alpha"), "{}", r.stderr());
+    assert_eq!(v["ok"], false);
+    // For CI the same is fatal.
+    let r = restore(&env, "box", &["--strict"]).expect_code(11);
+    assert!(r.stderr().contains("MISSING beta"), "{}", r.stderr());
+}
+
+// --------------------------------------------------------------------- links
+
+#[test]
+fn restore_links_regenerates_the_farm_and_warns_on_index_drift() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    for s in ["pdf", "lint", "deploy"] {
+        write(env.join(format!("r/skills/{s}/SKILL.md")), s);
+    }
+    write(env.join("r/skills/README.md"), "not a dir: not linked");
+    write(env.join("r/skills/INDEX.md"), "- pdf\n- lint\n- gone\n");
+    let farm = env.join("r/.claude/skills");
+    std::fs::create_dir_all(&farm).unwrap();
+    std::os::unix::fs::symlink("../../skills/gone", farm.join("gone")).unwrap();
+    write(farm.join("local-notes.txt"), "mine");
+    manifest(
+        &env,
+        "r",
+        r#"
+[[step]]
+name = "skills"
+kind = "links"
+source = "skills"
+farm = ".claude/skills"
+index = "skills/INDEX.md"
+entries = "dirs"
+"#,
+    );
+    let (v, r) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "skills"), "warned", "{v:#}");
+    assert_eq!(
+        what(&v, "skills"),
+        "3 linked, 1 dangling removed, 0 current"
+    );
+    for s in ["pdf", "lint", "deploy"] {
+        let link = farm.join(s);
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new("../../skills").join(s)
+        );
+        assert_eq!(std::fs::read_to_string(link.join("SKILL.md")).unwrap(), s);
+    }
+    assert!(std::fs::symlink_metadata(farm.join("gone")).is_err());
+    assert!(std::fs::symlink_metadata(farm.join("README.md")).is_err());
+    assert_eq!(
+        std::fs::read_to_string(farm.join("local-notes.txt")).unwrap(),
+        "mine"
+    );
+    let warned: Vec<_> = r
+        .stderr()
+        .lines()
+        .filter(|l| l.starts_with("WARNING:") && l.contains("does not mention"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(warned.len(), 1, "{}", r.stderr());
+    assert!(warned[0].contains("does not mention deploy"), "{warned:?}");
+
+    // Warm: still warns about the index, changes nothing.
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "skills"), "warned");
+    assert_eq!(what(&v, "skills"), "3 links current");
+
+    // A new entry, mentioned in the index: linked, and no more warning.
+    write(env.join("r/skills/new/SKILL.md"), "new");
+    write(
+        env.join("r/skills/INDEX.md"),
+        "- pdf\n- lint\n- deploy\n- new\n",
+    );
+    let (v, r) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "skills"), "done", "{v:#}\n{}", r.stderr());
+    assert_eq!(
+        what(&v, "skills"),
+        "1 linked, 0 dangling removed, 3 current"
+    );
+    assert!(farm.join("new/SKILL.md").exists());
+}
+
+// ------------------------------------------------------------ command and pin
+
+#[test]
+fn restore_command_runs_only_when_creates_is_missing_or_unless_fails() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "r",
+        r#"
+[[step]]
+name = "build"
+kind = "command"
+run = "echo ran >> runs-build.txt; mkdir -p out && touch out/made"
+creates = "out/made"
+
+[[step]]
+name = "probe"
+kind = "command"
+run = ["sh", "-c", "echo ran >> runs-probe.txt; touch flag"]
+unless = "test -f flag"
+
+[[step]]
+name = "liar"
+kind = "command"
+run = "true"
+creates = "never-made"
+"#,
+    );
+    let runs_build = env.join("r/runs-build.txt");
+    let runs_probe = env.join("r/runs-probe.txt");
+    let (v, r) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "build"), "done");
+    assert_eq!(state(&v, "probe"), "done");
+    assert_eq!(state(&v, "liar"), "failed-open");
+    assert!(
+        what(&v, "liar").contains("did not create"),
+        "{}",
+        what(&v, "liar")
+    );
+    assert!(
+        r.stderr()
+            .contains("restore: liar failed (fail-open, continuing)"),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!((count_lines(&runs_build), count_lines(&runs_probe)), (1, 1));
+
+    let (v, _) = restore_json(&env, "r", &["--only", "build,probe"]);
+    assert_eq!(state(&v, "build"), "warm");
+    assert_eq!(state(&v, "probe"), "warm");
+    assert_eq!(v["steps"].as_array().unwrap().len(), 2);
+    assert_eq!((count_lines(&runs_build), count_lines(&runs_probe)), (1, 1));
+
+    std::fs::remove_file(env.join("r/out/made")).unwrap();
+    std::fs::remove_file(env.join("r/flag")).unwrap();
+    let (v, _) = restore_json(&env, "r", &["--only", "build", "--only", "probe"]);
+    assert_eq!(state(&v, "build"), "done");
+    assert_eq!((count_lines(&runs_build), count_lines(&runs_probe)), (2, 2));
+}
+
+#[test]
+fn restore_fail_closed_step_stops_the_restore_without_strict() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "r",
+        r#"
+[[step]]
+name = "must"
+kind = "command"
+fail_open = false
+run = "exit 4"
+creates = "never"
+
+[[step]]
+name = "later"
+kind = "command"
+run = "touch later-ran"
+creates = "later-ran"
+"#,
+    );
+    let r = restore(&env, "r", &["--json"]).expect_code(11);
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "must"), "failed");
+    assert_eq!(state(&v, "later"), "skipped");
+    assert!(!env.join("r/later-ran").exists());
+    assert!(
+        r.stderr()
+            .contains("error: step must failed: `exit 4` exit 4"),
+        "{}",
+        r.stderr()
+    );
+}
+
+fn script(path: PathBuf, body: &str) {
+    write(&path, &format!("#!/bin/sh\n{body}\n"));
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn restore_pin_checks_once_applies_the_named_fix_and_stays_warm() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let calls = env.join("r/calls.txt");
+    let c = calls.display();
+    script(
+        env.join("r/versions/tool-1"),
+        &format!("echo call >> {c}; echo 'tool 1.9.0'"),
+    );
+    script(
+        env.join("r/versions/tool-2"),
+        &format!("echo call >> {c}; echo 'tool 2.1.0'"),
+    );
+    std::fs::create_dir_all(env.join("r/bin")).unwrap();
+    std::os::unix::fs::symlink("../versions/tool-1", env.join("r/bin/tool")).unwrap();
+    manifest(
+        &env,
+        "r",
+        r#"
+[[step]]
+name = "tool"
+kind = "pin"
+tool = "bin/tool"
+expect = '^tool 2\.'
+fix = { symlink = "bin/tool", target = "versions/tool-2" }
+
+[[step]]
+name = "unfixable"
+kind = "pin"
+tool = "versions/tool-1"
+expect = '^tool 3\.'
+"#,
+    );
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "tool"), "done", "{v:#}");
+    assert!(
+        what(&v, "tool").starts_with("fixed (symlink"),
+        "{}",
+        what(&v, "tool")
+    );
+    assert!(what(&v, "tool").ends_with("tool 2.1.0"));
+    assert_eq!(
+        std::fs::read_link(env.join("r/bin/tool")).unwrap(),
+        env.join("r/versions/tool-2")
+    );
+    assert_eq!(state(&v, "unfixable"), "failed-open");
+    assert!(
+        what(&v, "unfixable").contains("expected /^tool 3\\./; no `fix`"),
+        "{}",
+        what(&v, "unfixable")
+    );
+    let after_cold = count_lines(&calls);
+    assert_eq!(after_cold, 3, "tool-1 once, tool-2 once, unfixable once");
+
+    let (v, _) = restore_json(&env, "r", &["--only", "tool"]);
+    assert_eq!(state(&v, "tool"), "warm");
+    assert_eq!(
+        what(&v, "tool"),
+        "bin/tool: tool 2.1.0".replace("bin/tool", &env.join("r/bin/tool").display().to_string())
+    );
+    assert_eq!(
+        count_lines(&calls),
+        after_cold,
+        "a warm pin runs no --version"
+    );
+
+    // The tool changes under the pin: the stamp no longer matches, so it is checked again.
+    script(
+        env.join("r/versions/tool-2"),
+        &format!("echo call >> {c}; echo 'tool 2.2.0 (new build)'"),
+    );
+    let (v, _) = restore_json(&env, "r", &["--only", "tool"]);
+    assert_eq!(state(&v, "tool"), "done");
+    assert_eq!(count_lines(&calls), after_cold + 1);
+}
+
+// ------------------------------------------------------------------ download
+
+#[derive(Clone)]
+enum Behave {
+    Serve(Vec<u8>),
+    /// Send headers and part of the body, then nothing.
+    Stall,
+    /// Answer as a proxy that refuses everything.
+    Refuse,
+}
+
+/// An HTTP/1.1 server on 127.0.0.1 in this process; stops when dropped.
+struct Server {
+    port: u16,
+    hits: Arc<AtomicUsize>,
+    requests: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(behave: Behave) -> Server {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, q, s) = (hits.clone(), requests.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !s.load(Ordering::SeqCst) && Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        let (q, s, b) = (q.clone(), s.clone(), behave.clone());
+                        std::thread::spawn(move || serve(conn, b, q, s));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Server {
+            port,
+            hits,
+            requests,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}/{path}", self.port)
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(
+    mut conn: TcpStream,
+    behave: Behave,
+    requests: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+) {
+    conn.set_nonblocking(false).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let first = String::from_utf8_lossy(&buf)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    requests.lock().unwrap().push(first);
+    match behave {
+        Behave::Serve(body) => {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes());
+            let _ = conn.write_all(&body);
+        }
+        Behave::Stall => {
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\npartial");
+            let _ = conn.flush();
+            let until = Instant::now() + Duration::from_secs(20);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Behave::Refuse => {
+            let _ = conn.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+        }
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn download_manifest(url: &str, sha: &str, extra: &str) -> String {
+    format!(
+        "[[step]]\nname = \"tool\"\nkind = \"download\"\nurl = \"{url}\"\nsha256 = \"{sha}\"\ndest = \"tools/bin/tool\"\nexecutable = true\n{extra}"
+    )
+}
+
+fn dir_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn restore_download_installs_once_and_refuses_a_wrong_pin() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let v1 = b"#!/bin/sh\necho tool v1\n".to_vec();
+    let server = Server::start(Behave::Serve(v1.clone()));
+    manifest(
+        &env,
+        "r",
+        &download_manifest(&server.url("tool"), &sha256_hex(&v1), ""),
+    );
+    let dest = env.join("r/tools/bin/tool");
+
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "tool"), "done", "{v:#}");
+    assert_eq!(std::fs::read(&dest).unwrap(), v1);
+    assert_eq!(crate::util::sha256sum(&dest), sha256_hex(&v1));
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dest).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o755);
+    assert_eq!(server.hits(), 1);
+
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "tool"), "warm");
+    assert_eq!(
+        server.hits(),
+        1,
+        "a warm download does not go to the network"
+    );
+
+    // The pin moves to bytes the server does not have: refused, old file intact.
+    let wanted = b"#!/bin/sh\necho tool v2\n";
+    manifest(
+        &env,
+        "r",
+        &download_manifest(&server.url("tool"), &sha256_hex(wanted), ""),
+    );
+    let (v, r) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "tool"), "failed-open", "{v:#}");
+    let w = what(&v, "tool");
+    assert!(
+        w.contains("sha256 mismatch") && w.contains("nothing installed"),
+        "{w}"
+    );
+    assert!(w.contains(&sha256_hex(&v1)), "names what it got: {w}");
+    assert!(
+        r.stderr().contains("restore: tool failed"),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!(std::fs::read(&dest).unwrap(), v1);
+    assert_eq!(
+        dir_names(&env.join("r/tools/bin")),
+        ["tool"],
+        "no temp file left"
+    );
+    assert_eq!(server.hits(), 2);
+    restore(&env, "r", &["--strict"]).expect_code(11);
+
+    // On a fresh machine a wrong pin installs nothing at all.
+    let env2 = TestEnv::new();
+    env2.work_repo("r");
+    manifest(
+        &env2,
+        "r",
+        &download_manifest(&server.url("tool"), &sha256_hex(wanted), ""),
+    );
+    let (v, _) = restore_json(&env2, "r", &[]);
+    assert_eq!(state(&v, "tool"), "failed-open");
+    assert!(!env2.join("r/tools/bin/tool").exists());
+    assert!(dir_names(&env2.join("r/tools/bin")).is_empty());
+}
+
+#[test]
+fn restore_download_stall_times_out_retries_and_fails_clearly() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let server = Server::start(Behave::Stall);
+    manifest(
+        &env,
+        "r",
+        &download_manifest(
+            &server.url("slow"),
+            &"0".repeat(64),
+            "connect_timeout = \"2s\"\nread_timeout = \"1s\"\nretries = 2\nbackoff = \"100ms\"\n",
+        ),
+    );
+    let start = Instant::now();
+    let (v, _) = restore_json(&env, "r", &[]);
+    let took = start.elapsed();
+    assert_eq!(state(&v, "tool"), "failed-open", "{v:#}");
+    let w = what(&v, "tool");
+    assert!(
+        w.contains("after 3 attempt(s)") && w.contains("timed out"),
+        "{w}"
+    );
+    assert!(w.contains("nothing installed"), "{w}");
+    assert_eq!(server.hits(), 3, "first try and two retries");
+    // Three stalls of 1 s plus 0.1 + 0.2 s of backoff: bounded well below a minute.
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(!env.join("r/tools/bin/tool").exists());
+    assert!(dir_names(&env.join("r/tools/bin")).is_empty());
+    let log = std::fs::read_to_string(row(&v, "tool")["log"].as_str().unwrap()).unwrap();
+    assert_eq!(log.matches("retry ").count(), 2, "{log}");
+}
+
+#[test]
+fn restore_download_honours_proxy_variables() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let proxy = Server::start(Behave::Refuse);
+    manifest(
+        &env,
+        "r",
+        &download_manifest(
+            "https://127.0.0.1:9/tool",
+            &"0".repeat(64),
+            "retries = 0\nconnect_timeout = \"2s\"\nread_timeout = \"2s\"\n",
+        ),
+    );
+    let proxy_url = format!("http://127.0.0.1:{}", proxy.port);
+    for var in ["https_proxy", "HTTPS_PROXY"] {
+        let mut cmd = env.xtask_in("r");
+        cmd.args(["restore", "--json"])
+            .env_remove("https_proxy")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("no_proxy")
+            .env_remove("NO_PROXY")
+            .env(var, &proxy_url);
+        let r = run(&mut cmd).ok();
+        assert!(r.stdout().contains("failed-open"), "{}", r.stdout());
+    }
+    assert_eq!(
+        *proxy.requests.lock().unwrap(),
+        [
+            "CONNECT 127.0.0.1:9 HTTP/1.1",
+            "CONNECT 127.0.0.1:9 HTTP/1.1"
+        ]
+    );
+    // no_proxy sends it direct: the proxy sees nothing more.
+    let mut cmd = env.xtask_in("r");
+    cmd.args(["restore", "--json"])
+        .env("https_proxy", &proxy_url)
+        .env("no_proxy", "127.0.0.1");
+    run(&mut cmd).ok();
+    assert_eq!(proxy.hits(), 2);
+}
+
+// ----------------------------------------------------------------- freshness
+
+/// origin.git, a developer clone `dev` that pushes, and the machine's clone `box`.
+fn freshness_world(env: &TestEnv) {
+    let origin = env.bare_remote("origin.git");
+    let dev = env.work_repo("dev");
+    env.git(&dev, ["push", "-q", origin.to_str().unwrap(), "main"]);
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    manifest(
+        env,
+        "box",
+        "[[step]]\nname = \"fresh\"\nkind = \"freshness\"\ntimeout = \"3s\"\ninterval = \"0s\"\n",
+    );
+}
+
+fn advance_origin(env: &TestEnv, n: usize) {
+    let origin = env.join("origin.git");
+    for i in 0..n {
+        write(env.join(format!("dev/file{i}.txt")), "x");
+        env.git("dev", ["add", "-A"]);
+        env.git("dev", ["commit", "-q", "-m", &format!("remote change {i}")]);
+    }
+    env.git("dev", ["push", "-q", origin.to_str().unwrap(), "main"]);
+}
+
+fn head(env: &TestEnv, repo: &str) -> String {
+    env.git(repo, ["rev-parse", "HEAD"]).trim().to_string()
+}
+
+#[test]
+fn restore_freshness_fast_forwards_when_behind_and_clean() {
+    let env = TestEnv::new();
+    freshness_world(&env);
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(what(&v, "fresh"), "main is up to date with origin/main");
+    advance_origin(&env, 2);
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "done");
+    assert!(
+        what(&v, "fresh").starts_with("fast-forwarded main by 2 commit(s) to origin/main"),
+        "{}",
+        what(&v, "fresh")
+    );
+    assert_eq!(head(&env, "box"), head(&env, "dev"));
+    assert!(env.join("box/file1.txt").exists());
+}
+
+#[test]
+fn restore_freshness_behind_and_dirty_warns_and_touches_nothing() {
+    let env = TestEnv::new();
+    freshness_world(&env);
+    advance_origin(&env, 1);
+    write(env.join("box/README.md"), "local edit\n");
+    let before = head(&env, "box");
+    let (v, r) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "warned", "{v:#}");
+    assert!(
+        r.stderr().contains(
+            "WARNING: main is 1 commit(s) behind origin/main and the work tree has local changes: nothing was changed"
+        ),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!(head(&env, "box"), before);
+    assert_eq!(
+        std::fs::read_to_string(env.join("box/README.md")).unwrap(),
+        "local edit\n"
+    );
+    assert!(!env.join("box/file0.txt").exists());
+}
+
+#[test]
+fn restore_freshness_diverged_warns() {
+    let env = TestEnv::new();
+    freshness_world(&env);
+    advance_origin(&env, 1);
+    write(env.join("box/mine.txt"), "local commit");
+    env.git("box", ["add", "mine.txt"]);
+    env.git("box", ["commit", "-q", "-m", "local"]);
+    let before = head(&env, "box");
+    let (v, r) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "warned", "{v:#}");
+    assert!(
+        r.stderr()
+            .contains("WARNING: main and origin/main have diverged (1 local, 1 remote commit(s))"),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!(head(&env, "box"), before);
+}
+
+#[test]
+fn restore_freshness_unreachable_remote_is_said_within_the_bound() {
+    let env = TestEnv::new();
+    freshness_world(&env);
+    // A closed port: refused at once.
+    let closed = crate::util::git_daemon::free_port();
+    env.git(
+        "box",
+        [
+            "remote",
+            "set-url",
+            "origin",
+            &format!("git://127.0.0.1:{closed}/origin.git"),
+        ],
+    );
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "failed-open");
+    assert!(
+        what(&v, "fresh").starts_with("offline or unreachable: fetching origin/main failed"),
+        "{}",
+        what(&v, "fresh")
+    );
+    // A remote that accepts and never answers: cut off at the 3 s bound.
+    let silent = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = silent.local_addr().unwrap().port();
+    env.git(
+        "box",
+        [
+            "remote",
+            "set-url",
+            "origin",
+            &format!("git://127.0.0.1:{port}/origin.git"),
+        ],
+    );
+    let start = Instant::now();
+    let (v, _) = restore_json(&env, "box", &[]);
+    let took = start.elapsed();
+    assert_eq!(
+        what(&v, "fresh"),
+        "offline or unreachable: origin did not answer within 3.0 s; main not refreshed"
+    );
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(15),
+        "took {took:?}"
+    );
+    drop(silent);
+}
+
+// --------------------------------------------------- background and status
+
+fn status_json(env: &TestEnv, repo: &str) -> Value {
+    let mut cmd = env.xtask_in(repo);
+    cmd.args(["restore", "status", "--json"]);
+    let r = run(&mut cmd).ok();
+    serde_json::from_str(&r.stdout()).unwrap()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn restore_background_steps_continue_after_return_and_status_shows_progress() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "r",
+        r#"
+[[step]]
+name = "quick"
+kind = "command"
+run = "touch quick-done"
+creates = "quick-done"
+
+[[step]]
+name = "slow"
+kind = "command"
+background = true
+run = "while [ ! -e go ]; do sleep 0.05; done; touch slow-done"
+creates = "slow-done"
+"#,
+    );
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "quick"), "done");
+    assert_eq!(state(&v, "slow"), "background");
+    let pid = v["background_pid"].as_u64().expect("a worker pid");
+    assert_eq!(row(&v, "slow")["pid"].as_u64(), Some(pid));
+    // The command returned while the step waits for `go`: the worker is alive.
+    assert!(!env.join("r/slow-done").exists());
+    wait_for("the worker to start the step", || {
+        let s = status_json(&env, "r");
+        state(&s, "slow") == "running" && row(&s, "slow")["alive"] == true
+    });
+    // A second restore meanwhile does not start another worker.
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "slow"), "running", "{v:#}");
+    assert!(v["background_pid"].is_null());
+
+    write(env.join("r/go"), "");
+    wait_for("the background step to finish", || {
+        state(&status_json(&env, "r"), "slow") == "done"
+    });
+    assert!(env.join("r/slow-done").exists());
+    let s = status_json(&env, "r");
+    assert_eq!(s["running"], false);
+    assert!(row(&s, "slow")["last_cold_ms"].as_u64().is_some());
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "slow"), "warm");
+    assert!(v["background_pid"].is_null());
+}
+
+#[test]
+fn restore_background_flag_returns_at_once() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "r",
+        "[[step]]\nname = \"wait\"\nkind = \"command\"\nrun = \"while [ ! -e go ]; do sleep 0.05; done; touch done\"\ncreates = \"done\"\n",
+    );
+    let r = restore(&env, "r", &["--background"]).ok();
+    assert!(
+        r.stdout().contains("continues in the background (pid "),
+        "{}",
+        r.stdout()
+    );
+    assert!(!env.join("r/done").exists());
+    write(env.join("r/go"), "");
+    wait_for("the worker to finish", || {
+        state(&status_json(&env, "r"), "wait") == "done"
+    });
+    assert!(env.join("r/done").exists());
+    // --strict runs everything in the foreground: it cannot be combined.
+    restore(&env, "r", &["--background", "--strict"]).expect_code(2);
+}
+
+// ------------------------------------------------------------ bad input
+
+#[test]
+fn restore_bad_input_has_its_own_exit_codes() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let r = restore(&env, "r", &[]).expect_code(10);
+    assert!(
+        r.stderr().contains("restore.toml does not exist"),
+        "{}",
+        r.stderr()
+    );
+
+    manifest(
+        &env,
+        "r",
+        "[[step]]\nname = \"d\"\nkind = \"download\"\nurl = \"http://example.org/x\"\nsha256 = \"00\"\ndest = \"x\"\n",
+    );
+    let r = restore(&env, "r", &["--dry-run"]).expect_code(10);
+    assert!(
+        r.stderr().contains("step 1 (\"d\"): `url`") && r.stderr().contains("must be https://"),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!(r.stderr().lines().count(), 1, "{}", r.stderr());
+
+    manifest(
+        &env,
+        "r",
+        "[[step]]\nname = \"c\"\nkind = \"command\"\nrun = \"touch made\"\ncreates = \"made\"\n",
+    );
+    let r = restore(&env, "r", &["--only", "nope"]).expect_code(2);
+    assert!(
+        r.stderr().contains("no step named \"nope\""),
+        "{}",
+        r.stderr()
+    );
+
+    // --dry-run prints the plan and runs nothing.
+    let r = restore(&env, "r", &["--dry-run"]).ok();
+    assert!(r.stdout().contains("1. c (command)"), "{}", r.stdout());
+    assert!(!env.join("r/made").exists());
+    assert!(!env.join("r/.git/warmstart").exists());
+
+    // A corrupt state file: status refuses (5) and keeps it; restore sets it aside.
+    restore(&env, "r", &[]).ok();
+    let state_file = env.join("r/.git/warmstart/restore/state.json");
+    std::fs::write(&state_file, "{ truncated").unwrap();
+    let mut cmd = env.xtask_in("r");
+    cmd.args(["restore", "status"]);
+    let r = run(&mut cmd).expect_code(5);
+    assert!(r.stderr().contains("is corrupt"), "{}", r.stderr());
+    assert_eq!(std::fs::read_to_string(&state_file).unwrap(), "{ truncated");
+    std::fs::remove_file(env.join("r/made")).unwrap();
+    let r = restore(&env, "r", &[]).ok();
+    assert!(r.stderr().contains("kept it as"), "{}", r.stderr());
+    let kept: Vec<_> = dir_names(&env.join("r/.git/warmstart/restore"))
+        .into_iter()
+        .filter(|n| n.contains("corrupt"))
+        .collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(state(&status_json(&env, "r"), "c"), "done");
+}
+
+// ------------------------------------------------------- tools/bootstrap.sh
+
+/// A repository shaped like this one (the paths the xtask-bin key covers, the
+/// real bootstrap script and xtask-bin manifest), pushed to origin.git.
+fn bootstrap_world(env: &TestEnv) -> PathBuf {
+    let origin = env.bare_remote("origin.git");
+    let src = env.work_repo("src");
+    let real = crate::util::source_root();
+    write(src.join("xtask/src/main.rs"), "fn main() {}\n");
+    write(src.join("Cargo.toml"), "[workspace]\n");
+    write(src.join("Cargo.lock"), "version = 4\n");
+    for f in ["tools/bootstrap.sh", "cache-manifests/xtask-bin.toml"] {
+        std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
+        std::fs::copy(real.join(f), src.join(f)).unwrap();
+    }
+    manifest(
+        env,
+        "src",
+        "[[step]]\nname = \"marker\"\nkind = \"command\"\nrun = \"touch restored-marker\"\ncreates = \"restored-marker\"\n",
+    );
+    env.git(&src, ["add", "-A"]);
+    env.git(
+        &src,
+        ["commit", "-q", "-m", "a repository with a bootstrap"],
+    );
+    env.git(&src, ["push", "-q", origin.to_str().unwrap(), "main"]);
+    src
+}
+
+fn sh(env: &TestEnv, cwd: &Path, script: &str) {
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-ec", script]).current_dir(cwd);
+    env.isolate(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script}\n{}",
+        crate::util::show(&out)
+    );
+}
+
+/// Publishes the real xtask binary under `key` as the cache branch format v1
+/// does (tar | zstd, split into parts, SHA256SUMS), optionally with one part
+/// altered after its sum was taken.
+fn publish_xtask_bin(env: &TestEnv, key: &str, tamper: bool) {
+    let stage = env.join(format!("publish-{tamper}"));
+    std::fs::create_dir_all(stage.join("payload")).unwrap();
+    std::fs::copy(crate::util::bin(), stage.join("payload/xtask")).unwrap();
+    env.git(&stage, ["init", "-q", "-b", "xtask-bin-cache"]);
+    let tamper_cmd = if tamper {
+        format!("printf x | dd of={key}.tar.zst.part001 bs=1 seek=100 conv=notrunc 2>/dev/null")
+    } else {
+        String::new()
+    };
+    sh(
+        env,
+        &stage,
+        &format!(
+            "tar -C payload -cf - xtask | zstd -q -1 | split -b 2M -d -a 3 - {key}.tar.zst.part
+             sha256sum {key}.tar.zst.part* > SHA256SUMS
+             {tamper_cmd}
+             rm -r payload"
+        ),
+    );
+    env.git(&stage, ["add", "-A"]);
+    env.git(&stage, ["commit", "-q", "-m", "xtask-bin cache"]);
+    let origin = env.join("origin.git");
+    env.git(
+        &stage,
+        [
+            "push",
+            "-q",
+            "-f",
+            origin.to_str().unwrap(),
+            "xtask-bin-cache",
+        ],
+    );
+}
+
+fn bootstrap(env: &TestEnv, repo: &str, args: &[&str]) -> Run {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(env.join(repo).join("tools/bootstrap.sh"))
+        .args(args)
+        .current_dir(env.join(repo));
+    env.isolate(&mut cmd);
+    run(&mut cmd)
+}
+
+#[test]
+fn restore_bootstrap_key_matches_the_cache_module() {
+    let env = TestEnv::new();
+    let src = bootstrap_world(&env);
+    let script_key = bootstrap(&env, "src", &["--print-key"]).ok().stdout();
+    let repo = warmstart::repo::Repo::discover(&src).unwrap();
+    let m = warmstart::cache::manifest::load(&repo, "xtask-bin").unwrap();
+    let shell = xshell::Shell::new().unwrap();
+    let key = warmstart::cache::manifest::compute_key(&shell, &repo, &m).unwrap();
+    assert_eq!(script_key.trim(), key.value);
+}
+
+#[test]
+fn restore_bootstrap_uses_the_verified_prebuilt_binary_then_stays_warm() {
+    let env = TestEnv::new();
+    bootstrap_world(&env);
+    let key = bootstrap(&env, "src", &["--print-key"]).ok().stdout();
+    let key = key.trim();
+    publish_xtask_bin(&env, key, false);
+    let origin = env.join("origin.git");
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+
+    let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
+    assert!(
+        r.stderr().contains(&format!("installed prebuilt {key}")),
+        "{}",
+        r.stderr()
+    );
+    let installed = env.join("box/target/warmstart-bin/xtask");
+    assert_eq!(
+        crate::util::sha256sum(&installed),
+        crate::util::sha256sum(&crate::util::bin())
+    );
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "done");
+    assert!(env.join("box/restored-marker").exists());
+    assert!(
+        dir_names(&env.join("box/target"))
+            .iter()
+            .all(|n| !n.starts_with(".bootstrap")),
+        "no staging left behind"
+    );
+
+    // Warm: the origin may be gone; the installed binary for this key is used.
+    env.git(
+        "box",
+        ["remote", "set-url", "origin", "/nonexistent/origin.git"],
+    );
+    let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
+    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "warm");
+
+    // Local edits to the source: the prebuilt binary no longer matches it.
+    write(
+        env.join("box/xtask/src/main.rs"),
+        "fn main() { edited() }\n",
+    );
+    let r = bootstrap(&env, "box", &["--prebuilt-only"]).expect_code(1);
+    assert!(r.stderr().contains("local changes"), "{}", r.stderr());
+}
+
+#[test]
+fn restore_bootstrap_refuses_a_tampered_part() {
+    let env = TestEnv::new();
+    bootstrap_world(&env);
+    let key = bootstrap(&env, "src", &["--print-key"]).ok().stdout();
+    publish_xtask_bin(&env, key.trim(), true);
+    let origin = env.join("origin.git");
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    let r = bootstrap(&env, "box", &["--prebuilt-only"]).expect_code(1);
+    assert!(r.stderr().contains("sha256sum -c failed"), "{}", r.stderr());
+    assert!(!env.join("box/target/warmstart-bin").exists());
+    assert!(!env.join("box/restored-marker").exists());
+    assert!(
+        dir_names(&env.join("box/target"))
+            .iter()
+            .all(|n| !n.starts_with(".bootstrap")),
+        "no staging left behind"
+    );
+}

@@ -1,0 +1,62 @@
+//! Arguments of `cargo xtask restore ...`.
+
+use clap::{Args, Subcommand};
+
+/// Bring this machine back to working order: run the ordered steps of
+/// `cache-manifests/restore.toml` (submodules, symlink farms, commands,
+/// pinned downloads, tool version pins, branch freshness).
+///
+/// Every step first asks a cheap "already done?" probe and only runs when
+/// needed, so a warm run is a near-instant no-op. A failed step prints one
+/// line and the others go on (fail-open) unless `--strict` is given. Steps
+/// marked `background = true` continue after the command returns; `cargo
+/// xtask restore status` shows their progress. Each step that runs writes its
+/// own log under `<git-dir>/warmstart/logs/`. The run ends with a table: step,
+/// source, state (done, warm, warned, failed-open, background), time this run,
+/// last cold time.
+///
+/// Examples:
+///   cargo xtask restore                   # the whole bootstrap
+///   cargo xtask restore --only links      # one step
+///   cargo xtask restore --dry-run         # print the validated plan only
+///   cargo xtask restore --strict --json   # CI: any failure is fatal (exit 11)
+///   cargo xtask restore --background      # return at once, work continues
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RestoreArgs {
+    #[command(subcommand)]
+    pub command: Option<RestoreCommand>,
+    /// Run only these steps (by name; repeat the flag or separate with commas).
+    #[arg(long, value_name = "STEP", value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Return at once and do the whole restore in a detached process.
+    #[arg(long, conflicts_with_all = ["strict", "dry_run"])]
+    pub background: bool,
+    /// Make any step failure fatal (exit 11), and run background steps in the
+    /// foreground so that the command returns only when everything is done.
+    #[arg(long)]
+    pub strict: bool,
+    /// Print the validated plan and touch nothing (no probe, no network).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the result (or the plan) as JSON on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Internal: this process is the detached worker that runs background steps.
+    #[arg(long, hide = true)]
+    pub worker: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RestoreCommand {
+    /// Show the last state of every step, including background steps still
+    /// running (with their process id and log file).
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,373 @@
+//! `cargo xtask demo`: the main job end to end on a local default, with no setup.
+//!
+//! Everything happens in a fresh scratch directory: a bare origin configured
+//! like a hosting server, a repository with its own `cache-manifests/`, a
+//! publish of a real directory, a fresh clone, a restore into it, and a
+//! comparison of the restored tree with the source by the digest of their
+//! deterministic tars (content, modes, link targets, hardlinks). It calls the
+//! same library functions as `cache publish` and `cache restore`.
+//!
+//! The demo never writes outside its scratch directory and never reads the
+//! current repository: it works from any directory.
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use xshell::{Shell, cmd};
+
+use crate::cache::pack;
+use crate::cache::publish::{self, Request};
+use crate::cache::readme::human_bytes;
+use crate::cache::restore::{self, RestoreOptions};
+use crate::cli::demo::DemoArgs;
+use crate::clock;
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+
+/// The `--json` output.
+#[derive(Debug, Serialize)]
+struct DemoSummary {
+    source: PathBuf,
+    scratch: PathBuf,
+    kept: bool,
+    entries: u64,
+    file_bytes: u64,
+    key: String,
+    branch: String,
+    commit: Option<String>,
+    chunks: usize,
+    compressed_bytes: u64,
+    tar_sha256: String,
+    restored_tar_sha256: String,
+    equal: bool,
+    timings_ms: BTreeMap<&'static str, u64>,
+}
+
+/// `cargo xtask demo`.
+pub fn run(sh: &Shell, args: DemoArgs) -> Result<()> {
+    let source = match &args.source {
+        Some(s) => s.clone(),
+        None => default_source(sh)?,
+    };
+    let source = std::fs::canonicalize(&source).map_err(|e| {
+        fail(
+            Code::NotFound,
+            format!(
+                "cannot publish {}: {e}: pass --source DIR",
+                source.display()
+            ),
+        )
+    })?;
+    if !source.is_dir() {
+        return Err(fail(
+            Code::Config,
+            format!("{} is not a directory: pass --source DIR", source.display()),
+        ));
+    }
+    let text = source.to_string_lossy();
+    if text.contains('$') || text.contains('\n') {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} contains '$' or a newline, which cache manifests cannot name: pass another --source",
+                source.display()
+            ),
+        ));
+    }
+    let scratch = Scratch::new(args.keep)?;
+    let result = demo(sh, &args, &source, &scratch.path);
+    if args.keep {
+        eprintln!("kept the scratch directory {}", scratch.path.display());
+    }
+    let summary = result?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).expect("summary serializes")
+        );
+    }
+    Ok(())
+}
+
+fn default_source(sh: &Shell) -> Result<PathBuf> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = cmd!(sh, "{rustc} --print sysroot")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .map_err(|_| {
+            fail(
+                Code::NotFound,
+                "cannot run `rustc --print sysroot` to pick the demo's source directory: pass --source DIR",
+            )
+        })?;
+    Ok(PathBuf::from(sysroot).join("lib/rustlib"))
+}
+
+/// The scratch directory, removed when dropped unless kept.
+struct Scratch {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Scratch {
+    fn new(keep: bool) -> Result<Scratch> {
+        let path = std::env::temp_dir().join(format!(
+            "warmstart-demo-{}-{}",
+            std::process::id(),
+            clock::now_ms()
+        ));
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Scratch { path, keep })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// The words of the demo: a narrative on stdout, or nothing with --json.
+struct Say {
+    on: bool,
+}
+
+impl Say {
+    fn line(&self, s: impl AsRef<str>) {
+        if self.on {
+            println!("{}", s.as_ref());
+        }
+    }
+}
+
+fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<DemoSummary> {
+    let say = Say { on: !args.json };
+    let mut timings = BTreeMap::new();
+    let plan = pack::plan_tree(source, false, &|_| true, &|_| true)?;
+    say.line(
+        "warmstart demo: publish a real directory to a local origin, restore it into a fresh clone",
+    );
+    say.line("");
+    say.line(format!(
+        "source   {} ({} entries, {})",
+        source.display(),
+        plan.items.len(),
+        human_bytes(plan.file_bytes)
+    ));
+    say.line(format!(
+        "scratch  {}{}",
+        scratch.display(),
+        if args.keep {
+            " (kept)"
+        } else {
+            " (removed at the end; --keep keeps it)"
+        }
+    ));
+    say.line("");
+
+    let origin = scratch.join("origin.git");
+    let work = scratch.join("work");
+    let clone = scratch.join("clone");
+    let git_id = [
+        "-c",
+        "user.name=warmstart demo",
+        "-c",
+        "user.email=demo@localhost",
+    ];
+    say.line(
+        "1. origin.git: a bare repository set up like a hosting server (receive.unpackLimit 1)",
+    );
+    cmd!(sh, "git init -q --bare -b main {origin}")
+        .quiet()
+        .run()?;
+    cmd!(sh, "git --git-dir {origin} config receive.unpackLimit 1")
+        .quiet()
+        .run()?;
+
+    say.line("2. work/: a repository with its own cache-manifests/demo.toml, pushed to origin");
+    cmd!(sh, "git init -q -b main {work}").quiet().run()?;
+    let manifest_text = demo_manifest(source);
+    std::fs::create_dir_all(work.join("cache-manifests"))?;
+    std::fs::write(work.join("cache-manifests/demo.toml"), &manifest_text)?;
+    cmd!(sh, "git -C {work} add -A").quiet().run()?;
+    cmd!(
+        sh,
+        "git {git_id...} -C {work} commit -q --no-verify -m 'Add the demo cache manifest'"
+    )
+    .quiet()
+    .run()?;
+    cmd!(sh, "git -C {work} remote add origin ../origin.git")
+        .quiet()
+        .run()?;
+    cmd!(sh, "git -C {work} push -q --no-verify origin main")
+        .quiet()
+        .run()?;
+    for line in manifest_text.lines() {
+        say.line(format!("     | {line}"));
+    }
+
+    say.line("3. cargo xtask cache publish demo");
+    let work_repo = Repo::discover(&work)?;
+    let req = Request {
+        name: "demo".into(),
+        quiet: args.json,
+        json: false,
+        ..Request::default()
+    };
+    let t = Instant::now();
+    let published = spaced(&say, || publish::publish(sh, &work_repo, &req))?;
+    timings.insert("publish", t.elapsed().as_millis() as u64);
+
+    say.line("4. cargo xtask cache publish demo, again: nothing changed");
+    let t = Instant::now();
+    let again = spaced(&say, || publish::publish(sh, &work_repo, &req))?;
+    timings.insert("publish_unchanged", t.elapsed().as_millis() as u64);
+    if again.status != "unchanged" {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "publishing the same directory twice gave {} instead of unchanged",
+                again.status
+            ),
+        ));
+    }
+
+    say.line("5. git clone origin clone/, then cargo xtask cache restore demo");
+    cmd!(sh, "git clone -q {origin} {clone}").quiet().run()?;
+    let clone_repo = Repo::discover(&clone)?;
+    let opts = RestoreOptions {
+        progress: !args.json && std::io::stderr().is_terminal(),
+        ..RestoreOptions::default()
+    };
+    let t = Instant::now();
+    let restored = restore::restore_named(sh, &clone_repo, "demo", &opts)?;
+    timings.insert("restore", t.elapsed().as_millis() as u64);
+    say.line(format!("   {}", restored.summary()));
+
+    say.line("6. cargo xtask cache restore demo, again: warm");
+    let t = Instant::now();
+    let warm = restore::restore_named(sh, &clone_repo, "demo", &opts)?;
+    timings.insert("restore_warm", t.elapsed().as_millis() as u64);
+    say.line(format!("   {}", warm.summary()));
+
+    say.line("7. compare the restored tree with the source (digest of their deterministic tars)");
+    let t = Instant::now();
+    let target = clone.join("restored");
+    let a = pack::write_tar(&plan, std::io::sink(), &mut |_| {})?;
+    let b_plan = pack::plan_tree(&target, false, &|_| true, &|_| true)?;
+    let b = pack::write_tar(&b_plan, std::io::sink(), &mut |_| {})?;
+    timings.insert("compare", t.elapsed().as_millis() as u64);
+    let equal = a == b && published.tar_sha256.as_deref() == Some(a.sha256.as_str());
+    if !equal {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "the restored tree {} differs from the source {} (tar sha256 {} vs {}; published {})",
+                target.display(),
+                source.display(),
+                b.sha256,
+                a.sha256,
+                published.tar_sha256.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+    say.line(format!(
+        "   equal: {} entries, tar sha256 {}",
+        a.entries, a.sha256
+    ));
+    say.line("");
+    say.line("| step | time |");
+    say.line("|---|---:|");
+    for (step, label) in [
+        ("publish", "publish (pack, compress, push)"),
+        (
+            "publish_unchanged",
+            "publish again (unchanged: no commit, no push)",
+        ),
+        (
+            "restore",
+            "restore into a fresh clone (fetch, verify, unpack)",
+        ),
+        ("restore_warm", "restore again (warm)"),
+        ("compare", "compare with the source"),
+    ] {
+        say.line(format!("| {label} | {} |", duration(timings[step])));
+    }
+    say.line("");
+    say.line("Real use, in your repository (see README.md, \"Adopting warmstart\"):");
+    say.line("  1. describe each cache in cache-manifests/<name>.toml (like the one above: key pins, pack root, restore path, gates)");
+    say.line("  2. cargo xtask cache publish <name>     # from CI, once the gates are green");
+    say.line("  3. cargo xtask cache restore <name>     # at session start; a warm run is a no-op");
+    say.line("  4. no warmstart at hand? the cache branch's README.md restores it with git and coreutils alone");
+
+    Ok(DemoSummary {
+        source: source.to_path_buf(),
+        scratch: scratch.to_path_buf(),
+        kept: args.keep,
+        entries: a.entries,
+        file_bytes: plan.file_bytes,
+        key: published.key.clone(),
+        branch: published.branch.clone(),
+        commit: published.commit.clone(),
+        chunks: published.chunks.len(),
+        compressed_bytes: published.compressed_size.unwrap_or(0),
+        tar_sha256: a.sha256,
+        restored_tar_sha256: b.sha256,
+        equal,
+        timings_ms: timings,
+    })
+}
+
+/// `850 ms`, `12.3 s`.
+fn duration(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
+}
+
+/// Runs `f` (which prints its own lines), then a blank line.
+fn spaced<T>(say: &Say, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let r = f();
+    say.line("");
+    r
+}
+
+/// The demo's manifest: the key is the platform and a literal, the pack
+/// root is the source, the restore path is `restored` in the clone.
+fn demo_manifest(source: &Path) -> String {
+    let quote = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    let root = quote(&source.to_string_lossy());
+    let name = source
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let description = quote(&format!("warmstart demo: a copy of {name}"));
+    format!(
+        r#"# The demo cache: one directory, keyed by platform.
+[cache]
+description = {description}
+
+[[key]]
+name = "demo"
+literal = "v1"
+
+[[key]]
+name = "platform"
+platform = true
+
+[pack]
+root = {root}
+
+[restore]
+path = "restored"
+"#
+    )
+}

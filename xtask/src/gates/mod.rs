@@ -1,0 +1,410 @@
+//! Gates: named commands whose success on a tree is recorded, so that a cache
+//! is only published from a tree that passed them.
+//!
+//! `manifest` parses `cache-manifests/gates.toml` into a plan, `record` is the
+//! JSON record format, `store` keeps records in git refs and moves them between
+//! clones, `runner` runs one command in its own process group with a deadline,
+//! `run` is `gates run`. This file holds the other commands and
+//! [`require_green`], the check `cache publish` calls.
+//!
+//! Must never: record a gate that did not pass, record for a dirty worktree
+//! or for a tree other than the one the gate ran on, count an entry whose
+//! command digest differs from the gate's current definition as green, or
+//! leave a gate's processes running after it ends.
+
+pub mod manifest;
+pub mod record;
+mod run;
+pub mod runner;
+pub mod store;
+
+use anyhow::Result;
+use serde_json::{Value, json};
+use std::time::Duration;
+use xshell::Shell;
+
+use crate::cli::gates::{CheckArgs, FetchFirst, GatesArgs, GatesCommand, RemoteArgs, StatusArgs};
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+use manifest::Plan;
+use record::{Record, State};
+use store::Head;
+
+pub fn run(sh: &Shell, args: GatesArgs) -> Result<()> {
+    let repo = Repo::from_cwd()?;
+    match args.command {
+        GatesCommand::Run(a) => run::run_gates(sh, &repo, a),
+        GatesCommand::Status(a) => status(sh, &repo, a),
+        GatesCommand::Check(a) => check(sh, &repo, a),
+        GatesCommand::Fetch(a) => fetch(sh, &repo, a),
+        GatesCommand::Push(a) => push(sh, &repo, a),
+    }
+}
+
+/// The green record covering every `required` gate for HEAD's tree on a clean
+/// worktree, as JSON to embed in a cache branch's warmstart.json (the record
+/// restricted to the required gates). With `required` empty: `Value::Null`.
+///
+/// Errors: exit 9 (`Code::NotGreen`) when the worktree is dirty or a gate is
+/// missing or stale, naming them and the command that makes them green; exit
+/// 10 when gates.toml is missing, invalid, or does not define a required
+/// gate; exit 5 when the stored record is unreadable. Local only: call
+/// [`fetch_record`] first to take records pushed from other machines.
+pub fn require_green(sh: &Shell, repo: &Repo, required: &[String]) -> Result<Value> {
+    if required.is_empty() {
+        return Ok(Value::Null);
+    }
+    let plan = manifest::load(&repo.root)?;
+    verdict(sh, repo, &plan, required)?.require()
+}
+
+/// Fetches `remote`'s record for HEAD's tree into this clone (merging it with
+/// the local one). Exit 8 when the remote cannot be reached in `timeout`.
+pub fn fetch_record(
+    sh: &Shell,
+    repo: &Repo,
+    remote: &str,
+    timeout: Duration,
+) -> Result<store::Fetched> {
+    let head = store::head(sh, &repo.root)?;
+    store::fetch(sh, &repo.root, remote, &head.tree, timeout)
+}
+
+/// Where HEAD's tree stands against some gates.
+struct Verdict {
+    head: Head,
+    dirty: Vec<String>,
+    record: Option<Record>,
+    /// Each asked gate's state, in the order asked.
+    states: Vec<(String, State)>,
+}
+
+fn verdict(sh: &Shell, repo: &Repo, plan: &Plan, names: &[String]) -> Result<Verdict> {
+    let gates = plan.select(names)?;
+    let head = store::head(sh, &repo.root)?;
+    let dirty = store::dirty(sh, &repo.root, &plan.ignore)?;
+    let record = store::read_valid(sh, &repo.root, &head.tree)?;
+    let states = gates
+        .iter()
+        .map(|g| {
+            let state = record
+                .as_ref()
+                .map_or(State::Missing, |r| r.state(&g.name, &g.digest));
+            (g.name.clone(), state)
+        })
+        .collect();
+    Ok(Verdict {
+        head,
+        dirty,
+        record,
+        states,
+    })
+}
+
+impl Verdict {
+    fn missing(&self) -> Vec<String> {
+        self.states
+            .iter()
+            .filter(|(_, s)| *s != State::Green)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    fn green(&self) -> bool {
+        self.dirty.is_empty() && self.missing().is_empty()
+    }
+
+    /// The record restricted to the asked gates, if green; else the exit-9 error.
+    fn require(&self) -> Result<Value> {
+        let tree = &self.head.tree;
+        if !self.dirty.is_empty() {
+            return Err(fail(
+                Code::NotGreen,
+                format!(
+                    "gates not green for tree {tree}: {}",
+                    dirty_reason(&self.dirty)
+                ),
+            ));
+        }
+        let missing = self.missing();
+        if !missing.is_empty() {
+            return Err(fail(
+                Code::NotGreen,
+                format!(
+                    "gates not green for tree {tree}: missing {}; run `cargo xtask gates run {}`",
+                    missing.join(", "),
+                    missing.join(" ")
+                ),
+            ));
+        }
+        let names: Vec<String> = self.states.iter().map(|(n, _)| n.clone()).collect();
+        // No gates asked (an empty gates.toml): green, with an empty record.
+        let record = self
+            .record
+            .clone()
+            .unwrap_or_else(|| Record::new(tree))
+            .only(&names);
+        Ok(serde_json::to_value(record)?)
+    }
+}
+
+/// Why a dirty worktree cannot be green, naming a few paths and the ways out.
+pub(crate) fn dirty_reason(dirty: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut shown = dirty
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if dirty.len() > SHOWN {
+        shown.push_str(&format!(" and {} more", dirty.len() - SHOWN));
+    }
+    format!(
+        "the worktree is dirty ({shown}); commit or stash the changes, or list the paths under `ignore` in {}",
+        manifest::PATH
+    )
+}
+
+fn fetch_first(sh: &Shell, repo: &Repo, opt: &FetchFirst) {
+    if let Some(remote) = &opt.fetch
+        && let Err(e) = fetch_record(sh, repo, remote, opt.fetch_timeout)
+    {
+        eprintln!("warning: {e:#}; using the records already in this clone");
+    }
+}
+
+pub(crate) fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("JSON values serialize")
+    );
+}
+
+fn check(sh: &Shell, repo: &Repo, args: CheckArgs) -> Result<()> {
+    let plan = manifest::load(&repo.root)?;
+    let names = if args.names.is_empty() {
+        plan.names()
+    } else {
+        args.names
+    };
+    fetch_first(sh, repo, &args.fetch);
+    let v = verdict(sh, repo, &plan, &names)?;
+    let result = v.require();
+    if args.json {
+        print_json(&json!({
+            "green": result.is_ok(),
+            "tree": v.head.tree,
+            "head": v.head.commit,
+            "dirty": v.dirty,
+            "missing": v.missing(),
+            "record": result.as_ref().ok(),
+        }));
+    } else if result.is_ok() {
+        println!(
+            "green: {} for tree {}",
+            if names.is_empty() {
+                "no gates defined".to_string()
+            } else {
+                names.join(", ")
+            },
+            v.head.tree
+        );
+    }
+    result.map(|_| ())
+}
+
+fn status(sh: &Shell, repo: &Repo, args: StatusArgs) -> Result<()> {
+    let plan = manifest::load(&repo.root)?;
+    fetch_first(sh, repo, &args.fetch);
+    let v = verdict(sh, repo, &plan, &plan.names())?;
+    let entry = |name: &str| v.record.as_ref().and_then(|r| r.gates.get(name));
+    if args.json {
+        let gates: Vec<Value> = v
+            .states
+            .iter()
+            .map(|(name, state)| json!({ "name": name, "state": state.as_str(), "entry": entry(name) }))
+            .collect();
+        print_json(&json!({
+            "tree": v.head.tree,
+            "head": v.head.commit,
+            "clean": v.dirty.is_empty(),
+            "dirty": v.dirty,
+            "green": v.green(),
+            "gates": gates,
+        }));
+        return Ok(());
+    }
+    println!(
+        "tree {} (HEAD {}), {}",
+        v.head.tree,
+        short(&v.head.commit),
+        if v.dirty.is_empty() {
+            "worktree clean".to_string()
+        } else {
+            format!(
+                "worktree dirty ({} paths): records do not apply until it is clean",
+                v.dirty.len()
+            )
+        }
+    );
+    let mut rows = vec![
+        ["GATE", "STATE", "TIME", "HOST", "FINISHED", "COMMIT"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for (name, state) in &v.states {
+        let mut row = vec![name.clone(), state.as_str().to_string()];
+        if let Some(e) = entry(name) {
+            row.extend([
+                seconds(Duration::from_millis(e.duration_ms)),
+                e.host.clone(),
+                e.finished_at.clone(),
+                short(&e.commit).to_string(),
+            ]);
+        }
+        rows.push(row);
+    }
+    print!("{}", table(&rows));
+    if v.states.iter().any(|(_, s)| *s == State::Stale) {
+        println!(
+            "stale: the gate's command, cwd or env changed since it was recorded; run it again"
+        );
+    }
+    Ok(())
+}
+
+fn fetch(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {
+    let head = store::head(sh, &repo.root)?;
+    let fetched = store::fetch(sh, &repo.root, &args.remote, &head.tree, args.timeout)?;
+    let record = store::read_valid(sh, &repo.root, &head.tree)?;
+    let gates: Vec<&String> = record.iter().flat_map(|r| r.gates.keys()).collect();
+    if args.json {
+        print_json(&json!({
+            "remote": args.remote,
+            "tree": head.tree,
+            "result": fetched.as_str(),
+            "gates": gates,
+        }));
+    } else if fetched == store::Fetched::NoneThere {
+        println!(
+            "`{}` has no gate record for tree {}",
+            args.remote, head.tree
+        );
+    } else {
+        println!(
+            "fetched the gate record for tree {} from `{}` ({}); green here now: {}",
+            head.tree,
+            args.remote,
+            fetched.as_str(),
+            list_or_none(&gates)
+        );
+    }
+    Ok(())
+}
+
+fn push(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {
+    let head = store::head(sh, &repo.root)?;
+    let (pushed, record) = store::push(sh, &repo.root, &args.remote, &head.tree, args.timeout)?;
+    let gates: Vec<&String> = record.gates.keys().collect();
+    if args.json {
+        print_json(&json!({
+            "remote": args.remote,
+            "tree": head.tree,
+            "ref": store::ref_name(&head.tree),
+            "result": pushed.as_str(),
+            "gates": gates,
+        }));
+    } else {
+        println!(
+            "gate record for tree {} on `{}`: {} ({})",
+            head.tree,
+            args.remote,
+            pushed.as_str(),
+            list_or_none(&gates)
+        );
+    }
+    Ok(())
+}
+
+fn list_or_none(names: &[&String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+pub(crate) fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// `0.4s`, `12.0s`, `3m05s`.
+pub(crate) fn seconds(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.1}s")
+    } else {
+        format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60)
+    }
+}
+
+/// Left-aligned columns, two spaces apart; trailing blanks trimmed.
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            line.push_str(cell);
+            line.push_str(&" ".repeat(widths[c] - cell.chars().count() + 2));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let rows = vec![
+            vec!["GATE".to_string(), "RESULT".to_string()],
+            vec!["fmt".to_string(), "passed".to_string(), "x".to_string()],
+        ];
+        assert_eq!(table(&rows), "GATE  RESULT\nfmt   passed  x\n");
+    }
+
+    #[test]
+    fn seconds_formats() {
+        assert_eq!(seconds(Duration::from_millis(400)), "0.4s");
+        assert_eq!(seconds(Duration::from_secs(185)), "3m05s");
+    }
+
+    #[test]
+    fn dirty_reason_names_a_few_paths() {
+        let many: Vec<String> = (0..7).map(|i| format!("?? f{i}")).collect();
+        let r = dirty_reason(&many);
+        assert!(
+            r.starts_with("the worktree is dirty (?? f0, ?? f1, ?? f2, ?? f3, ?? f4 and 2 more)"),
+            "{r}"
+        );
+        assert!(r.contains("`ignore` in cache-manifests/gates.toml"), "{r}");
+    }
+}

@@ -1,0 +1,878 @@
+//! `cache-manifests/restore.toml`, parsed into a validated plan.
+//!
+//! Two stages, as in ripgrep's `lowargs`/`hiargs`: the `Raw*` types are what
+//! the user wrote (serde, unknown fields refused per step kind), and `Plan` is
+//! what will run (paths expanded, durations parsed, patterns compiled, names
+//! checked). Building a plan reads the manifest and the environment only: it
+//! never touches the network, runs nothing, and never writes, so `--dry-run`
+//! and the unit tests below can check plans freely.
+
+use anyhow::{Result, anyhow, bail};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cache::manifest::expand_path;
+use crate::clock::DurationSpec;
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+
+/// The step kinds this build knows, as written in `kind = "..."`.
+pub const KINDS: [&str; 6] = [
+    "submodules",
+    "links",
+    "command",
+    "download",
+    "pin",
+    "freshness",
+];
+
+/// The whole bootstrap: the steps in the order they run.
+#[derive(Debug)]
+pub struct Plan {
+    pub file: PathBuf,
+    pub steps: Vec<Step>,
+}
+
+/// One validated step.
+#[derive(Debug)]
+pub struct Step {
+    pub name: String,
+    /// Runs in a detached process when it has work to do.
+    pub background: bool,
+    /// A failure prints one line and the restore goes on (default true).
+    pub fail_open: bool,
+    pub kind: Kind,
+}
+
+#[derive(Debug)]
+pub enum Kind {
+    Submodules(Submodules),
+    Links(Links),
+    Command(CommandStep),
+    Download(Download),
+    Pin(Pin),
+    Freshness(Freshness),
+}
+
+/// `git submodule update --init` of the listed paths, then one sentinel file per suite.
+#[derive(Debug)]
+pub struct Submodules {
+    /// Paths relative to the repository root, as `git submodule` takes them.
+    pub paths: Vec<String>,
+    pub sentinels: Vec<Sentinel>,
+    /// Allow `file://` and local-path submodule URLs (git refuses them by
+    /// default since 2.38.1 for submodules).
+    pub allow_file_protocol: bool,
+    pub timeout: Duration,
+}
+
+#[derive(Debug)]
+pub struct Sentinel {
+    pub suite: String,
+    /// As written (relative to the root), for the MISSING line.
+    pub path: String,
+    pub abs: PathBuf,
+    /// What stops working without it: the consumer named in MISSING lines.
+    pub breaks: String,
+}
+
+/// A symlink farm: one link in `farm` per entry of `source`.
+#[derive(Debug)]
+pub struct Links {
+    pub source: PathBuf,
+    pub farm: PathBuf,
+    /// A file that should mention every entry by name (e.g. an INDEX.md).
+    pub index: Option<PathBuf>,
+    pub entries: Entries,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Entries {
+    Dirs,
+    Files,
+    All,
+}
+
+/// A command line: a string runs through `sh -c`, a list runs as argv.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Cmdline {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+impl Cmdline {
+    pub fn program_and_args(&self) -> (String, Vec<String>) {
+        match self {
+            Cmdline::Shell(s) => ("sh".into(), vec!["-c".into(), s.clone()]),
+            Cmdline::Argv(v) => (v[0].clone(), v[1..].to_vec()),
+        }
+    }
+
+    pub fn display(&self) -> String {
+        match self {
+            Cmdline::Shell(s) => s.clone(),
+            Cmdline::Argv(v) => v.join(" "),
+        }
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        match self {
+            Cmdline::Shell(s) if s.trim().is_empty() => bail!("`{what}` is empty"),
+            Cmdline::Argv(v) if v.is_empty() || v[0].is_empty() => bail!("`{what}` is empty"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Runs only when `creates` is missing and `unless` does not succeed.
+#[derive(Debug)]
+pub struct CommandStep {
+    pub run: Cmdline,
+    pub creates: Option<PathBuf>,
+    pub unless: Option<Cmdline>,
+    pub cwd: PathBuf,
+    pub timeout: Option<Duration>,
+}
+
+/// A file fetched over HTTPS, pinned by sha256, installed atomically.
+#[derive(Debug)]
+pub struct Download {
+    pub url: String,
+    pub sha256: String,
+    pub dest: PathBuf,
+    pub executable: bool,
+    pub connect_timeout: Duration,
+    /// A transfer that moves no byte for this long is abandoned (and retried).
+    pub read_timeout: Duration,
+    pub max_time: Option<Duration>,
+    /// Further attempts after the first one.
+    pub retries: u32,
+    /// Wait before the first retry; doubles on each further one.
+    pub backoff: Duration,
+}
+
+/// A tool whose `--version` output must match `expect`, else `fix` is applied.
+#[derive(Debug)]
+pub struct Pin {
+    /// A name looked up in PATH, or a path (contains `/`).
+    pub tool: String,
+    pub args: Vec<String>,
+    pub expect: regex_lite::Regex,
+    pub timeout: Duration,
+    pub fix: Option<Fix>,
+}
+
+#[derive(Debug)]
+pub enum Fix {
+    /// Make `link` a symlink to `target` (replacing a link already there).
+    Symlink {
+        link: PathBuf,
+        target: PathBuf,
+    },
+    Run(Cmdline),
+}
+
+/// Fetch the current branch's upstream; fast-forward when behind and clean.
+#[derive(Debug)]
+pub struct Freshness {
+    /// Default: the branch's configured remote, else `origin`.
+    pub remote: Option<String>,
+    /// Default: the branch's configured upstream branch, else its own name.
+    pub branch: Option<String>,
+    /// Bound on the fetch; past it the remote counts as unreachable.
+    pub timeout: Duration,
+    /// A check younger than this is warm (no network).
+    pub interval: Duration,
+}
+
+impl Step {
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            Kind::Submodules(_) => "submodules",
+            Kind::Links(_) => "links",
+            Kind::Command(_) => "command",
+            Kind::Download(_) => "download",
+            Kind::Pin(_) => "pin",
+            Kind::Freshness(_) => "freshness",
+        }
+    }
+
+    /// Where the step restores from, for the orientation table.
+    pub fn source(&self, repo: &Repo) -> String {
+        let rel = |p: &Path| {
+            p.strip_prefix(&repo.root)
+                .map(|r| r.display().to_string())
+                .unwrap_or_else(|_| p.display().to_string())
+        };
+        match &self.kind {
+            Kind::Submodules(s) => s.paths.join(" "),
+            Kind::Links(l) => format!("{} -> {}", rel(&l.source), rel(&l.farm)),
+            Kind::Command(c) => c.run.display(),
+            Kind::Download(d) => d.url.clone(),
+            Kind::Pin(p) => format!("{} {}", p.tool, p.args.join(" ")),
+            Kind::Freshness(f) => match (&f.remote, &f.branch) {
+                (Some(r), Some(b)) => format!("{r}/{b}"),
+                (Some(r), None) => format!("{r} (upstream)"),
+                (None, Some(b)) => format!("upstream/{b}"),
+                (None, None) => "upstream".into(),
+            },
+        }
+    }
+
+    /// Everything the step will do, for `--dry-run` (text and JSON).
+    pub fn describe(&self, repo: &Repo) -> Value {
+        let ms = |d: &Duration| d.as_millis() as u64;
+        let detail = match &self.kind {
+            Kind::Submodules(s) => json!({
+                "paths": s.paths,
+                "sentinels": s.sentinels.iter().map(|x| json!({
+                    "suite": x.suite, "path": x.path, "breaks": x.breaks,
+                })).collect::<Vec<_>>(),
+                "allow_file_protocol": s.allow_file_protocol,
+                "timeout_ms": ms(&s.timeout),
+            }),
+            Kind::Links(l) => json!({
+                "source": l.source, "farm": l.farm, "index": l.index,
+                "entries": format!("{:?}", l.entries).to_lowercase(),
+            }),
+            Kind::Command(c) => json!({
+                "run": c.run.display(), "creates": c.creates,
+                "unless": c.unless.as_ref().map(Cmdline::display),
+                "cwd": c.cwd, "timeout_ms": c.timeout.as_ref().map(ms),
+            }),
+            Kind::Download(d) => json!({
+                "url": d.url, "sha256": d.sha256, "dest": d.dest,
+                "executable": d.executable,
+                "connect_timeout_ms": ms(&d.connect_timeout),
+                "read_timeout_ms": ms(&d.read_timeout),
+                "max_time_ms": d.max_time.as_ref().map(ms),
+                "retries": d.retries, "backoff_ms": ms(&d.backoff),
+            }),
+            Kind::Pin(p) => json!({
+                "tool": p.tool, "args": p.args, "expect": p.expect.as_str(),
+                "timeout_ms": ms(&p.timeout),
+                "fix": match &p.fix {
+                    None => Value::Null,
+                    Some(Fix::Symlink { link, target }) => json!({"symlink": link, "target": target}),
+                    Some(Fix::Run(c)) => json!({"run": c.display()}),
+                },
+            }),
+            Kind::Freshness(f) => json!({
+                "remote": f.remote, "branch": f.branch,
+                "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
+            }),
+        };
+        json!({
+            "name": self.name,
+            "kind": self.kind_name(),
+            "source": self.source(repo),
+            "background": self.background,
+            "fail_open": self.fail_open,
+            "detail": detail,
+        })
+    }
+}
+
+/// `cache-manifests/restore.toml` of this repository.
+pub fn path_of(repo: &Repo) -> PathBuf {
+    repo.manifests_dir().join("restore.toml")
+}
+
+/// Reads and validates the repository's restore.toml. Every problem is a
+/// `Code::Config` error naming the file, the step and the fix.
+pub fn load(repo: &Repo) -> Result<Plan> {
+    let file = path_of(repo);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(fail(
+                Code::Config,
+                format!(
+                    "{} does not exist: create it with the steps this repository needs (README.md, \"Restore the machine\")",
+                    file.display()
+                ),
+            ));
+        }
+        Err(e) => return Err(anyhow!(e).context(format!("reading {}", file.display()))),
+    };
+    parse(repo, &file, &text)
+}
+
+/// Validates manifest text (the file name is used in messages only).
+pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
+    let bad = |msg: String| fail(Code::Config, format!("{}: {msg}", file.display()));
+    let mut top: toml::Table = toml::from_str(text)
+        .map_err(|e| bad(format!("not valid TOML: {}", one_line(e.message()))))?;
+    let raw_steps = match top.remove("step") {
+        None => Vec::new(),
+        Some(toml::Value::Array(a)) => a,
+        Some(_) => {
+            return Err(bad(
+                "`step` must be an array of tables: write `[[step]]`".into()
+            ));
+        }
+    };
+    if let Some(key) = top.keys().next() {
+        return Err(bad(format!(
+            "unknown top-level key `{key}`: only `[[step]]` tables belong here"
+        )));
+    }
+    let mut steps: Vec<Step> = Vec::new();
+    for (i, raw) in raw_steps.into_iter().enumerate() {
+        let toml::Value::Table(table) = raw else {
+            return Err(bad(format!("step {} is not a table", i + 1)));
+        };
+        let step = parse_step(repo, table).map_err(|(name, e)| {
+            let which = match name {
+                Some(n) => format!("step {} ({n:?})", i + 1),
+                None => format!("step {}", i + 1),
+            };
+            bad(format!("{which}: {}", one_line(&format!("{e:#}"))))
+        })?;
+        if steps.iter().any(|s| s.name == step.name) {
+            return Err(bad(format!(
+                "two steps are named {:?}: step names must be unique",
+                step.name
+            )));
+        }
+        steps.push(step);
+    }
+    if steps.is_empty() {
+        return Err(bad(
+            "no steps: add at least one `[[step]]` with a `name` and a `kind`".into(),
+        ));
+    }
+    Ok(Plan {
+        file: file.to_path_buf(),
+        steps,
+    })
+}
+
+fn one_line(s: &str) -> String {
+    s.trim()
+        .split('\n')
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+type StepError = (Option<String>, anyhow::Error);
+
+fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, StepError> {
+    let take_str = |t: &mut toml::Table, key: &str| -> Result<Option<String>> {
+        match t.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(_) => bail!("`{key}` must be a string"),
+        }
+    };
+    let take_bool = |t: &mut toml::Table, key: &str, default: bool| -> Result<bool> {
+        match t.remove(key) {
+            None => Ok(default),
+            Some(toml::Value::Boolean(b)) => Ok(b),
+            Some(_) => bail!("`{key}` must be true or false"),
+        }
+    };
+    let name = take_str(&mut t, "name")
+        .map_err(|e| (None, e))?
+        .ok_or_else(|| (None, anyhow!("`name` is missing")))?;
+    let named = |e: anyhow::Error| (Some(name.clone()), e);
+    check_name(&name).map_err(named)?;
+    let kind = take_str(&mut t, "kind")
+        .map_err(named)?
+        .ok_or_else(|| named(anyhow!("`kind` is missing: one of {}", KINDS.join(", "))))?;
+    let background = take_bool(&mut t, "background", false).map_err(named)?;
+    let fail_open = take_bool(&mut t, "fail_open", true).map_err(named)?;
+    let rest = toml::Value::Table(t);
+    let kind = match kind.as_str() {
+        "submodules" => resolve_submodules(repo, de(rest)?),
+        "links" => resolve_links(repo, de(rest)?),
+        "command" => resolve_command(repo, de(rest)?),
+        "download" => resolve_download(repo, de(rest)?),
+        "pin" => resolve_pin(repo, de(rest)?),
+        "freshness" => resolve_freshness(de(rest)?),
+        other => Err(anyhow!(
+            "unknown kind {other:?}: one of {}",
+            KINDS.join(", ")
+        )),
+    }
+    .map_err(named)?;
+    Ok(Step {
+        name,
+        background,
+        fail_open,
+        kind,
+    })
+}
+
+/// Deserializes the kind-specific fields; the caller names the step.
+fn de<T: serde::de::DeserializeOwned>(v: toml::Value) -> std::result::Result<T, StepError> {
+    v.try_into::<T>()
+        .map_err(|e| (None, anyhow!("{}", one_line(e.message()))))
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !ok {
+        bail!("name {name:?} must be letters, digits, `.`, `_` or `-` (it names the log file)");
+    }
+    Ok(())
+}
+
+fn dur(raw: &Option<DurationSpec>, field: &str, default: Duration) -> Result<Duration> {
+    raw.as_ref()
+        .map(|r| r.resolve(field))
+        .transpose()
+        .map(|d| d.unwrap_or(default))
+}
+
+/// A path inside the repository, written relative to its root.
+fn repo_relative(field: &str, raw: &str) -> Result<String> {
+    let p = Path::new(raw);
+    if raw.is_empty()
+        || p.is_absolute()
+        || p.components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        bail!("`{field}` = {raw:?} must be a path inside the repository, relative to its root");
+    }
+    Ok(raw.trim_end_matches('/').to_string())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSubmodules {
+    paths: Vec<String>,
+    #[serde(default)]
+    sentinel: Vec<RawSentinel>,
+    #[serde(default)]
+    allow_file_protocol: bool,
+    timeout: Option<DurationSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSentinel {
+    suite: String,
+    path: String,
+    breaks: String,
+}
+
+fn resolve_submodules(repo: &Repo, r: RawSubmodules) -> Result<Kind> {
+    if r.paths.is_empty() {
+        bail!("`paths` is empty: list the submodule paths to initialise");
+    }
+    let paths = r
+        .paths
+        .iter()
+        .map(|p| repo_relative("paths", p))
+        .collect::<Result<Vec<_>>>()?;
+    let mut sentinels = Vec::new();
+    for s in r.sentinel {
+        let path = repo_relative("sentinel.path", &s.path)?;
+        if s.suite.is_empty() || s.breaks.is_empty() {
+            bail!(
+                "sentinel {path:?} needs a non-empty `suite` and `breaks` (what stops working without it)"
+            );
+        }
+        sentinels.push(Sentinel {
+            suite: s.suite,
+            abs: repo.root.join(&path),
+            path,
+            breaks: s.breaks,
+        });
+    }
+    Ok(Kind::Submodules(Submodules {
+        paths,
+        sentinels,
+        allow_file_protocol: r.allow_file_protocol,
+        timeout: dur(&r.timeout, "timeout", Duration::from_secs(600))?,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLinks {
+    source: String,
+    farm: String,
+    index: Option<String>,
+    entries: Option<Entries>,
+}
+
+fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Kind> {
+    let source = expand_path(repo, &r.source)?;
+    let farm = expand_path(repo, &r.farm)?;
+    if source == farm || farm.starts_with(&source) {
+        bail!("`farm` must not be `source` or inside it (the scan would see the links)");
+    }
+    Ok(Kind::Links(Links {
+        source,
+        farm,
+        index: r.index.map(|i| expand_path(repo, &i)).transpose()?,
+        entries: r.entries.unwrap_or(Entries::All),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCommand {
+    run: Cmdline,
+    creates: Option<String>,
+    unless: Option<Cmdline>,
+    cwd: Option<String>,
+    timeout: Option<DurationSpec>,
+}
+
+fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
+    r.run.check("run")?;
+    if let Some(u) = &r.unless {
+        u.check("unless")?;
+    }
+    if r.creates.is_none() && r.unless.is_none() {
+        bail!(
+            "a command needs `creates` (a path) or `unless` (a probe command), else it would run on every restore"
+        );
+    }
+    Ok(Kind::Command(CommandStep {
+        run: r.run,
+        creates: r.creates.map(|c| expand_path(repo, &c)).transpose()?,
+        unless: r.unless,
+        cwd: match r.cwd {
+            Some(c) => expand_path(repo, &c)?,
+            None => repo.root.clone(),
+        },
+        timeout: r.timeout.map(|t| t.resolve("timeout")).transpose()?,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDownload {
+    url: String,
+    sha256: String,
+    dest: String,
+    #[serde(default)]
+    executable: bool,
+    connect_timeout: Option<DurationSpec>,
+    read_timeout: Option<DurationSpec>,
+    max_time: Option<DurationSpec>,
+    retries: Option<u32>,
+    backoff: Option<DurationSpec>,
+}
+
+fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
+    check_url(&r.url)?;
+    let sha256 = r.sha256.to_ascii_lowercase();
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!(
+            "`sha256` = {:?} is not 64 hex digits: pin the file with `sha256sum FILE`",
+            r.sha256
+        );
+    }
+    let dest = expand_path(repo, &r.dest)?;
+    if dest.file_name().is_none() || r.dest.ends_with('/') {
+        bail!("`dest` = {:?} must name the file to install", r.dest);
+    }
+    let retries = r.retries.unwrap_or(3);
+    if retries > 10 {
+        bail!("`retries` = {retries} is too many (at most 10)");
+    }
+    Ok(Kind::Download(Download {
+        url: r.url,
+        sha256,
+        dest,
+        executable: r.executable,
+        connect_timeout: dur(
+            &r.connect_timeout,
+            "connect_timeout",
+            Duration::from_secs(10),
+        )?,
+        read_timeout: dur(&r.read_timeout, "read_timeout", Duration::from_secs(30))?,
+        max_time: r.max_time.map(|t| t.resolve("max_time")).transpose()?,
+        retries,
+        backoff: dur(&r.backoff, "backoff", Duration::from_secs(1))?,
+    }))
+}
+
+/// HTTPS only; plain HTTP is accepted for loopback hosts (local mirrors and
+/// tests), where nothing crosses a network. The sha256 pin guards the bytes
+/// either way.
+fn check_url(url: &str) -> Result<()> {
+    if let Some(rest) = url.strip_prefix("https://") {
+        if rest.is_empty() {
+            bail!("`url` = {url:?} has no host");
+        }
+        return Ok(());
+    }
+    if let Some(rest) = url.strip_prefix("http://") {
+        let host = rest.split(['/', '?']).next().unwrap_or("");
+        let host = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+        };
+        let loopback = host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if loopback {
+            return Ok(());
+        }
+    }
+    bail!("`url` = {url:?} must be https:// (plain http:// only for 127.0.0.1 or localhost)")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPin {
+    tool: String,
+    args: Option<Vec<String>>,
+    expect: String,
+    timeout: Option<DurationSpec>,
+    fix: Option<RawFix>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFix {
+    symlink: Option<String>,
+    target: Option<String>,
+    run: Option<Cmdline>,
+}
+
+fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Kind> {
+    if r.tool.is_empty() {
+        bail!("`tool` is empty");
+    }
+    let tool = if r.tool.contains('/') {
+        expand_path(repo, &r.tool)?.display().to_string()
+    } else {
+        r.tool
+    };
+    let expect = regex_lite::Regex::new(&r.expect)
+        .map_err(|e| anyhow!("`expect` = {:?} is not a valid pattern: {e}", r.expect))?;
+    let fix = match r.fix {
+        None => None,
+        Some(RawFix {
+            symlink: Some(link),
+            target: Some(target),
+            run: None,
+        }) => Some(Fix::Symlink {
+            link: expand_path(repo, &link)?,
+            target: expand_path(repo, &target)?,
+        }),
+        Some(RawFix {
+            symlink: None,
+            target: None,
+            run: Some(run),
+        }) => {
+            run.check("fix.run")?;
+            Some(Fix::Run(run))
+        }
+        Some(_) => bail!(
+            "`fix` must be either `{{ symlink = LINK, target = TARGET }}` or `{{ run = COMMAND }}`"
+        ),
+    };
+    Ok(Kind::Pin(Pin {
+        tool,
+        args: r.args.unwrap_or_else(|| vec!["--version".into()]),
+        expect,
+        timeout: dur(&r.timeout, "timeout", Duration::from_secs(10))?,
+        fix,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFreshness {
+    remote: Option<String>,
+    branch: Option<String>,
+    timeout: Option<DurationSpec>,
+    interval: Option<DurationSpec>,
+}
+
+fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
+    for (field, v) in [("remote", &r.remote), ("branch", &r.branch)] {
+        if let Some(v) = v
+            && (v.is_empty() || v.starts_with('-'))
+        {
+            bail!("`{field}` = {v:?} is not a remote or branch name");
+        }
+    }
+    Ok(Kind::Freshness(Freshness {
+        remote: r.remote,
+        branch: r.branch,
+        timeout: dur(&r.timeout, "timeout", Duration::from_secs(10))?,
+        interval: dur(&r.interval, "interval", Duration::from_secs(600))?,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::code_of;
+
+    fn repo() -> Repo {
+        Repo {
+            root: PathBuf::from("/r"),
+            git_dir: PathBuf::from("/r/.git"),
+        }
+    }
+
+    fn plan(text: &str) -> Result<Plan> {
+        parse(&repo(), Path::new("restore.toml"), text)
+    }
+
+    fn err(text: &str) -> String {
+        let e = plan(text).unwrap_err();
+        assert_eq!(code_of(&e), Code::Config, "{e:#}");
+        let msg = format!("{e:#}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        msg
+    }
+
+    #[test]
+    fn every_kind_resolves_with_defaults() {
+        let p = plan(
+            &r#"
+[[step]]
+name = "suites"
+kind = "submodules"
+paths = ["vendor/a/", "vendor/b"]
+sentinel = [{ suite = "a", path = "vendor/a/run.sh", breaks = "make test-a" }]
+
+[[step]]
+name = "skills"
+kind = "links"
+source = "skills"
+farm = ".claude/skills"
+index = "skills/INDEX.md"
+entries = "dirs"
+
+[[step]]
+name = "deps"
+kind = "command"
+run = ["npm", "ci"]
+creates = "node_modules"
+
+[[step]]
+name = "tool"
+kind = "download"
+url = "https://example.org/tool"
+sha256 = "SHA"
+dest = "bin/tool"
+executable = true
+read_timeout = "2s"
+backoff = 0
+
+[[step]]
+name = "python"
+kind = "pin"
+tool = "python3"
+expect = '^Python 3\.1[12]'
+fix = { symlink = "bin/python3", target = "/usr/bin/python3.11" }
+
+[[step]]
+name = "fresh"
+kind = "freshness"
+background = true
+timeout = "500ms"
+"#
+            .replace("SHA", &"AB".repeat(32)),
+        )
+        .unwrap();
+        let names: Vec<_> = p.steps.iter().map(|s| s.kind_name()).collect();
+        assert_eq!(names, KINDS);
+        let Kind::Submodules(s) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(s.paths, ["vendor/a", "vendor/b"]);
+        assert_eq!(s.sentinels[0].abs, Path::new("/r/vendor/a/run.sh"));
+        let Kind::Download(d) = &p.steps[3].kind else {
+            panic!()
+        };
+        assert_eq!(d.sha256, "ab".repeat(32));
+        assert_eq!(d.dest, Path::new("/r/bin/tool"));
+        assert_eq!(d.read_timeout, Duration::from_secs(2));
+        assert_eq!(d.connect_timeout, Duration::from_secs(10));
+        assert_eq!(d.backoff, Duration::ZERO);
+        assert_eq!(d.retries, 3);
+        let Kind::Pin(pin) = &p.steps[4].kind else {
+            panic!()
+        };
+        assert!(pin.expect.is_match("Python 3.11.2"));
+        assert_eq!(pin.args, ["--version"]);
+        assert!(p.steps[5].background && p.steps[5].fail_open);
+        let Kind::Freshness(f) = &p.steps[5].kind else {
+            panic!()
+        };
+        assert_eq!(f.timeout, Duration::from_millis(500));
+        assert_eq!(p.steps[1].source(&repo()), "skills -> .claude/skills");
+        let d = p.steps[2].describe(&repo());
+        assert_eq!(d["detail"]["creates"], "/r/node_modules");
+    }
+
+    #[test]
+    fn bad_manifests_are_refused_with_the_step_named() {
+        let m = err("[[step]]\nname = \"x\"\nkind = \"teleport\"\n");
+        assert!(
+            m.contains("step 1 (\"x\")") && m.contains("unknown kind"),
+            "{m}"
+        );
+        let m = err(
+            "[[step]]\nname = \"x\"\nkind = \"links\"\nsource = \"a\"\nfarm = \"b\"\nfarn = 1\n",
+        );
+        assert!(m.contains("farn"), "{m}");
+        let m = err("[[step]]\nname = \"x\"\nkind = \"command\"\nrun = \"make\"\n");
+        assert!(m.contains("`creates`"), "{m}");
+        let m = err("[[step]]\nname = \"bad name\"\nkind = \"command\"\n");
+        assert!(m.contains("letters, digits"), "{m}");
+        let m = err("[[step]]\nkind = \"command\"\n");
+        assert!(m.contains("step 1: `name` is missing"), "{m}");
+        let two = "[[step]]\nname = \"a\"\nkind = \"freshness\"\n";
+        let m = err(&format!("{two}{two}"));
+        assert!(m.contains("two steps are named \"a\""), "{m}");
+        assert!(err("").contains("no steps"));
+        assert!(err("[defaults]\nx = 1\n").contains("unknown top-level key `defaults`"));
+        assert!(err("[[step]\n").contains("not valid TOML"));
+        let m = err("[[step]]\nname = \"p\"\nkind = \"pin\"\ntool = \"x\"\nexpect = \"(\"\n");
+        assert!(m.contains("not a valid pattern"), "{m}");
+        let m = err(
+            "[[step]]\nname = \"p\"\nkind = \"pin\"\ntool = \"x\"\nexpect = \"x\"\nfix = { symlink = \"a\" }\n",
+        );
+        assert!(m.contains("`fix` must be either"), "{m}");
+        let m = err("[[step]]\nname = \"s\"\nkind = \"submodules\"\npaths = [\"../escape\"]\n");
+        assert!(m.contains("inside the repository"), "{m}");
+        let m = err("[[step]]\nname = \"f\"\nkind = \"freshness\"\ntimeout = \"soon\"\n");
+        assert!(m.contains("not a duration"), "{m}");
+    }
+
+    #[test]
+    fn downloads_need_https_and_a_real_pin() {
+        let step = |url: &str, sha: &str| {
+            format!(
+                "[[step]]\nname = \"d\"\nkind = \"download\"\nurl = \"{url}\"\nsha256 = \"{sha}\"\ndest = \"bin/x\"\n"
+            )
+        };
+        let good = "0".repeat(64);
+        assert!(err(&step("http://example.org/x", &good)).contains("must be https://"));
+        assert!(err(&step("ftp://example.org/x", &good)).contains("must be https://"));
+        assert!(err(&step("https://example.org/x", "abc")).contains("not 64 hex digits"));
+        for ok in [
+            "https://example.org/x",
+            "http://127.0.0.1:8080/x",
+            "http://localhost/x",
+            "http://[::1]:9/x",
+        ] {
+            plan(&step(ok, &good)).unwrap();
+        }
+        assert!(err(&step("http://127.0.0.1.evil.org/x", &good)).contains("https://"));
+    }
+}

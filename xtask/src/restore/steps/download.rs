@@ -1,0 +1,240 @@
+//! `download`: one file over HTTPS, pinned by sha256, installed atomically.
+//!
+//! The transfer is `curl`'s: it honours `https_proxy`, `HTTPS_PROXY`,
+//! `http_proxy` and `no_proxy`/`NO_PROXY` exactly as every other tool on the
+//! machine does, uses the system's CA store, and costs warmstart no TLS stack
+//! to compile (a Rust client with rustls would add ring or aws-lc to every
+//! build of a tool whose point is to be ready fast). Timeouts: connect
+//! (curl's), and a read timeout as "no byte for N": curl writes unbuffered
+//! into the temp file and this module watches it grow, killing a transfer
+//! that stalls (curl's own `--speed-time` averages over several seconds, so a
+//! trickle of bytes would hide a stall for too long). Retries with doubling
+//! backoff on timeouts, refused connections and 5xx.
+//!
+//! Install: into a temp file beside `dest`, hash it, and only when the hash
+//! equals the pin, rename it onto `dest`. A wrong pin installs nothing and
+//! leaves no temp file. The warm probe compares a stamp (url, pin, dest) and
+//! checks that `dest` exists: it never re-hashes the installed file.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{Ctx, Outcome, Probe};
+use crate::cache::manifest::hex;
+use crate::restore::plan::Download;
+use crate::restore::proc::{self, Exit, Log};
+use crate::restore::report::fmt_duration;
+use crate::restore::state;
+
+#[derive(Serialize, Deserialize, PartialEq)]
+struct Stamp {
+    url: String,
+    sha256: String,
+    dest: String,
+}
+
+fn stamp_of(d: &Download) -> Stamp {
+    Stamp {
+        url: d.url.clone(),
+        sha256: d.sha256.clone(),
+        dest: d.dest.display().to_string(),
+    }
+}
+
+pub fn probe(ctx: &Ctx, name: &str, d: &Download) -> Probe {
+    if !d.dest.exists() {
+        return Probe::Needed(format!("{} is missing", d.dest.display()));
+    }
+    match state::read_stamp::<Stamp>(ctx.paths, name) {
+        Some(s) if s == stamp_of(d) => Probe::warm(format!(
+            "{} at sha256 {}",
+            d.dest.display(),
+            &d.sha256[..12]
+        )),
+        _ => Probe::Needed(format!(
+            "{} is not the pinned download (pin changed or installed by hand)",
+            d.dest.display()
+        )),
+    }
+}
+
+/// curl's answer to one attempt.
+enum Attempt {
+    Ok,
+    /// Worth another try (timeout, refused, 5xx), with the reason.
+    Transient(String),
+    Permanent(String),
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64())
+}
+
+fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt> {
+    let protos = if d.url.starts_with("https://") {
+        "=https"
+    } else {
+        "=http,https"
+    };
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "--silent",
+        "--show-error",
+        "--fail",
+        "--location",
+        "--no-buffer",
+    ])
+    .args(["--proto", protos, "--proto-redir", protos])
+    .args(["--connect-timeout", &secs(d.connect_timeout)])
+    .args(["--write-out", "%{http_code}"])
+    .arg("--output")
+    .arg(tmp);
+    if let Some(m) = d.max_time {
+        cmd.args(["--max-time", &secs(m)]);
+    }
+    cmd.arg("--").arg(&d.url);
+    log.line(&format!("$ {}", proc::show(&cmd)));
+    // The read timeout: no new byte in the temp file for `read_timeout`
+    // (before the first byte, the connect timeout is allowed on top).
+    let start = Instant::now();
+    let (mut size, mut progress, mut any) = (0u64, start, false);
+    let stalled = || {
+        let now_size = std::fs::metadata(tmp).map(|m| m.len()).unwrap_or(0);
+        if now_size != size {
+            (size, progress, any) = (now_size, Instant::now(), true);
+        }
+        let limit = if any {
+            d.read_timeout
+        } else {
+            d.read_timeout + d.connect_timeout
+        };
+        (progress.elapsed() >= limit).then_some(d.read_timeout)
+    };
+    let (exit, out, err) = proc::capture_until(&mut cmd, stalled)
+        .map_err(|e| e.context("running curl (downloads need it: `apt-get install curl`)"))?;
+    let said = proc::last_line(&err);
+    log.line(&format!(
+        "-> {} http {} {said}",
+        exit.describe(),
+        out.trim()
+    ));
+    let code = match exit {
+        Exit::Status(s) => s.code().unwrap_or(-1),
+        Exit::TimedOut(t) => {
+            return Ok(Attempt::Transient(format!(
+                "timed out: no byte for {}",
+                fmt_duration(t)
+            )));
+        }
+    };
+    let http: u32 = out.trim().parse().unwrap_or(0);
+    Ok(match code {
+        0 => Attempt::Ok,
+        28 => Attempt::Transient(format!("timed out: {said}")),
+        5 | 6 | 7 | 18 | 35 | 52 | 55 | 56 => Attempt::Transient(said),
+        22 if http >= 500 || http == 429 => Attempt::Transient(format!("HTTP {http}")),
+        22 => Attempt::Permanent(format!("HTTP {http}: {said}")),
+        _ => Attempt::Permanent(format!("curl exit {code}: {said}")),
+    })
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+pub fn run(ctx: &Ctx, name: &str, d: &Download, log: &mut Log) -> Result<Outcome> {
+    let dir = d.dest.parent().context("dest has a parent directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file_name = d.dest.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(
+        ".{file_name}.warmstart-{}.part",
+        std::process::id()
+    ));
+    let result = fetch_verify_install(ctx, name, d, &tmp, log);
+    // Whatever happened, no partial file stays behind.
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+fn fetch_verify_install(
+    ctx: &Ctx,
+    name: &str,
+    d: &Download,
+    tmp: &Path,
+    log: &mut Log,
+) -> Result<Outcome> {
+    let attempts = d.retries + 1;
+    let mut last = String::new();
+    let mut fetched = false;
+    for i in 0..attempts {
+        if i > 0 {
+            let wait = d.backoff * 2u32.saturating_pow(i - 1);
+            log.line(&format!(
+                "retry {i} of {} in {}",
+                d.retries,
+                fmt_duration(wait)
+            ));
+            std::thread::sleep(wait);
+        }
+        let _ = std::fs::remove_file(tmp);
+        match attempt(d, tmp, log)? {
+            Attempt::Ok => {
+                fetched = true;
+                break;
+            }
+            Attempt::Transient(why) => last = why,
+            Attempt::Permanent(why) => {
+                return Ok(Outcome::failed(format!(
+                    "download of {} failed: {why}; nothing installed",
+                    d.url
+                )));
+            }
+        }
+    }
+    if !fetched {
+        return Ok(Outcome::failed(format!(
+            "download of {} failed after {attempts} attempt(s): {last}; nothing installed",
+            d.url
+        )));
+    }
+    let got = sha256_file(tmp)?;
+    if got != d.sha256 {
+        log.line(&format!("sha256 {got} != pinned {}", d.sha256));
+        return Ok(Outcome::failed(format!(
+            "sha256 mismatch for {}: got {got}, the manifest pins {}; nothing installed (if the new file is right, update `sha256`)",
+            d.url, d.sha256
+        )));
+    }
+    let mode = if d.executable { 0o755 } else { 0o644 };
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", tmp.display()))?;
+    std::fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing {}", tmp.display()))?;
+    std::fs::rename(tmp, &d.dest).with_context(|| format!("renaming onto {}", d.dest.display()))?;
+    state::write_stamp(ctx.paths, name, &stamp_of(d))?;
+    let size = std::fs::metadata(&d.dest).map(|m| m.len()).unwrap_or(0);
+    Ok(Outcome::done(format!(
+        "installed {} ({size} bytes, sha256 {})",
+        d.dest.display(),
+        &d.sha256[..12]
+    )))
+}

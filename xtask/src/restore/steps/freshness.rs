@@ -1,0 +1,156 @@
+//! `freshness`: fetch the current branch's upstream within a bounded time, and
+//! fast-forward when behind and clean.
+//!
+//! When the work tree has local changes, or the branch has diverged, it
+//! prints a loud warning and touches nothing: no merge, no stash, no reset.
+//! A fetch that fails or does not finish within `timeout` is reported as the
+//! remote being unreachable (the machine may be offline). The warm probe is
+//! the time of the last check (`interval`), so a warm restore never goes to
+//! the network.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use xshell::cmd;
+
+use super::{Ctx, Outcome, Probe};
+use crate::restore::plan::Freshness;
+use crate::restore::proc::{self, Exit, Log};
+use crate::restore::report::fmt_duration;
+use crate::restore::state;
+
+#[derive(Serialize, Deserialize)]
+struct Stamp {
+    checked_at: u64,
+}
+
+pub fn probe(ctx: &Ctx, name: &str, f: &Freshness) -> Probe {
+    let now = crate::clock::now_ms();
+    match state::read_stamp::<Stamp>(ctx.paths, name) {
+        Some(s) if now.saturating_sub(s.checked_at) < f.interval.as_millis() as u64 => {
+            Probe::warm(format!(
+                "checked {} ago",
+                fmt_duration(std::time::Duration::from_millis(now - s.checked_at))
+            ))
+        }
+        _ => Probe::Needed("not checked recently".into()),
+    }
+}
+
+pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcome> {
+    let sh = ctx.sh;
+    let root = &ctx.repo.root;
+    let git = |args: &[&str]| -> Result<String> {
+        cmd!(sh, "git -C {root} {args...}")
+            .quiet()
+            .ignore_stderr()
+            .read()
+            .with_context(|| format!("git {}", args.join(" ")))
+    };
+    let Ok(branch) = git(&["symbolic-ref", "--quiet", "--short", "HEAD"]) else {
+        return Ok(
+            Outcome::done("detached HEAD: no branch to refresh").with_warnings(vec![
+                "WARNING: HEAD is detached, so there is no branch to fetch or fast-forward".into(),
+            ]),
+        );
+    };
+    let remote = match &f.remote {
+        Some(r) => r.clone(),
+        None => git(&["config", "--get", &format!("branch.{branch}.remote")])
+            .unwrap_or_else(|_| "origin".into()),
+    };
+    let upstream = match &f.branch {
+        Some(b) => b.clone(),
+        None => git(&["config", "--get", &format!("branch.{branch}.merge")])
+            .map(|m| m.trim_start_matches("refs/heads/").to_string())
+            .unwrap_or_else(|_| branch.clone()),
+    };
+    let theirs_name = format!("{remote}/{upstream}");
+    let is_url = remote.contains(':') || remote.contains('/');
+    if !is_url && git(&["remote", "get-url", &remote]).is_err() {
+        return Ok(Outcome::failed(format!(
+            "no remote named {remote:?} in this clone: add it, or set `remote` in the step"
+        )));
+    }
+
+    let refspec = format!("refs/heads/{upstream}");
+    let mut fetch: std::process::Command = cmd!(
+        sh,
+        "git -C {root} fetch --no-tags --quiet {remote} {refspec}"
+    )
+    .into();
+    fetch.env("GIT_TERMINAL_PROMPT", "0");
+    match proc::run_logged(&mut fetch, log, Some(f.timeout))? {
+        Exit::TimedOut(t) => {
+            return Ok(Outcome::failed(format!(
+                "offline or unreachable: {remote} did not answer within {}; {branch} not refreshed",
+                fmt_duration(t)
+            )));
+        }
+        Exit::Status(s) if !s.success() => {
+            return Ok(Outcome::failed(format!(
+                "offline or unreachable: fetching {theirs_name} failed: {}; {branch} not refreshed",
+                proc::last_log_line(log)
+            )));
+        }
+        Exit::Status(_) => {}
+    }
+    let theirs = git(&["rev-parse", "FETCH_HEAD"])?;
+    let counts = git(&[
+        "rev-list",
+        "--left-right",
+        "--count",
+        &format!("HEAD...{theirs}"),
+    ])?;
+    let (ahead, behind) = counts
+        .split_once('\t')
+        .and_then(|(a, b)| Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?)))
+        .with_context(|| format!("reading `git rev-list --count` output {counts:?}"))?;
+    log.line(&format!(
+        "{branch}: ahead {ahead}, behind {behind} {theirs_name}"
+    ));
+
+    let outcome = if behind == 0 {
+        Outcome::done(if ahead == 0 {
+            format!("{branch} is up to date with {theirs_name}")
+        } else {
+            format!("{branch} is {ahead} commit(s) ahead of {theirs_name}")
+        })
+    } else if ahead > 0 {
+        Outcome::done(format!("{branch} has diverged from {theirs_name}: untouched")).with_warnings(vec![format!(
+            "WARNING: {branch} and {theirs_name} have diverged ({ahead} local, {behind} remote commit(s)): nothing was changed; rebase or merge by hand"
+        )])
+    } else {
+        let dirty = git(&["status", "--porcelain", "--untracked-files=no"])?;
+        if !dirty.is_empty() {
+            Outcome::done(format!("{branch} is {behind} behind, tree dirty: untouched")).with_warnings(vec![format!(
+                "WARNING: {branch} is {behind} commit(s) behind {theirs_name} and the work tree has local changes: nothing was changed; commit or stash, then `git merge --ff-only {theirs_name}`"
+            )])
+        } else {
+            let mut merge: std::process::Command =
+                cmd!(sh, "git -C {root} merge --ff-only --quiet {theirs}").into();
+            let exit = proc::run_logged(
+                &mut merge,
+                log,
+                Some(f.timeout.max(std::time::Duration::from_secs(60))),
+            )?;
+            if !exit.success() {
+                return Ok(Outcome::failed(format!(
+                    "fast-forward of {branch} to {theirs_name} failed: {}",
+                    proc::last_log_line(log)
+                )));
+            }
+            Outcome::done(format!(
+                "fast-forwarded {branch} by {behind} commit(s) to {theirs_name} ({})",
+                &theirs[..theirs.len().min(10)]
+            ))
+        }
+    };
+    state::write_stamp(
+        ctx.paths,
+        name,
+        &Stamp {
+            checked_at: crate::clock::now_ms(),
+        },
+    )?;
+    Ok(outcome)
+}
