@@ -523,7 +523,21 @@ pub fn unpack_into(
         unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
     });
     pb.finish_and_clear();
-    r
+    r.map_err(|e| {
+        if crate::exit::code_of(&e) == Code::Unsafe {
+            // The extractor names the entry; say where it came from and
+            // what to do, keeping the exit code.
+            fail(
+                Code::Unsafe,
+                format!(
+                    "{e:#} ({}: nothing was installed; republish it from a tree without such entries)",
+                    kp.plan.label
+                ),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
