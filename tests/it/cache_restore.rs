@@ -1084,6 +1084,20 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
     assert_eq!(big_blobs, 0);
     let text = fx.xtask(&["cache", "list"]).ok().stdout();
     assert!(text.contains("tc") && text.contains("installed"), "{text}");
+    // A broken manifest is listed with its error; the others still are,
+    // and the command ends with the manifest's exit code.
+    std::fs::write(fx.work.join("cache-manifests/broken.toml"), "[pack\n").unwrap();
+    let r = fx
+        .xtask(&["cache", "list", "--offline", "--json"])
+        .expect_code(10);
+    let l = json_of(&r);
+    assert_eq!(l[0]["name"], "broken");
+    assert!(
+        l[0]["error"].as_str().unwrap().contains("broken.toml"),
+        "{l}"
+    );
+    assert_eq!(l[2]["local"]["state"], "installed");
+    std::fs::remove_file(fx.work.join("cache-manifests/broken.toml")).unwrap();
     // Offline: no remote column, exit 0 even with the remote gone.
     std::fs::rename(&fx.remote, fx.env.join("gone.git")).unwrap();
     let l = json_of(&fx.xtask(&["cache", "list", "--offline", "--json"]).ok());
