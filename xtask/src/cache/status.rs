@@ -173,7 +173,11 @@ pub fn status(sh: &Shell, args: ListArgs) -> Result<()> {
 }
 
 fn print_status(c: &CacheStatus) {
-    println!("cache {} ({})", c.name, c.description);
+    if c.description.is_empty() {
+        println!("cache {}", c.name);
+    } else {
+        println!("cache {} ({})", c.name, c.description);
+    }
     println!(
         "  restores into {} ({} mode) from branch {}",
         c.target.display(),
