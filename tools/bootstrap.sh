@@ -8,7 +8,8 @@
 #   tools/bootstrap.sh --no-prebuilt ...      always compile
 #
 # 1. If target/warmstart-bin/xtask was installed for this exact source (the
-#    key below), exec it: no network, no compiler.
+#    key below; by this script or by the cache module's xtask-bin restore),
+#    exec it: no network, no compiler.
 # 2. Else, if origin's `xtask-bin-cache` branch holds the key, fetch it with git
 #    and coreutils only (DESIGN.md "Coreutils path"): git fetch --depth 1,
 #    git archive | tar -x, sha256sum -c, cat parts | zstd -d | tar -x. Nothing
@@ -26,6 +27,7 @@ remote=${WARMSTART_BOOTSTRAP_REMOTE:-origin}
 branch=xtask-bin-cache                    # cache-manifests/xtask-bin.toml [cache] branch
 install_dir=$root/target/warmstart-bin    # cache-manifests/xtask-bin.toml [restore] path
 stamp=$git_dir/warmstart/bootstrap/xtask-bin.key
+cache_stamp=$git_dir/warmstart/cache/stamps/xtask-bin.json   # warmstart::cache::stamp::path
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
 
 # ---- the cache key: keep in step with cache-manifests/xtask-bin.toml and
@@ -86,8 +88,11 @@ if [ -n "$(git status --porcelain -- xtask Cargo.toml Cargo.lock)" ]; then
 fi
 key=$(xtask_bin_key)
 
-# Warm: installed for this key already.
-if [ -x "$install_dir/xtask" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$key" ]; then
+# Warm: installed for this key already, by this script (its key file) or by
+# `xtask cache restore xtask-bin` / restore.toml's xtask-bin step (the cache
+# module's stamp, a JSON file that names the installed key).
+if [ -x "$install_dir/xtask" ] && { [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] ||
+  grep -qF "\"key\": \"$key\"," "$cache_stamp" 2>/dev/null; }; then
   run_restore "$install_dir/xtask" "$@"
 fi
 

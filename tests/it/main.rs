@@ -8,6 +8,7 @@ mod conda;
 mod demo;
 mod gates;
 mod restore;
+mod restore_cache;
 mod resume;
 mod tidy;
 mod unpack;

@@ -664,6 +664,84 @@ fn restore_download_installs_once_and_refuses_a_wrong_pin() {
     assert!(dir_names(&env2.join("r/tools/bin")).is_empty());
 }
 
+/// A `.conda` download: pinned, then unpacked by the conda module into the
+/// step's prefix (`only` filters, placeholders rewritten), once.
+#[test]
+fn restore_download_unpacks_a_conda_package_into_its_prefix_once() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let fixture =
+        crate::util::source_root().join("tests/fixtures/conda/wsfixture-1.2.3-h0_0.conda");
+    let bytes = std::fs::read(&fixture).unwrap();
+    let server = Server::start(Behave::Serve(bytes.clone()));
+    let prefix = env.join("opt/ws");
+    let step = |sha: &str| {
+        format!(
+            "[[step]]\nname = \"pkg\"\nkind = \"download\"\nurl = \"{}\"\nsha256 = \"{sha}\"\ndest = \"dl/wsfixture-1.2.3-h0_0.conda\"\nunpack_into = \"{}\"\nonly = [\"bin/\", \"lib/\"]\n",
+            server.url("wsfixture-1.2.3-h0_0.conda"),
+            prefix.display()
+        )
+    };
+    manifest(&env, "r", &step(&sha256_hex(&bytes)));
+
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "pkg"), "done", "{v:#}");
+    let w = what(&v, "pkg");
+    assert!(w.contains("unpacked wsfixture 1.2.3 into"), "{w}");
+    assert_eq!(
+        std::fs::read(env.join("r/dl/wsfixture-1.2.3-h0_0.conda")).unwrap(),
+        bytes
+    );
+    let tool = std::fs::read_to_string(prefix.join("bin/wsfixture-tool")).unwrap();
+    assert!(
+        tool.contains(&format!("installed in {}", prefix.display())),
+        "placeholder rewritten to the prefix: {tool}"
+    );
+    assert!(prefix.join("lib/libwsfixture.so.1.0").is_file());
+    assert_eq!(dir_names(&prefix), ["bin", "lib"], "only bin/ and lib/");
+    assert_eq!(server.hits(), 1);
+
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "pkg"), "warm", "{v:#}");
+    assert_eq!(server.hits(), 1, "a warm package download needs no network");
+    // The prefix gone: the probe notices and the next run installs again.
+    std::fs::remove_dir_all(&prefix).unwrap();
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "pkg"), "done", "{v:#}");
+    assert!(prefix.join("bin/wsfixture-tool").is_file());
+
+    // Pinned bytes that are not a package: refused by the conda module,
+    // nothing installed, neither the file nor anything in a new prefix.
+    let env2 = TestEnv::new();
+    env2.work_repo("r");
+    let junk = b"not a package\n".to_vec();
+    let server2 = Server::start(Behave::Serve(junk.clone()));
+    let prefix2 = env2.join("opt/ws");
+    manifest(
+        &env2,
+        "r",
+        &step(&sha256_hex(&junk))
+            .replace(&server.url(""), &server2.url(""))
+            .replace(
+                &prefix.display().to_string(),
+                &prefix2.display().to_string(),
+            ),
+    );
+    let (v, r) = restore_json(&env2, "r", &[]);
+    assert_eq!(state(&v, "pkg"), "failed-open", "{v:#}");
+    let w = what(&v, "pkg");
+    assert!(
+        w.contains("is neither a .conda") && w.contains("not installed"),
+        "{w}"
+    );
+    assert!(r.stderr().contains("restore: pkg failed"), "{}", r.stderr());
+    assert!(
+        dir_names(&env2.join("r/dl")).is_empty(),
+        "no file, no temp file"
+    );
+    assert!(dir_names(&prefix2).is_empty(), "nothing in the prefix");
+}
+
 #[test]
 fn restore_download_stall_times_out_retries_and_fails_clearly() {
     let env = TestEnv::new();
@@ -1202,5 +1280,49 @@ fn restore_bootstrap_refuses_a_tampered_part() {
             .iter()
             .all(|n| !n.starts_with(".bootstrap")),
         "no staging left behind"
+    );
+}
+
+/// The bootstrap and the cache module share one install: a binary that
+/// `cache restore xtask-bin` (or restore.toml's cache step) installed for
+/// this key is warm for tools/bootstrap.sh too, with the origin gone.
+#[test]
+fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
+    let env = TestEnv::new();
+    let src = bootstrap_world(&env);
+    let release = src.join("target/release");
+    std::fs::create_dir_all(&release).unwrap();
+    std::fs::copy(crate::util::bin(), release.join("xtask")).unwrap();
+    write(src.join(".git/info/exclude"), "target/\n");
+    let origin = env.join("origin.git");
+    env.git(&src, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    run(env.xtask_in(&src).args([
+        "cache",
+        "publish",
+        "xtask-bin",
+        "--allow-ungated",
+        "--quiet",
+    ]))
+    .ok();
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    let r = run(env.xtask_in("box").args(["cache", "restore", "xtask-bin"])).ok();
+    assert!(r.stdout().contains("restored xtask_bin-"), "{}", r.stdout());
+
+    env.git(
+        "box",
+        ["remote", "set-url", "origin", "/nonexistent/origin.git"],
+    );
+    let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
+    assert!(
+        r.stderr().contains("running") && r.stderr().contains("warmstart-bin/xtask restore"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "done");
+    assert!(
+        !env.join("box/.git/warmstart/bootstrap").exists(),
+        "no second install, no second key file"
     );
 }

@@ -274,6 +274,26 @@ pub fn restore_named(
     Ok(outcome)
 }
 
+/// Whether cache `name` is installed for its current key, without doing
+/// anything: `Ok(Ok(stamp))` when warm, `Ok(Err(why))` when a restore would
+/// work. Read-only: it computes the key (git pins run `git rev-parse`),
+/// reads the stamp and runs the ready-probe; no lock, no fetch, no hashing,
+/// no write (a corrupt stamp is only reported: `restore_named` sets it
+/// aside). The probe `cargo xtask restore`'s `cache` steps use.
+pub fn is_warm(sh: &Shell, repo: &Repo, name: &str) -> Result<Result<Stamp, String>> {
+    let m = manifest::load(repo, name)?;
+    let key = manifest::compute_key(sh, repo, &m)?;
+    let s = match stamp::load(&stamp::path(&repo.state_dir(), name)) {
+        Loaded::Missing => return Ok(Err(Miss::NoStamp.to_string())),
+        Loaded::Corrupt(e) => return Ok(Err(format!("{e:#}"))),
+        Loaded::Found(s) => *s,
+    };
+    if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
+        return Ok(Err(miss.to_string()));
+    }
+    Ok(ready(&m).map(|()| s))
+}
+
 /// The stamp, if it makes the current restore warm; else why not. A corrupt
 /// stamp is set aside (with a warning) and counts as missing: the restore
 /// that follows writes a good one.

@@ -3,6 +3,11 @@
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
+/// `conda unpack --max-bytes` unless given (also used by restore's package downloads).
+pub const DEFAULT_MAX_BYTES: u64 = 16 << 30;
+/// `conda unpack --max-entries` unless given.
+pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
+
 /// `cargo xtask conda`: its help text is the `Command::Conda` doc comment.
 #[derive(Debug, Args)]
 pub struct CondaArgs {
@@ -62,10 +67,10 @@ pub struct UnpackArgs {
     #[arg(long)]
     pub allow_external_symlinks: bool,
     /// Refuse packages whose contents exceed this many bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 16 << 30)]
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
     pub max_bytes: u64,
     /// Refuse packages with more entries than this.
-    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ENTRIES)]
     pub max_entries: u64,
     /// Print a JSON report instead of text.
     #[arg(long)]

@@ -3,8 +3,9 @@
 use clap::{Args, Subcommand};
 
 /// Bring this machine back to working order: run the ordered steps of
-/// `cache-manifests/restore.toml` (submodules, symlink farms, commands,
-/// pinned downloads, tool version pins, branch freshness).
+/// `cache-manifests/restore.toml` (cache branches, submodules, symlink farms,
+/// commands, pinned downloads and `.conda` packages, tool version pins,
+/// branch freshness).
 ///
 /// Every step first asks a cheap "already done?" probe and only runs when
 /// needed, so a warm run is a near-instant no-op. A failed step prints one

@@ -313,20 +313,21 @@ fn render_info(r: &InfoReport) -> String {
     out
 }
 
-#[derive(Serialize)]
-struct UnpackReport {
-    name: String,
-    version: String,
-    build: String,
-    format: Format,
-    prefix: PathBuf,
-    files: u64,
-    dirs: u64,
-    symlinks: u64,
-    hardlinks: u64,
-    bytes: u64,
+/// What `unpack_package` installed (`conda unpack --json` prints it).
+#[derive(Debug, Serialize)]
+pub struct UnpackReport {
+    pub name: String,
+    pub version: String,
+    pub build: String,
+    pub format: Format,
+    pub prefix: PathBuf,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub hardlinks: u64,
+    pub bytes: u64,
     /// Files whose prefix placeholder was rewritten to the prefix.
-    rewritten: Vec<String>,
+    pub rewritten: Vec<String>,
 }
 
 /// Removes the staging directory on every exit path until disarmed (right
@@ -406,7 +407,10 @@ fn prefix_and_journal(into: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((prefix, journal))
 }
 
-fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
+/// Unpacks the package `args.file` into `args.into` (every entry checked,
+/// placeholders rewritten, one journaled rename per file): `conda unpack`
+/// without the printing. `cargo xtask restore`'s package downloads call it.
+pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
     let only = only_filters(&args.only)?;
     let (prefix, journal) = prefix_and_journal(&args.into)?;
     // First finish any merge a killed run left, before anything else (it

@@ -19,7 +19,8 @@ use crate::exit::{Code, fail};
 use crate::repo::Repo;
 
 /// The step kinds this build knows, as written in `kind = "..."`.
-pub const KINDS: [&str; 6] = [
+pub const KINDS: [&str; 7] = [
+    "cache",
     "submodules",
     "links",
     "command",
@@ -48,12 +49,22 @@ pub struct Step {
 
 #[derive(Debug)]
 pub enum Kind {
+    Cache(CacheStep),
     Submodules(Submodules),
     Links(Links),
     Command(CommandStep),
     Download(Download),
     Pin(Pin),
     Freshness(Freshness),
+}
+
+/// A cache of `cache-manifests/<cache>.toml`, restored by the cache module.
+#[derive(Debug)]
+pub struct CacheStep {
+    /// The cache manifest's name.
+    pub cache: String,
+    /// Fetch from this remote (name or URL) instead of the manifest's.
+    pub remote: Option<String>,
 }
 
 /// `git submodule update --init` of the listed paths, then one sentinel file per suite.
@@ -145,6 +156,11 @@ pub struct Download {
     pub sha256: String,
     pub dest: PathBuf,
     pub executable: bool,
+    /// A `.conda` (or `.tar.bz2`) package to unpack into this prefix with
+    /// the conda module once its pin checked.
+    pub unpack_into: Option<PathBuf>,
+    /// With `unpack_into`: install only these directories of the package.
+    pub only: Vec<String>,
     pub connect_timeout: Duration,
     /// A transfer that moves no byte for this long is abandoned (and retried).
     pub read_timeout: Duration,
@@ -192,6 +208,7 @@ pub struct Freshness {
 impl Step {
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
+            Kind::Cache(_) => "cache",
             Kind::Submodules(_) => "submodules",
             Kind::Links(_) => "links",
             Kind::Command(_) => "command",
@@ -209,6 +226,7 @@ impl Step {
                 .unwrap_or_else(|_| p.display().to_string())
         };
         match &self.kind {
+            Kind::Cache(c) => cache_source(repo, c),
             Kind::Submodules(s) => s.paths.join(" "),
             Kind::Links(l) => format!("{} -> {}", rel(&l.source), rel(&l.farm)),
             Kind::Command(c) => c.run.display(),
@@ -227,6 +245,11 @@ impl Step {
     pub fn describe(&self, repo: &Repo) -> Value {
         let ms = |d: &Duration| d.as_millis() as u64;
         let detail = match &self.kind {
+            Kind::Cache(c) => json!({
+                "cache": c.cache,
+                "manifest": crate::cache::manifest::path_of(repo, &c.cache),
+                "remote": c.remote,
+            }),
             Kind::Submodules(s) => json!({
                 "paths": s.paths,
                 "sentinels": s.sentinels.iter().map(|x| json!({
@@ -247,6 +270,7 @@ impl Step {
             Kind::Download(d) => json!({
                 "url": d.url, "sha256": d.sha256, "dest": d.dest,
                 "executable": d.executable,
+                "unpack_into": d.unpack_into, "only": d.only,
                 "connect_timeout_ms": ms(&d.connect_timeout),
                 "read_timeout_ms": ms(&d.read_timeout),
                 "max_time_ms": d.max_time.as_ref().map(ms),
@@ -274,6 +298,20 @@ impl Step {
             "fail_open": self.fail_open,
             "detail": detail,
         })
+    }
+}
+
+/// `BRANCH @ REMOTE` of a cache step, from its cache manifest (read when
+/// the table is drawn; a manifest that does not load shows its path, and
+/// the step itself says what is wrong).
+fn cache_source(repo: &Repo, c: &CacheStep) -> String {
+    match crate::cache::manifest::load(repo, &c.cache) {
+        Ok(m) => format!(
+            "{} @ {}",
+            m.branch,
+            c.remote.as_deref().unwrap_or(&m.remote)
+        ),
+        Err(_) => format!("cache-manifests/{}.toml", c.cache),
     }
 }
 
@@ -389,6 +427,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
     let fail_open = take_bool(&mut t, "fail_open", true).map_err(named)?;
     let rest = toml::Value::Table(t);
     let kind = match kind.as_str() {
+        "cache" => resolve_cache(de(rest)?),
         "submodules" => resolve_submodules(repo, de(rest)?),
         "links" => resolve_links(repo, de(rest)?),
         "command" => resolve_command(repo, de(rest)?),
@@ -445,6 +484,42 @@ fn repo_relative(field: &str, raw: &str) -> Result<String> {
         bail!("`{field}` = {raw:?} must be a path inside the repository, relative to its root");
     }
     Ok(raw.trim_end_matches('/').to_string())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCache {
+    cache: String,
+    remote: Option<String>,
+}
+
+fn resolve_cache(r: RawCache) -> Result<Kind> {
+    let ok = !r.cache.is_empty()
+        && !r.cache.starts_with('.')
+        && r.cache
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !ok {
+        bail!(
+            "`cache` = {:?} must name a manifest cache-manifests/<cache>.toml (letters, digits, `.`, `_`, `-`)",
+            r.cache
+        );
+    }
+    if crate::cache::manifest::RESERVED.contains(&r.cache.as_str()) {
+        bail!(
+            "`cache` = {:?} names a reserved file, not a cache manifest",
+            r.cache
+        );
+    }
+    if let Some(remote) = &r.remote
+        && (remote.is_empty() || remote.starts_with('-'))
+    {
+        bail!("`remote` = {remote:?} is not a remote name or URL");
+    }
+    Ok(Kind::Cache(CacheStep {
+        cache: r.cache,
+        remote: r.remote,
+    }))
 }
 
 #[derive(Deserialize)]
@@ -561,6 +636,9 @@ struct RawDownload {
     dest: String,
     #[serde(default)]
     executable: bool,
+    unpack_into: Option<String>,
+    #[serde(default)]
+    only: Vec<String>,
     connect_timeout: Option<DurationSpec>,
     read_timeout: Option<DurationSpec>,
     max_time: Option<DurationSpec>,
@@ -581,6 +659,30 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
     if dest.file_name().is_none() || r.dest.ends_with('/') {
         bail!("`dest` = {:?} must name the file to install", r.dest);
     }
+    let unpack_into = r.unpack_into.map(|p| expand_path(repo, &p)).transpose()?;
+    match &unpack_into {
+        None if !r.only.is_empty() => {
+            bail!("`only` needs `unpack_into`: it filters what a package installs")
+        }
+        Some(_) if !(r.dest.ends_with(".conda") || r.dest.ends_with(".tar.bz2")) => bail!(
+            "`dest` = {:?} must end in .conda or .tar.bz2 when `unpack_into` is set",
+            r.dest
+        ),
+        Some(_) if r.executable => {
+            bail!("`executable` does not apply to a package that is unpacked")
+        }
+        _ => {}
+    }
+    for o in &r.only {
+        let p = Path::new(o);
+        if o.is_empty()
+            || p.is_absolute()
+            || p.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            bail!("`only` = {o:?} must be a directory inside the package, such as \"bin/\"");
+        }
+    }
     let retries = r.retries.unwrap_or(3);
     if retries > 10 {
         bail!("`retries` = {retries} is too many (at most 10)");
@@ -590,6 +692,8 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
         sha256,
         dest,
         executable: r.executable,
+        unpack_into,
+        only: r.only,
         connect_timeout: dur(
             &r.connect_timeout,
             "connect_timeout",
@@ -743,6 +847,11 @@ mod tests {
         let p = plan(
             &r#"
 [[step]]
+name = "bin"
+kind = "cache"
+cache = "xtask-bin"
+
+[[step]]
 name = "suites"
 kind = "submodules"
 paths = ["vendor/a/", "vendor/b"]
@@ -790,12 +899,12 @@ timeout = "500ms"
         .unwrap();
         let names: Vec<_> = p.steps.iter().map(|s| s.kind_name()).collect();
         assert_eq!(names, KINDS);
-        let Kind::Submodules(s) = &p.steps[0].kind else {
+        let Kind::Submodules(s) = &p.steps[1].kind else {
             panic!()
         };
         assert_eq!(s.paths, ["vendor/a", "vendor/b"]);
         assert_eq!(s.sentinels[0].abs, Path::new("/r/vendor/a/run.sh"));
-        let Kind::Download(d) = &p.steps[3].kind else {
+        let Kind::Download(d) = &p.steps[4].kind else {
             panic!()
         };
         assert_eq!(d.sha256, "ab".repeat(32));
@@ -804,19 +913,60 @@ timeout = "500ms"
         assert_eq!(d.connect_timeout, Duration::from_secs(10));
         assert_eq!(d.backoff, Duration::ZERO);
         assert_eq!(d.retries, 3);
-        let Kind::Pin(pin) = &p.steps[4].kind else {
+        let Kind::Pin(pin) = &p.steps[5].kind else {
             panic!()
         };
         assert!(pin.expect.is_match("Python 3.11.2"));
         assert_eq!(pin.args, ["--version"]);
-        assert!(p.steps[5].background && p.steps[5].fail_open);
-        let Kind::Freshness(f) = &p.steps[5].kind else {
+        assert!(p.steps[6].background && p.steps[6].fail_open);
+        let Kind::Freshness(f) = &p.steps[6].kind else {
             panic!()
         };
         assert_eq!(f.timeout, Duration::from_millis(500));
-        assert_eq!(p.steps[1].source(&repo()), "skills -> .claude/skills");
-        let d = p.steps[2].describe(&repo());
+        assert_eq!(p.steps[2].source(&repo()), "skills -> .claude/skills");
+        let d = p.steps[3].describe(&repo());
         assert_eq!(d["detail"]["creates"], "/r/node_modules");
+        let Kind::Cache(c) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!((c.cache.as_str(), c.remote.as_deref()), ("xtask-bin", None));
+        // No manifest under /r: the source names the file the step needs.
+        assert_eq!(p.steps[0].source(&repo()), "cache-manifests/xtask-bin.toml");
+    }
+
+    #[test]
+    fn cache_steps_and_package_downloads_are_checked() {
+        let m = err("[[step]]\nname = \"c\"\nkind = \"cache\"\n");
+        assert!(m.contains("cache"), "{m}");
+        let m = err("[[step]]\nname = \"c\"\nkind = \"cache\"\ncache = \"../x\"\n");
+        assert!(m.contains("must name a manifest"), "{m}");
+        let m = err("[[step]]\nname = \"c\"\nkind = \"cache\"\ncache = \"gates\"\n");
+        assert!(m.contains("reserved"), "{m}");
+        let dl = |dest: &str, extra: &str| {
+            format!(
+                "[[step]]\nname = \"d\"\nkind = \"download\"\nurl = \"https://e.org/p\"\nsha256 = \"{}\"\ndest = \"{dest}\"\n{extra}",
+                "0".repeat(64)
+            )
+        };
+        let m = err(&dl("dl/p.conda", "only = [\"bin/\"]\n"));
+        assert!(m.contains("`only` needs `unpack_into`"), "{m}");
+        let m = err(&dl("dl/p.zip", "unpack_into = \"opt\"\n"));
+        assert!(m.contains("must end in .conda"), "{m}");
+        let m = err(&dl(
+            "dl/p.conda",
+            "unpack_into = \"opt\"\nonly = [\"../bin\"]\n",
+        ));
+        assert!(m.contains("inside the package"), "{m}");
+        let p = plan(&dl(
+            "dl/p.conda",
+            "unpack_into = \"opt\"\nonly = [\"bin/\"]\n",
+        ))
+        .unwrap();
+        let Kind::Download(d) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(d.unpack_into.as_deref(), Some(Path::new("/r/opt")));
+        assert_eq!(d.only, ["bin/"]);
     }
 
     #[test]

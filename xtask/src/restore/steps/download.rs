@@ -15,6 +15,13 @@
 //! equals the pin, rename it onto `dest`. A wrong pin installs nothing and
 //! leaves no temp file. The warm probe compares a stamp (url, pin, dest) and
 //! checks that `dest` exists: it never re-hashes the installed file.
+//!
+//! A package (`unpack_into`): the verified temp file is unpacked into the
+//! prefix by `conda::unpack_package` (the conda module's checks, placeholder
+//! rewriting and journaled per-file install; `only` filters) before it is
+//! renamed onto `dest`, so a package that does not unpack is not installed
+//! and the next run tries again. The stamp then also records the prefix and
+//! filters, and the probe checks that the prefix exists.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -26,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use super::{Ctx, Outcome, Probe};
 use crate::cache::manifest::hex;
+use crate::cli::conda::{DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, UnpackArgs};
+use crate::conda;
 use crate::restore::plan::Download;
 use crate::restore::proc::{self, Exit, Log};
 use crate::restore::report::fmt_duration;
@@ -36,6 +45,10 @@ struct Stamp {
     url: String,
     sha256: String,
     dest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unpack_into: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    only: Vec<String>,
 }
 
 fn stamp_of(d: &Download) -> Stamp {
@@ -43,6 +56,8 @@ fn stamp_of(d: &Download) -> Stamp {
         url: d.url.clone(),
         sha256: d.sha256.clone(),
         dest: d.dest.display().to_string(),
+        unpack_into: d.unpack_into.as_ref().map(|p| p.display().to_string()),
+        only: d.only.clone(),
     }
 }
 
@@ -50,12 +65,21 @@ pub fn probe(ctx: &Ctx, name: &str, d: &Download) -> Probe {
     if !d.dest.exists() {
         return Probe::Needed(format!("{} is missing", d.dest.display()));
     }
+    if let Some(prefix) = &d.unpack_into
+        && !prefix.is_dir()
+    {
+        return Probe::Needed(format!("{} is missing", prefix.display()));
+    }
     match state::read_stamp::<Stamp>(ctx.paths, name) {
-        Some(s) if s == stamp_of(d) => Probe::warm(format!(
-            "{} at sha256 {}",
-            d.dest.display(),
-            &d.sha256[..12]
-        )),
+        Some(s) if s == stamp_of(d) => Probe::warm(match &d.unpack_into {
+            None => format!("{} at sha256 {}", d.dest.display(), &d.sha256[..12]),
+            Some(p) => format!(
+                "{} at sha256 {}, unpacked into {}",
+                d.dest.display(),
+                &d.sha256[..12],
+                p.display()
+            ),
+        }),
         _ => Probe::Needed(format!(
             "{} is not the pinned download (pin changed or installed by hand)",
             d.dest.display()
@@ -223,6 +247,40 @@ fn fetch_verify_install(
             d.url, d.sha256
         )));
     }
+    let unpacked = match &d.unpack_into {
+        None => None,
+        Some(prefix) => {
+            let args = UnpackArgs {
+                file: tmp.to_path_buf(),
+                into: prefix.clone(),
+                only: d.only.clone(),
+                allow_external_symlinks: false,
+                max_bytes: DEFAULT_MAX_BYTES,
+                max_entries: DEFAULT_MAX_ENTRIES,
+                json: false,
+            };
+            let r = conda::unpack_package(&args).with_context(|| {
+                format!(
+                    "unpacking {} (sha256 checked) into {}; {} not installed",
+                    d.url,
+                    prefix.display(),
+                    d.dest.display()
+                )
+            })?;
+            log.line(&format!(
+                "unpacked {} {} ({}) into {}: {} files, {} symlinks, {} bytes; placeholders rewritten in {}",
+                r.name,
+                r.version,
+                r.build,
+                r.prefix.display(),
+                r.files,
+                r.symlinks,
+                r.bytes,
+                r.rewritten.len()
+            ));
+            Some(r)
+        }
+    };
     let mode = if d.executable { 0o755 } else { 0o644 };
     std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the mode of {}", tmp.display()))?;
@@ -232,6 +290,17 @@ fn fetch_verify_install(
     std::fs::rename(tmp, &d.dest).with_context(|| format!("renaming onto {}", d.dest.display()))?;
     state::write_stamp(ctx.paths, name, &stamp_of(d))?;
     let size = std::fs::metadata(&d.dest).map(|m| m.len()).unwrap_or(0);
+    if let Some(r) = unpacked {
+        return Ok(Outcome::done(format!(
+            "installed {} ({size} bytes, sha256 {}) and unpacked {} {} into {}: {} files",
+            d.dest.display(),
+            &d.sha256[..12],
+            r.name,
+            r.version,
+            r.prefix.display(),
+            r.files
+        )));
+    }
     Ok(Outcome::done(format!(
         "installed {} ({size} bytes, sha256 {})",
         d.dest.display(),

@@ -6,6 +6,7 @@
 //! refreshes its stamp. Neither prints: they return what happened and the
 //! caller (`restore::run`) reports it.
 
+pub mod cache;
 pub mod command;
 pub mod download;
 pub mod freshness;
@@ -79,6 +80,7 @@ impl Outcome {
 
 pub fn probe(ctx: &Ctx, step: &Step) -> Probe {
     match &step.kind {
+        Kind::Cache(c) => cache::probe(ctx, c),
         Kind::Submodules(s) => submodules::probe(ctx, s),
         Kind::Links(s) => links::probe(ctx, s),
         Kind::Command(s) => command::probe(ctx, s),
@@ -91,6 +93,7 @@ pub fn probe(ctx: &Ctx, step: &Step) -> Probe {
 /// Runs the step; an `Err` is a failure like `Outcome::failed`, with its chain.
 pub fn run(ctx: &Ctx, step: &Step, log: &mut Log) -> Result<Outcome> {
     match &step.kind {
+        Kind::Cache(c) => cache::run(ctx, c, log),
         Kind::Submodules(s) => submodules::run(ctx, s, log),
         Kind::Links(s) => links::run(ctx, s, log),
         Kind::Command(s) => command::run(ctx, s, log),

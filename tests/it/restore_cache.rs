@@ -1,0 +1,271 @@
+//! `cargo xtask restore`'s `cache` step: a real cache published by the real
+//! binary to a bare remote, restored through restore.toml (cold, warm with the
+//! remote gone, key change, missing branch fail-open and `--strict`).
+
+use crate::util::{Run, TestEnv, run};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+struct Fx {
+    env: TestEnv,
+    work: PathBuf,
+    remote: PathBuf,
+    target: PathBuf,
+}
+
+const RESTORE_TOML: &str = r#"[[step]]
+name = "bin"
+kind = "cache"
+cache = "tc"
+
+[[step]]
+name = "after"
+kind = "command"
+run = "touch after-marker"
+creates = "after-marker"
+"#;
+
+impl Fx {
+    /// A work repository with a tiny ungated cache manifest `tc` (key from
+    /// pin.txt) and a restore.toml with a cache step, and an empty origin.
+    fn new() -> Fx {
+        let env = TestEnv::new();
+        let remote = env.bare_remote("origin.git");
+        let work = env.work_repo("work");
+        let target = env.join("installed");
+        let url = format!("file://{}", remote.display());
+        env.git(&work, ["remote", "add", "origin", &url]);
+        write(
+            &work.join("cache-manifests/tc.toml"),
+            &format!(
+                r#"[cache]
+branch = "tc-cache"
+description = "test cache"
+
+[[key]]
+name = "v"
+regex = {{ file = "pin.txt", pattern = 'v=(\S+)' }}
+
+[pack]
+root = "payload"
+
+[restore]
+path = "{}"
+mode = "replace"
+
+[ready]
+path = "hello.txt"
+"#,
+                target.display()
+            ),
+        );
+        write(&work.join("cache-manifests/restore.toml"), RESTORE_TOML);
+        write(&work.join(".gitignore"), "after-marker\n");
+        let fx = Fx {
+            env,
+            work,
+            remote,
+            target,
+        };
+        fx.set_version("1");
+        fx
+    }
+
+    /// Moves the key to `v` and the payload with it, committed.
+    fn set_version(&self, v: &str) {
+        write(&self.work.join("pin.txt"), &format!("v={v}\n"));
+        write(
+            &self.work.join("payload/hello.txt"),
+            &format!("hello {v}\n"),
+        );
+        self.env.git(&self.work, ["add", "-A"]);
+        self.env
+            .git(&self.work, ["commit", "-q", "-m", &format!("v{v}")]);
+    }
+
+    fn xtask(&self, args: &[&str]) -> Run {
+        run(self.env.xtask_in(&self.work).args(args))
+    }
+
+    fn publish(&self) {
+        self.xtask(&["cache", "publish", "tc", "--allow-ungated", "--quiet"])
+            .ok();
+    }
+
+    fn restore_json(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["restore", "--json"];
+        args.extend_from_slice(extra);
+        let r = self.xtask(&args).ok();
+        serde_json::from_str(&r.stdout())
+            .unwrap_or_else(|e| panic!("--json output is JSON ({e}):\n{}", r.stdout()))
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.work.join(".git/warmstart")
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+fn row<'a>(v: &'a Value, step: &str) -> &'a Value {
+    v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["step"] == step)
+        .unwrap_or_else(|| panic!("no row {step} in {v:#}"))
+}
+
+/// The table line of `step` (the first column is the step name).
+fn table_line(stdout: &str, step: &str) -> String {
+    stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(step))
+        .unwrap_or_else(|| panic!("no row {step} in the table:\n{stdout}"))
+        .to_string()
+}
+
+/// Every file under `dir` with its bytes and mtime: a warm run changes none.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten() {
+            let p = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file() {
+                out.push((
+                    p.clone(),
+                    std::fs::read(&p).unwrap(),
+                    meta.modified().unwrap(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn restore_cache_step_cold_then_warm_offline_then_key_change() {
+    let fx = Fx::new();
+    fx.publish();
+
+    // Cold: restored through the cache module, and the table says so.
+    let cold = fx.xtask(&["restore"]).ok();
+    let line = table_line(&cold.stdout(), "bin");
+    for want in ["cache", "tc-cache @ origin", "done", "restored tc-1"] {
+        assert!(
+            line.contains(want),
+            "{want:?} not in {line:?}\n{}",
+            cold.stdout()
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(fx.target.join("hello.txt")).unwrap(),
+        "hello 1\n"
+    );
+    assert!(fx.work.join("after-marker").exists(), "the next step ran");
+    assert!(fx.state_dir().join("logs/bin.log").is_file());
+
+    // Warm, with the remote gone: a no-op that needs no network and leaves
+    // no trace in the state directory (logs, stamps, state file, cache.git).
+    let before = snapshot(&fx.state_dir());
+    let away = fx.env.join("origin-away.git");
+    std::fs::rename(&fx.remote, &away).unwrap();
+    let warm = fx.restore_json(&[]);
+    let bin = row(&warm, "bin");
+    assert_eq!(bin["state"], "warm", "{warm:#}");
+    assert_eq!(bin["source"], "tc-cache @ origin");
+    assert!(
+        bin["what"].as_str().unwrap().starts_with("tc-1 at "),
+        "{bin}"
+    );
+    assert!(bin["last_cold_ms"].as_u64().is_some(), "{bin}");
+    assert_eq!(warm["ok"], true);
+    assert_eq!(snapshot(&fx.state_dir()), before, "a warm run wrote state");
+    let text = fx.xtask(&["restore"]).ok();
+    assert!(
+        table_line(&text.stdout(), "bin").contains("warm"),
+        "{}",
+        text.stdout()
+    );
+    assert_eq!(snapshot(&fx.state_dir()), before);
+    std::fs::rename(&away, &fx.remote).unwrap();
+
+    // A key change restores the new key.
+    fx.set_version("2");
+    fx.publish();
+    let again = fx.restore_json(&[]);
+    let bin = row(&again, "bin");
+    assert_eq!(bin["state"], "done", "{again:#}");
+    assert!(
+        bin["what"].as_str().unwrap().contains("restored tc-2"),
+        "{bin}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fx.target.join("hello.txt")).unwrap(),
+        "hello 2\n"
+    );
+    assert_eq!(row(&fx.restore_json(&[]), "bin")["state"], "warm");
+}
+
+#[test]
+fn restore_cache_step_missing_branch_fails_open_and_strict_makes_it_fatal() {
+    let fx = Fx::new();
+    // Nothing published: origin has no tc-cache branch.
+    let r = fx.xtask(&["restore"]).ok();
+    let lines: Vec<_> = r.stderr().lines().map(str::to_string).collect();
+    let about: Vec<_> = lines.iter().filter(|l| l.contains("bin")).collect();
+    assert_eq!(about.len(), 1, "one line about the step:\n{}", r.stderr());
+    assert!(
+        about[0].starts_with("restore: bin failed (fail-open, continuing)")
+            && about[0].contains("has no branch tc-cache"),
+        "{}",
+        about[0]
+    );
+    assert!(table_line(&r.stdout(), "bin").contains("failed-open"));
+    assert!(fx.work.join("after-marker").exists(), "the rest went on");
+    assert!(!fx.target.exists(), "nothing installed");
+
+    std::fs::remove_file(fx.work.join("after-marker")).unwrap();
+    let strict = fx.xtask(&["restore", "--strict"]).expect_code(11);
+    assert!(
+        strict.stderr().contains("restore: bin failed:")
+            && strict.stderr().contains("has no branch tc-cache"),
+        "{}",
+        strict.stderr()
+    );
+    assert!(
+        table_line(&strict.stdout(), "after").contains("skipped"),
+        "{}",
+        strict.stdout()
+    );
+    assert!(
+        !fx.work.join("after-marker").exists(),
+        "--strict stopped there"
+    );
+}
+
+#[test]
+fn restore_cache_step_with_a_bad_manifest_name_fails_open_naming_the_file() {
+    let fx = Fx::new();
+    write(
+        &fx.work.join("cache-manifests/restore.toml"),
+        &RESTORE_TOML.replace("cache = \"tc\"", "cache = \"nope\""),
+    );
+    let v = fx.restore_json(&[]);
+    let bin = row(&v, "bin");
+    assert_eq!(bin["state"], "failed-open", "{v:#}");
+    assert_eq!(bin["source"], "cache-manifests/nope.toml");
+    assert!(
+        bin["what"].as_str().unwrap().contains("no cache manifest"),
+        "{bin}"
+    );
+    assert_eq!(row(&v, "after")["state"], "done");
+}
