@@ -250,7 +250,7 @@ pub fn restore_named(
 
     let mut reason = None;
     if !opts.verify {
-        match current_stamp(&m, &key, &stamp_file)? {
+        match warm_check(&m, &key, &stamp_file, true)? {
             Ok(s) => return Ok(from_stamp(&m, &s, State::Warm, start, Phases::default())),
             Err(miss) => reason = Some(miss.to_string()),
         }
@@ -263,7 +263,7 @@ pub fn restore_named(
     };
     // Another restorer may have installed this key while we waited: use
     // its result (with --verify, only if it finished after we started).
-    if let Ok(s) = current_stamp(&m, &key, &stamp_file)?
+    if let Ok(s) = warm_check(&m, &key, &stamp_file, true)?
         && (!opts.verify || s.restored_at_ms >= started_ms)
     {
         return Ok(from_stamp(&m, &s, State::Reused, start, phases));
@@ -283,23 +283,23 @@ pub fn restore_named(
 pub fn is_warm(sh: &Shell, repo: &Repo, name: &str) -> Result<Result<Stamp, String>> {
     let m = manifest::load(repo, name)?;
     let key = manifest::compute_key(sh, repo, &m)?;
-    let s = match stamp::load(&stamp::path(&repo.state_dir(), name)) {
-        Loaded::Missing => return Ok(Err(Miss::NoStamp.to_string())),
-        Loaded::Corrupt(e) => return Ok(Err(format!("{e:#}"))),
-        Loaded::Found(s) => *s,
-    };
-    if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
-        return Ok(Err(miss.to_string()));
-    }
-    Ok(ready(&m).map(|()| s))
+    let file = stamp::path(&repo.state_dir(), name);
+    Ok(warm_check(&m, &key, &file, false)?.map_err(|miss| miss.to_string()))
 }
 
-/// The stamp, if it makes the current restore warm; else why not. A corrupt
-/// stamp is set aside (with a warning) and counts as missing: the restore
-/// that follows writes a good one.
-fn current_stamp(m: &CacheManifest, key: &Key, file: &Path) -> Result<Result<Stamp, Miss>> {
+/// The stamp, if it makes the current restore warm; else why not. With
+/// `set_aside`, a corrupt stamp is moved aside (with a warning) and counts
+/// as missing, so the restore that follows writes a good one; without, it
+/// is only reported (`Miss::Corrupt`) and nothing is written.
+fn warm_check(
+    m: &CacheManifest,
+    key: &Key,
+    file: &Path,
+    set_aside: bool,
+) -> Result<Result<Stamp, Miss>> {
     let s = match stamp::load(file) {
         Loaded::Missing => return Ok(Err(Miss::NoStamp)),
+        Loaded::Corrupt(e) if !set_aside => return Ok(Err(Miss::Corrupt(format!("{e:#}")))),
         Loaded::Corrupt(e) => {
             let aside = stamp::set_aside(file, clock::now_ms())?;
             eprintln!(

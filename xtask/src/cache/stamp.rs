@@ -70,6 +70,8 @@ pub enum Miss {
     },
     /// The stamp matches but the manifest's ready-probe fails.
     NotReady(String),
+    /// The stamp cannot be read (the message says why).
+    Corrupt(String),
 }
 
 /// One pin whose value differs between the stamp and the current key.
@@ -109,6 +111,7 @@ impl std::fmt::Display for Miss {
             }
             Miss::Mode { installed } => write!(f, "installed in {installed} mode instead"),
             Miss::NotReady(why) => write!(f, "installed, but the ready-probe fails: {why}"),
+            Miss::Corrupt(why) => f.write_str(why),
         }
     }
 }
