@@ -276,6 +276,7 @@ fn cache_restore_of_a_moved_pin_installs_the_new_key() {
     let j = fx.restore_json();
     assert_eq!(j["state"], "restored");
     assert_eq!(j["key"], "tc-2");
+    assert_eq!(j["reason"], "installed key tc-1 differs: v 1 -> 2");
     assert_same_tree(&s2, &fx.target);
     assert_eq!(fx.restore_json()["state"], "warm");
     fx.assert_no_leftovers();
@@ -378,7 +379,7 @@ fn cache_restore_refuses_hostile_archives_naming_the_entry() {
         &good,
         entries(json!([{ "name": abs, "data": "absolute" }])),
         7,
-        "absolute path",
+        &format!("`{}`: absolute path", abs.display()),
     );
     assert!(!abs.exists());
 
@@ -419,7 +420,7 @@ fn cache_restore_refuses_hostile_archives_naming_the_entry() {
         &good,
         entries(json!([{ "name": "null", "type": "chr" }])),
         7,
-        "device",
+        "`null`: device nodes are refused",
     );
     // More bytes than warmstart.json declares.
     refused(
@@ -918,8 +919,131 @@ fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
     assert_eq!(fx.restore_json()["state"], "warm");
     // The ready-probe fails when its path is gone: the next run reinstalls.
     std::fs::remove_file(prefix.join("bin/tool")).unwrap();
-    assert_eq!(fx.restore_json()["state"], "restored");
+    let j = fx.restore_json();
+    assert_eq!(j["state"], "restored");
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the ready-probe fails"),
+        "{j}"
+    );
     assert!(prefix.join("bin/tool").exists());
+
+    // Killed in the middle of the merge (journal written, one file moved):
+    // the next run completes it from the journal, then restores cleanly.
+    let src2 = fx.env.join("src2");
+    std::fs::create_dir_all(src2.join("bin")).unwrap();
+    std::fs::write(src2.join("bin/tool"), "#!/bin/sh\necho 2\n").unwrap();
+    std::fs::write(src2.join("share.txt"), "shared 2").unwrap();
+    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1"), "tc-2": key_spec(&src2, "2") } }));
+    fx.pin("2");
+    for point in ["merge:journal-written", "merge:moved-one"] {
+        fx.pin(if point == "merge:moved-one" { "1" } else { "2" });
+        let mut cmd = fx.env.xtask_in("work");
+        cmd.args(["cache", "restore", "tc"])
+            .env("WARMSTART_TEST_KILL_AT", point);
+        use std::os::unix::process::ExitStatusExt;
+        let r = run(&mut cmd);
+        assert_eq!(r.out.status.signal(), Some(9), "{point}\n{}", show(&r.out));
+        assert!(
+            fx.state_dir().join("cache/journals/tc.journal").exists(),
+            "{point}"
+        );
+        let j = fx.restore_json();
+        assert_eq!(j["state"], "restored", "{point}");
+        let want = if point == "merge:moved-one" {
+            &src
+        } else {
+            &src2
+        };
+        for f in ["bin/tool", "share.txt"] {
+            assert_eq!(
+                std::fs::read(prefix.join(f)).unwrap(),
+                std::fs::read(want.join(f)).unwrap(),
+                "{point}: {f}"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(prefix.join("bin/mine")).unwrap(),
+            "not the cache's"
+        );
+        let stray: Vec<_> = std::fs::read_dir(prefix.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("staging") || n.contains("warmstart"))
+            .collect();
+        assert!(stray.is_empty(), "{point}: {stray:?}");
+    }
+
+    // A journal that cannot be read is not guessed at: exit 5, named, kept.
+    let journal = fx.state_dir().join("cache/journals/tc.journal");
+    std::fs::write(&journal, "not a journal").unwrap();
+    fx.pin("2");
+    let r = fx.restore().expect_code(5);
+    assert!(r.stderr().contains("tc.journal"), "{}", r.stderr());
+    assert_eq!(std::fs::read_to_string(&journal).unwrap(), "not a journal");
+    assert_eq!(
+        std::fs::read_to_string(prefix.join("share.txt")).unwrap(),
+        "shared"
+    );
+}
+
+#[test]
+fn cache_restore_sets_a_corrupt_stamp_aside_and_restores() {
+    let fx = Fx::new();
+    let src = fx.env.join("src1");
+    small_tree(&src, "one");
+    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
+    fx.restore().ok();
+    let stamp = fx.state_dir().join("cache/stamps/tc.json");
+    std::fs::write(&stamp, "{ truncated").unwrap();
+    let st = json_of(&fx.xtask(&["cache", "status", "--offline", "--json"]).ok());
+    assert_eq!(st[0]["local"]["state"], "corrupt stamp", "{st}");
+    let r = fx.xtask(&["cache", "restore", "tc", "--json"]).ok();
+    assert_eq!(json_of(&r)["state"], "restored");
+    assert!(r.stderr().contains("tc.json.corrupt-"), "{}", r.stderr());
+    let aside: Vec<_> = std::fs::read_dir(stamp.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tc.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(fx.restore_json()["state"], "warm");
+    assert_same_tree(&src, &fx.target);
+}
+
+#[test]
+fn cache_restore_gives_up_busy_when_another_restorer_holds_the_target() {
+    use sha2::{Digest, Sha256};
+    let fx = Fx::new();
+    let src = fx.env.join("src1");
+    small_tree(&src, "one");
+    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
+    // Hold the target's lock as another restorer would (flock on the lock
+    // file under the state directory, named by the target path's digest).
+    let digest: String = Sha256::digest(fx.target.to_str().unwrap().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let locks = fx.state_dir().join("cache/locks");
+    std::fs::create_dir_all(&locks).unwrap();
+    let held = std::fs::File::create(locks.join(format!("{}.lock", &digest[..16]))).unwrap();
+    held.lock().unwrap();
+    let r = run(fx
+        .env
+        .xtask_in("work")
+        .args(["cache", "restore", "tc"])
+        .env("WARMSTART_LOCK_TIMEOUT", "300ms"));
+    let r = r.expect_code(3);
+    assert!(
+        r.stderr().contains("WARMSTART_LOCK_TIMEOUT"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!fx.target.exists());
+    held.unlock().unwrap();
+    assert_eq!(fx.restore_json()["state"], "restored");
 }
 
 #[test]
@@ -960,6 +1084,20 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
     assert_eq!(big_blobs, 0);
     let text = fx.xtask(&["cache", "list"]).ok().stdout();
     assert!(text.contains("tc") && text.contains("installed"), "{text}");
+    // A broken manifest is listed with its error; the others still are,
+    // and the command ends with the manifest's exit code.
+    std::fs::write(fx.work.join("cache-manifests/broken.toml"), "[pack\n").unwrap();
+    let r = fx
+        .xtask(&["cache", "list", "--offline", "--json"])
+        .expect_code(10);
+    let l = json_of(&r);
+    assert_eq!(l[0]["name"], "broken");
+    assert!(
+        l[0]["error"].as_str().unwrap().contains("broken.toml"),
+        "{l}"
+    );
+    assert_eq!(l[2]["local"]["state"], "installed");
+    std::fs::remove_file(fx.work.join("cache-manifests/broken.toml")).unwrap();
     // Offline: no remote column, exit 0 even with the remote gone.
     std::fs::rename(&fx.remote, fx.env.join("gone.git")).unwrap();
     let l = json_of(&fx.xtask(&["cache", "list", "--offline", "--json"]).ok());

@@ -449,11 +449,16 @@ impl CacheGit {
         // ("stale info"), and by the server while it locks the ref, which is
         // how a push racing another one for the same ref loses ("cannot lock
         // ref ...: reference already exists" / "is at X but expected Y").
-        if stdout.contains("stale info")
-            || stdout.contains("fetch first")
-            || stderr.contains("cannot lock ref")
+        // With --porcelain the server's rejection reason is on stdout
+        // (`! src:dst [remote rejected] (cannot lock ref ...)`), while some
+        // transports also echo it on stderr: look at both.
+        let said = format!("{stdout}\n{stderr}");
+        if said.contains("stale info")
+            || said.contains("fetch first")
+            || said.contains("cannot lock ref")
+            || said.contains("failed to update ref")
         {
-            let git_said = last_lines(&format!("{stdout}\n{stderr}"));
+            let git_said = last_lines(&said);
             return Err(anyhow::Error::new(StaleLease {
                 message: format!(
                     "{branch} on {remote} changed since it was fetched (another publish?): nothing was pushed; publish again to build on it"

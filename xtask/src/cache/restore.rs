@@ -35,7 +35,7 @@ use crate::repo::Repo;
 use crate::unpack;
 
 /// How long a restorer waits for another one working on the same target,
-/// unless `WARMSTART_LOCK_TIMEOUT` (seconds) says otherwise.
+/// unless `WARMSTART_LOCK_TIMEOUT` (`90s`, `5m`, or seconds) says otherwise.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// How `restore_named` runs.
@@ -66,9 +66,7 @@ impl Default for RestoreOptions {
 fn lock_timeout_from_env() -> Duration {
     std::env::var("WARMSTART_LOCK_TIMEOUT")
         .ok()
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
+        .and_then(|s| clock::parse_duration(&s).ok())
         .unwrap_or(DEFAULT_LOCK_TIMEOUT)
 }
 
@@ -129,6 +127,10 @@ pub struct RestoreOutcome {
     /// With `--verify`: the first difference found in the installed copy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub difference: Option<String>,
+    /// Why the stamp did not make this run warm (`None` when warm, reused
+    /// or with `--verify`), e.g. `installed key tc-1 differs: v 1 -> 2`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `cargo xtask cache restore NAME`.
@@ -246,10 +248,12 @@ pub fn restore_named(
     let state_dir = repo.state_dir();
     let stamp_file = stamp::path(&state_dir, name);
 
-    if !opts.verify
-        && let Ok(s) = current_stamp(&m, &key, &stamp_file)?
-    {
-        return Ok(from_stamp(&m, &s, State::Warm, start, Phases::default()));
+    let mut reason = None;
+    if !opts.verify {
+        match warm_check(&m, &key, &stamp_file, true)? {
+            Ok(s) => return Ok(from_stamp(&m, &s, State::Warm, start, Phases::default())),
+            Err(miss) => reason = Some(miss.to_string()),
+        }
     }
 
     let (_lock, waited) = lock_target(&state_dir, &m.restore_path, opts.lock_timeout)?;
@@ -259,13 +263,15 @@ pub fn restore_named(
     };
     // Another restorer may have installed this key while we waited: use
     // its result (with --verify, only if it finished after we started).
-    if let Ok(s) = current_stamp(&m, &key, &stamp_file)?
+    if let Ok(s) = warm_check(&m, &key, &stamp_file, true)?
         && (!opts.verify || s.restored_at_ms >= started_ms)
     {
         return Ok(from_stamp(&m, &s, State::Reused, start, phases));
     }
-    cold(sh, repo, &m, &key, &stamp_file, opts, start, phases)
-        .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))
+    let mut outcome = cold(sh, repo, &m, &key, &stamp_file, opts, start, phases)
+        .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
+    outcome.reason = reason;
+    Ok(outcome)
 }
 
 /// Whether cache `name` is installed for its current key, without doing
@@ -277,23 +283,23 @@ pub fn restore_named(
 pub fn is_warm(sh: &Shell, repo: &Repo, name: &str) -> Result<Result<Stamp, String>> {
     let m = manifest::load(repo, name)?;
     let key = manifest::compute_key(sh, repo, &m)?;
-    let s = match stamp::load(&stamp::path(&repo.state_dir(), name)) {
-        Loaded::Missing => return Ok(Err(Miss::NoStamp.to_string())),
-        Loaded::Corrupt(e) => return Ok(Err(format!("{e:#}"))),
-        Loaded::Found(s) => *s,
-    };
-    if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
-        return Ok(Err(miss.to_string()));
-    }
-    Ok(ready(&m).map(|()| s))
+    let file = stamp::path(&repo.state_dir(), name);
+    Ok(warm_check(&m, &key, &file, false)?.map_err(|miss| miss.to_string()))
 }
 
-/// The stamp, if it makes the current restore warm; else why not. A corrupt
-/// stamp is set aside (with a warning) and counts as missing: the restore
-/// that follows writes a good one.
-fn current_stamp(m: &CacheManifest, key: &Key, file: &Path) -> Result<Result<Stamp, Miss>> {
+/// The stamp, if it makes the current restore warm; else why not. With
+/// `set_aside`, a corrupt stamp is moved aside (with a warning) and counts
+/// as missing, so the restore that follows writes a good one; without, it
+/// is only reported (`Miss::Corrupt`) and nothing is written.
+fn warm_check(
+    m: &CacheManifest,
+    key: &Key,
+    file: &Path,
+    set_aside: bool,
+) -> Result<Result<Stamp, Miss>> {
     let s = match stamp::load(file) {
         Loaded::Missing => return Ok(Err(Miss::NoStamp)),
+        Loaded::Corrupt(e) if !set_aside => return Ok(Err(Miss::Corrupt(format!("{e:#}")))),
         Loaded::Corrupt(e) => {
             let aside = stamp::set_aside(file, clock::now_ms())?;
             eprintln!(
@@ -307,10 +313,7 @@ fn current_stamp(m: &CacheManifest, key: &Key, file: &Path) -> Result<Result<Sta
     if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         return Ok(Err(miss));
     }
-    Ok(match ready(m) {
-        Ok(()) => Ok(s),
-        Err(_) => Err(Miss::NoStamp),
-    })
+    Ok(ready(m).map(|()| s).map_err(Miss::NotReady))
 }
 
 /// The manifest's cheap ready-probe. `Err` says what is missing.
@@ -387,6 +390,7 @@ fn from_stamp(
         duration,
         phases,
         difference: None,
+        reason: None,
     }
 }
 
@@ -530,8 +534,7 @@ pub fn unpack_into(
     dest: &Path,
     progress: bool,
 ) -> Result<(unpack::Stats, verify::Stats)> {
-    let total: u64 = kp.plan.pieces.iter().map(|p| p.size).sum();
-    let pb = bar(progress, total, "unpacking");
+    let pb = bar(progress, kp.plan.progress_total(), "verifying");
     let git = git.clone();
     let oids = kp.oids.clone();
     let mut open =
@@ -540,7 +543,21 @@ pub fn unpack_into(
         unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
     });
     pb.finish_and_clear();
-    r
+    r.map_err(|e| {
+        if crate::exit::code_of(&e) == Code::Unsafe {
+            // The extractor names the entry; say where it came from and
+            // what to do, keeping the exit code.
+            fail(
+                Code::Unsafe,
+                format!(
+                    "{e:#} ({}: nothing was installed; republish it from a tree without such entries)",
+                    kp.plan.label
+                ),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -659,6 +676,7 @@ fn cold(
         duration,
         phases,
         difference,
+        reason: None,
     })
 }
 

@@ -68,6 +68,10 @@ pub enum Miss {
     Mode {
         installed: String,
     },
+    /// The stamp matches but the manifest's ready-probe fails.
+    NotReady(String),
+    /// The stamp cannot be read (the message says why).
+    Corrupt(String),
 }
 
 /// One pin whose value differs between the stamp and the current key.
@@ -106,6 +110,8 @@ impl std::fmt::Display for Miss {
                 write!(f, "installed at {} instead", installed.display())
             }
             Miss::Mode { installed } => write!(f, "installed in {installed} mode instead"),
+            Miss::NotReady(why) => write!(f, "installed, but the ready-probe fails: {why}"),
+            Miss::Corrupt(why) => f.write_str(why),
         }
     }
 }
@@ -248,9 +254,12 @@ pub fn store(file: &Path, stamp: &Stamp) -> Result<()> {
 /// Moves a corrupt stamp aside to `<file>.corrupt-<ms>` and returns where.
 pub fn set_aside(file: &Path, now_ms: u64) -> Result<PathBuf> {
     let aside = PathBuf::from(format!("{}.corrupt-{now_ms}", file.display()));
-    std::fs::rename(file, &aside)
-        .with_context(|| format!("moving corrupt stamp {} aside", file.display()))?;
-    Ok(aside)
+    match std::fs::rename(file, &aside) {
+        Ok(()) => Ok(aside),
+        // Another restorer moved it first: the same outcome.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(aside),
+        Err(e) => Err(anyhow!(e).context(format!("moving corrupt stamp {} aside", file.display()))),
+    }
 }
 
 /// Removes the stamp (before an install is replaced, so that a crash in the

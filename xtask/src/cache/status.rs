@@ -101,6 +101,14 @@ pub struct CacheStatus {
     pub remote: Option<Remote>,
 }
 
+/// One listed cache: its state, or why its manifest could not be read.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Entry {
+    Cache(Box<CacheStatus>),
+    Broken { name: String, error: String },
+}
+
 /// `cargo xtask cache list`.
 pub fn list(sh: &Shell, args: ListArgs) -> Result<()> {
     let repo = Repo::from_cwd()?;
@@ -117,7 +125,14 @@ pub fn list(sh: &Shell, args: ListArgs) -> Result<()> {
                 repo.manifests_dir().display()
             );
         }
-        for c in &all {
+        for e in &all {
+            let c = match e {
+                Entry::Cache(c) => c,
+                Entry::Broken { name, error } => {
+                    println!("{name:<20} cannot read its manifest: {error}");
+                    continue;
+                }
+            };
             let remote = match &c.remote {
                 None => "(offline)".to_string(),
                 Some(r) => r.state.clone(),
@@ -145,15 +160,24 @@ pub fn status(sh: &Shell, args: ListArgs) -> Result<()> {
             serde_json::to_string_pretty(&all).expect("status serializes")
         );
     } else if !args.out.quiet {
-        for c in &all {
-            print_status(c);
+        for e in &all {
+            match e {
+                Entry::Cache(c) => print_status(c),
+                Entry::Broken { name, error } => {
+                    println!("cache {name}\n  cannot read its manifest: {error}")
+                }
+            }
         }
     }
     err.map_or(Ok(()), Err)
 }
 
 fn print_status(c: &CacheStatus) {
-    println!("cache {} ({})", c.name, c.description);
+    if c.description.is_empty() {
+        println!("cache {}", c.name);
+    } else {
+        println!("cache {} ({})", c.name, c.description);
+    }
     println!(
         "  restores into {} ({} mode) from branch {}",
         c.target.display(),
@@ -220,14 +244,16 @@ fn print_status(c: &CacheStatus) {
 }
 
 /// Status of the named caches (all manifests when `names` is empty). The
-/// error, if any, is returned after everything was collected: exit 8 when a
-/// remote could not be reached (use `--offline` to look at local state only).
+/// first error, if any, is returned after everything was collected: a
+/// manifest that cannot be read (exit 10, or 4 for a name with no manifest;
+/// the others are still listed), or exit 8 when a remote could not be
+/// reached (use `--offline` to look at local state only).
 pub fn collect(
     sh: &Shell,
     repo: &Repo,
     names: &[String],
     offline: bool,
-) -> Result<(Vec<CacheStatus>, Option<anyhow::Error>)> {
+) -> Result<(Vec<Entry>, Option<anyhow::Error>)> {
     let names = if names.is_empty() {
         manifest::names(repo)?
     } else {
@@ -237,7 +263,17 @@ pub fn collect(
     let mut out = Vec::new();
     let mut err = None;
     for name in &names {
-        let m = manifest::load(repo, name)?;
+        let m = match manifest::load(repo, name) {
+            Ok(m) => m,
+            Err(e) => {
+                out.push(Entry::Broken {
+                    name: name.clone(),
+                    error: format!("{e:#}"),
+                });
+                err.get_or_insert(e);
+                continue;
+            }
+        };
         let (key, key_error) = match manifest::compute_key(sh, repo, &m) {
             Ok(k) => (Some(k), None),
             Err(e) => (None, Some(format!("{e:#}"))),
@@ -251,12 +287,12 @@ pub fn collect(
             }
             let git = meta.as_ref().expect("opened above");
             let (r, e) = remote_state(sh, git, &m, key.as_ref());
-            if err.is_none() {
-                err = e;
+            if let Some(e) = e {
+                err.get_or_insert(e);
             }
             Some(r)
         };
-        out.push(CacheStatus {
+        out.push(Entry::Cache(Box::new(CacheStatus {
             name: m.name.clone(),
             description: m.description.clone(),
             branch: m.branch.clone(),
@@ -267,7 +303,7 @@ pub fn collect(
             key_error,
             local,
             remote,
-        });
+        })));
     }
     Ok((out, err))
 }

@@ -1,11 +1,12 @@
 //! Verified streaming: chunk bytes reach the decoder only after their sha256
 //! matched, and the decoded tar is hashed and size-capped on its way out.
 //!
-//! Three stages run at once, joined by bounded channels (memory stays at two
-//! chunk buffers plus a few MiB, whatever the artifact's size):
-//! 1. *read*: reads each chunk whole into a buffer, hashes it, and passes it on
-//!    only if the digest matches `warmstart.json` (DESIGN.md, restore invariant
-//!    1). Legacy branches only have a digest over the whole archive: there the
+//! Three stages run at once, joined by bounded channels of 1 MiB blocks
+//! (memory stays at a few MiB, whatever the artifact's or a chunk's size):
+//! 1. *read*: first hashes every chunk, streaming, and refuses the whole
+//!    restore if any digest differs from `warmstart.json` (DESIGN.md, restore
+//!    invariant 1); then reads them again, re-hashing, and passes the bytes
+//!    on. Legacy branches only have a digest over the whole archive: there the
 //!    bytes are passed on as they are hashed, and the verdict comes at the end.
 //! 2. *decode*: zstd (or gzip for legacy branches), hashing the tar stream and
 //!    refusing more bytes than declared.
@@ -74,6 +75,18 @@ pub struct Plan {
     pub tar_cap: u64,
 }
 
+impl Plan {
+    /// Bytes `stream` reports through `on_progress`: v1 reads every chunk
+    /// twice (verify, then decode), legacy once.
+    pub fn progress_total(&self) -> u64 {
+        let once: u64 = self.pieces.iter().map(|p| p.size).sum();
+        match self.check {
+            Check::PerPiece => once * 2,
+            Check::Whole { .. } => once,
+        }
+    }
+}
+
 /// What streaming did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Stats {
@@ -82,7 +95,8 @@ pub struct Stats {
     /// Decoded tar bytes (all hashed).
     pub tar_bytes: u64,
     pub tar_sha256: String,
-    /// Every byte that went through sha256: compressed plus tar.
+    /// Every byte that went through sha256: compressed (twice for v1,
+    /// see `read_stage`) plus tar.
     pub bytes_hashed: u64,
 }
 
@@ -233,12 +247,8 @@ pub fn stream<T>(
             ));
         }
     }
-    // v1 passes whole verified chunks: a rendezvous channel keeps at most two
-    // chunk buffers alive (one being decoded, one being read and hashed).
-    let (raw_tx, raw_rx) = sync_channel::<Msg>(match plan.check {
-        Check::PerPiece => 0,
-        Check::Whole { .. } => 4,
-    });
+    // Blocks of `BLOCK` bytes; a few in flight between each pair of stages.
+    let (raw_tx, raw_rx) = sync_channel::<Msg>(4);
     let (raw_recycle_tx, raw_recycle_rx) = channel::<Vec<u8>>();
     let (tar_tx, tar_rx) = sync_channel::<Msg>(4);
     let (tar_recycle_tx, tar_recycle_rx) = channel::<Vec<u8>>();
@@ -271,7 +281,7 @@ pub fn stream<T>(
 
 /// Picks the verdict: the earliest stage's real failure wins.
 fn finish<T>(
-    read: Result<u64>,
+    read: Result<(u64, u64)>,
     decoded: Result<(u64, [u8; 32])>,
     consumed: Result<T>,
 ) -> Result<(T, Stats)> {
@@ -290,7 +300,7 @@ fn finish<T>(
     };
     let value = consumed?;
     // Both stages can only be cancelled if the consumer failed, handled above.
-    let compressed = read?;
+    let (compressed, hashed) = read?;
     let (tar_bytes, digest) = decoded?;
     Ok((
         value,
@@ -298,7 +308,7 @@ fn finish<T>(
             compressed_bytes: compressed,
             tar_bytes,
             tar_sha256: hex(&digest),
-            bytes_hashed: compressed + tar_bytes,
+            bytes_hashed: hashed + tar_bytes,
         },
     ))
 }
@@ -309,115 +319,158 @@ fn code_is(e: &anyhow::Error, code: Code) -> bool {
         .is_some_and(|f| f.code == code)
 }
 
-/// Stage 1: read, hash, check, pass on. Returns the bytes read.
+/// Reads one piece in blocks, hashing them, and hands each block to `sink`
+/// (which returns the buffer if it did not keep it). Checks the size;
+/// returns the digest.
+fn stream_piece(
+    plan: &Plan,
+    piece: &Piece,
+    src: &mut dyn Read,
+    recycle: &Receiver<Vec<u8>>,
+    sink: &mut dyn FnMut(Vec<u8>) -> Result<Option<Vec<u8>>>,
+) -> Result<[u8; 32]> {
+    let what = || format!("chunk {} of {}", piece.file, plan.label);
+    let mut hasher = Sha256::new();
+    let mut left = piece.size;
+    let mut spare: Option<Vec<u8>> = None;
+    loop {
+        let mut buf = spare.take().unwrap_or_else(|| take_buffer(recycle));
+        buf.resize(BLOCK, 0);
+        let n =
+            fill(src, &mut buf).map_err(|e| anyhow!(e).context(format!("reading {}", what())))?;
+        if n == 0 {
+            break;
+        }
+        buf.truncate(n);
+        left = left.checked_sub(n as u64).ok_or_else(|| {
+            fail(
+                Code::Verify,
+                format!(
+                    "{} is longer than its {} bytes: {}",
+                    what(),
+                    piece.size,
+                    plan.fix
+                ),
+            )
+        })?;
+        hasher.update(&buf);
+        spare = sink(buf)?;
+    }
+    if left != 0 {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "{} ends after {} of its {} bytes: {}",
+                what(),
+                piece.size - left,
+                piece.size,
+                plan.fix
+            ),
+        ));
+    }
+    Ok(hasher.finalize().into())
+}
+
+fn mismatch(plan: &Plan, piece: &Piece, got: &[u8; 32], expected: &[u8; 32]) -> anyhow::Error {
+    fail(
+        Code::Verify,
+        format!(
+            "chunk {} of {} has sha256 {} but warmstart.json and SHA256SUMS say {}: {}",
+            piece.file,
+            plan.label,
+            hex(got),
+            hex(expected),
+            plan.fix
+        ),
+    )
+}
+
+/// Stage 1: read, hash, check, pass on. Returns the compressed bytes passed
+/// on and all bytes hashed.
+///
+/// v1 (`PerPiece`) reads every chunk twice, streaming, a few MiB at a time:
+/// first every chunk is hashed and checked, and only then are they read
+/// again, re-hashed, and passed to the decoder. So a damaged chunk anywhere
+/// is refused before the decoder sees a byte or anything is unpacked, and
+/// memory does not grow with the chunk size. The second read re-checks each
+/// chunk's digest at its end: cache.git's objects cannot change between the
+/// two reads unless someone rewrites them, and if they did, the install is
+/// refused (it is still in staging).
 fn read_stage(
     plan: &Plan,
     open: &mut Open<'_>,
     on_progress: &(dyn Fn(u64) + Sync),
     tx: &SyncSender<Msg>,
     recycle: &Receiver<Vec<u8>>,
-) -> Result<u64> {
+) -> Result<(u64, u64)> {
+    let mut hashed = 0u64;
+    if plan.check == Check::PerPiece {
+        for (i, piece) in plan.pieces.iter().enumerate() {
+            let expected = piece
+                .sha256
+                .ok_or_else(|| anyhow!("chunk {} has no digest", piece.file))?;
+            let mut src = open(i)?;
+            let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
+                on_progress(buf.len() as u64);
+                Ok(Some(buf))
+            })?;
+            if got != expected {
+                return Err(mismatch(plan, piece, &got, &expected));
+            }
+            hashed += piece.size;
+        }
+    }
     let mut total = 0u64;
     let mut whole = Sha256::new();
-    // Legacy: after the consumer failed, keep hashing so that a corrupt
-    // archive is reported as such rather than as whatever it decoded to.
+    // Set when the next stage hung up (it failed): the current chunk (v1) or
+    // the whole archive (legacy) is still hashed to its end, so that damage
+    // is reported as such rather than as whatever it decoded to.
     let mut downstream_gone = false;
     for (i, piece) in plan.pieces.iter().enumerate() {
         let mut src = open(i)?;
-        let what = || format!("chunk {} of {}", piece.file, plan.label);
-        match plan.check {
-            Check::PerPiece => {
-                let expected = piece
-                    .sha256
-                    .ok_or_else(|| anyhow!("{} has no digest", what()))?;
-                let mut buf = take_buffer(recycle);
-                buf.resize(piece.size as usize, 0);
-                let n = fill(&mut *src, &mut buf)
-                    .map_err(|e| anyhow!(e).context(format!("reading {}", what())))?;
-                if n < buf.len() {
-                    return Err(fail(
-                        Code::Verify,
-                        format!(
-                            "{} ends after {n} of its {} bytes: {}",
-                            what(),
-                            piece.size,
-                            plan.fix
-                        ),
-                    ));
+        let got = match &plan.check {
+            // If the next stage hangs up mid-chunk, the chunk is still read
+            // to its end: a chunk that changed is reported as such.
+            Check::PerPiece => stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
+                on_progress(buf.len() as u64);
+                if downstream_gone {
+                    return Ok(Some(buf));
                 }
-                if fill(&mut *src, &mut [0u8; 1])
-                    .map_err(|e| anyhow!(e).context(format!("reading {}", what())))?
-                    != 0
-                {
-                    return Err(fail(
-                        Code::Verify,
-                        format!(
-                            "{} is longer than its {} bytes: {}",
-                            what(),
-                            piece.size,
-                            plan.fix
-                        ),
-                    ));
+                if send(tx, buf).is_err() {
+                    downstream_gone = true;
                 }
-                let got: [u8; 32] = Sha256::digest(&buf).into();
-                if got != expected {
-                    return Err(fail(
-                        Code::Verify,
-                        format!(
-                            "{} has sha256 {} but warmstart.json and SHA256SUMS say {}: {}",
-                            what(),
-                            hex(&got),
-                            hex(&expected),
-                            plan.fix
-                        ),
-                    ));
+                Ok(None)
+            })?,
+            // Legacy branches carry one digest over the whole archive, so
+            // these bytes go to the decoder before they are known to be
+            // good. That is acceptable only because the consumer writes into
+            // a staging directory and the caller swaps it in after `stream`
+            // returned Ok, i.e. after the digest below matched: unverified
+            // bytes reach the decoder, never the install.
+            Check::Whole { .. } => stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
+                on_progress(buf.len() as u64);
+                whole.update(&buf);
+                if downstream_gone {
+                    return Ok(Some(buf));
                 }
-                total += piece.size;
-                on_progress(piece.size);
-                send(tx, buf)?;
-                if i == 0 {
-                    crate::unpack::kill_point("restore:first-chunk-decoding");
+                if send(tx, buf).is_err() {
+                    downstream_gone = true;
                 }
+                Ok(None)
+            })?,
+        };
+        if let Some(expected) = piece.sha256 {
+            if got != expected {
+                return Err(mismatch(plan, piece, &got, &expected));
             }
-            Check::Whole { .. } => {
-                let mut left = piece.size;
-                loop {
-                    let mut buf = take_buffer(recycle);
-                    buf.resize(BLOCK, 0);
-                    let n = fill(&mut *src, &mut buf)
-                        .map_err(|e| anyhow!(e).context(format!("reading {}", what())))?;
-                    if n == 0 {
-                        break;
-                    }
-                    buf.truncate(n);
-                    left = left.checked_sub(n as u64).ok_or_else(|| {
-                        fail(
-                            Code::Verify,
-                            format!("{} is longer than its {} bytes", what(), piece.size),
-                        )
-                    })?;
-                    whole.update(&buf);
-                    total += n as u64;
-                    on_progress(n as u64);
-                    if !downstream_gone && send(tx, buf).is_err() {
-                        downstream_gone = true;
-                    }
-                }
-                if left != 0 {
-                    return Err(fail(
-                        Code::Verify,
-                        format!(
-                            "{} ends {left} bytes short of its {} bytes: {}",
-                            what(),
-                            piece.size,
-                            plan.fix
-                        ),
-                    ));
-                }
-                if i == 0 {
-                    crate::unpack::kill_point("restore:first-chunk-decoding");
-                }
+            if downstream_gone {
+                return Err(anyhow!(Cancelled));
             }
+        }
+        total += piece.size;
+        hashed += piece.size;
+        if i == 0 {
+            crate::unpack::kill_point("restore:first-chunk-decoding");
         }
     }
     if let Check::Whole { archive, sha256 } = &plan.check {
@@ -438,7 +491,7 @@ fn read_stage(
             return Err(anyhow!(Cancelled));
         }
     }
-    Ok(total)
+    Ok((total, hashed))
 }
 
 /// Stage 2: decode, hash and cap the tar stream, pass it on.
@@ -601,39 +654,61 @@ mod tests {
         assert_eq!(stats.tar_bytes, tar.len() as u64);
         assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
         let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-        assert_eq!(stats.bytes_hashed, compressed + tar.len() as u64);
+        assert_eq!(stats.compressed_bytes, compressed);
+        // Every chunk is hashed twice (verify pass, decode pass), the tar once.
+        assert_eq!(stats.bytes_hashed, 2 * compressed + tar.len() as u64);
+        assert_eq!(plan.progress_total(), 2 * compressed);
     }
 
     #[test]
-    fn a_flipped_byte_is_refused_before_the_decoder_sees_that_chunk() {
+    fn a_flipped_byte_in_any_chunk_is_refused_before_the_decoder_sees_a_byte() {
         let tar = big_tar();
-        let (plan, mut chunks) = v1(&tar, 4);
-        chunks[2][10] ^= 1;
-        // The consumer records how many bytes it saw: only chunks 0 and 1
-        // can have been decoded.
-        let seen = std::sync::atomic::AtomicU64::new(0);
-        let chunks2 = chunks.clone();
+        for bad in 0..4 {
+            let (plan, mut chunks) = v1(&tar, 4);
+            chunks[bad][10] ^= 1;
+            let seen = std::sync::atomic::AtomicU64::new(0);
+            let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
+                Ok(Box::new(io::Cursor::new(chunks[i].clone())))
+            };
+            let err = stream(&plan, &mut open, &|_| {}, |r| {
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = r.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    seen.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+            .unwrap_err();
+            assert_eq!(code_of(&err), Code::Verify, "{err:#}");
+            let msg = format!("{err:#}");
+            assert!(msg.contains(&format!("k.tar.zst.part00{bad}")), "{msg}");
+            assert!(msg.contains("republish"), "{msg}");
+            assert_eq!(seen.into_inner(), 0, "chunk {bad}: the consumer saw bytes");
+        }
+    }
+
+    #[test]
+    fn a_chunk_that_changes_between_the_two_reads_is_refused() {
+        let tar = big_tar();
+        let (plan, chunks) = v1(&tar, 3);
+        let opened = std::sync::atomic::AtomicUsize::new(0);
         let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
-            Ok(Box::new(io::Cursor::new(chunks2[i].clone())))
+            let mut c = chunks[i].clone();
+            // The second time chunk 1 is opened, it reads differently.
+            if i == 1 && opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                c[0] ^= 1;
+            }
+            Ok(Box::new(io::Cursor::new(c)))
         };
         let err = stream(&plan, &mut open, &|_| {}, |r| {
-            let mut buf = [0u8; 4096];
-            loop {
-                let n = r.read(&mut buf)?;
-                if n == 0 {
-                    return Ok(());
-                }
-                seen.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-            }
+            io::copy(r, &mut io::sink())?;
+            Ok(())
         })
         .unwrap_err();
         assert_eq!(code_of(&err), Code::Verify, "{err:#}");
-        let msg = format!("{err:#}");
-        assert!(msg.contains("k.tar.zst.part002"), "{msg}");
-        assert!(msg.contains("republish"), "{msg}");
-        // The decoder stopped where chunk 2 begins: it never saw the tar's end.
-        let seen = seen.into_inner();
-        assert!(seen < tar.len() as u64, "{seen} of {}", tar.len());
+        assert!(format!("{err:#}").contains("part001"), "{err:#}");
     }
 
     #[test]
