@@ -109,17 +109,7 @@ pub fn local_ref(branch: &str) -> String {
 impl CacheGit {
     /// Opens cache.git of `repo`, creating it on first use.
     pub fn open(sh: &Shell, repo: &Repo) -> Result<CacheGit> {
-        let dir = repo.state_dir().join("cache.git");
-        if !dir.join("HEAD").is_file() {
-            create(sh, &dir)?;
-        }
-        let forwarded = forwarded_config(sh, &repo.root)?;
-        Ok(CacheGit {
-            dir,
-            forwarded,
-            root: repo.root.clone(),
-            meta: false,
-        })
+        CacheGit::open_at(sh, repo, "cache.git", false)
     }
 
     /// Opens the metadata store of `repo`, `<git-dir>/warmstart/cache-meta.git`:
@@ -130,7 +120,11 @@ impl CacheGit {
     /// then hold commits whose chunks it lacks, and a later full fetch of the
     /// same commit would download nothing.
     pub fn open_meta(sh: &Shell, repo: &Repo) -> Result<CacheGit> {
-        let dir = repo.state_dir().join("cache-meta.git");
+        CacheGit::open_at(sh, repo, "cache-meta.git", true)
+    }
+
+    fn open_at(sh: &Shell, repo: &Repo, name: &str, meta: bool) -> Result<CacheGit> {
+        let dir = repo.state_dir().join(name);
         if !dir.join("HEAD").is_file() {
             create(sh, &dir)?;
         }
@@ -139,7 +133,7 @@ impl CacheGit {
             dir,
             forwarded,
             root: repo.root.clone(),
-            meta: true,
+            meta,
         })
     }
 

@@ -143,27 +143,37 @@ fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
 fn conda_metadata(pkg: &mut CondaFile, limits: &Limits) -> Result<Metadata> {
     let mut captured = Captured::default();
     pkg.with_tar(MemberKind::Info, &hidden(), |r| {
-        unpack::extract_tar_select(
-            r,
-            None,
-            limits,
-            &Options {
-                allow_external_symlinks: true,
-            },
-            &mut |rel| {
-                if Captured::wants(rel) {
-                    Select::Capture
-                } else {
-                    Select::Skip
-                }
-            },
-            &mut |rel, data| {
-                captured.take(rel, data);
-                Ok(())
-            },
-        )
+        capture_metadata(r, limits, &mut captured)
     })?;
     parse_metadata(&pkg.path, captured)
+}
+
+/// Reads a package's metadata files (`Captured::wants`) out of a tar stream
+/// without writing anything: the shared step of `info` for both formats.
+fn capture_metadata<R: std::io::Read>(
+    r: R,
+    limits: &Limits,
+    captured: &mut Captured,
+) -> Result<unpack::Stats> {
+    unpack::extract_tar_select(
+        r,
+        None,
+        limits,
+        &Options {
+            allow_external_symlinks: true,
+        },
+        &mut |rel| {
+            if Captured::wants(rel) {
+                Select::Capture
+            } else {
+                Select::Skip
+            }
+        },
+        &mut |rel, data| {
+            captured.take(rel, data);
+            Ok(())
+        },
+    )
 }
 
 #[derive(Serialize)]
@@ -192,25 +202,7 @@ fn info(args: InfoArgs) -> Result<()> {
         Format::TarBz2 => {
             let mut captured = Captured::default();
             package::with_bz2_tar(&args.file, &hidden(), |r| {
-                unpack::extract_tar_select(
-                    r,
-                    None,
-                    &limits,
-                    &Options {
-                        allow_external_symlinks: true,
-                    },
-                    &mut |rel| {
-                        if Captured::wants(rel) {
-                            Select::Capture
-                        } else {
-                            Select::Skip
-                        }
-                    },
-                    &mut |rel, data| {
-                        captured.take(rel, data);
-                        Ok(())
-                    },
-                )
+                capture_metadata(r, &limits, &mut captured)
             })?;
             (parse_metadata(&args.file, captured)?, Vec::new())
         }
