@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use xshell::{Shell, cmd};
 
+use crate::cache::human_bytes;
 use crate::cache::pack;
 use crate::cache::publish::{self, Request};
-use crate::cache::readme::human_bytes;
 use crate::cache::restore::{self, RestoreOptions};
 use crate::cli::demo::DemoArgs;
 use crate::clock;

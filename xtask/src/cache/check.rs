@@ -19,8 +19,9 @@ use xshell::Shell;
 
 use crate::cache::branch::Content;
 use crate::cache::compare;
+use crate::cache::human_bytes;
 use crate::cache::manifest;
-use crate::cache::restore::{self, human_bytes};
+use crate::cache::restore;
 use crate::cache::stamp::{self, Loaded};
 use crate::cli::cache::VerifyArgs;
 use crate::exit::{Code, code_of, fail};

@@ -27,10 +27,11 @@ use crate::cache::format::{
     self, BranchManifest, Chunk, KeyEntry, KeyPart, Layout, archive_name, chunk_name, render_sums,
 };
 use crate::cache::git::{CacheGit, Remote, TreeEntry, is_stale_lease};
+use crate::cache::human_bytes;
 use crate::cache::manifest::{self, CacheManifest, Key};
 use crate::cache::pack::{self, ChunkFile, PackOptions, Plan};
 use crate::cache::packed;
-use crate::cache::readme::{self, ReadmeContext, human_bytes};
+use crate::cache::readme::{self, ReadmeContext};
 use crate::cli::cache::PublishArgs;
 use crate::clock;
 use crate::exit::{Code, fail};

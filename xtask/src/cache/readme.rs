@@ -6,6 +6,7 @@
 //! v1"). Pure text: this module renders and never touches anything.
 
 use crate::cache::format::BranchManifest;
+use crate::cache::human_bytes;
 
 /// Inputs of the README besides the branch manifest.
 pub struct ReadmeContext<'a> {
@@ -81,22 +82,6 @@ with the key's `tar_sha256` in `warmstart.json`.\n",
     s
 }
 
-/// `1.4 GiB`, `512 KiB`, `12 B`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,12 +151,5 @@ mod tests {
         );
         // The coreutils path of DESIGN.md, verbatim apart from the variables.
         assert!(text.contains("git fetch origin rust-cache && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/$KEY.tar.zst.part* | zstd -d | tar -x -C \"$DEST\""));
-    }
-
-    #[test]
-    fn sizes_are_human() {
-        assert_eq!(human_bytes(12), "12 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(1_503_238_553), "1.4 GiB");
     }
 }

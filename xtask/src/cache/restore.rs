@@ -13,6 +13,7 @@
 //! and merge, never installs a byte before every digest matched, and never
 //! leaves a stamp that describes anything but a complete install.
 
+use crate::cache::human_bytes;
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -214,22 +215,6 @@ impl RestoreOutcome {
                 self.difference.as_deref().unwrap_or("?")
             ),
         }
-    }
-}
-
-/// `1.4 GB`, `312 kB`: decimal units, as `du --si` prints.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
     }
 }
 
@@ -683,13 +668,6 @@ fn cold(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bytes_read_like_du_si() {
-        assert_eq!(human_bytes(999), "999 B");
-        assert_eq!(human_bytes(1_400_000_000), "1.4 GB");
-        assert_eq!(human_bytes(312_400), "312.4 kB");
-    }
 
     #[test]
     fn one_lock_per_target_path() {

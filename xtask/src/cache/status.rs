@@ -224,7 +224,7 @@ fn print_status(c: &CacheStatus) {
                     "    {} ({} chunks, {} tar, published {})",
                     k.key,
                     k.chunks,
-                    restore::human_bytes(k.tar_size),
+                    crate::cache::human_bytes(k.tar_size),
                     k.created_at
                 );
             }

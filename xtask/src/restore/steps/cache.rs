@@ -57,7 +57,7 @@ pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
             "restored {} into {} from {from}: {} in {} entries",
             o.key,
             o.target.display(),
-            cache_restore::human_bytes(o.bytes),
+            crate::cache::human_bytes(o.bytes),
             o.files
         ),
     }))
