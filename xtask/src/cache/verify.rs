@@ -428,37 +428,29 @@ fn read_stage(
     let mut downstream_gone = false;
     for (i, piece) in plan.pieces.iter().enumerate() {
         let mut src = open(i)?;
-        let got = match &plan.check {
-            // If the next stage hangs up mid-chunk, the chunk is still read
-            // to its end: a chunk that changed is reported as such.
-            Check::PerPiece => stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-                on_progress(buf.len() as u64);
-                if downstream_gone {
-                    return Ok(Some(buf));
-                }
-                if send(tx, buf).is_err() {
-                    downstream_gone = true;
-                }
-                Ok(None)
-            })?,
-            // Legacy branches carry one digest over the whole archive, so
-            // these bytes go to the decoder before they are known to be
-            // good. That is acceptable only because the consumer writes into
-            // a staging directory and the caller swaps it in after `stream`
-            // returned Ok, i.e. after the digest below matched: unverified
-            // bytes reach the decoder, never the install.
-            Check::Whole { .. } => stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-                on_progress(buf.len() as u64);
+        // If the next stage hangs up mid-chunk, the chunk is still read to
+        // its end: a chunk that changed is reported as such.
+        //
+        // Legacy branches carry one digest over the whole archive, so their
+        // bytes go to the decoder before they are known to be good. That is
+        // acceptable only because the consumer writes into a staging
+        // directory and the caller swaps it in after `stream` returned Ok,
+        // i.e. after the whole-archive digest below matched: unverified bytes
+        // reach the decoder, never the install.
+        let whole_digest = matches!(plan.check, Check::Whole { .. });
+        let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
+            on_progress(buf.len() as u64);
+            if whole_digest {
                 whole.update(&buf);
-                if downstream_gone {
-                    return Ok(Some(buf));
-                }
-                if send(tx, buf).is_err() {
-                    downstream_gone = true;
-                }
-                Ok(None)
-            })?,
-        };
+            }
+            if downstream_gone {
+                return Ok(Some(buf));
+            }
+            if send(tx, buf).is_err() {
+                downstream_gone = true;
+            }
+            Ok(None)
+        })?;
         if let Some(expected) = piece.sha256 {
             if got != expected {
                 return Err(mismatch(plan, piece, &got, &expected));
