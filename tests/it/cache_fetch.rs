@@ -325,3 +325,31 @@ fn assert_no_staging(target: &Path) {
         assert!(stray.is_empty(), "leftovers beside the target: {stray:?}");
     }
 }
+
+#[test]
+fn cache_fetch_a_legacy_branch_gets_its_parts_before_unpacking() {
+    // Parts of a legacy branch declare no size, so they are fetched (by
+    // id) before the plan is made; the restore is whole.
+    let fx = Fx::new(&[]);
+    let recipe = fx.env.join("seed_recipe.sh");
+    std::fs::write(&recipe, include_str!("cache_restore/seed_recipe.sh")).unwrap();
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(&recipe)
+        .arg("publish")
+        .arg(&fx.src)
+        .arg(fx.env.join("origin.git"))
+        .arg("art-cache")
+        .arg("zst");
+    fx.env.isolate(&mut cmd);
+    let r = run(&mut cmd);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    let part = fx.env.git("origin.git", ["ls-tree", "-l", "art-cache"]);
+    assert!(
+        part.lines().any(|l| l.contains(".part")
+            && l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap() > 8192),
+        "the part must be big enough to be left out: {part}"
+    );
+    let j = fx.restore_json();
+    assert_eq!(j["layout"], "legacy-zstd", "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+}
