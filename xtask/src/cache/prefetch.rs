@@ -172,17 +172,20 @@ impl Prefetch {
                     st.waiting += t.elapsed();
                     return Err(e);
                 }
-                Slot::Pending if self.thread.is_none() => {
+                Slot::Pending if self.thread.as_ref().is_none_or(|t| t.is_finished()) => {
                     return Err(anyhow!(
-                        "chunk {i} is not in cache.git and nothing fetches it"
+                        "chunk {i} is not in cache.git and nothing fetches it any more"
                     ));
                 }
                 Slot::Pending => {
+                    // With a timeout, so that a fetcher that died (it
+                    // cannot, short of a panic) is noticed above.
                     st = self
                         .shared
                         .changed
-                        .wait(st)
-                        .unwrap_or_else(|p| p.into_inner());
+                        .wait_timeout(st, Duration::from_millis(500))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
             }
         }
