@@ -3,7 +3,8 @@
 
 DESIGN.md "Benchmarks", issue 7. The workload is the machine's own Rust
 toolchain (`rustc --print sysroot`, ~1.4 GB, ~58k files), published to a local
-bare repository set up like a hosting server (receive.unpackLimit 1) and
+bare repository set up like a hosting server (receive.unpackLimit 1,
+uploadpack.allowFilter true) and
 restored into an empty directory. In the same run it times
 ../shared/bench/seed_recipe.sh (zstd and gzip) on the same data and the floor
 `tar -C SRC -cf - . | tar -C DEST -xf -`, interleaving the contenders round by
@@ -104,6 +105,9 @@ def bare_remote(env, path):
     rm(path)
     git(env, "init", "-q", "--bare", str(path))
     git(env, "config", "receive.unpackLimit", "1", cwd=path)
+    # Partial clone, as on GitHub and GitLab: `cache restore` fetches the
+    # branch without its chunks, then the chunks by id while unpacking.
+    git(env, "config", "uploadpack.allowFilter", "true", cwd=path)
 
 
 def rm(path):

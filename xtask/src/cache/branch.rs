@@ -3,9 +3,11 @@
 //! Reads the root tree of the fetched commit, detects v1 or legacy layout,
 //! checks that `SHA256SUMS` and `warmstart.json` agree, and turns one key
 //! into a `verify::Plan` (chunk blobs in order, their digests and sizes, the
-//! tar digest and caps). Missing, truncated or oversized chunks are refused
-//! here, from the tree listing alone, before any chunk is read. This module
-//! reads cache.git only; it never writes and never touches the network.
+//! tar digest and caps). Missing chunks, and truncated or oversized ones that
+//! are already in cache.git, are refused here, from the tree listing alone,
+//! before any chunk is read (a chunk the branch fetch left out is checked by
+//! `prefetch` once it arrives). This module reads cache.git only; it never
+//! writes and never touches the network.
 
 use anyhow::{Context, Result, anyhow};
 use sha2::{Digest, Sha256};
@@ -202,7 +204,10 @@ impl Branch {
                             ),
                         ));
                     };
-                    let size = blob.size.unwrap_or(0);
+                    // No size: the blob is not in cache.git (the branch
+                    // fetch leaves big chunks out); `prefetch` checks its
+                    // size once fetched, and `verify` checks every byte.
+                    let size = blob.size.unwrap_or(c.size);
                     if size != c.size {
                         let how = if size < c.size {
                             "truncated"

@@ -3,7 +3,11 @@
 //! Cache objects never enter the user's object store: every object lives in
 //! a private bare repository, `<git-dir>/warmstart/cache.git`, and the remote
 //! is addressed by URL (resolved from the user's remote name once). A branch
-//! is fetched shallow into `refs/warmstart/<branch>` of that repository.
+//! is fetched shallow into `refs/warmstart/<branch>` of that repository,
+//! without its big blobs (a partial clone: git records the URL as a promisor
+//! remote in cache.git's config); the chunks a restore reads are fetched by
+//! id (`fetch_blob`), and git never fetches one on its own
+//! (`GIT_NO_LAZY_FETCH`).
 //!
 //! Why the git CLI and not libgit2: git2 is not a dependency (it would add a
 //! C build and OpenSSL/libssh2 to every cold compile), and the CLI is the
@@ -49,6 +53,10 @@ const CONFIG: [(&str, &str); 8] = [
     ("maintenance.auto", "false"),
     ("receive.autogc", "false"),
 ];
+
+/// The name cache.git knows every remote by, for one command at a time
+/// (see `CacheGit::fetch_from`).
+const PROMISOR: &str = "warmstart";
 
 /// The local transport settings of the user's repository that a fetch or a
 /// push from cache.git must see too. CI checkouts keep the access token in
@@ -97,8 +105,6 @@ pub struct CacheGit {
     forwarded: Vec<(String, String)>,
     /// The user's work-tree root (to resolve remotes).
     root: PathBuf,
-    /// The metadata store (`open_meta`): fetches skip big blobs.
-    meta: bool,
 }
 
 /// The ref a fetched branch is kept under in cache.git.
@@ -109,21 +115,20 @@ pub fn local_ref(branch: &str) -> String {
 impl CacheGit {
     /// Opens cache.git of `repo`, creating it on first use.
     pub fn open(sh: &Shell, repo: &Repo) -> Result<CacheGit> {
-        CacheGit::open_at(sh, repo, "cache.git", false)
+        CacheGit::open_at(sh, repo, "cache.git")
     }
 
-    /// Opens the metadata store of `repo`, `<git-dir>/warmstart/cache-meta.git`:
-    /// fetches there take trees and blobs under 1 MiB only (`warmstart.json`,
-    /// `SHA256SUMS`, the README), never the chunks, so `cache list` and
-    /// `cache status` can read any branch cheaply. A separate repository,
-    /// because a filtered fetch makes its remote a promisor: cache.git would
-    /// then hold commits whose chunks it lacks, and a later full fetch of the
-    /// same commit would download nothing.
+    /// Opens the metadata store of `repo`, `<git-dir>/warmstart/cache-meta.git`,
+    /// where `cache list` and `cache status` fetch branches. Its fetches are
+    /// filtered like cache.git's (trees and small blobs only) and nothing
+    /// there ever reads a chunk, so it never holds one. Kept apart from
+    /// cache.git so that listing never waits for a restore's fetch lock and
+    /// never changes what a restore finds.
     pub fn open_meta(sh: &Shell, repo: &Repo) -> Result<CacheGit> {
-        CacheGit::open_at(sh, repo, "cache-meta.git", true)
+        CacheGit::open_at(sh, repo, "cache-meta.git")
     }
 
-    fn open_at(sh: &Shell, repo: &Repo, name: &str, meta: bool) -> Result<CacheGit> {
+    fn open_at(sh: &Shell, repo: &Repo, name: &str) -> Result<CacheGit> {
         let dir = repo.state_dir().join(name);
         if !dir.join("HEAD").is_file() {
             create(sh, &dir)?;
@@ -133,7 +138,6 @@ impl CacheGit {
             dir,
             forwarded,
             root: repo.root.clone(),
-            meta,
         })
     }
 
@@ -149,12 +153,32 @@ impl CacheGit {
         c
     }
 
+    /// `git fetch` from `remote`, named `PROMISOR` for this command only:
+    /// a filtered fetch records its remote as a promisor in cache.git's
+    /// config (`remote.warmstart.promisor`, `partialclonefilter`), which git
+    /// refuses for a remote named by a path, so the URL is given as
+    /// `remote.warmstart.url` on the command line and never written down.
+    /// What arrives is kept as the received pack (no loose copy of a 99 MiB
+    /// chunk).
+    fn fetch_from(&self, remote: &Remote, no_negotiation: bool) -> Command {
+        let mut c = self.git();
+        c.arg("-c")
+            .arg(format!("remote.{PROMISOR}.url={}", remote.url));
+        if no_negotiation {
+            c.args(["-c", "fetch.negotiationAlgorithm=noop"]);
+        }
+        c.args(["-c", "fetch.unpackLimit=1"]).arg("fetch");
+        c
+    }
+
     fn apply_env(&self, c: &mut Command) {
         c.env("LC_ALL", "C").env("LANGUAGE", "C");
-        if self.meta {
-            // Reading a chunk there is a bug: fail rather than download it.
-            c.env("GIT_NO_LAZY_FETCH", "1");
-        }
+        // Branch fetches leave big chunks out (see `try_fetch_branch`), which
+        // makes the remote a promisor. Git would then download a missing
+        // chunk on its own, one by one, from any command that touches it
+        // (`ls-tree -l` asks for sizes): never. Chunks are fetched by id, on
+        // purpose (`fetch_blob`); anything else fails instead.
+        c.env("GIT_NO_LAZY_FETCH", "1");
         c.env_remove("GIT_DIR").env_remove("GIT_WORK_TREE");
         c.env_remove("GIT_INDEX_FILE")
             .env_remove("GIT_OBJECT_DIRECTORY");
@@ -181,24 +205,28 @@ impl CacheGit {
         resolve_remote(sh, &self.root, remote)
     }
 
-    /// Fetches `branch` shallow into `refs/warmstart/<branch>` (in the
-    /// metadata store: without big blobs); `Ok(None)` when the remote has
-    /// no such branch. Unreachable remote: exit code 8.
+    /// Fetches `branch` shallow into `refs/warmstart/<branch>`, without blobs
+    /// of `blob_limit()` bytes or more: the commit, the tree and the small
+    /// files (`warmstart.json`, `SHA256SUMS`, the README) arrive in one small
+    /// fetch, and the chunks are fetched by id when they are read
+    /// (`fetch_blob`, `cache::prefetch`). A server that ignores the filter
+    /// (`uploadpack.allowFilter` off) simply sends everything. `Ok(None)`
+    /// when the remote has no such branch. Unreachable remote: exit code 8.
     pub fn try_fetch_branch(&self, remote: &Remote, branch: &str) -> Result<Option<String>> {
         check_branch(branch)?;
         let _lock = self.lock()?;
         let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
         let out = self
-            .git()
-            .args(["fetch", "--quiet", "--depth", "1", "--no-tags"])
-            .args(self.meta.then_some("--filter=blob:limit=1m"))
+            .fetch_from(remote, false)
+            .args(["--quiet", "--depth", "1", "--no-tags"])
+            .arg(format!("--filter=blob:limit={}", blob_limit()))
             .args([
                 "--no-write-fetch-head",
                 "--no-auto-gc",
                 "--no-recurse-submodules",
             ])
             .arg("--")
-            .arg(&remote.url)
+            .arg(PROMISOR)
             .arg(&refspec)
             .stdin(Stdio::null())
             .output()
@@ -221,6 +249,144 @@ impl CacheGit {
             .ok_or_else(|| anyhow!("git fetch of {branch} from {remote} left no ref"))
     }
 
+    /// Fetches one blob by id (protocol v2 accepts a `want` of any object;
+    /// v0 only with `uploadpack.allowAnySHA1InWant` or
+    /// `allowReachableSHA1InWant`). Nothing is negotiated (a `have` of the
+    /// branch commit would make the server send nothing), the pack is kept
+    /// as received, and no ref changes. `pid` gets the id of the running
+    /// git, so that a caller may stop it.
+    pub fn fetch_blob(
+        &self,
+        remote: &Remote,
+        oid: &str,
+        pid: &mut dyn FnMut(Option<u32>),
+    ) -> std::result::Result<(), BlobFetchError> {
+        // No negotiation: a `have` of the branch commit would make the
+        // server leave the chunk out.
+        let mut cmd = self.fetch_from(remote, true);
+        let child = cmd
+            .args([
+                "--quiet",
+                "--no-filter",
+                "--no-tags",
+                "--no-write-fetch-head",
+                "--no-auto-gc",
+                "--no-recurse-submodules",
+                "--",
+                PROMISOR,
+            ])
+            .arg(oid)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => return Err(BlobFetchError::Failed(format!("running git fetch: {e}"))),
+        };
+        pid(Some(child.id()));
+        let out = child.wait_with_output();
+        pid(None);
+        let out = out.map_err(|e| BlobFetchError::Failed(format!("waiting for git fetch: {e}")))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(
+            if stderr.contains("does not allow request for unadvertised object") {
+                BlobFetchError::Refused
+            } else if stderr.contains("not our ref") {
+                BlobFetchError::NotOnRemote
+            } else {
+                BlobFetchError::Failed(last_lines(&stderr))
+            },
+        )
+    }
+
+    /// Fetches `branch` again, whole and shallow, even objects already here
+    /// (`--refetch`): the fallback for a server that refuses blobs by id.
+    pub fn refetch_branch(&self, remote: &Remote, branch: &str) -> Result<String> {
+        check_branch(branch)?;
+        let _lock = self.lock()?;
+        let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
+        let out = self
+            .fetch_from(remote, false)
+            .args([
+                "--quiet",
+                "--refetch",
+                "--no-filter",
+                "--depth",
+                "1",
+                "--no-tags",
+                "--no-write-fetch-head",
+                "--no-auto-gc",
+                "--no-recurse-submodules",
+                "--",
+                PROMISOR,
+            ])
+            .arg(&refspec)
+            .stdin(Stdio::null())
+            .output()
+            .context("running git fetch --refetch")?;
+        if !out.status.success() {
+            return Err(fail(
+                Code::Remote,
+                format!(
+                    "cannot fetch {branch} from {remote}: {}",
+                    last_lines(&String::from_utf8_lossy(&out.stderr))
+                ),
+            ));
+        }
+        self.rev_parse(&local_ref(branch))?
+            .ok_or_else(|| anyhow!("git fetch of {branch} from {remote} left no ref"))
+    }
+
+    /// The size of each blob that is in cache.git (`None`: not here, e.g.
+    /// left out by a filtered fetch), in the order given.
+    pub fn blob_sizes(&self, oids: &[String]) -> Result<Vec<Option<u64>>> {
+        if oids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut child = self
+            .git()
+            .args([
+                "cat-file",
+                "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running git cat-file --batch-check")?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let input: String = oids.iter().map(|o| format!("{o}\n")).collect();
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child
+            .wait_with_output()
+            .context("running git cat-file --batch-check")?;
+        let _ = writer.join();
+        check_status(&out, "git cat-file --batch-check")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let sizes: Vec<Option<u64>> = text
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                match f[..] {
+                    [_, "blob", size] => size.parse().ok(),
+                    _ => None,
+                }
+            })
+            .collect();
+        if sizes.len() != oids.len() {
+            bail!(
+                "git cat-file --batch-check answered {} of {} objects",
+                sizes.len(),
+                oids.len()
+            );
+        }
+        Ok(sizes)
+    }
+
     /// Fetches `branch` shallow; a missing branch is exit code 4 (not found).
     pub fn fetch_branch(&self, remote: &Remote, branch: &str) -> Result<String> {
         self.try_fetch_branch(remote, branch)?.ok_or_else(|| {
@@ -231,6 +397,13 @@ impl CacheGit {
                 ),
             )
         })
+    }
+
+    /// The commit `refs/warmstart/<branch>` points at (after a fetch that
+    /// must have set it).
+    pub fn fetch_branch_local(&self, branch: &str) -> Result<String> {
+        self.rev_parse(&local_ref(branch))?
+            .ok_or_else(|| anyhow!("{} has no {}", self.dir.display(), local_ref(branch)))
     }
 
     /// The commit `refs/warmstart/<branch>` points at from the last fetch or
@@ -368,7 +541,9 @@ impl CacheGit {
         }
         let mut child = self
             .git()
-            .args(["mktree", "-z"])
+            // `--missing`: a publish keeps the chunks of other keys, which a
+            // filtered fetch left on the remote.
+            .args(["mktree", "-z", "--missing"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -514,6 +689,38 @@ impl std::error::Error for StaleLease {
 /// Whether `err` is a push that lost its lease (see `StaleLease`).
 pub fn is_stale_lease(err: &anyhow::Error) -> bool {
     err.chain().any(|e| e.is::<StaleLease>())
+}
+
+/// Why `fetch_blob` failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlobFetchError {
+    /// The server does not accept a `want` of an object by id (protocol v0
+    /// without `uploadpack.allow*SHA1InWant`): fetch the branch whole.
+    Refused,
+    /// The server does not have the object (`not our ref`).
+    NotOnRemote,
+    /// Anything else, with git's last lines.
+    Failed(String),
+}
+
+/// Blobs of this many bytes or more are left out of a branch fetch and
+/// fetched by id when read. `WARMSTART_FETCH_BLOB_LIMIT` (bytes, or with a
+/// `k`/`m` suffix) changes it; the default keeps every metadata file in the
+/// branch fetch and every full 99 MiB chunk out of it.
+pub fn blob_limit() -> String {
+    const DEFAULT: &str = "1m";
+    match std::env::var("WARMSTART_FETCH_BLOB_LIMIT") {
+        Ok(v) if is_size(&v) => v,
+        _ => DEFAULT.to_string(),
+    }
+}
+
+fn is_size(v: &str) -> bool {
+    let digits = v.trim_end_matches(['k', 'm', 'g']);
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && digits.bytes().any(|b| b != b'0')
+        && v.len() <= digits.len() + 1
 }
 
 /// `git hash-object --stdin-paths`, kept running across chunks.

@@ -7,7 +7,7 @@
 //! `readme` (the branch README), `publish` (merge the key, root commit, push),
 //! `packed` (the local record that lets an unchanged re-publish skip zstd).
 //! The restore half: `branch` reads and cross-checks a fetched branch,
-//! `verify` streams it (no unverified byte reaches the decoder), `restore`
+//! `prefetch` fetches its chunks by id while they are read, `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it, `stamp` makes the next run warm, `compare` checks an
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
 //! `cache status`.
@@ -20,6 +20,7 @@ pub mod git;
 pub mod manifest;
 pub mod pack;
 pub mod packed;
+pub mod prefetch;
 pub mod publish;
 pub mod readme;
 pub mod restore;

@@ -590,10 +590,15 @@ fn drop_broken_keys(m: &mut BranchManifest, entries: &[TreeEntry], branch: &str,
         .map(|e| (e.name.as_str(), e.size))
         .collect();
     m.keys.retain(|key, e| {
-        let missing = e
-            .chunks
-            .iter()
-            .find(|c| sizes.get(c.file.as_str()).copied().flatten() != Some(c.size));
+        // A size of `None` is a chunk the (filtered) branch fetch left on
+        // the remote: it is on the branch, and its size is the one its id
+        // was made with; only chunks missing from the tree, or here with
+        // another size, are broken.
+        let missing = e.chunks.iter().find(|c| match sizes.get(c.file.as_str()) {
+            None => true,
+            Some(None) => false,
+            Some(Some(size)) => *size != c.size,
+        });
         if let Some(c) = missing {
             out.warn(format!(
                 "dropping key {key} from {branch}: its chunk {} is missing or has the wrong size",

@@ -23,10 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use xshell::Shell;
 
-use crate::cache::branch::{Branch, KeyPlan};
+use crate::cache::branch::{Branch, Content, KeyPlan};
 use crate::cache::compare;
 use crate::cache::git::CacheGit;
 use crate::cache::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
+use crate::cache::prefetch;
 use crate::cache::stamp::{self, Loaded, Miss, Stamp};
 use crate::cache::verify;
 use crate::cli::cache::RestoreArgs;
@@ -90,11 +91,18 @@ pub enum State {
 }
 
 /// Time spent in each phase of a cold restore, in milliseconds.
+///
+/// `fetch_ms` is the branch fetch (commit, tree, small files: big chunks
+/// are left out); the chunks are fetched by id during `unpack_ms`, which
+/// `chunk_fetch_ms` (time spent fetching chunks, overlapping the unpack)
+/// and `chunk_wait_ms` (time the unpack waited for a chunk) break down.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Phases {
     pub lock_wait_ms: u64,
     pub fetch_ms: u64,
     pub unpack_ms: u64,
+    pub chunk_fetch_ms: u64,
+    pub chunk_wait_ms: u64,
     pub install_ms: u64,
 }
 
@@ -117,6 +125,13 @@ pub struct RestoreOutcome {
     pub bytes: u64,
     /// Compressed chunk bytes read from cache.git.
     pub compressed_bytes: u64,
+    /// How the chunks reached cache.git: `present` (with the branch fetch,
+    /// or from an earlier run), `byid` (fetched one by one while unpacking),
+    /// `refetch` (the server refuses objects by id: the branch was fetched
+    /// whole); `null` when nothing was unpacked.
+    pub chunk_source: Option<prefetch::Source>,
+    /// Chunks fetched by id in this run.
+    pub chunks_fetched: u64,
     /// Entries installed (files, directories, links), as the stamp records.
     pub files: u64,
     /// Bytes that went through sha256 in this run: 0 on the warm path.
@@ -369,6 +384,8 @@ fn from_stamp(
         layout: s.layout.clone(),
         bytes: 0,
         compressed_bytes: 0,
+        chunk_source: None,
+        chunks_fetched: 0,
         files: s.files,
         bytes_hashed: 0,
         duration_ms: duration.as_millis() as u64,
@@ -486,7 +503,10 @@ pub fn spinner(on: bool, what: String) -> indicatif::ProgressBar {
     pb
 }
 
-/// Fetches `m`'s branch into cache.git and reads it (cross-checked).
+/// Fetches `m`'s branch into cache.git, without its big chunks (see
+/// `CacheGit::try_fetch_branch`), and reads it (cross-checked). The chunks
+/// of a v1 key are fetched by `unpack_into` as it reads them; the parts of
+/// a legacy branch (no declared sizes) are fetched here.
 pub fn fetch(
     sh: &Shell,
     repo: &Repo,
@@ -500,7 +520,23 @@ pub fn fetch(
     let commit = git.fetch_branch(&remote, &m.branch);
     spin.finish_and_clear();
     let commit = commit?;
-    let branch = Branch::read(&git, remote, &m.branch, commit)?;
+    let mut branch = Branch::read(&git, remote.clone(), &m.branch, commit)?;
+    if let Content::Legacy { parts, .. } = &branch.content {
+        let oids: Vec<String> = branch
+            .entries
+            .iter()
+            .filter(|e| e.kind == "blob" && e.size.is_none() && parts.contains(&e.name))
+            .map(|e| e.oid.clone())
+            .collect();
+        if !oids.is_empty() {
+            let spin = spinner(progress, format!("fetching the parts of {}", m.branch));
+            let r = prefetch::fetch_all(&git, &remote, &m.branch, &oids);
+            spin.finish_and_clear();
+            r?;
+            let commit = git.fetch_branch_local(&m.branch)?;
+            branch = Branch::read(&git, remote, &m.branch, commit)?;
+        }
+    }
     Ok((git, branch))
 }
 
@@ -512,23 +548,33 @@ pub fn republish_fix(name: &str) -> String {
 }
 
 /// Streams `kp` from cache.git through verification into the empty
-/// directory `dest`. Returns what was unpacked and what was hashed.
+/// directory `dest`, fetching the chunks cache.git lacks from `remote` (the
+/// remote branch `branch` was fetched from) while the earlier ones are
+/// unpacked. Returns what was unpacked, what was hashed, and what was fetched.
 pub fn unpack_into(
     git: &CacheGit,
+    remote: &crate::cache::git::Remote,
+    branch: &str,
     kp: &KeyPlan,
     dest: &Path,
     progress: bool,
-) -> Result<(unpack::Stats, verify::Stats)> {
+) -> Result<(unpack::Stats, verify::Stats, prefetch::Stats)> {
     let pb = bar(progress, kp.plan.progress_total(), "verifying");
-    let git = git.clone();
+    let chunks = prefetch::Prefetch::start(git, remote, branch, kp)?;
+    let reader = git.clone();
     let oids = kp.oids.clone();
-    let mut open =
-        move |i: usize| -> Result<Box<dyn Read + Send>> { Ok(Box::new(git.read_blob(&oids[i])?)) };
+    let chunks_ref = &chunks;
+    let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
+        chunks_ref.wait(i)?;
+        Ok(Box::new(reader.read_blob(&oids[i])?))
+    };
     let r = verify::stream(&kp.plan, &mut open, &|n| pb.inc(n), |r| {
         unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
     });
     pb.finish_and_clear();
-    r.map_err(|e| {
+    let fetched = chunks.stats();
+    drop(chunks);
+    r.map(|(u, v)| (u, v, fetched)).map_err(|e| {
         if crate::exit::code_of(&e) == Code::Unsafe {
             // The extractor names the entry; say where it came from and
             // what to do, keeping the exit code.
@@ -575,8 +621,17 @@ fn cold(
     let t = Instant::now();
     let mut staging = Staging(Some(unpack::staging_dir_for(target)?));
     let dest = staging.0.clone().expect("staging is set");
-    let (ustats, vstats) = unpack_into(&git, &kp, &dest, opts.progress)?;
+    let (ustats, vstats, fetched) = unpack_into(
+        &git,
+        &branch.remote,
+        &branch.name,
+        &kp,
+        &dest,
+        opts.progress,
+    )?;
     phases.unpack_ms = t.elapsed().as_millis() as u64;
+    phases.chunk_fetch_ms = fetched.fetch_ms;
+    phases.chunk_wait_ms = fetched.wait_ms;
     unpack::kill_point("restore:unpacked");
 
     let bytes_hashed = vstats.bytes_hashed;
@@ -655,6 +710,8 @@ fn cold(
         layout: kp.layout.to_string(),
         bytes: vstats.tar_bytes,
         compressed_bytes: vstats.compressed_bytes,
+        chunk_source: Some(fetched.source),
+        chunks_fetched: fetched.fetched,
         files,
         bytes_hashed,
         duration_ms: duration.as_millis() as u64,

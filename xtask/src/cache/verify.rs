@@ -389,13 +389,17 @@ fn mismatch(plan: &Plan, piece: &Piece, got: &[u8; 32], expected: &[u8; 32]) -> 
 /// on and all bytes hashed.
 ///
 /// v1 (`PerPiece`) reads every chunk twice, streaming, a few MiB at a time:
-/// first every chunk is hashed and checked, and only then are they read
-/// again, re-hashed, and passed to the decoder. So a damaged chunk anywhere
-/// is refused before the decoder sees a byte or anything is unpacked, and
-/// memory does not grow with the chunk size. The second read re-checks each
-/// chunk's digest at its end: cache.git's objects cannot change between the
-/// two reads unless someone rewrites them, and if they did, the install is
-/// refused (it is still in staging).
+/// first the chunk is hashed and checked, and only then is it read again,
+/// re-hashed, and passed to the decoder; then the next chunk. So a damaged
+/// chunk is refused before the decoder sees a byte of it, memory does not
+/// grow with the chunk size, and chunk `i + 1` may still be arriving (see
+/// `cache::prefetch`) while chunk `i` is decoded: `open(i)` is called, in
+/// order, twice per chunk, and only once chunk `i - 1` was passed on. What
+/// the earlier chunks unpacked sits in staging, which the caller removes on
+/// any error. The second read re-checks each chunk's digest at its end:
+/// cache.git's objects cannot change between the two reads unless someone
+/// rewrites them, and if they did, the install is refused (it is still in
+/// staging).
 fn read_stage(
     plan: &Plan,
     open: &mut Open<'_>,
@@ -404,8 +408,14 @@ fn read_stage(
     recycle: &Receiver<Vec<u8>>,
 ) -> Result<(u64, u64)> {
     let mut hashed = 0u64;
-    if plan.check == Check::PerPiece {
-        for (i, piece) in plan.pieces.iter().enumerate() {
+    let mut total = 0u64;
+    let mut whole = Sha256::new();
+    // Set when the next stage hung up (it failed): the current chunk (v1) or
+    // the whole archive (legacy) is still hashed to its end, so that damage
+    // is reported as such rather than as whatever it decoded to.
+    let mut downstream_gone = false;
+    for (i, piece) in plan.pieces.iter().enumerate() {
+        if plan.check == Check::PerPiece {
             let expected = piece
                 .sha256
                 .ok_or_else(|| anyhow!("chunk {} has no digest", piece.file))?;
@@ -419,14 +429,6 @@ fn read_stage(
             }
             hashed += piece.size;
         }
-    }
-    let mut total = 0u64;
-    let mut whole = Sha256::new();
-    // Set when the next stage hung up (it failed): the current chunk (v1) or
-    // the whole archive (legacy) is still hashed to its end, so that damage
-    // is reported as such rather than as whatever it decoded to.
-    let mut downstream_gone = false;
-    for (i, piece) in plan.pieces.iter().enumerate() {
         let mut src = open(i)?;
         // If the next stage hangs up mid-chunk, the chunk is still read to
         // its end: a chunk that changed is reported as such.
@@ -653,13 +655,19 @@ mod tests {
     }
 
     #[test]
-    fn a_flipped_byte_in_any_chunk_is_refused_before_the_decoder_sees_a_byte() {
+    fn a_flipped_byte_in_any_chunk_is_refused_before_the_decoder_sees_a_byte_of_it() {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
         let tar = big_tar();
         for bad in 0..4 {
             let (plan, mut chunks) = v1(&tar, 4);
             chunks[bad][10] ^= 1;
-            let seen = std::sync::atomic::AtomicU64::new(0);
-            let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
+            let seen = AtomicU64::new(0);
+            // How often each chunk was opened, in which order.
+            let opens: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
+            let order = std::sync::Mutex::new(Vec::new());
+            let mut open = |i: usize| -> Result<Box<dyn Read + Send>> {
+                opens[i].fetch_add(1, Ordering::SeqCst);
+                order.lock().unwrap().push(i);
                 Ok(Box::new(io::Cursor::new(chunks[i].clone())))
             };
             let err = stream(&plan, &mut open, &|_| {}, |r| {
@@ -669,7 +677,7 @@ mod tests {
                     if n == 0 {
                         return Ok(());
                     }
-                    seen.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    seen.fetch_add(n as u64, Ordering::Relaxed);
                 }
             })
             .unwrap_err();
@@ -677,7 +685,19 @@ mod tests {
             let msg = format!("{err:#}");
             assert!(msg.contains(&format!("k.tar.zst.part00{bad}")), "{msg}");
             assert!(msg.contains("republish"), "{msg}");
-            assert_eq!(seen.into_inner(), 0, "chunk {bad}: the consumer saw bytes");
+            // The damaged chunk was read once, to hash it, and never again
+            // (the second read is the one that feeds the decoder); the
+            // chunks after it were never opened.
+            assert_eq!(opens[bad].load(Ordering::SeqCst), 1, "chunk {bad}");
+            for (later, n) in opens.iter().enumerate().skip(bad + 1) {
+                assert_eq!(n.load(Ordering::SeqCst), 0, "chunk {later}");
+            }
+            // Each chunk before it: hashed, then passed on, in order.
+            let expected: Vec<usize> = (0..bad).flat_map(|i| [i, i]).chain([bad]).collect();
+            assert_eq!(*order.lock().unwrap(), expected);
+            if bad == 0 {
+                assert_eq!(seen.load(Ordering::Relaxed), 0, "the consumer saw bytes");
+            }
         }
     }
 

@@ -1,0 +1,355 @@
+//! How `cache restore` gets a branch's chunks: the branch fetch leaves big
+//! chunks out and they are fetched by id while the earlier ones unpack; the
+//! fallbacks (a server that ignores the filter, one that refuses objects by
+//! id), a chunk the server lacks, a damaged chunk, and a publish from a
+//! clone that holds only some chunks. Real bare remotes over file paths;
+//! `WARMSTART_FETCH_BLOB_LIMIT` makes 20 kB chunks "big" so the data stays small.
+
+use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
+use crate::util::{Run, TestEnv, run, show};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Blobs of 8 KiB or more are left out of branch fetches in these tests.
+const LIMIT: &str = "8k";
+
+struct Fx {
+    env: TestEnv,
+    work: PathBuf,
+    src: PathBuf,
+    target: PathBuf,
+}
+
+impl Fx {
+    /// A work repository whose cache `art` packs `src` (a tricky tree plus
+    /// 120 kB of noise: six or seven 20 kB chunks) and restores into
+    /// `restored/art`, with `origin` a bare remote configured by `config`.
+    fn new(config: &[(&str, &str)]) -> Fx {
+        let env = TestEnv::new();
+        let remote = env.bare_remote("origin.git");
+        for (k, v) in config {
+            env.git("origin.git", ["config", k, v]);
+        }
+        let work = env.work_repo("work");
+        env.git(
+            "work",
+            ["remote", "add", "origin", remote.to_str().unwrap()],
+        );
+        let src = env.join("src");
+        make_tricky_tree(&src, false);
+        write_pseudo_random(&src.join("noise.bin"), 120_000, 11);
+        let fx = Fx {
+            target: work.join("restored/art"),
+            env,
+            work,
+            src,
+        };
+        fx.manifest("1");
+        fx
+    }
+
+    fn manifest(&self, literal: &str) {
+        let dir = self.work.join("cache-manifests");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("art.toml"),
+            format!(
+                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n\n[restore]\npath = \"restored/art\"\n",
+                self.src.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    fn xtask(&self, args: &[&str]) -> Run {
+        let mut cmd = self.env.xtask_in("work");
+        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT).args(args);
+        run(&mut cmd)
+    }
+
+    fn publish(&self) -> Value {
+        json_of(&self.xtask(&["cache", "publish", "art", "--json"]).ok())
+    }
+
+    /// Forgets everything this clone fetched or installed: the next restore
+    /// is the one of a fresh clone.
+    fn forget(&self) {
+        std::fs::remove_dir_all(self.work.join(".git/warmstart")).unwrap();
+        let _ = std::fs::remove_dir_all(self.work.join("restored"));
+    }
+
+    fn restore_json(&self) -> Value {
+        json_of(&self.xtask(&["cache", "restore", "art", "--json"]).ok())
+    }
+
+    fn cache_git(&self, args: &[&str]) -> String {
+        let mut all = vec!["--git-dir", ".git/warmstart/cache.git"];
+        all.extend(args);
+        self.env.git("work", all)
+    }
+
+    /// The blob ids of the branch's chunk files on the remote, in order.
+    fn remote_chunks(&self) -> Vec<(String, String)> {
+        let out = self.env.git("origin.git", ["ls-tree", "art-cache"]);
+        out.lines()
+            .filter(|l| l.contains(".part"))
+            .map(|l| {
+                let (meta, name) = l.split_once('\t').unwrap();
+                let oid = meta.split_whitespace().nth(2).unwrap().to_string();
+                (name.to_string(), oid)
+            })
+            .collect()
+    }
+}
+
+fn json_of(r: &Run) -> Value {
+    serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+}
+
+/// Chunks of 8 KiB or more on the branch: the ones a restore fetches by id.
+fn big_chunks(published: &Value) -> u64 {
+    published["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["size"].as_u64().unwrap() >= 8192)
+        .count() as u64
+}
+
+#[test]
+fn cache_fetch_restores_chunks_fetched_by_id_while_unpacking() {
+    let fx = Fx::new(&[]);
+    let published = fx.publish();
+    let big = big_chunks(&published);
+    assert!(big >= 5, "{published}");
+    fx.forget();
+
+    let j = fx.restore_json();
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunk_source"], "byid", "{j}");
+    assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
+    let phases = &j["phases"];
+    for p in ["fetch_ms", "unpack_ms", "chunk_fetch_ms", "chunk_wait_ms"] {
+        assert!(phases[p].is_u64(), "{p} in {j}");
+    }
+    assert!(
+        phases["chunk_wait_ms"].as_u64() <= phases["unpack_ms"].as_u64(),
+        "{j}"
+    );
+    assert_same_tree(&fx.src, &fx.target);
+
+    // cache.git is a partial clone of a promisor named `warmstart`, whose
+    // URL was never written down.
+    assert_eq!(
+        fx.cache_git(&["config", "remote.warmstart.promisor"])
+            .trim(),
+        "true"
+    );
+    let url = run(std::process::Command::new("git")
+        .current_dir(&fx.work)
+        .args([
+            "--git-dir",
+            ".git/warmstart/cache.git",
+            "config",
+            "remote.warmstart.url",
+        ]));
+    assert_eq!(url.code(), 1, "{}", show(&url.out));
+
+    // The chunks are in cache.git now: `cache verify` and a `--verify`
+    // restore fetch nothing.
+    let v = json_of(&fx.xtask(&["cache", "verify", "art", "--json"]).ok());
+    assert_eq!(v["keys"][0]["ok"], true, "{v}");
+    let again = json_of(
+        &fx.xtask(&["cache", "restore", "art", "--verify", "--json"])
+            .ok(),
+    );
+    assert_eq!(again["state"], "verified", "{again}");
+    assert_eq!(again["chunk_source"], "present", "{again}");
+    assert_eq!(again["chunks_fetched"], 0, "{again}");
+}
+
+#[test]
+fn cache_fetch_from_a_server_that_ignores_the_filter_fetches_no_chunk_by_id() {
+    let fx = Fx::new(&[("uploadpack.allowFilter", "false")]);
+    fx.publish();
+    fx.forget();
+    let j = fx.restore_json();
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunk_source"], "present", "{j}");
+    assert_eq!(j["chunks_fetched"], 0, "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+}
+
+#[test]
+fn cache_fetch_falls_back_to_a_whole_fetch_when_the_server_refuses_objects_by_id() {
+    // Protocol v0 without allow*SHA1InWant: a `want` of a blob is refused.
+    let fx = Fx::new(&[("uploadpack.allowReachableSHA1InWant", "false")]);
+    fx.publish();
+    fx.forget();
+    fx.env.git("work", ["config", "protocol.version", "0"]);
+    let j = fx.restore_json();
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunk_source"], "refetch", "{j}");
+    assert_eq!(j["chunks_fetched"], 0, "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+    // A second key restored in the same clone goes the same way.
+    let v = json_of(&fx.xtask(&["cache", "verify", "art", "--json"]).ok());
+    assert_eq!(v["keys"][0]["ok"], true, "{v}");
+}
+
+#[test]
+fn cache_fetch_of_a_chunk_the_server_lacks_fails_in_one_line_and_installs_nothing() {
+    // Loose objects on the server, so that one chunk can be taken away.
+    let fx = Fx::new(&[("receive.unpackLimit", "100000")]);
+    fx.publish();
+    fx.forget();
+    // A first restore fetches the branch (without chunks) and is killed.
+    let mut cmd = fx.env.xtask_in("work");
+    cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
+        .env("WARMSTART_TEST_KILL_AT", "restore:fetched")
+        .args(["cache", "restore", "art", "--quiet"]);
+    let killed = run(&mut cmd);
+    assert_ne!(killed.code(), 0, "{}", show(&killed.out));
+    let chunks = fx.remote_chunks();
+    let (name, oid) = &chunks[1];
+    let loose = fx
+        .env
+        .join("origin.git/objects")
+        .join(&oid[..2])
+        .join(&oid[2..]);
+    std::fs::remove_file(&loose).unwrap_or_else(|e| panic!("{}: {e}", loose.display()));
+
+    let r = fx.xtask(&["cache", "restore", "art"]).expect_code(8);
+    let err = r.stderr();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot fetch chunk {name}")) && err.contains("does not have it"),
+        "{err}"
+    );
+    assert!(!fx.target.exists(), "nothing is installed");
+    assert_no_staging(&fx.target);
+}
+
+#[test]
+fn cache_fetch_a_damaged_chunk_fetched_by_id_exits_6_before_installing() {
+    let fx = Fx::new(&[]);
+    fx.publish();
+    // The branch, with one chunk's bytes changed (its digest in
+    // warmstart.json and SHA256SUMS left as published).
+    let chunks = fx.remote_chunks();
+    let (name, oid) = &chunks[2];
+    let mut cat = std::process::Command::new("git");
+    cat.current_dir(fx.env.join("origin.git"))
+        .args(["cat-file", "blob", oid]);
+    fx.env.isolate(&mut cat);
+    let mut bytes = cat.output().unwrap().stdout;
+    assert!(bytes.len() > 1000);
+    bytes[100] ^= 1;
+    let damaged = fx.env.join("damaged.bin");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let new_oid = fx
+        .env
+        .git(
+            "origin.git",
+            ["hash-object", "-w", damaged.to_str().unwrap()],
+        )
+        .trim()
+        .to_string();
+    let tree = fx
+        .env
+        .git("origin.git", ["ls-tree", "art-cache"])
+        .replace(oid, &new_oid);
+    let tree_file = fx.env.join("tree.txt");
+    std::fs::write(&tree_file, tree).unwrap();
+    let mut mktree = std::process::Command::new("git");
+    mktree.current_dir(fx.env.join("origin.git")).arg("mktree");
+    fx.env.isolate(&mut mktree);
+    mktree.stdin(std::fs::File::open(&tree_file).unwrap());
+    let out = mktree.output().unwrap();
+    assert!(out.status.success());
+    let new_tree = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let commit = fx
+        .env
+        .git("origin.git", ["commit-tree", &new_tree, "-m", "damaged"])
+        .trim()
+        .to_string();
+    fx.env.git(
+        "origin.git",
+        ["update-ref", "refs/heads/art-cache", &commit],
+    );
+
+    fx.forget();
+    let r = fx.xtask(&["cache", "restore", "art"]).expect_code(6);
+    assert!(r.stderr().contains(name.as_str()), "{}", r.stderr());
+    assert!(r.stderr().contains("sha256"), "{}", r.stderr());
+    assert!(!fx.target.exists(), "nothing is installed");
+    assert_no_staging(&fx.target);
+}
+
+#[test]
+fn cache_fetch_publish_from_a_clone_without_the_other_keys_chunks_keeps_them() {
+    let fx = Fx::new(&[]);
+    let a = fx.publish();
+    // A fresh clone publishes another key: its branch fetch leaves key 1's
+    // chunks on the remote, and the new commit keeps them.
+    fx.forget();
+    fx.manifest("2");
+    std::fs::write(fx.src.join("flavour.txt"), "two").unwrap();
+    let b = fx.publish();
+    assert_eq!(b["status"], "published", "{b}");
+    assert_eq!(b["keys_on_branch"].as_array().unwrap().len(), 2, "{b}");
+    // Key 1 still restores in full from a fresh clone, chunks fetched by id.
+    fx.forget();
+    fx.manifest("1");
+    let j = fx.restore_json();
+    assert_eq!(j["key"], "art-1", "{j}");
+    assert_eq!(j["chunks_fetched"].as_u64(), Some(big_chunks(&a)), "{j}");
+    std::fs::remove_file(fx.src.join("flavour.txt")).unwrap();
+    assert_same_tree(&fx.src, &fx.target);
+    // And so does key 2.
+    fx.forget();
+    fx.manifest("2");
+    std::fs::write(fx.src.join("flavour.txt"), "two").unwrap();
+    let j = fx.restore_json();
+    assert_eq!(j["key"], "art-2", "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+}
+
+/// No staging directory was left beside `target`.
+fn assert_no_staging(target: &Path) {
+    let parent = target.parent().unwrap();
+    if let Ok(rd) = std::fs::read_dir(parent) {
+        let stray: Vec<String> = rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(stray.is_empty(), "leftovers beside the target: {stray:?}");
+    }
+}
+
+#[test]
+fn cache_fetch_a_legacy_branch_gets_its_parts_before_unpacking() {
+    // Parts of a legacy branch declare no size, so they are fetched (by
+    // id) before the plan is made; the restore is whole.
+    let fx = Fx::new(&[]);
+    let recipe = fx.env.join("seed_recipe.sh");
+    std::fs::write(&recipe, include_str!("cache_restore/seed_recipe.sh")).unwrap();
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(&recipe)
+        .arg("publish")
+        .arg(&fx.src)
+        .arg(fx.env.join("origin.git"))
+        .arg("art-cache")
+        .arg("zst");
+    fx.env.isolate(&mut cmd);
+    let r = run(&mut cmd);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    let part = fx.env.git("origin.git", ["ls-tree", "-l", "art-cache"]);
+    assert!(
+        part.lines().any(|l| l.contains(".part")
+            && l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap() > 8192),
+        "the part must be big enough to be left out: {part}"
+    );
+    let j = fx.restore_json();
+    assert_eq!(j["layout"], "legacy-zstd", "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+}
