@@ -216,8 +216,9 @@ fn tricky_tree_over_file_url_restores_with_coreutils() {
     );
 }
 
-/// The one big case: a 210 MB incompressible file spans three default-size
-/// (99 MiB) chunks; published and restored through `git daemon`.
+/// The one big case: a 210 MB incompressible file spans the ramp (8 and 32
+/// MiB) and two default-size (99 MiB) chunks; published and restored
+/// through `git daemon`.
 #[test]
 fn big_file_crosses_default_chunks_over_git_daemon() {
     let env = TestEnv::new();
@@ -229,9 +230,10 @@ fn big_file_crosses_default_chunks_over_git_daemon() {
     work_with_manifest(&env, "work", &url, "big", &manifest(&src, "1", ""));
     let s = json(&publish(&env, "work", &["big", "--json"]).ok());
     let chunks = s["chunks"].as_array().unwrap();
-    assert_eq!(chunks.len(), 3, "{chunks:?}");
-    for c in &chunks[..2] {
-        assert_eq!(c["size"].as_u64().unwrap(), 99 * 1024 * 1024);
+    assert_eq!(chunks.len(), 4, "{chunks:?}");
+    let mib = 1024 * 1024;
+    for (c, size) in chunks.iter().zip([8 * mib, 32 * mib, 99 * mib]) {
+        assert_eq!(c["size"].as_u64().unwrap(), size);
     }
     assert!(s["compressed_size"].as_u64().unwrap() > BIG_FILE_BYTES);
     assert_one_root_commit(&env, "origin.git", "big-cache");

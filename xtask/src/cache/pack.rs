@@ -4,8 +4,9 @@
 //! `plan` walks the pack root and decides what goes in (read-only, so
 //! `--dry-run` uses it). `write_tar` turns a plan into tar bytes, and `pack`
 //! runs the whole pipeline: tar -> sha256 of the tar -> zstd -> chunk files
-//! of at most `chunk_bytes`, each hashed as it is written and handed to the
-//! caller as soon as it is complete. Nothing holds the archive in memory or
+//! of at most `chunk_bytes` (the first two smaller, see `chunk_limit`), each
+//! hashed as it is written and handed to the caller as soon as it is
+//! complete. Nothing holds the archive in memory or
 //! writes it whole to disk: the caller decides how many finished chunks may
 //! exist at once.
 //!
@@ -544,6 +545,19 @@ impl PackOptions {
     }
 }
 
+/// The first chunks are cut small: a restore fetches chunk by chunk while it
+/// unpacks (cache/prefetch.rs), so the first chunk is all it waits for before
+/// unpacking starts, and the second is fetched while the first unpacks.
+/// Boundaries are the publisher's choice (DESIGN.md); restorers never rely
+/// on them.
+pub const RAMP: [u64; 2] = [8 << 20, 32 << 20];
+
+/// The size at which chunk `index` is cut: `RAMP` first, then `chunk_bytes`,
+/// never more than `chunk_bytes`.
+pub fn chunk_limit(index: usize, chunk_bytes: u64) -> u64 {
+    RAMP.get(index).map_or(chunk_bytes, |&r| r.min(chunk_bytes))
+}
+
 /// A finished chunk file, handed over as soon as it is complete.
 #[derive(Clone, Debug)]
 pub struct ChunkFile {
@@ -581,7 +595,7 @@ pub fn pack(
     let writer = ChunkWriter {
         dir,
         name_of,
-        limit: opts.chunk_bytes,
+        chunk_bytes: opts.chunk_bytes,
         current: None,
         index: 0,
         on_chunk: &mut |c: ChunkFile| {
@@ -627,12 +641,13 @@ struct OpenChunk {
     size: u64,
 }
 
-/// Cuts the compressed stream into files of at most `limit` bytes, hashing
-/// each as it is written.
+/// Cuts the compressed stream into files of `chunk_limit(index,
+/// chunk_bytes)` bytes (the last may be shorter), hashing each as it is
+/// written.
 struct ChunkWriter<'a> {
     dir: &'a Path,
     name_of: &'a dyn Fn(usize) -> String,
-    limit: u64,
+    chunk_bytes: u64,
     current: Option<OpenChunk>,
     index: usize,
     on_chunk: &'a mut dyn FnMut(ChunkFile) -> io::Result<()>,
@@ -677,7 +692,7 @@ impl ChunkWriter<'_> {
 
 impl Write for ChunkWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let limit = self.limit;
+        let limit = chunk_limit(self.index, self.chunk_bytes);
         let c = self.open()?;
         let n = buf.len().min((limit - c.size) as usize);
         c.file.write_all(&buf[..n])?;
@@ -816,6 +831,16 @@ mod tests {
         assert!(listing.contains("z-hard link to b/c/file"), "{listing}");
         assert!(listing.contains("-rwxr-xr-x 0/0"), "{listing}");
         assert!(listing.contains(" empty/\n"), "{listing}");
+    }
+
+    #[test]
+    fn the_first_chunks_ramp_up_to_the_chunk_size() {
+        let mib = 1 << 20;
+        let sizes: Vec<u64> = (0..4).map(|i| chunk_limit(i, 99 * mib)).collect();
+        assert_eq!(sizes, [8 * mib, 32 * mib, 99 * mib, 99 * mib]);
+        let sizes: Vec<u64> = (0..3).map(|i| chunk_limit(i, 16 * mib)).collect();
+        assert_eq!(sizes, [8 * mib, 16 * mib, 16 * mib]);
+        assert!((0..3).all(|i| chunk_limit(i, 1000) == 1000));
     }
 
     #[test]

@@ -39,10 +39,11 @@ pub struct Record {
 
 /// Everything besides the tar that decides the chunk bytes: the zstd
 /// library version (another version may compress differently), the level
-/// and the chunk size.
+/// and the chunk sizes (`chunk_bytes` and the ramp of the first chunks).
 pub fn pack_params(level: i32, chunk_bytes: u64) -> String {
+    let ramp = crate::cache::pack::RAMP.map(|r| r.to_string()).join(",");
     format!(
-        "zstd {} level {level} chunk_bytes {chunk_bytes}",
+        "zstd {} level {level} chunk_bytes {chunk_bytes} ramp {ramp}",
         zstd::zstd_safe::version_string()
     )
 }
