@@ -111,6 +111,75 @@ impl Plan {
     pub fn regular_files(&self) -> usize {
         self.items.iter().filter(|i| i.kind == Kind::File).count()
     }
+
+    /// The plan's stamp: equal stamps, taken far enough apart from any
+    /// change (module `packed` decides how far), mean the same tar.
+    pub fn stamp(&self) -> TreeStamp {
+        let mut h = Sha256::new();
+        let mut buf = Vec::with_capacity(256);
+        let put = |buf: &mut Vec<u8>, bytes: &[u8]| {
+            buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            buf.extend_from_slice(bytes);
+        };
+        put(&mut buf, TAR_LAYOUT.as_bytes());
+        put(&mut buf, env!("CARGO_PKG_VERSION").as_bytes());
+        put(&mut buf, self.root.as_os_str().as_bytes());
+        buf.push(self.keep_mtime as u8);
+        buf.extend_from_slice(&(self.items.len() as u64).to_le_bytes());
+        h.update(&buf);
+        let mut newest_ns = i64::MIN;
+        for item in &self.items {
+            buf.clear();
+            put(&mut buf, &item.rel);
+            match &item.kind {
+                Kind::Dir => buf.push(b'd'),
+                Kind::File => buf.push(b'f'),
+                Kind::Symlink(t) => {
+                    buf.push(b's');
+                    put(&mut buf, t);
+                }
+                Kind::Hardlink(t) => {
+                    buf.push(b'h');
+                    put(&mut buf, t);
+                }
+            }
+            let s = &item.stat;
+            for n in [item.mtime, item.size, s.dev, s.ino, s.size] {
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
+            for n in [item.mode, s.mode] {
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
+            for n in [s.mtime_ns, s.ctime_ns] {
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
+            newest_ns = newest_ns.max(s.mtime_ns).max(s.ctime_ns);
+            h.update(&buf);
+        }
+        TreeStamp {
+            digest: hex(&h.finalize()),
+            newest_ns,
+        }
+    }
+}
+
+/// Names the bytes `write_tar` makes for a plan. Change it whenever they
+/// change (header fields, long names, padding, the fixed mtime): a stamp
+/// taken under another layout must never vouch for today's tar.
+const TAR_LAYOUT: &str = "warmstart tar 1: gnu, sorted, uid 0, mtime 946684800";
+
+/// What a plan's tar depends on besides file contents, and each entry's
+/// lstat identity (module `packed` keeps one per published tar).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeStamp {
+    /// sha256 (hex) over the tar layout, the root, `keep_mtime` and, for
+    /// each entry in tar order: path, kind, link target, mode, mtime,
+    /// size, and its `Stat` (dev, inode, st_mode, size, mtime and ctime in
+    /// nanoseconds).
+    pub digest: String,
+    /// The latest mtime or ctime of any entry, in ns since the epoch
+    /// (`i64::MIN` for an empty plan).
+    pub newest_ns: i64,
 }
 
 /// Which entries the walk packs: an entry is selected when it, or a
