@@ -238,9 +238,12 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         })
     {
         let how = if record.same_tree(&stamp) {
-            Some(format!(
-                "no entry changed since this clone's last publish (lstat of {}, ctime included): nothing read, nothing compressed",
-                plural(plan.items.len(), "entry", "entries")
+            Some((
+                "stat",
+                format!(
+                    "lstat of {} as at this clone's last publish, ctime included: nothing read, nothing compressed",
+                    plural(plan.items.len(), "entry", "entries")
+                ),
             ))
         } else {
             let bar = out.bar(plan.file_bytes, "digest");
@@ -259,20 +262,19 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 if let Err(e) = packed::save(&record_path, &record) {
                     out.warn(format!("{e:#} (the next publish hashes the tar again)"));
                 }
-                Some(format!(
-                    "hashed in {:.1}s, nothing compressed",
-                    t.elapsed().as_secs_f64()
+                Some((
+                    "digest",
+                    format!(
+                        "hashed in {:.1}s, nothing compressed",
+                        t.elapsed().as_secs_f64()
+                    ),
                 ))
             }
         };
-        if let Some(how) = how {
+        if let Some((by, how)) = how {
             git.set_local_branch(&m.branch, &s.commit)?;
             summary.status = "unchanged";
-            summary.unchanged_by = Some(if timings.contains_key("digest") {
-                "digest"
-            } else {
-                "stat"
-            });
+            summary.unchanged_by = Some(by);
             summary.commit = Some(s.commit.clone());
             summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
             summary.tar_size = Some(old.tar_size);
