@@ -832,10 +832,13 @@ fn publish_help_and_json_shape_snapshots() {
 /// hashes the tar and compresses nothing; a content change that keeps size
 /// and mtime is still seen (contents are hashed, not stat'ed); a record that
 /// no longer vouches for the branch (other pack params, gone, corrupt)
-/// falls back to the full pack.
+/// falls back to the full pack. A file dated in the future keeps the tree
+/// "racily clean" (module packed) throughout, so the stat shortcut never
+/// applies here and every re-publish hashes.
 #[test]
 fn unchanged_republish_hashes_instead_of_packing() {
     let (env, src, work) = tricky_setup("tricky", "1", "\n[publish]\nchunk_bytes = 300\n");
+    date_in_the_future(&src.join("empty-file"));
     let first = json(&publish(&env, "work", &["tricky", "--json"]).ok());
     assert_eq!(first["status"], "published");
     let record = work.join(".git/warmstart/cache/packed/tricky.json");
@@ -867,6 +870,7 @@ fn unchanged_republish_hashes_instead_of_packing() {
             .all(|c| c["reused"] == true)
     );
     assert_eq!(timings(&s), (true, false), "hashed, not packed: {s}");
+    assert_eq!(s["unchanged_by"], "digest", "{s}");
 
     // Same size, same mtime, other bytes: a stat-based check would miss it.
     let f = src.join("plain.txt");
@@ -912,9 +916,196 @@ fn unchanged_republish_hashes_instead_of_packing() {
         }
         let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
         assert_eq!(s["status"], "unchanged", "{damage}");
+        assert_eq!(s["unchanged_by"], "pack", "{damage}: {s}");
         assert_eq!(timings(&s), (false, true), "{damage}: {s}");
         let rec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
         assert_eq!(rec["commit"], s["commit"], "{damage}");
+    }
+}
+
+/// Sets the mtime of `path` an hour ahead: the entry counts as changed
+/// "just now" for the racy check, whatever time the test takes.
+fn date_in_the_future(path: &Path) {
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+}
+
+/// Waits until every entry of a just-made tree is older than the racy
+/// window (2 s, cache::packed::RACY_WINDOW_NS) of any later publish.
+fn let_the_tree_age() {
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+}
+
+/// How an `unchanged` publish knew, and whether it read or packed:
+/// (`unchanged_by`, timings has `digest`, timings has `pack`).
+fn how(s: &serde_json::Value) -> (String, bool, bool) {
+    let t = s["timings_ms"].as_object().unwrap();
+    (
+        s["unchanged_by"].as_str().unwrap_or("null").to_string(),
+        t.contains_key("digest"),
+        t.contains_key("pack"),
+    )
+}
+
+fn stat_path() -> (String, bool, bool) {
+    ("stat".into(), false, false)
+}
+
+fn digest_path() -> (String, bool, bool) {
+    ("digest".into(), true, false)
+}
+
+/// The stat shortcut (cache::packed `tree`): once a tree is older than the
+/// racy window, a re-publish reads no file: every entry's lstat (ctime,
+/// inode, size, mode...) equals the record's, so the tar is the recorded
+/// one. A record without `tree` (an older build's) hashes, then gains it.
+#[test]
+fn unchanged_republish_of_an_untouched_tree_reads_nothing() {
+    let (env, _src, work) = tricky_setup("tricky", "1", "\n[publish]\nchunk_bytes = 300\n");
+    let_the_tree_age();
+    let first = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(first["status"], "published");
+    let r = publish(&env, "work", &["tricky"]).ok();
+    assert!(
+        r.stdout().contains("nothing read, nothing compressed"),
+        "{}",
+        r.stdout()
+    );
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(s["status"], "unchanged");
+    assert_eq!(how(&s), stat_path(), "{s}");
+    assert_eq!(s["commit"], first["commit"]);
+    assert_eq!(s["tar_sha256"], first["tar_sha256"]);
+    assert_eq!(s["chunks"], {
+        let mut c = first["chunks"].clone();
+        for chunk in c.as_array_mut().unwrap() {
+            chunk["reused"] = true.into();
+        }
+        c
+    });
+
+    // A record from before `tree` existed: hash once, then stat again.
+    let record = work.join(".git/warmstart/cache/packed/tricky.json");
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert!(rec["tree"]["stamp"].is_string(), "{rec}");
+    rec.as_object_mut().unwrap().remove("tree");
+    std::fs::write(&record, rec.to_string()).unwrap();
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(how(&s), digest_path(), "{s}");
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(how(&s), stat_path(), "{s}");
+}
+
+/// What the stat shortcut must still see, each time from a tree the
+/// shortcut trusted just before: an edit keeping size and mtime (ctime
+/// moves), a file replaced by a copy with the same size and mtime (another
+/// inode), a mode change, an added file. Each is published.
+#[test]
+fn the_stat_shortcut_still_sees_edits_that_keep_size_and_mtime() {
+    let (env, src, _) = tricky_setup("tricky", "1", "\n[publish]\nchunk_bytes = 300\n");
+    let_the_tree_age();
+    publish(&env, "work", &["tricky"]).ok();
+    let f = src.join("plain.txt");
+    let edits: [(&str, &dyn Fn()); 4] = [
+        ("edit with the mtime set back", &|| {
+            let before = std::fs::metadata(&f).unwrap();
+            let mut bytes = std::fs::read(&f).unwrap();
+            bytes[0] ^= 0x20;
+            std::fs::write(&f, &bytes).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&f)
+                .unwrap()
+                .set_modified(before.modified().unwrap())
+                .unwrap();
+            assert_eq!(std::fs::metadata(&f).unwrap().len(), before.len());
+        }),
+        ("replaced by a same-size copy with the old mtime", &|| {
+            let before = std::fs::metadata(&f).unwrap();
+            let mut bytes = std::fs::read(&f).unwrap();
+            bytes[1] ^= 0x20;
+            let tmp = src.join("plain.txt.new");
+            std::fs::write(&tmp, &bytes).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&tmp)
+                .unwrap()
+                .set_modified(before.modified().unwrap())
+                .unwrap();
+            std::fs::rename(&tmp, &f).unwrap();
+        }),
+        ("mode change", &|| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        }),
+        ("new file", &|| {
+            std::fs::write(src.join("new.txt"), "new\n").unwrap()
+        }),
+    ];
+    for (what, edit) in edits {
+        let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+        assert_eq!(how(&s), stat_path(), "before the {what}: {s}");
+        edit();
+        // Aged, the edit is outside the racy window: only the stamp's
+        // fields can reveal it.
+        let_the_tree_age();
+        let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+        assert_eq!(s["status"], "published", "{what}: {s}");
+    }
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(how(&s), stat_path(), "after the edits: {s}");
+}
+
+/// The racy window: a record taken less than 2 s after an entry last
+/// changed does not spare the hash (an edit in the same timestamp tick
+/// could keep ctime), and neither does an entry dated in the future. The
+/// hash then refreshes the record, after which an aged tree is trusted.
+#[test]
+fn a_record_taken_right_after_a_change_is_not_trusted() {
+    use std::os::unix::fs::MetadataExt;
+    let (env, src, work) = tricky_setup("tricky", "1", "\n[publish]\nchunk_bytes = 300\n");
+    let_the_tree_age();
+    publish(&env, "work", &["tricky"]).ok();
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(how(&s), stat_path(), "{s}");
+
+    // As if the last publish had started 1 s after the tree's newest change.
+    let mut newest = i64::MIN;
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let md = e.as_ref().unwrap().path().symlink_metadata().unwrap();
+            for (s, ns) in [(md.ctime(), md.ctime_nsec()), (md.mtime(), md.mtime_nsec())] {
+                newest = newest.max(s * 1_000_000_000 + ns);
+            }
+            if md.is_dir() {
+                stack.push(e.unwrap().path());
+            }
+        }
+    }
+    let record = work.join(".git/warmstart/cache/packed/tricky.json");
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    rec["tree"]["planned_at_ns"] = (newest + 1_000_000_000).into();
+    std::fs::write(&record, rec.to_string()).unwrap();
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(s["status"], "unchanged");
+    assert_eq!(how(&s), digest_path(), "racy record: {s}");
+    let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+    assert_eq!(how(&s), stat_path(), "refreshed record: {s}");
+
+    // An entry dated in the future is always "just changed".
+    date_in_the_future(&src.join("empty-file"));
+    for round in 0..2 {
+        let s = json(&publish(&env, "work", &["tricky", "--json"]).ok());
+        assert_eq!(s["status"], "unchanged");
+        assert_eq!(how(&s), digest_path(), "future mtime, round {round}: {s}");
     }
 }

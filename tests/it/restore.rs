@@ -1162,21 +1162,23 @@ fn publish_xtask_bin(env: &TestEnv, key: &str, tamper: bool) {
     std::fs::create_dir_all(stage.join("payload")).unwrap();
     std::fs::copy(crate::util::bin(), stage.join("payload/xtask")).unwrap();
     env.git(&stage, ["init", "-q", "-b", "xtask-bin-cache"]);
-    let tamper_cmd = if tamper {
-        format!("printf x | dd of={key}.tar.zst.part001 bs=1 seek=100 conv=notrunc 2>/dev/null")
-    } else {
-        String::new()
-    };
     sh(
         env,
         &stage,
         &format!(
             "tar -C payload -cf - xtask | zstd -q -1 | split -b 2M -d -a 3 - {key}.tar.zst.part
              sha256sum {key}.tar.zst.part* > SHA256SUMS
-             {tamper_cmd}
              rm -r payload"
         ),
     );
+    if tamper {
+        // Flip a byte after SHA256SUMS was written. (Writing a fixed byte
+        // was a no-op for a build whose byte 100 of part001 was already it.)
+        let part = stage.join(format!("{key}.tar.zst.part001"));
+        let mut bytes = std::fs::read(&part).unwrap();
+        bytes[100] ^= 0xff;
+        std::fs::write(&part, bytes).unwrap();
+    }
     env.git(&stage, ["add", "-A"]);
     env.git(&stage, ["commit", "-q", "-m", "xtask-bin cache"]);
     let origin = env.join("origin.git");

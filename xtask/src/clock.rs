@@ -15,6 +15,14 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Nanoseconds since the Unix epoch, now (the unit of file timestamps).
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
 /// `2026-11-30T02:26:20Z` for an epoch-milliseconds instant (second precision).
 pub fn rfc3339(ms: u64) -> String {
     let secs = ms / 1000;

@@ -149,7 +149,7 @@ impl Say {
 fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<DemoSummary> {
     let say = Say { on: !args.json };
     let mut timings = BTreeMap::new();
-    let plan = pack::plan_tree(source, false, &|_| true, &|_| true)?;
+    let plan = pack::plan_tree(source, false, &pack::Rules::all())?;
     say.line(
         "warmstart demo: publish a real directory to a local origin, restore it into a fresh clone",
     );
@@ -260,7 +260,7 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     let t = Instant::now();
     let target = clone.join("restored");
     let a = pack::write_tar(&plan, std::io::sink(), &mut |_| {})?;
-    let b_plan = pack::plan_tree(&target, false, &|_| true, &|_| true)?;
+    let b_plan = pack::plan_tree(&target, false, &pack::Rules::all())?;
     let b = pack::write_tar(&b_plan, std::io::sink(), &mut |_| {})?;
     timings.insert("compare", t.elapsed().as_millis() as u64);
     let equal = a == b && published.tar_sha256.as_deref() == Some(a.sha256.as_str());

@@ -11,16 +11,46 @@
 //! know whether the artifact changed: that is the same test the full path
 //! makes (`same_artifact`), on the same bytes, only cheaper.
 //!
+//! A record may also hold the stamp of the plan the tar was made from
+//! (`tree`: `pack::Plan::stamp`, a digest of every entry's path, kind,
+//! link target, mode, size, mtime and ctime in ns, inode and device) and
+//! when that plan started. When today's plan has the same stamp and no
+//! entry's mtime or ctime is later than `RACY_WINDOW_NS` before the
+//! recorded plan, the files are the very ones that made the recorded tar,
+//! so publish does not even hash it. This is git's index check, with its
+//! "racily clean" rule. Two guards, each enough alone on a sane clock:
+//! any write, truncate, rename, chmod or link after the recorded plan
+//! sets the entry's ctime (user space cannot set it back) to at least
+//! the plan's start, which the window rejects; and the stamp differs
+//! (ctime, inode, size...), which also holds if the clock went back. An
+//! edit in the very timestamp tick of the recorded plan could keep ctime
+//! equal: the window, wider than any file system's tick, rejects those
+//! entries too.
+//!
+//! `tree` is optional and older builds ignore unknown fields, so the
+//! format stays 1 both ways: a record without it (an older build's) means
+//! "hash the tar" as before, and the hash that finds the tar unchanged
+//! writes the record again with today's stamp.
+//!
 //! The record is a cache of a fact, never a source of truth: a missing,
 //! unreadable or stale record means "pack in full". This module is the
 //! format and its file I/O only; it never decides what to publish.
 
 use anyhow::{Context, Result};
+
+use crate::cache::pack::TreeStamp;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The `format` field of records this build writes and reads.
 pub const RECORD_FORMAT: u32 = 1;
+
+/// An entry whose mtime or ctime is this close to (or after) the start of
+/// the recorded plan may have changed again within the same timestamp
+/// tick after it was read, so it is not trusted (git's "racily clean").
+/// Two seconds cover file systems with timestamps of up to 2 s (FAT's
+/// mtime) and the coarse kernel clock of the others (a few ms).
+pub const RACY_WINDOW_NS: i64 = 2_000_000_000;
 
 /// One cache's record: `<state>/cache/packed/<name>.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +65,18 @@ pub struct Record {
     pub tar_size: u64,
     /// `pack_params(level, chunk_bytes)` when the chunks were made.
     pub pack: String,
+    /// The tree the tar was made from (absent in records of older builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeRecord>,
+}
+
+/// The plan a recorded tar was made from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeRecord {
+    /// `pack::TreeStamp::digest` of that plan.
+    pub stamp: String,
+    /// When that plan started, in ns since the epoch (before its first lstat).
+    pub planned_at_ns: i64,
 }
 
 /// Everything besides the tar that decides the chunk bytes: the zstd
@@ -97,6 +139,17 @@ impl Record {
             && self.tar_size == tar_size
             && self.pack == pack
     }
+
+    /// True when a plan stamped `today` packs the recorded tar without a
+    /// byte being read: the recorded plan had the same stamp, and no entry
+    /// changed within `RACY_WINDOW_NS` before (or after) it was taken.
+    /// Only meaningful together with `vouches_for`.
+    pub fn same_tree(&self, today: &TreeStamp) -> bool {
+        self.tree.as_ref().is_some_and(|t| {
+            t.stamp == today.digest
+                && today.newest_ns < t.planned_at_ns.saturating_sub(RACY_WINDOW_NS)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +166,10 @@ mod tests {
             tar_sha256: "a".repeat(64),
             tar_size: 10240,
             pack: pack_params(3, 99 << 20),
+            tree: Some(TreeRecord {
+                stamp: "d".repeat(64),
+                planned_at_ns: 1_800_000_000_000_000_000,
+            }),
         }
     }
 
@@ -133,6 +190,49 @@ mod tests {
         assert!(!back.vouches_for("linux-1", &c, &t, 10752, &params));
         assert!(!back.vouches_for("linux-1", &c, &t, 10240, &pack_params(4, 99 << 20)));
         assert!(!back.vouches_for("linux-1", &c, &t, 10240, &pack_params(3, 50 << 20)));
+    }
+
+    /// Same stamp and every entry older than the window: trusted. A change
+    /// at the window's edge or later, another stamp, or no tree: not.
+    #[test]
+    fn the_tree_is_trusted_only_when_same_and_not_racy() {
+        let r = record();
+        let at = r.tree.as_ref().unwrap().planned_at_ns;
+        let stamp = |digest: &str, newest_ns: i64| TreeStamp {
+            digest: digest.into(),
+            newest_ns,
+        };
+        let d = "d".repeat(64);
+        assert!(r.same_tree(&stamp(&d, at - RACY_WINDOW_NS - 1)));
+        assert!(r.same_tree(&stamp(&d, i64::MIN)));
+        assert!(!r.same_tree(&stamp(&d, at - RACY_WINDOW_NS)));
+        assert!(!r.same_tree(&stamp(&d, at - 1)));
+        assert!(!r.same_tree(&stamp(&d, at + 1)));
+        assert!(!r.same_tree(&stamp(&"e".repeat(64), at - RACY_WINDOW_NS - 1)));
+        let old = Record { tree: None, ..r };
+        assert!(!old.same_tree(&stamp(&d, at - RACY_WINDOW_NS - 1)));
+    }
+
+    /// A record written before `tree` existed still loads (and vouches for
+    /// its commit): it just never spares the hash. The field is left out
+    /// when absent, so such a record round-trips unchanged.
+    #[test]
+    fn records_without_a_tree_still_vouch() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = path(dir.path(), "sdk");
+        let params = pack_params(3, 99 << 20);
+        let text = format!(
+            r#"{{"format": 1, "name": "sdk", "key": "linux-1", "branch": "sdk-cache", "commit": "{}", "tar_sha256": "{}", "tar_size": 10240, "pack": "{params}"}}"#,
+            "c".repeat(40),
+            "a".repeat(64)
+        );
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        let r = load(&p).unwrap();
+        assert_eq!(r.tree, None);
+        assert!(r.vouches_for("linux-1", &"c".repeat(40), &"a".repeat(64), 10240, &params));
+        save(&p, &r).unwrap();
+        assert!(!std::fs::read_to_string(&p).unwrap().contains("tree"));
     }
 
     #[test]

@@ -85,6 +85,12 @@ pub struct Summary {
     pub files: u64,
     /// Bytes of regular files packed.
     pub file_bytes: u64,
+    /// How an `unchanged` publish knew: `stat` (every file's lstat, ctime
+    /// included, equals this clone's record of the last publish: nothing
+    /// read), `digest` (the tar's sha256 equals the branch's: files read,
+    /// nothing compressed) or `pack` (a full pack made the branch's chunks).
+    /// Null for other statuses.
+    pub unchanged_by: Option<&'static str>,
     pub tar_size: Option<u64>,
     pub tar_sha256: Option<String>,
     pub compressed_size: Option<u64>,
@@ -144,6 +150,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         previous_commit: None,
         files: 0,
         file_bytes: 0,
+        unchanged_by: None,
         tar_size: None,
         tar_sha256: None,
         compressed_size: None,
@@ -168,6 +175,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         url: remote.url.clone(),
     });
     let t = Instant::now();
+    let planned_at_ns = clock::now_ns();
     let plan = pack::plan(&m)?;
     timings.insert("plan", ms(t.elapsed()));
     summary.files = plan.items.len() as u64;
@@ -179,6 +187,14 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         print_plan(&out, &m, &key, &plan, &remote);
         return Ok(summary);
     }
+
+    let t = Instant::now();
+    let stamp = plan.stamp();
+    let tree = packed::TreeRecord {
+        stamp: stamp.digest.clone(),
+        planned_at_ns,
+    };
+    timings.insert("stamp", ms(t.elapsed()));
 
     let (gate_record, ungated) = gate_record(sh, repo, &m, req.allow_ungated, &out)?;
     summary.ungated = ungated;
@@ -203,12 +219,15 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     // clone's record (module `packed`) says the branch's chunks are what
     // today's packing of that very tar makes: then the tar's sha256 alone
     // decides, as `same_artifact` would after a full pack. Hashing the tar
-    // costs a read of the files and SHA-NI, a fraction of zstd and git.
+    // costs a read of the files and SHA-NI, a fraction of zstd and git. And
+    // when the record also says today's files are the very ones that made
+    // that tar (same stamp, not racy), not even the hash is needed.
     let record_path = packed::path(&repo.state_dir(), &m.name);
     let params = packed::pack_params(m.level, m.chunk_bytes);
+    let record = packed::load(&record_path);
     if let (Some(s), Some(old)) = (&state, &old_entry)
         && old.ungated == ungated
-        && packed::load(&record_path).is_some_and(|r| {
+        && let Some(record) = record.filter(|r| {
             r.vouches_for(
                 &key.value,
                 &s.commit,
@@ -218,13 +237,44 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             )
         })
     {
-        let bar = out.bar(plan.file_bytes, "digest");
-        let digest = pack::tar_digest(&plan, &mut |d| bar.set_position(d))?;
-        bar.finish_and_clear();
-        timings.insert("digest", ms(t.elapsed()));
-        if digest.sha256 == old.tar_sha256 && digest.size == old.tar_size {
+        let how = if record.same_tree(&stamp) {
+            Some((
+                "stat",
+                format!(
+                    "lstat of {} as at this clone's last publish, ctime included: nothing read, nothing compressed",
+                    plural(plan.items.len(), "entry", "entries")
+                ),
+            ))
+        } else {
+            let bar = out.bar(plan.file_bytes, "digest");
+            let digest = pack::tar_digest(&plan, &mut |d| bar.set_position(d))?;
+            bar.finish_and_clear();
+            timings.insert("digest", ms(t.elapsed()));
+            if digest.sha256 != old.tar_sha256 || digest.size != old.tar_size {
+                None
+            } else {
+                // The files hashed to the recorded tar: record today's stamp
+                // so that the next publish need not read them.
+                let record = packed::Record {
+                    tree: Some(tree.clone()),
+                    ..record
+                };
+                if let Err(e) = packed::save(&record_path, &record) {
+                    out.warn(format!("{e:#} (the next publish hashes the tar again)"));
+                }
+                Some((
+                    "digest",
+                    format!(
+                        "hashed in {:.1}s, nothing compressed",
+                        t.elapsed().as_secs_f64()
+                    ),
+                ))
+            }
+        };
+        if let Some((by, how)) = how {
             git.set_local_branch(&m.branch, &s.commit)?;
             summary.status = "unchanged";
+            summary.unchanged_by = Some(by);
             summary.commit = Some(s.commit.clone());
             summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
             summary.tar_size = Some(old.tar_size);
@@ -241,12 +291,11 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 })
                 .collect();
             out.say(format!(
-                "unchanged: {} on {} already holds key {} with the same tar (sha256 {}, hashed in {:.1}s, nothing compressed); no commit, no push",
+                "unchanged: {} on {} already holds key {} with the same tar (sha256 {}; {how}); no commit, no push",
                 m.branch,
                 remote.name,
                 key.value,
                 &old.tar_sha256[..12],
-                t.elapsed().as_secs_f64()
             ));
             timings.insert("total", ms(started.elapsed()));
             summary.timings_ms = timings;
@@ -308,6 +357,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         {
             git.set_local_branch(&m.branch, &s.commit)?;
             summary.status = "unchanged";
+            summary.unchanged_by = Some("pack");
             summary.commit = Some(s.commit.clone());
             summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
             out.say(format!(
@@ -386,6 +436,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             tar_sha256: entry.tar_sha256.clone(),
             tar_size: entry.tar_size,
             pack: params,
+            tree: Some(tree),
         };
         // Only an optimisation is lost without it: the next publish packs in full.
         if let Err(e) = packed::save(&record_path, &record) {
