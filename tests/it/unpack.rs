@@ -232,6 +232,7 @@ fn unpack_allows_absolute_symlinks_only_when_asked() {
     let tar = hostile(&env, "symlink-absolute", "/usr/bin/env");
     let opts = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     let stats = extract(&tar, &dest, Limits::GENEROUS, opts).unwrap();
     assert_eq!(stats.symlinks, 1);
@@ -248,6 +249,7 @@ fn unpack_refuses_writes_through_symlinks() {
     let outside = env.join("box/outside");
     let allow = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     assert_refused(
         "write-through-symlink",
@@ -274,6 +276,7 @@ fn unpack_refuses_a_file_over_an_earlier_symlink() {
     let victim = env.join("box/outside/sentinel");
     let allow = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     assert_refused(
         "symlink-then-file",
@@ -300,6 +303,7 @@ fn unpack_refuses_hardlinks_outside_or_to_missing_entries() {
     let outside = env.join("box/outside");
     let allow = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     assert_refused(
         "hardlink-through-symlink",
