@@ -6,7 +6,9 @@
 //! handling reads extension records of any size into memory. Here the stream
 //! is read through a budget (extension records are capped at `EXT_BUDGET`),
 //! every parent directory is checked to be a real directory this run created,
-//! and files are opened with `O_CREAT | O_EXCL | O_NOFOLLOW`.
+//! and files are opened with `O_CREAT | O_EXCL | O_NOFOLLOW`. Small regular
+//! files are created by a pool of writer threads (`writers.rs`) so that the
+//! kernel's file creation overlaps with parsing.
 
 use anyhow::{Context, Result};
 use std::cell::Cell;
@@ -40,8 +42,10 @@ const POOL_FILE_MAX: u64 = 1 << 20;
 /// writer pool at once: what the pool adds to the extractor's memory.
 const POOL_BUDGET: u64 = 32 << 20;
 
-/// Writer threads when `Options::writers` is 0, measured on the sysroot
-/// (52k files) on 2 cores while the restore's read and decode threads run.
+/// Writer threads when `Options::writers` is `None`, measured on the Rust
+/// sysroot (52k files, 1.3 GB) on 2 cores with a zstd decode thread feeding
+/// the extractor, as in a restore: against no pool, 1 writer took about 0.9x
+/// the wall time, 2 writers 0.74x and 3 writers 0.75x (medians, interleaved).
 pub(super) const DEFAULT_WRITERS: usize = 2;
 
 /// How many bytes the `tar` crate may still pull from the stream, and whether
@@ -85,8 +89,10 @@ impl<R: Read> Read for BudgetReader<R> {
 ///
 /// Keeps file modes (permission bits; setuid, setgid and sticky bits are
 /// dropped), mtimes, empty directories, relative symlinks, hardlinks, and long
-/// and unicode names (PAX and GNU). Memory stays bounded: one copy buffer plus
-/// one path per directory.
+/// and unicode names (PAX and GNU). Memory stays bounded: one copy buffer, one
+/// path per directory, and `POOL_BUDGET` bytes of small files queued for the
+/// writer threads (`Options::writers`), which only create regular files under
+/// parents this thread checked; every check stays on the calling thread.
 pub fn extract_tar<R: Read>(
     reader: R,
     dest: &Path,

@@ -12,7 +12,8 @@
 //!
 //! This module never follows a symlink it did not find in place before the
 //! run (it creates files with `O_NOFOLLOW | O_EXCL`), never writes outside the
-//! destination it was given, and never holds a whole file in memory.
+//! destination it was given, and never holds a whole archive or a file over
+//! 1 MiB in memory.
 
 mod extract;
 mod journal;
