@@ -57,6 +57,23 @@ with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as t:
         i = tarfile.TarInfo("pipe"); i.type = tarfile.FIFOTYPE; t.addfile(i)
     elif case == "many":
         for n in range(int(arg)): reg(t, "f%04d" % n)
+    elif case in ("writer-fails", "duplicate-among-many"):
+        # Small files go to the writer threads; the bad one sits among them,
+        # and a hardlink after it makes the main thread wait for them.
+        for n in range(300): reg(t, "a/f%04d" % n, b"%d" % n)
+        if case == "writer-fails":
+            reg(t, "a/" + "n" * 300)  # longer than NAME_MAX: open fails
+        else:
+            reg(t, "a/f0100", b"again")
+        for n in range(300): reg(t, "b/f%04d" % n)
+        link(t, "h", "a/f0000", tarfile.LNKTYPE); reg(t, "zz-after")
+    elif case == "hardlinks-many":
+        for n in range(400):
+            reg(t, "f%04d" % n, b"%d." % n * (n % 50 + 1))
+            if n % 7 == 0:  # right behind its target, likely still queued
+                link(t, "next%04d" % n, "f%04d" % n, tarfile.LNKTYPE)
+        for n in range(0, 400, 13):
+            link(t, "late%04d" % n, "f%04d" % n, tarfile.LNKTYPE)
     elif case == "big":
         reg(t, "a", b"a" * 4000); reg(t, "big", b"b" * 4000)
     else:
@@ -232,6 +249,7 @@ fn unpack_allows_absolute_symlinks_only_when_asked() {
     let tar = hostile(&env, "symlink-absolute", "/usr/bin/env");
     let opts = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     let stats = extract(&tar, &dest, Limits::GENEROUS, opts).unwrap();
     assert_eq!(stats.symlinks, 1);
@@ -248,6 +266,7 @@ fn unpack_refuses_writes_through_symlinks() {
     let outside = env.join("box/outside");
     let allow = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     assert_refused(
         "write-through-symlink",
@@ -274,6 +293,7 @@ fn unpack_refuses_a_file_over_an_earlier_symlink() {
     let victim = env.join("box/outside/sentinel");
     let allow = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     assert_refused(
         "symlink-then-file",
@@ -300,6 +320,7 @@ fn unpack_refuses_hardlinks_outside_or_to_missing_entries() {
     let outside = env.join("box/outside");
     let allow = Options {
         allow_external_symlinks: true,
+        ..Options::default()
     };
     assert_refused(
         "hardlink-through-symlink",
@@ -592,4 +613,197 @@ fn swap_dir_survives_sigkill_at_any_moment() {
         seen.iter().any(|g| g != "0"),
         "no swap completed before the kills: {seen:?}"
     );
+}
+
+/// `Options` with `writers` threads (`None`: the default pool).
+fn with_writers(writers: Option<usize>) -> Options {
+    Options {
+        writers,
+        ..Options::default()
+    }
+}
+
+#[test]
+fn unpack_writer_failure_stops_the_run_naming_the_entry() {
+    // The failing file is created by a writer thread (or by the main thread
+    // with `Some(0)`): the run stops at the next hardlink, which waits for
+    // the writers, and names the entry; nothing later is created.
+    let long = "n".repeat(300);
+    for writers in [None, Some(0), Some(1), Some(3)] {
+        let env = TestEnv::new();
+        let (dest, outside) = sandbox(&env);
+        let before = snapshot(&outside);
+        let tar = hostile(&env, "writer-fails", "");
+        let err = extract(&tar, &dest, Limits::GENEROUS, with_writers(writers)).unwrap_err();
+        let msg = format!("{err:#}");
+        assert_eq!(code_of(&err), Code::Failed, "{writers:?}: {msg}");
+        assert!(
+            msg.contains(&format!(
+                "creating {}",
+                dest.join("a").join(&long).display()
+            )),
+            "{writers:?}: entry not named: {msg}"
+        );
+        assert!(msg.contains("File name too long"), "{writers:?}: {msg}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        assert!(
+            !dest.join("h").exists(),
+            "{writers:?}: ran past the failure"
+        );
+        assert!(!dest.join("zz-after").exists(), "{writers:?}");
+        assert_eq!(fs::read_to_string(dest.join("a/f0299")).unwrap(), "299");
+        assert_eq!(snapshot(&outside), before, "{writers:?}: wrote outside");
+
+        // A duplicate among the writers' files is an archive problem.
+        let env = TestEnv::new();
+        let (dest, outside) = sandbox(&env);
+        let before = snapshot(&outside);
+        let tar = hostile(&env, "duplicate-among-many", "");
+        let err = extract(&tar, &dest, Limits::GENEROUS, with_writers(writers)).unwrap_err();
+        let msg = format!("{err:#}");
+        assert_eq!(code_of(&err), Code::Unsafe, "{writers:?}: {msg}");
+        assert!(
+            msg.contains("refusing tar entry `a/f0100`: duplicate entry"),
+            "{writers:?}: {msg}"
+        );
+        assert!(!dest.join("h").exists() && !dest.join("zz-after").exists());
+        assert_eq!(snapshot(&outside), before);
+    }
+}
+
+#[test]
+fn unpack_hardlinks_to_files_the_writers_create() {
+    for writers in [None, Some(0), Some(3)] {
+        let env = TestEnv::new();
+        let dest = env.join("dest");
+        fs::create_dir(&dest).unwrap();
+        let tar = hostile(&env, "hardlinks-many", "");
+        let stats = extract(&tar, &dest, Limits::GENEROUS, with_writers(writers)).unwrap();
+        let links: Vec<(String, usize)> = (0..400)
+            .step_by(7)
+            .map(|n| (format!("next{n:04}"), n))
+            .chain((0..400).step_by(13).map(|n| (format!("late{n:04}"), n)))
+            .collect();
+        assert_eq!(stats.files, 400, "{writers:?}");
+        assert_eq!(stats.hardlinks, links.len() as u64, "{writers:?}");
+        for (link, n) in &links {
+            let target = dest.join(format!("f{n:04}"));
+            let want = format!("{n}.").repeat(n % 50 + 1);
+            assert_eq!(fs::read_to_string(dest.join(link)).unwrap(), want, "{link}");
+            let (a, b) = (
+                fs::metadata(dest.join(link)).unwrap(),
+                fs::metadata(&target).unwrap(),
+            );
+            assert_eq!(a.ino(), b.ino(), "{writers:?}: {link} is not a hardlink");
+            let expect_nlink = 1 + u64::from(n % 7 == 0) + u64::from(n % 13 == 0);
+            assert_eq!(b.nlink(), expect_nlink, "{writers:?}: {link}");
+        }
+    }
+}
+
+/// Every path under `root` with its type, mode, mtime and contents (read
+/// here, not by a process per file: this tree has thousands).
+fn tree_bytes(root: &Path) -> BTreeMap<String, (String, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in fs::read_dir(root.join(&rel)).unwrap() {
+            let rel = rel.join(e.unwrap().file_name());
+            let p = root.join(&rel);
+            let m = fs::symlink_metadata(&p).unwrap();
+            let what = format!("{:o} {} {}", m.mode(), m.mtime(), m.nlink());
+            let data = if m.is_dir() {
+                stack.push(rel.clone());
+                Vec::new()
+            } else {
+                fs::read(&p).unwrap()
+            };
+            out.insert(rel.to_string_lossy().into_owned(), (what, data));
+        }
+    }
+    out
+}
+
+#[test]
+fn unpack_round_trips_many_small_files_and_large_ones() {
+    // Small files go through the writer threads, files over 1 MiB through
+    // the main thread, in one archive; GNU tar's extraction is the reference.
+    let env = TestEnv::new();
+    let src = env.join("src");
+    let mut bytes = 0u64;
+    let mut files = 0u64;
+    for d in 0..12 {
+        let dir = src.join(format!("d{d:02}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..100 {
+            let n = d * 100 + f;
+            let p = dir.join(format!("f{f:03}"));
+            let data: Vec<u8> = (0..(n * 37) % 9000).map(|i| (i * n % 251) as u8).collect();
+            fs::write(&p, &data).unwrap();
+            let mode = [0o644, 0o600, 0o755, 0o444][n % 4];
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+            let mtime =
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + n as u64);
+            fs::File::options()
+                .write(true)
+                .open(&p)
+                .and_then(|f| f.set_modified(mtime))
+                .or_else(|_| {
+                    // 0o444 files: set the mtime through a writable moment.
+                    fs::set_permissions(&p, fs::Permissions::from_mode(0o644))?;
+                    fs::File::options()
+                        .write(true)
+                        .open(&p)?
+                        .set_modified(mtime)?;
+                    fs::set_permissions(&p, fs::Permissions::from_mode(mode))
+                })
+                .unwrap();
+            bytes += data.len() as u64;
+            files += 1;
+        }
+    }
+    // At the pool's limit, just over it, and well over it.
+    for (name, size) in [
+        ("limit", 1 << 20),
+        ("over", (1 << 20) + 1),
+        ("large", 5 << 20),
+    ] {
+        let data: Vec<u8> = (0..size).map(|i: usize| (i % 253) as u8).collect();
+        fs::write(src.join(format!("d07/{name}")), &data).unwrap();
+        bytes += size as u64;
+        files += 1;
+    }
+    fs::set_permissions(src.join("d03"), fs::Permissions::from_mode(0o555)).unwrap();
+    let tar = env.join("many.tar");
+    let o = Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&src)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let theirs = env.join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    let o = Command::new("tar")
+        .arg("-xpf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&theirs)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let want = tree_bytes(&theirs);
+    for writers in [None, Some(0), Some(3)] {
+        let ours = env.join(format!("ours-{writers:?}"));
+        fs::create_dir(&ours).unwrap();
+        let stats = extract(&tar, &ours, Limits::GENEROUS, with_writers(writers)).unwrap();
+        assert_eq!((stats.files, stats.bytes, stats.dirs), (files, bytes, 12));
+        let got = tree_bytes(&ours);
+        assert_eq!(got.len(), want.len(), "{writers:?}");
+        for (path, w) in &want {
+            assert!(got.get(path) == Some(w), "{writers:?}: {path} differs");
+        }
+    }
 }

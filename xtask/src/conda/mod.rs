@@ -161,6 +161,7 @@ fn capture_metadata<R: std::io::Read>(
         limits,
         &Options {
             allow_external_symlinks: true,
+            ..Options::default()
         },
         &mut |rel| {
             if Captured::wants(rel) {
@@ -414,6 +415,7 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
     };
     let opts = Options {
         allow_external_symlinks: args.allow_external_symlinks,
+        ..Options::default()
     };
     let format = package::detect(&args.file)?;
     let select_pkg = |rel: &Path| {

@@ -6,20 +6,23 @@
 //! handling reads extension records of any size into memory. Here the stream
 //! is read through a budget (extension records are capped at `EXT_BUDGET`),
 //! every parent directory is checked to be a real directory this run created,
-//! and files are opened with `O_CREAT | O_EXCL | O_NOFOLLOW`.
+//! and files are opened with `O_CREAT | O_EXCL | O_NOFOLLOW`. Small regular
+//! files are created by a pool of writer threads (`writers.rs`) so that the
+//! kernel's file creation overlaps with parsing.
 
 use anyhow::{Context, Result};
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::fs::{self, OpenOptions, Permissions};
+use std::fs::{self, Permissions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
+use super::writers::{Job, Writers, create_file, finish_file};
 use super::{Limits, Options, Stats};
 use crate::exit::{Code, fail};
 
@@ -29,6 +32,21 @@ const EXT_BUDGET: u64 = 1 << 20;
 
 /// Copy buffer size: large enough that syscalls do not dominate.
 const BUF_SIZE: usize = 1 << 20;
+
+/// Regular files up to this size are read into an owned buffer and created
+/// by the writer pool; larger ones are streamed by the main thread through
+/// its copy buffer (they are few, and their cost is the data, not the inode).
+const POOL_FILE_MAX: u64 = 1 << 20;
+
+/// Most bytes of file data (plus a small charge per file) queued for the
+/// writer pool at once: what the pool adds to the extractor's memory.
+const POOL_BUDGET: u64 = 32 << 20;
+
+/// Writer threads when `Options::writers` is `None`, measured on the Rust
+/// sysroot (52k files, 1.3 GB) on 2 cores with a zstd decode thread feeding
+/// the extractor, as in a restore: against no pool, 1 writer took about 0.9x
+/// the wall time, 2 writers 0.74x and 3 writers 0.75x (medians, interleaved).
+pub(super) const DEFAULT_WRITERS: usize = 2;
 
 /// How many bytes the `tar` crate may still pull from the stream, and whether
 /// it hit the limit (so the error can say so instead of "unexpected EOF").
@@ -71,8 +89,10 @@ impl<R: Read> Read for BudgetReader<R> {
 ///
 /// Keeps file modes (permission bits; setuid, setgid and sticky bits are
 /// dropped), mtimes, empty directories, relative symlinks, hardlinks, and long
-/// and unicode names (PAX and GNU). Memory stays bounded: one copy buffer plus
-/// one path per directory.
+/// and unicode names (PAX and GNU). Memory stays bounded: one copy buffer, one
+/// path per directory, and `POOL_BUDGET` bytes of small files queued for the
+/// writer threads (`Options::writers`), which only create regular files under
+/// parents this thread checked; every check stays on the calling thread.
 pub fn extract_tar<R: Read>(
     reader: R,
     dest: &Path,
@@ -137,12 +157,19 @@ pub fn extract_tar_select<R: Read>(
         budget: budget.clone(),
     });
     let mut entries = archive.entries().context("reading the tar stream")?;
+    let threads = match (dest, opts.writers) {
+        (None, _) => 0,
+        (Some(_), None) => DEFAULT_WRITERS,
+        (Some(_), Some(n)) => n,
+    };
+    let pool = Writers::new(POOL_BUDGET);
     let mut x = Extractor {
         dest,
         limits,
         opts,
         select,
         capture,
+        writers: (threads > 0).then_some(&pool),
         stats: Stats::default(),
         entries: 0,
         declared: 0,
@@ -150,49 +177,71 @@ pub fn extract_tar_select<R: Read>(
         deferred_dirs: Vec::new(),
         buf: vec![0; BUF_SIZE],
     };
-    let mut prev: Option<String> = None;
-    let mut prev_unread: u64 = 0;
-    loop {
-        // Skipping the unread rest of the previous entry, its padding, then
-        // the headers and extension records of the next one.
-        budget
-            .allowance
-            .set(prev_unread.saturating_add(1024 + EXT_BUDGET));
-        let entry = match entries.next() {
-            None => break,
-            Some(Ok(entry)) => entry,
-            Some(Err(err)) => {
-                let after = match &prev {
-                    Some(name) => format!("after entry `{name}`"),
-                    None => "at the first entry".to_string(),
+    // The scope joins the writers on every path out, so nothing is written
+    // after this function returns (the caller may then remove `dest`).
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| pool.work());
+        }
+        let mut read_all = || -> Result<()> {
+            let mut prev: Option<String> = None;
+            let mut prev_unread: u64 = 0;
+            loop {
+                // Skipping the unread rest of the previous entry, its padding,
+                // then the headers and extension records of the next one.
+                budget
+                    .allowance
+                    .set(prev_unread.saturating_add(1024 + EXT_BUDGET));
+                let entry = match entries.next() {
+                    None => return Ok(()),
+                    Some(Ok(entry)) => entry,
+                    Some(Err(err)) => {
+                        let after = match &prev {
+                            Some(name) => format!("after entry `{name}`"),
+                            None => "at the first entry".to_string(),
+                        };
+                        if budget.exceeded.get() {
+                            return Err(fail(
+                                Code::Unsafe,
+                                format!(
+                                    "refusing tar stream {after}: headers and extension records (long names, pax) exceed {EXT_BUDGET} bytes"
+                                ),
+                            ));
+                        }
+                        return Err(fail(
+                            Code::Unsafe,
+                            format!(
+                                "refusing tar stream {after}: {err} (an entry's data is longer than its declared size, or the stream is corrupt)"
+                            ),
+                        ));
+                    }
                 };
-                if budget.exceeded.get() {
-                    return Err(fail(
-                        Code::Unsafe,
-                        format!(
-                            "refusing tar stream {after}: headers and extension records (long names, pax) exceed {EXT_BUDGET} bytes"
-                        ),
-                    ));
-                }
-                return Err(fail(
-                    Code::Unsafe,
-                    format!(
-                        "refusing tar stream {after}: {err} (an entry's data is longer than its declared size, or the stream is corrupt)"
-                    ),
-                ));
+                budget.allowance.set(u64::MAX);
+                let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+                prev_unread = x.entry(entry, &name)?;
+                prev = Some(name);
             }
         };
-        budget.allowance.set(u64::MAX);
-        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        prev_unread = x.entry(entry, &name)?;
-        prev = Some(name);
-    }
-    x.finish()?;
-    Ok(x.stats)
+        match read_all() {
+            Ok(()) => {
+                pool.close(false);
+                pool.wait_idle()?;
+                x.finish()?;
+                Ok(x.stats)
+            }
+            Err(err) => {
+                // A writer's failure belongs to an earlier entry than the
+                // main thread's: report it first.
+                pool.close(true);
+                pool.wait_idle()?;
+                Err(err)
+            }
+        }
+    })
 }
 
 /// A refusal naming the entry.
-fn refuse(name: &str, reason: impl std::fmt::Display) -> anyhow::Error {
+pub(super) fn refuse(name: &str, reason: impl std::fmt::Display) -> anyhow::Error {
     fail(
         Code::Unsafe,
         format!("refusing tar entry `{name}`: {reason}"),
@@ -264,6 +313,9 @@ struct Extractor<'a> {
     opts: &'a Options,
     select: &'a mut dyn FnMut(&Path) -> Select,
     capture: &'a mut dyn FnMut(&Path, Vec<u8>) -> Result<()>,
+    /// The pool that creates small regular files; `None`: this thread
+    /// creates every file.
+    writers: Option<&'a Writers>,
     stats: Stats,
     entries: u64,
     /// Sum of declared sizes of all entries so far (bounds the work too).
@@ -414,21 +466,36 @@ impl Extractor<'_> {
         let path = dest.join(&rel);
         match kind {
             Kind::File => {
-                let mut file = match OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(&path)
+                if let Some(pool) = self.writers
+                    && size <= POOL_FILE_MAX
                 {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        return Err(refuse(name, "duplicate entry: the path exists already"));
+                    let mut data = Vec::with_capacity(size as usize);
+                    (&mut entry)
+                        .take(size)
+                        .read_to_end(&mut data)
+                        .with_context(|| format!("reading tar entry `{name}`"))?;
+                    if (data.len() as u64) < size {
+                        return Err(refuse(
+                            name,
+                            format!(
+                                "declares {size} bytes but the stream ends after {}",
+                                data.len()
+                            ),
+                        ));
                     }
-                    Err(e) => {
-                        return Err(e).with_context(|| format!("creating {}", path.display()));
-                    }
-                };
+                    pool.submit(Job {
+                        seq: self.entries,
+                        name: name.to_string(),
+                        path,
+                        mode,
+                        mtime,
+                        data,
+                    })?;
+                    self.stats.files += 1;
+                    self.stats.bytes += size;
+                    return Ok(0);
+                }
+                let mut file = create_file(&path, name)?;
                 let mut done: u64 = 0;
                 while done < size {
                     let n = match entry.read(&mut self.buf) {
@@ -448,10 +515,7 @@ impl Extractor<'_> {
                         .with_context(|| format!("writing {}", path.display()))?;
                     done += n as u64;
                 }
-                file.set_permissions(Permissions::from_mode(mode))
-                    .with_context(|| format!("setting the mode of {}", path.display()))?;
-                file.set_modified(epoch(mtime))
-                    .with_context(|| format!("setting the mtime of {}", path.display()))?;
+                finish_file(&file, &path, mode, mtime)?;
                 self.stats.files += 1;
                 self.stats.bytes += size;
                 Ok(0)
@@ -492,6 +556,10 @@ impl Extractor<'_> {
                 Ok(size)
             }
             Kind::Hardlink(link_rel, shown) => {
+                // The target may still be queued or half written.
+                if let Some(pool) = self.writers {
+                    pool.wait_idle()?;
+                }
                 // Every directory on the way must be one this run made or
                 // checked, so the link cannot reach through a symlink.
                 if let Some(parent) = link_rel.parent()
@@ -605,7 +673,7 @@ impl Extractor<'_> {
     }
 }
 
-fn epoch(secs: u64) -> SystemTime {
+pub(super) fn epoch(secs: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
 }
 

@@ -12,12 +12,14 @@
 //!
 //! This module never follows a symlink it did not find in place before the
 //! run (it creates files with `O_NOFOLLOW | O_EXCL`), never writes outside the
-//! destination it was given, and never holds a whole file in memory.
+//! destination it was given, and never holds a whole archive or a file over
+//! 1 MiB in memory.
 
 mod extract;
 mod journal;
 mod merge;
 mod swap;
+mod writers;
 
 pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
 pub use merge::{merge_into, recover};
@@ -55,6 +57,10 @@ pub struct Options {
     /// such as `/usr/bin/env`, or relative ones climbing above it). Such a link
     /// is created but never written through.
     pub allow_external_symlinks: bool,
+    /// Threads that create regular files of at most 1 MiB while the main
+    /// thread keeps reading the archive (`None`: the measured default, 2;
+    /// `Some(0)`: the main thread creates every file itself).
+    pub writers: Option<usize>,
 }
 
 /// What an unpack or merge did.
