@@ -275,18 +275,29 @@ def main():
             log(f"  {name}: {result[0]:.2f} s, {result[1]:.0f} MiB, cpu {result[2]:.1f} s")
 
         comps = ["zst", "gz"] if gzip else ["zst"]
-        dests = base / "dests"
+        # Restored trees are kept until the end of the run: on ext4 without
+        # a journal (this machine's /) inode allocation skips inodes freed in
+        # the last 60-300 s one by one (fs/ext4/ialloc.c, recently_deleted),
+        # so a restore made within minutes of an `rm -rf` of a 58k-file tree
+        # pays for the deletion (perf: 45% of a restore's samples; a round
+        # that deleted the previous round's trees first measured every
+        # restore 2-5x slower). Only when the disk is too small are they
+        # deleted at the start of each round (and synced), which the log and
+        # the JSON say.
+        restored_per_round = (len(comps) + 2) * size
+        keep_trees = shutil.disk_usage(base).free > runs * restored_per_round * 1.3 + (4 << 30)
+        if not keep_trees:
+            log(
+                f"bench-cache: not enough free disk to keep {runs} round(s) of restored trees "
+                f"({runs * restored_per_round / 1e9:.0f} GB); deleting them at the start of each round, "
+                "which slows the restores that follow (see the comment in the code)"
+            )
         for r in range(runs):
             log(f"round {r + 1}/{runs}")
-            # Restored trees are deleted here, at the start of a round, and
-            # synced, never between two contenders: on ext4 without a journal
-            # (this machine's /) inode allocation skips inodes freed in the
-            # last 60-300 s one by one (fs/ext4/ialloc.c, recently_deleted),
-            # so a restore right after `rm -rf` of a 58k-file tree pays for
-            # the deletion (perf: 45% of a restore's samples). The publishes
-            # below then run for well over a minute before the first restore.
-            rm(dests)
-            subprocess.run(["sync"], check=True)
+            dests = base / f"dests-{r}"
+            if not keep_trees:
+                rm(base / f"dests-{r - 1}")
+                subprocess.run(["sync"], check=True)
             dests.mkdir()
             # Every contender that reads the source starts from a warm page cache.
             warm(src)
@@ -319,7 +330,6 @@ def main():
                 "floor: tar | tar",
                 run_timed(f"tar -C '{src}' -cf - . | tar -C '{dests / 'floor'}' -xf -", env, shell=True),
             )
-        rm(dests)
         if "warm restore: warmstart" in samples:
             w = samples["warm restore: warmstart"]
             log(f"  warm restore: warmstart: median {statistics.median(x[0] for x in w) * 1000:.1f} ms of {len(w)}")
@@ -361,6 +371,7 @@ def main():
             "bytes": size,
             "small_tree": {"files": small_files, "bytes": small_size},
             "runs": runs,
+            "restored_trees_kept_until_the_end": keep_trees,
             "median_seconds": med,
             "median_cpu_seconds": cpu,
             "peak_rss_mib": rss,
