@@ -241,6 +241,7 @@ impl Branch {
                         tar_sha256: Some(verify::parse_digest(&entry.tar_sha256)?),
                         tar_size: Some(entry.tar_size),
                         tar_cap: entry.tar_size,
+                        hash_tar: true,
                     },
                     oids,
                     // Contents can never exceed the tar itself; one extra
@@ -295,6 +296,7 @@ impl Branch {
                             .max_bytes
                             .saturating_add(limits.max_entries.saturating_mul(1536))
                             .saturating_add(20480),
+                        hash_tar: true,
                     },
                     oids,
                     limits,

@@ -8,8 +8,10 @@
 //!    invariant 1); then reads them again, re-hashing, and passes the bytes
 //!    on. Legacy branches only have a digest over the whole archive: there the
 //!    bytes are passed on as they are hashed, and the verdict comes at the end.
-//! 2. *decode*: zstd (or gzip for legacy branches), hashing the tar stream and
-//!    refusing more bytes than declared.
+//! 2. *decode*: zstd (or gzip for legacy branches), refusing more bytes than
+//!    declared, and hashing the tar stream unless the plan says the decoder
+//!    is trusted (`Plan::hash_tar`: a plain restore of a v1 branch, whose
+//!    every compressed byte was authenticated in stage 1).
 //! 3. *consume*: the caller's function, e.g. `unpack::extract_tar` into a
 //!    staging directory.
 //!
@@ -73,6 +75,14 @@ pub struct Plan {
     pub tar_size: Option<u64>,
     /// Most decoded bytes accepted before refusing (`tar_size` for v1).
     pub tar_cap: u64,
+    /// Hash the decoded tar (and compare it with `tar_sha256` when there is
+    /// one). Every plan starts with it on. It checks the decoder, not the
+    /// data: the chunk digests already authenticate every compressed byte,
+    /// and zstd checks the content checksum that publish writes into its
+    /// frames. So a plain restore of a v1 branch turns it off
+    /// (`cache/restore.rs`), saving a SHA-256 pass over the whole tar;
+    /// `cache verify` and `restore --verify` keep it.
+    pub hash_tar: bool,
 }
 
 impl Plan {
@@ -94,9 +104,13 @@ pub struct Stats {
     pub compressed_bytes: u64,
     /// Decoded tar bytes (all hashed).
     pub tar_bytes: u64,
+    /// The tar's digest: computed when `tar_hashed`, else the one
+    /// `warmstart.json` declares for the authenticated chunks.
     pub tar_sha256: String,
+    /// Whether the decoded tar went through sha256 (`Plan::hash_tar`).
+    pub tar_hashed: bool,
     /// Every byte that went through sha256: compressed (twice for v1,
-    /// see `read_stage`) plus tar.
+    /// see `read_stage`) plus the tar when it was hashed.
     pub bytes_hashed: u64,
 }
 
@@ -275,14 +289,15 @@ pub fn stream<T>(
         drop(tar);
         let read = reader.join().expect("read stage panicked");
         let decoded = decoder.join().expect("decode stage panicked");
-        finish(read, decoded, consumed)
+        finish(plan, read, decoded, consumed)
     })
 }
 
 /// Picks the verdict: the earliest stage's real failure wins.
 fn finish<T>(
+    plan: &Plan,
     read: Result<(u64, u64)>,
-    decoded: Result<(u64, [u8; 32])>,
+    decoded: Result<(u64, Option<[u8; 32]>)>,
     consumed: Result<T>,
 ) -> Result<(T, Stats)> {
     let read = match read {
@@ -302,13 +317,18 @@ fn finish<T>(
     // Both stages can only be cancelled if the consumer failed, handled above.
     let (compressed, hashed) = read?;
     let (tar_bytes, digest) = decoded?;
+    let tar_sha256 = match (digest, plan.tar_sha256) {
+        (Some(d), _) | (None, Some(d)) => hex(&d),
+        (None, None) => String::new(),
+    };
     Ok((
         value,
         Stats {
             compressed_bytes: compressed,
             tar_bytes,
-            tar_sha256: hex(&digest),
-            bytes_hashed: hashed + tar_bytes,
+            tar_sha256,
+            tar_hashed: digest.is_some(),
+            bytes_hashed: hashed + if digest.is_some() { tar_bytes } else { 0 },
         },
     ))
 }
@@ -494,7 +514,7 @@ fn decode_stage(
     input: BlockReader,
     tx: &SyncSender<Msg>,
     recycle: &Receiver<Vec<u8>>,
-) -> Result<(u64, [u8; 32])> {
+) -> Result<(u64, Option<[u8; 32]>)> {
     let what = match plan.codec {
         Codec::Zstd => "zstd",
         Codec::Gzip => "gzip",
@@ -506,7 +526,7 @@ fn decode_stage(
         ),
         Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
     };
-    let mut hasher = Sha256::new();
+    let mut hasher = plan.hash_tar.then(Sha256::new);
     let mut total = 0u64;
     loop {
         let mut buf = take_buffer(recycle);
@@ -533,7 +553,6 @@ fn decode_stage(
             // the entry that crosses the cap, and its error names it.
             let fits = n as u64 - (total - plan.tar_cap);
             buf.truncate(fits as usize);
-            hasher.update(&buf);
             send(tx, buf)?;
             return Err(fail(
                 Code::Unsafe,
@@ -543,10 +562,12 @@ fn decode_stage(
                 ),
             ));
         }
-        hasher.update(&buf);
+        if let Some(h) = hasher.as_mut() {
+            h.update(&buf);
+        }
         send(tx, buf)?;
     }
-    let digest: [u8; 32] = hasher.finalize().into();
+    let digest: Option<[u8; 32]> = hasher.map(|h| h.finalize().into());
     if let Some(size) = plan.tar_size
         && size != total
     {
@@ -558,7 +579,7 @@ fn decode_stage(
             ),
         ));
     }
-    if let Some(expected) = plan.tar_sha256
+    if let (Some(expected), Some(digest)) = (plan.tar_sha256, digest)
         && expected != digest
     {
         return Err(fail(
@@ -615,6 +636,7 @@ mod tests {
             tar_sha256: Some(Sha256::digest(tar).into()),
             tar_size: Some(tar.len() as u64),
             tar_cap: tar.len() as u64,
+            hash_tar: true,
         };
         (plan, chunks)
     }
@@ -754,6 +776,29 @@ mod tests {
         assert!(
             format!("{:#}", run(&plan, &chunks).unwrap_err()).contains("but warmstart.json says")
         );
+        // Without the tar hash the size is still checked.
+        plan.hash_tar = false;
+        assert!(
+            format!("{:#}", run(&plan, &chunks).unwrap_err()).contains("but warmstart.json says")
+        );
+    }
+
+    #[test]
+    fn without_the_tar_hash_the_declared_digest_is_reported() {
+        let tar = big_tar();
+        let (mut plan, chunks) = v1(&tar, 3);
+        let (_, hashed) = run(&plan, &chunks).unwrap();
+        assert!(hashed.tar_hashed);
+        plan.hash_tar = false;
+        let (out, trusted) = run(&plan, &chunks).unwrap();
+        assert_eq!(out, tar);
+        assert!(!trusted.tar_hashed);
+        assert_eq!(trusted.tar_sha256, hashed.tar_sha256);
+        assert_eq!(trusted.bytes_hashed + tar.len() as u64, hashed.bytes_hashed);
+        // The chunks are still checked before the decoder sees them.
+        let mut bad = chunks.clone();
+        bad[1][0] ^= 1;
+        assert_eq!(code_of(&run(&plan, &bad).unwrap_err()), Code::Verify);
     }
 
     #[test]
@@ -802,6 +847,7 @@ mod tests {
             tar_sha256: None,
             tar_size: None,
             tar_cap: 1 << 30,
+            hash_tar: true,
         };
         (plan, chunks)
     }
