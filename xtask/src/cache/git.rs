@@ -159,7 +159,7 @@ impl CacheGit {
     /// refuses for a remote named by a path, so the URL is given as
     /// `remote.warmstart.url` on the command line and never written down.
     /// What arrives is kept as the received pack (no loose copy of a 99 MiB
-    /// chunk).
+    /// chunk). Quiet, no tags, no FETCH_HEAD, no auto-gc, no submodules.
     fn fetch_from(&self, remote: &Remote, no_negotiation: bool) -> Command {
         let mut c = self.git();
         c.arg("-c")
@@ -167,7 +167,13 @@ impl CacheGit {
         if no_negotiation {
             c.args(["-c", "fetch.negotiationAlgorithm=noop"]);
         }
-        c.args(["-c", "fetch.unpackLimit=1"]).arg("fetch");
+        c.args(["-c", "fetch.unpackLimit=1"]).arg("fetch").args([
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+        ]);
         c
     }
 
@@ -218,13 +224,8 @@ impl CacheGit {
         let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
         let out = self
             .fetch_from(remote, false)
-            .args(["--quiet", "--depth", "1", "--no-tags"])
+            .args(["--depth", "1"])
             .arg(format!("--filter=blob:limit={}", blob_limit()))
-            .args([
-                "--no-write-fetch-head",
-                "--no-auto-gc",
-                "--no-recurse-submodules",
-            ])
             .arg("--")
             .arg(PROMISOR)
             .arg(&refspec)
@@ -265,16 +266,7 @@ impl CacheGit {
         // server leave the chunk out.
         let mut cmd = self.fetch_from(remote, true);
         let child = cmd
-            .args([
-                "--quiet",
-                "--no-filter",
-                "--no-tags",
-                "--no-write-fetch-head",
-                "--no-auto-gc",
-                "--no-recurse-submodules",
-                "--",
-                PROMISOR,
-            ])
+            .args(["--no-filter", "--", PROMISOR])
             .arg(oid)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -311,19 +303,7 @@ impl CacheGit {
         let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
         let out = self
             .fetch_from(remote, false)
-            .args([
-                "--quiet",
-                "--refetch",
-                "--no-filter",
-                "--depth",
-                "1",
-                "--no-tags",
-                "--no-write-fetch-head",
-                "--no-auto-gc",
-                "--no-recurse-submodules",
-                "--",
-                PROMISOR,
-            ])
+            .args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
             .arg(&refspec)
             .stdin(Stdio::null())
             .output()

@@ -240,6 +240,26 @@ pub fn extract_tar_select<R: Read>(
     })
 }
 
+/// Reads all `size` bytes of an entry's data into memory (the caller caps
+/// `size`), refusing an entry whose data ends early.
+fn read_whole(entry: &mut impl Read, size: u64, name: &str) -> Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(size as usize);
+    entry
+        .take(size)
+        .read_to_end(&mut data)
+        .with_context(|| format!("reading tar entry `{name}`"))?;
+    if (data.len() as u64) < size {
+        return Err(refuse(
+            name,
+            format!(
+                "declares {size} bytes but the stream ends after {}",
+                data.len()
+            ),
+        ));
+    }
+    Ok(data)
+}
+
 /// A refusal naming the entry.
 pub(super) fn refuse(name: &str, reason: impl std::fmt::Display) -> anyhow::Error {
     fail(
@@ -439,20 +459,7 @@ impl Extractor<'_> {
                         ),
                     ));
                 }
-                let mut data = Vec::with_capacity(size as usize);
-                (&mut entry)
-                    .take(size)
-                    .read_to_end(&mut data)
-                    .with_context(|| format!("reading tar entry `{name}`"))?;
-                if (data.len() as u64) < size {
-                    return Err(refuse(
-                        name,
-                        format!(
-                            "declares {size} bytes but the stream ends after {}",
-                            data.len()
-                        ),
-                    ));
-                }
+                let data = read_whole(&mut entry, size, name)?;
                 (self.capture)(&rel, data)?;
                 return Ok(0);
             }
@@ -469,20 +476,7 @@ impl Extractor<'_> {
                 if let Some(pool) = self.writers
                     && size <= POOL_FILE_MAX
                 {
-                    let mut data = Vec::with_capacity(size as usize);
-                    (&mut entry)
-                        .take(size)
-                        .read_to_end(&mut data)
-                        .with_context(|| format!("reading tar entry `{name}`"))?;
-                    if (data.len() as u64) < size {
-                        return Err(refuse(
-                            name,
-                            format!(
-                                "declares {size} bytes but the stream ends after {}",
-                                data.len()
-                            ),
-                        ));
-                    }
+                    let data = read_whole(&mut entry, size, name)?;
                     pool.submit(Job {
                         seq: self.entries,
                         name: name.to_string(),
