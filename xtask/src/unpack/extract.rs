@@ -183,6 +183,9 @@ pub fn extract_tar_select<R: Read>(
         for _ in 0..threads {
             s.spawn(|| pool.work());
         }
+        // If this thread panics, the writers must still be told to stop, or
+        // the scope would wait for them forever instead of unwinding.
+        let _close = CloseOnPanic(&pool);
         let mut read_all = || -> Result<()> {
             let mut prev: Option<String> = None;
             let mut prev_unread: u64 = 0;
@@ -238,6 +241,18 @@ pub fn extract_tar_select<R: Read>(
             }
         }
     })
+}
+
+/// Closes the writer pool (dropping queued files) when dropped during a
+/// panic, so that the writers return and `thread::scope` can unwind.
+struct CloseOnPanic<'a>(&'a Writers);
+
+impl Drop for CloseOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.close(true);
+        }
+    }
 }
 
 /// Reads all `size` bytes of an entry's data into memory (the caller caps
@@ -668,7 +683,13 @@ impl Extractor<'_> {
 }
 
 pub(super) fn epoch(secs: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    // Clamped like `set_symlink_mtime`: a base-256 mtime beyond i64::MAX
+    // seconds must not overflow (a panic); the kernel clamps what remains
+    // to what the file system can store.
+    let secs = secs.min(i64::MAX as u64);
+    SystemTime::UNIX_EPOCH
+        .checked_add(Duration::from_secs(secs))
+        .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// Sets the mtime of `path` itself (not what a symlink points to).
@@ -732,5 +753,42 @@ mod tests {
         // `x/..` is where `x` points, plus one up: refused.
         assert!(at("a/b", "x/../y").unwrap_err().contains("after a name"));
         assert!(at("a", "").is_err());
+    }
+}
+
+#[cfg(test)]
+mod far_mtime_tests {
+    use super::*;
+    use crate::unpack::{Limits, Options};
+
+    /// A base-256 mtime beyond what `SystemTime` holds used to panic in
+    /// `epoch` (and, with the writer pool, hang the scope): now it is
+    /// clamped, for a file written by a writer and one written inline.
+    #[test]
+    fn far_future_mtimes_neither_panic_nor_hang() {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, size) in [("small", 10usize), ("big", (1 << 20) + 1)] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(size as u64);
+            h.set_mode(0o644);
+            h.set_mtime(u64::MAX - 1);
+            h.set_cksum();
+            b.append_data(&mut h, name, &vec![7u8; size][..]).unwrap();
+        }
+        let tar = b.into_inner().unwrap();
+        for writers in [None, Some(0)] {
+            let tmp = tempfile::tempdir().unwrap();
+            let opts = Options {
+                writers,
+                ..Options::default()
+            };
+            let stats = extract_tar(&tar[..], tmp.path(), &Limits::GENEROUS, &opts).unwrap();
+            assert_eq!(stats.files, 2);
+            assert_eq!(fs::read(tmp.path().join("small")).unwrap(), vec![7u8; 10]);
+            assert_eq!(
+                fs::metadata(tmp.path().join("big")).unwrap().len(),
+                (1 << 20) + 1
+            );
+        }
     }
 }
