@@ -255,7 +255,8 @@ impl CacheGit {
     /// `allowReachableSHA1InWant`). Nothing is negotiated (a `have` of the
     /// branch commit would make the server send nothing), the pack is kept
     /// as received, and no ref changes. `pid` gets the id of the running
-    /// git, so that a caller may stop it.
+    /// git, which leads its own process group, so that a caller may stop it
+    /// and its helpers (`kill(-pid)`; see `run_stoppable`).
     pub fn fetch_blob(
         &self,
         remote: &Remote,
@@ -265,21 +266,9 @@ impl CacheGit {
         // No negotiation: a `have` of the branch commit would make the
         // server leave the chunk out.
         let mut cmd = self.fetch_from(remote, true);
-        let child = cmd
-            .args(["--no-filter", "--", PROMISOR])
-            .arg(oid)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => return Err(BlobFetchError::Failed(format!("running git fetch: {e}"))),
-        };
-        pid(Some(child.id()));
-        let out = child.wait_with_output();
-        pid(None);
-        let out = out.map_err(|e| BlobFetchError::Failed(format!("waiting for git fetch: {e}")))?;
+        cmd.args(["--no-filter", "--", PROMISOR]).arg(oid);
+        let out = run_stoppable(&mut cmd, pid)
+            .map_err(|e| BlobFetchError::Failed(format!("running git fetch: {e}")))?;
         if out.status.success() {
             return Ok(());
         }
@@ -297,17 +286,20 @@ impl CacheGit {
 
     /// Fetches `branch` again, whole and shallow, even objects already here
     /// (`--refetch`): the fallback for a server that refuses blobs by id.
-    pub fn refetch_branch(&self, remote: &Remote, branch: &str) -> Result<String> {
+    /// `pid` gets the process group of the running git, as in `fetch_blob`.
+    pub fn refetch_branch(
+        &self,
+        remote: &Remote,
+        branch: &str,
+        pid: &mut dyn FnMut(Option<u32>),
+    ) -> Result<String> {
         check_branch(branch)?;
         let _lock = self.lock()?;
         let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
-        let out = self
-            .fetch_from(remote, false)
-            .args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
-            .arg(&refspec)
-            .stdin(Stdio::null())
-            .output()
-            .context("running git fetch --refetch")?;
+        let mut cmd = self.fetch_from(remote, false);
+        cmd.args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
+            .arg(&refspec);
+        let out = run_stoppable(&mut cmd, pid).context("running git fetch --refetch")?;
         if !out.status.success() {
             return Err(fail(
                 Code::Remote,
@@ -990,6 +982,28 @@ fn read_progress(mut stderr: impl Read, progress: &mut dyn FnMut(u64)) -> String
         .filter(|l| !l.contains("objects:") && !l.contains("Delta compression"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Runs `cmd` (stdin closed, stdout discarded, stderr captured) as the
+/// leader of a new process group, telling `pid` its id while it runs and
+/// `None` once it has exited. Killing the group (`kill(-pid, ...)`) stops
+/// git's helpers too (index-pack, remote-https, ssh), which hold stderr
+/// open: killing only git would leave the wait for stderr's end hanging.
+fn run_stoppable(
+    cmd: &mut Command,
+    pid: &mut dyn FnMut(Option<u32>),
+) -> std::io::Result<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()?;
+    pid(Some(child.id()));
+    let out = child.wait_with_output();
+    pid(None);
+    out
 }
 
 fn run(cmd: &mut Command) -> Result<Vec<u8>> {

@@ -86,6 +86,29 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Records the running git's process group (`None`: it has exited). A
+    /// git that starts after the reader hung up is stopped at once.
+    fn register(&self, pid: Option<u32>) {
+        let mut st = self.lock();
+        if let (true, Some(pid)) = (st.stop, pid) {
+            stop_group(pid);
+        }
+        st.child = pid;
+    }
+}
+
+/// Stops a fetch: SIGTERM to git's process group (it leads one, see
+/// `CacheGit::fetch_blob`), so that its helpers, which hold its stderr,
+/// stop too.
+fn stop_group(pid: u32) {
+    // SAFETY: kill(2) has no memory-safety preconditions. The id is our
+    // child's and is unregistered right after the fetcher thread reaped it;
+    // only in that instant could it name a new group, and Linux hands out
+    // pids in sequence, so that would take a wrap of the whole pid space.
+    unsafe {
+        libc::kill(-(pid as libc::pid_t), libc::SIGTERM);
+    }
 }
 
 /// The chunks of one plan, being fetched.
@@ -211,12 +234,7 @@ impl Drop for Prefetch {
             let mut st = self.shared.lock();
             st.stop = true;
             if let Some(pid) = st.child {
-                // Our own child (it is reaped by the fetcher thread, so the
-                // pid cannot have been reused yet).
-                // SAFETY: kill(2) has no memory-safety preconditions.
-                unsafe {
-                    libc::kill(pid as libc::pid_t, libc::SIGTERM);
-                }
+                stop_group(pid);
             }
             self.shared.changed.notify_all();
         }
@@ -244,9 +262,7 @@ impl Job {
             let t = Instant::now();
             let fetched = self
                 .git
-                .fetch_blob(&self.remote, &self.oids[j], &mut |pid| {
-                    shared.lock().child = pid;
-                });
+                .fetch_blob(&self.remote, &self.oids[j], &mut |pid| shared.register(pid));
             let mut st = shared.lock();
             st.fetching += t.elapsed();
             if st.stop {
@@ -268,7 +284,11 @@ impl Job {
                 Err(BlobFetchError::Refused) => {
                     drop(st);
                     let t = Instant::now();
-                    let r = self.git.refetch_branch(&self.remote, &self.branch);
+                    let r = self
+                        .git
+                        .refetch_branch(&self.remote, &self.branch, &mut |pid| {
+                            shared.register(pid)
+                        });
                     let mut st = shared.lock();
                     st.fetching += t.elapsed();
                     st.source = Source::Refetch;
@@ -370,7 +390,7 @@ pub fn fetch_all(git: &CacheGit, remote: &Remote, branch: &str, oids: &[String])
         match git.fetch_blob(remote, oid, &mut |_| {}) {
             Ok(()) => source = Source::ById,
             Err(BlobFetchError::Refused) => {
-                git.refetch_branch(remote, branch)?;
+                git.refetch_branch(remote, branch, &mut |_| {})?;
                 return Ok(Source::Refetch);
             }
             Err(BlobFetchError::NotOnRemote) => {
