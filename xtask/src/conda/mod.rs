@@ -618,13 +618,8 @@ fn rewrite_in_staging(
         .into_owned();
     let tmp = at.with_file_name(format!(".{name}.warmstart-rewrite"));
     let _ = fs::remove_file(&tmp);
-    let out = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
+    let out =
+        unpack::create_new_file(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let reader = std::io::BufReader::with_capacity(1 << 16, src);
     let mut writer = std::io::BufWriter::with_capacity(1 << 16, out);
     let from = p.placeholder.as_bytes();

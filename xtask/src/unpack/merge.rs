@@ -330,13 +330,8 @@ fn move_one(src: &Path, dst: &Path, meta: &fs::Metadata) -> Result<()> {
             .with_context(|| format!("creating {}", tmp.display()))?;
     } else {
         let mut from = File::open(src).with_context(|| format!("opening {}", src.display()))?;
-        let mut to = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
+        let mut to =
+            super::create_new_file(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         io::copy(&mut from, &mut to)
             .with_context(|| format!("copying {} to {}", src.display(), tmp.display()))?;
         to.set_permissions(meta.permissions())

@@ -25,6 +25,19 @@ pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
 pub use merge::{merge_into, recover};
 pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
 
+/// Creates a new file at `path` for writing, mode 0600 until its real mode is
+/// set: never an existing path (`AlreadyExists`), never through a symlink at
+/// `path` itself. Every file unpacking or merging creates is opened here.
+pub fn create_new_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// Removes a staging directory (any tree), making read-only directories
 /// writable first; a missing directory is fine.
 pub fn remove_staging(dir: &std::path::Path) -> anyhow::Result<()> {

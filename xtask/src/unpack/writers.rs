@@ -14,9 +14,9 @@
 
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions, Permissions};
+use std::fs::{File, Permissions};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -181,13 +181,7 @@ fn write_job(job: Job) -> Result<()> {
 /// Creates a new regular file (mode 0600 until `finish_file`), refusing an
 /// existing path as a duplicate entry and never following a symlink.
 pub(super) fn create_file(path: &Path, name: &str) -> Result<File> {
-    match OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-    {
+    match super::create_new_file(path) {
         Ok(f) => Ok(f),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             Err(refuse(name, "duplicate entry: the path exists already"))
