@@ -180,13 +180,7 @@ pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
     );
     match fs::symlink_metadata(target) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            fs::rename(staging, target).with_context(|| {
-                format!(
-                    "moving {} to {} (they must be on the same filesystem)",
-                    staging.display(),
-                    target.display()
-                )
-            })?;
+            move_into_place(staging, target)?;
             fsync_dir(&parent).with_context(|| format!("syncing {}", parent.display()))?;
             return Ok(());
         }
@@ -226,6 +220,17 @@ pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
     }
 }
 
+/// Renames the staging tree to the target's name (nothing is there now).
+fn move_into_place(staging: &Path, target: &Path) -> Result<()> {
+    fs::rename(staging, target).with_context(|| {
+        format!(
+            "moving {} to {} (they must be on the same filesystem)",
+            staging.display(),
+            target.display()
+        )
+    })
+}
+
 /// The fallback where RENAME_EXCHANGE is unsupported (some filesystems).
 fn swap_by_two_renames(staging: &Path, target: &Path, parent: &Path, name: &str) -> Result<()> {
     let old = parent.join(format!(".{name}.old-{}", std::process::id()));
@@ -233,13 +238,7 @@ fn swap_by_two_renames(staging: &Path, target: &Path, parent: &Path, name: &str)
     fs::rename(target, &old)
         .with_context(|| format!("moving {} aside to {}", target.display(), old.display()))?;
     kill_point("swap:target-moved-aside");
-    fs::rename(staging, target).with_context(|| {
-        format!(
-            "moving {} to {} (they must be on the same filesystem)",
-            staging.display(),
-            target.display()
-        )
-    })?;
+    move_into_place(staging, target)?;
     fsync_dir(parent).with_context(|| format!("syncing {}", parent.display()))?;
     kill_point("swap:staging-moved");
     remove_tree(&old)
