@@ -5,10 +5,12 @@
 //! clone that holds only some chunks. Real bare remotes over file paths;
 //! `WARMSTART_FETCH_BLOB_LIMIT` makes 20 kB chunks "big" so the data stays small.
 
+use crate::util::http_backend::HttpGit;
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 /// Blobs of 8 KiB or more are left out of branch fetches in these tests.
 const LIMIT: &str = "8k";
@@ -128,6 +130,21 @@ fn cache_fetch_restores_chunks_fetched_by_id_while_unpacking() {
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunk_source"], "byid", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
+    // The remote is a path: every chunk came straight from upload-pack's
+    // pack into the chunk store, under its sha256, which coreutils agrees
+    // with.
+    assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
+    let store = fx.work.join(".git/warmstart/cache.git/chunks");
+    let stored = stored_chunks(&store);
+    assert_eq!(stored.len() as u64, big, "{stored:?}");
+    for c in published["chunks"].as_array().unwrap() {
+        if c["size"].as_u64().unwrap() >= 8192 {
+            let sha = c["sha256"].as_str().unwrap();
+            assert!(stored.contains(&sha.to_string()), "{sha} in {stored:?}");
+            let out = run(std::process::Command::new("sha256sum").arg(store.join(sha)));
+            assert!(out.stdout().starts_with(sha), "{}", show(&out.out));
+        }
+    }
     let phases = &j["phases"];
     for p in ["fetch_ms", "unpack_ms", "chunk_fetch_ms", "chunk_wait_ms"] {
         assert!(phases[p].is_u64(), "{p} in {j}");
@@ -168,6 +185,142 @@ fn cache_fetch_restores_chunks_fetched_by_id_while_unpacking() {
     assert_eq!(again["chunks_fetched"], 0, "{again}");
 }
 
+/// The names in the chunk store.
+fn stored_chunks(store: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(store)
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn cache_fetch_from_a_file_url_reads_chunks_direct_and_fetches_a_damaged_stored_one_again() {
+    let fx = Fx::new(&[]);
+    let url = format!("file://{}", fx.env.join("origin.git").display());
+    fx.env.git("work", ["remote", "set-url", "origin", &url]);
+    let published = fx.publish();
+    let big = big_chunks(&published);
+    fx.forget();
+    let j = fx.restore_json();
+    assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+
+    // One stored chunk damaged, one cut short, as a crash or a hand edit
+    // might leave them; the installed copy is gone.
+    let store = fx.work.join(".git/warmstart/cache.git/chunks");
+    let stored = stored_chunks(&store);
+    let damaged = store.join(&stored[0]);
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&damaged, &bytes).unwrap();
+    let cut = store.join(&stored[1]);
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::remove_dir_all(fx.work.join("restored")).unwrap();
+
+    // Both are fetched again, the rest come from the store.
+    let j = fx.restore_json();
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunks_fetched"], 2, "{j}");
+    assert_eq!(j["chunks_direct"], 2, "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+    assert_eq!(stored_chunks(&store), stored, "no partial file is left");
+    for name in &stored {
+        let out = run(std::process::Command::new("sha256sum").arg(store.join(name)));
+        assert!(
+            out.stdout().starts_with(name.as_str()),
+            "{}",
+            show(&out.out)
+        );
+    }
+}
+
+#[test]
+fn cache_fetch_over_http_reads_chunks_direct_through_gits_helper() {
+    // Smart HTTP (git http-backend on 127.0.0.1): the chunks come through
+    // `git remote-http`'s stateless-connect, not `git fetch`.
+    let fx = Fx::new(&[]);
+    let server = HttpGit::start(&fx.env.join("."));
+    let url = server.url("origin.git");
+    fx.env.git("work", ["remote", "set-url", "origin", &url]);
+    let published = fx.publish();
+    let big = big_chunks(&published);
+    fx.forget();
+    let before = server.requests.load(Ordering::SeqCst);
+    let j = fx.restore_json();
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
+    assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+    // The branch fetch, then at least an advertisement and a request per chunk.
+    let served = server.requests.load(Ordering::SeqCst) - before;
+    assert!(
+        served as u64 > 2 * big,
+        "{served} requests for {big} chunks"
+    );
+
+    // With protocol v0 asked for, the helper offers no v2 connection: the
+    // chunks come through `git fetch` (fetch by id over v0 is refused here,
+    // so the whole branch is fetched).
+    fx.forget();
+    let global = fx.env.join("gitconfig-v0");
+    std::fs::write(&global, "[protocol]\n\tversion = 0\n").unwrap();
+    let mut cmd = fx.env.xtask_in("work");
+    cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
+        .env("GIT_CONFIG_GLOBAL", &global)
+        .args(["cache", "restore", "art", "--json"]);
+    let j = json_of(&run(&mut cmd).ok());
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunks_direct"], 0, "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+}
+
+#[test]
+fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
+    // The server's pack-objects (through the hook git allows in the
+    // global configuration) adds the empty blob to every pack it sends: a
+    // pack of two objects, which git fetch accepts and the direct reader
+    // does not.
+    let fx = Fx::new(&[]);
+    let published = fx.publish();
+    let big = big_chunks(&published);
+    fx.forget();
+    let empty = fx
+        .env
+        .git("origin.git", ["hash-object", "-w", "/dev/null"])
+        .trim()
+        .to_string();
+    let hook = fx.env.join("pack-objects-hook");
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\n{{ echo {empty}; cat; }} | \"$@\"\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let global = fx.env.join("gitconfig-hook");
+    std::fs::write(
+        &global,
+        format!("[uploadpack]\n\tpackObjectsHook = {}\n", hook.display()),
+    )
+    .unwrap();
+
+    let mut cmd = fx.env.xtask_in("work");
+    cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
+        .env("GIT_CONFIG_GLOBAL", &global)
+        .args(["cache", "restore", "art", "--json"]);
+    let j = json_of(&run(&mut cmd).ok());
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunk_source"], "byid", "{j}");
+    assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
+    assert_eq!(j["chunks_direct"], 0, "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+}
+
 #[test]
 fn cache_fetch_from_a_server_that_ignores_the_filter_fetches_no_chunk_by_id() {
     let fx = Fx::new(&[("uploadpack.allowFilter", "false")]);
@@ -191,6 +344,8 @@ fn cache_fetch_falls_back_to_a_whole_fetch_when_the_server_refuses_objects_by_id
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunk_source"], "refetch", "{j}");
     assert_eq!(j["chunks_fetched"], 0, "{j}");
+    // protocol.version is the user's choice: no protocol v2 request here.
+    assert_eq!(j["chunks_direct"], 0, "{j}");
     assert_same_tree(&fx.src, &fx.target);
     // A second key restored in the same clone goes the same way.
     let v = json_of(&fx.xtask(&["cache", "verify", "art", "--json"]).ok());
@@ -233,7 +388,7 @@ fn cache_fetch_of_a_chunk_the_server_lacks_fails_in_one_line_and_installs_nothin
 #[test]
 fn cache_fetch_a_damaged_chunk_fetched_by_id_exits_6_before_installing() {
     let fx = Fx::new(&[]);
-    fx.publish();
+    let published = fx.publish();
     // The branch, with one chunk's bytes changed (its digest in
     // warmstart.json and SHA256SUMS left as published).
     let chunks = fx.remote_chunks();
@@ -284,6 +439,18 @@ fn cache_fetch_a_damaged_chunk_fetched_by_id_exits_6_before_installing() {
     assert!(r.stderr().contains("sha256"), "{}", r.stderr());
     assert!(!fx.target.exists(), "nothing is installed");
     assert_no_staging(&fx.target);
+    // Only chunks that matched their digest are stored, and nothing partial.
+    let store = fx.work.join(".git/warmstart/cache.git/chunks");
+    let digests: Vec<String> = published["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["file"] != name.as_str())
+        .map(|c| c["sha256"].as_str().unwrap().to_string())
+        .collect();
+    for f in stored_chunks(&store) {
+        assert!(digests.contains(&f), "{f} is stored");
+    }
 }
 
 #[test]

@@ -177,6 +177,45 @@ impl CacheGit {
         c
     }
 
+    /// The names of the transport settings forwarded from the user's
+    /// repository.
+    pub fn forwarded_keys(&self) -> impl Iterator<Item = &str> {
+        self.forwarded.iter().map(|(k, _)| k.as_str())
+    }
+
+    /// git's remote helper for `url` (`git remote-http` or
+    /// `git remote-https`), run in cache.git as `git fetch` runs it, with
+    /// the forwarded transport settings. See `cache::direct`.
+    pub fn remote_helper(&self, url: &str) -> Command {
+        let scheme = url.split("://").next().unwrap_or("https");
+        let mut c = Command::new("git");
+        self.apply_env(&mut c);
+        c.env("GIT_DIR", &self.dir)
+            .env("GIT_PROTOCOL", "version=2")
+            .arg(format!("remote-{scheme}"))
+            .arg(PROMISOR)
+            .arg(url);
+        c
+    }
+
+    /// `git upload-pack` serving the repository at `repo` (on this
+    /// machine) in protocol v2, as a local `git fetch` would run it, with
+    /// the same memory-bounding pack windows (see `CONFIG`) for the
+    /// `pack-objects` it starts. See `cache::direct`.
+    pub fn upload_pack(&self, repo: &Path) -> Command {
+        let mut c = Command::new("git");
+        for (k, v) in CONFIG {
+            if k.starts_with("core.packedGit") {
+                c.arg("-c").arg(format!("{k}={v}"));
+            }
+        }
+        self.apply_env(&mut c);
+        c.env("GIT_PROTOCOL", "version=2")
+            .arg("upload-pack")
+            .arg(repo);
+        c
+    }
+
     fn apply_env(&self, c: &mut Command) {
         c.env("LC_ALL", "C").env("LANGUAGE", "C");
         // Branch fetches leave big chunks out (see `try_fetch_branch`), which

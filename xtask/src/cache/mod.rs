@@ -7,7 +7,8 @@
 //! `readme` (the branch README), `publish` (merge the key, root commit, push),
 //! `packed` (the local record that lets an unchanged re-publish skip zstd).
 //! The restore half: `branch` reads and cross-checks a fetched branch,
-//! `prefetch` fetches its chunks by id while they are read, `verify` streams it (no unverified byte reaches the decoder), `restore`
+//! `prefetch` fetches its chunks by id while they are read (`direct` reads
+//! them straight from the server's pack stream where it can), `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it, `stamp` makes the next run warm, `compare` checks an
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
 //! `cache status`.
@@ -15,6 +16,7 @@
 pub mod branch;
 pub mod check;
 pub mod compare;
+pub mod direct;
 pub mod format;
 pub mod git;
 pub mod manifest;

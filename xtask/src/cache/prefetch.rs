@@ -15,22 +15,39 @@
 //! `uploadpack.allow*SHA1InWant`) gets one whole fetch of the branch
 //! (`CacheGit::refetch_branch`), as before this module existed.
 //!
-//! This module only adds objects to cache.git; it never writes elsewhere,
-//! and a dropped `Prefetch` stops its git (by pid) and its thread.
+//! When the remote is a repository on this machine or a smart HTTP(S)
+//! server, chunks are read straight from `git upload-pack`'s answer into
+//! the chunk store instead (`cache::direct`), `PARALLEL` at a time, hashed
+//! as they arrive; a chunk already in the store
+//! is hashed again before it is used, and one that does not match is
+//! fetched again. If that reader meets a server it does not handle, this
+//! chunk and the rest go through `git fetch`.
+//!
+//! This module only adds objects to cache.git and files to its chunk
+//! store; it never writes elsewhere, and a dropped `Prefetch` stops its
+//! git (by process group) and its thread.
 
 use anyhow::{Result, anyhow};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::cache::branch::KeyPlan;
+use crate::cache::direct::{self, Store};
 use crate::cache::git::{BlobFetchError, CacheGit, Remote};
+use crate::cache::verify;
 use crate::exit::{Code, fail};
 
 /// How many chunks the fetcher may run ahead of the reader: enough that the
 /// next chunk is there when the reader wants it, few enough that a restore
 /// that fails early has not downloaded the rest.
 pub const AHEAD: usize = 2;
+
+/// How many chunks are read at once by `cache::direct`. One `git pack-objects`, which SHA-1s all it sends,
+/// delivers about 100 MB/s while the unpack runs, less than the unpack
+/// takes: two keep the reader from waiting (measured in BENCHMARKS.md).
+pub const PARALLEL: usize = 2;
 
 /// How the chunks of a plan reached cache.git.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -51,15 +68,28 @@ pub struct Stats {
     pub source: Source,
     /// Chunks fetched by id.
     pub fetched: u64,
+    /// Of those, chunks read straight from the pack stream into the chunk
+    /// store (`cache::direct`).
+    pub direct: u64,
     /// Time the fetcher spent fetching (it overlaps the unpack).
     pub fetch_ms: u64,
     /// Time the reader spent waiting for a chunk.
     pub wait_ms: u64,
 }
 
+/// Where a chunk that is ready can be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum At {
+    /// In cache.git, not yet hashed by this process.
+    Git,
+    /// A file of the chunk store, whose size and digest this process
+    /// checked.
+    Store(std::path::PathBuf),
+}
+
 enum Slot {
     Pending,
-    Ready,
+    Ready(At),
     /// Taken by the first `wait` that sees it.
     Failed(Option<anyhow::Error>),
 }
@@ -69,10 +99,11 @@ struct State {
     /// The highest chunk the reader asked for.
     reader_at: usize,
     stop: bool,
-    /// The running `git fetch`, to stop it on drop.
-    child: Option<u32>,
+    /// The process groups of the running fetches, to stop them on drop.
+    children: Vec<u32>,
     source: Source,
     fetched: u64,
+    direct: u64,
     fetching: Duration,
     waiting: Duration,
 }
@@ -87,14 +118,29 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records the running git's process group (`None`: it has exited). A
-    /// git that starts after the reader hung up is stopped at once.
-    fn register(&self, pid: Option<u32>) {
-        let mut st = self.lock();
-        if let (true, Some(pid)) = (st.stop, pid) {
-            stop_group(pid);
+    /// A callback for one fetch at a time (`CacheGit::fetch_blob`,
+    /// `direct::fetch`): records the running git's process group, and
+    /// forgets it when it is told `None` (git exited). A git that starts
+    /// after the reader hung up is stopped at once.
+    fn track(&self) -> impl FnMut(Option<u32>) + '_ {
+        let mut mine = None;
+        move |pid| {
+            let mut st = self.lock();
+            match pid {
+                Some(pid) => {
+                    if st.stop {
+                        stop_group(pid);
+                    }
+                    st.children.push(pid);
+                    mine = Some(pid);
+                }
+                None => {
+                    if let Some(m) = mine.take() {
+                        st.children.retain(|&c| c != m);
+                    }
+                }
+            }
         }
-        st.child = pid;
     }
 }
 
@@ -125,6 +171,12 @@ struct Job {
     oids: Vec<String>,
     files: Vec<String>,
     sizes: Vec<u64>,
+    digests: Vec<Option<[u8; 32]>>,
+    store: Store,
+    /// The remote's server, when `cache::direct` can read from it.
+    server: Option<direct::Server>,
+    /// Cleared when `cache::direct` met a server it does not handle.
+    direct_on: AtomicBool,
     label: String,
     fix: String,
 }
@@ -142,6 +194,10 @@ impl Prefetch {
             oids: kp.oids.clone(),
             files: kp.plan.pieces.iter().map(|p| p.file.clone()).collect(),
             sizes: kp.plan.pieces.iter().map(|p| p.size).collect(),
+            digests: kp.plan.pieces.iter().map(|p| p.sha256).collect(),
+            store: Store::of(git),
+            server: direct::server_for(remote, git),
+            direct_on: AtomicBool::new(true),
             label: kp.plan.label.clone(),
             fix: kp.plan.fix.clone(),
         };
@@ -151,20 +207,22 @@ impl Prefetch {
             .map(|(i, size)| match size {
                 None => Slot::Pending,
                 Some(s) => match job.size_check(i, *s) {
-                    Ok(()) => Slot::Ready,
+                    Ok(()) => Slot::Ready(At::Git),
                     Err(e) => Slot::Failed(Some(e)),
                 },
             })
             .collect();
+        job.store.sweep();
         let missing = slots.iter().any(|s| matches!(s, Slot::Pending));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 slots,
                 reader_at: 0,
                 stop: false,
-                child: None,
+                children: Vec::new(),
                 source: Source::Present,
                 fetched: 0,
+                direct: 0,
                 fetching: Duration::ZERO,
                 waiting: Duration::ZERO,
             }),
@@ -177,8 +235,9 @@ impl Prefetch {
         Ok(Prefetch { shared, thread })
     }
 
-    /// Blocks until chunk `i` is in cache.git, or returns why it never will be.
-    pub fn wait(&self, i: usize) -> Result<()> {
+    /// Blocks until chunk `i` is here, and says where; or returns why it
+    /// never will be.
+    pub fn wait(&self, i: usize) -> Result<At> {
         let t = Instant::now();
         let mut st = self.shared.lock();
         if i > st.reader_at {
@@ -187,7 +246,11 @@ impl Prefetch {
         }
         loop {
             match &mut st.slots[i] {
-                Slot::Ready => break,
+                Slot::Ready(at) => {
+                    let at = at.clone();
+                    st.waiting += t.elapsed();
+                    return Ok(at);
+                }
                 Slot::Failed(e) => {
                     let e = e
                         .take()
@@ -212,8 +275,6 @@ impl Prefetch {
                 }
             }
         }
-        st.waiting += t.elapsed();
-        Ok(())
     }
 
     /// What was fetched, and how long it took.
@@ -222,6 +283,7 @@ impl Prefetch {
         Stats {
             source: st.source,
             fetched: st.fetched,
+            direct: st.direct,
             fetch_ms: st.fetching.as_millis() as u64,
             wait_ms: st.waiting.as_millis() as u64,
         }
@@ -233,7 +295,7 @@ impl Drop for Prefetch {
         {
             let mut st = self.shared.lock();
             st.stop = true;
-            if let Some(pid) = st.child {
+            for &pid in &st.children {
                 stop_group(pid);
             }
             self.shared.changed.notify_all();
@@ -244,25 +306,93 @@ impl Drop for Prefetch {
     }
 }
 
+/// What `Job::take_from_store` did with a chunk.
+enum Step {
+    /// Its slot is set: on to the next chunk.
+    Done,
+    /// Its slot is set to a failure, or the reader hung up: stop.
+    Stop,
+    /// Fetch it with `git fetch`.
+    Fetch,
+}
+
+/// Whether a fetcher should fetch chunk `j` now.
+enum Turn {
+    Go,
+    /// It is here already (or failed).
+    Skip,
+    /// The reader hung up.
+    Stop,
+}
+
 impl Job {
-    fn run(&self, shared: &Shared) {
+    fn run(self, shared: &Shared) {
+        if self.server.is_some() {
+            // Chunks from the store, or read straight from the server, by
+            // `PARALLEL` fetchers taking the next chunk in turn.
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..PARALLEL {
+                    s.spawn(|| self.run_direct(shared, &next));
+                }
+            });
+            let st = shared.lock();
+            if st.stop || st.slots.iter().any(|s| matches!(s, Slot::Failed(_))) {
+                return;
+            }
+        }
+        // What is left: everything when the remote is elsewhere, else the
+        // chunks from the first one the direct reader could not handle.
+        self.run_git(shared)
+    }
+
+    fn run_direct(&self, shared: &Shared, next: &AtomicUsize) {
+        loop {
+            let j = next.fetch_add(1, Ordering::SeqCst);
+            if j >= self.oids.len() || !self.direct_on.load(Ordering::SeqCst) {
+                return;
+            }
+            match self.turn(shared, j) {
+                Turn::Go => {}
+                Turn::Skip => continue,
+                Turn::Stop => return,
+            }
+            match self.take_from_store(j, shared) {
+                Step::Done => {}
+                Step::Stop | Step::Fetch => return,
+            }
+        }
+    }
+
+    /// Waits until chunk `j` is at most `AHEAD` chunks ahead of the reader.
+    fn turn(&self, shared: &Shared, j: usize) -> Turn {
+        let mut st = shared.lock();
+        if !matches!(st.slots[j], Slot::Pending) {
+            return Turn::Skip;
+        }
+        while !st.stop && j > st.reader_at + AHEAD {
+            st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if st.stop { Turn::Stop } else { Turn::Go }
+    }
+
+    /// Fetches the chunks still pending, one by one, with `git fetch`.
+    fn run_git(&self, shared: &Shared) {
         for j in 0..self.oids.len() {
-            {
-                let mut st = shared.lock();
-                if !matches!(st.slots[j], Slot::Pending) {
-                    continue;
-                }
-                while !st.stop && j > st.reader_at + AHEAD {
-                    st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
-                }
-                if st.stop {
-                    return;
-                }
+            match self.turn(shared, j) {
+                Turn::Go => {}
+                Turn::Skip => continue,
+                Turn::Stop => return,
+            }
+            match self.take_from_store(j, shared) {
+                Step::Done => continue,
+                Step::Stop => return,
+                Step::Fetch => {}
             }
             let t = Instant::now();
             let fetched = self
                 .git
-                .fetch_blob(&self.remote, &self.oids[j], &mut |pid| shared.register(pid));
+                .fetch_blob(&self.remote, &self.oids[j], &mut shared.track());
             let mut st = shared.lock();
             st.fetching += t.elapsed();
             if st.stop {
@@ -284,11 +414,9 @@ impl Job {
                 Err(BlobFetchError::Refused) => {
                     drop(st);
                     let t = Instant::now();
-                    let r = self
-                        .git
-                        .refetch_branch(&self.remote, &self.branch, &mut |pid| {
-                            shared.register(pid)
-                        });
+                    let r =
+                        self.git
+                            .refetch_branch(&self.remote, &self.branch, &mut shared.track());
                     let mut st = shared.lock();
                     st.fetching += t.elapsed();
                     st.source = Source::Refetch;
@@ -324,13 +452,83 @@ impl Job {
         }
     }
 
+    /// Chunk `j` from the chunk store: kept there by an earlier run (and
+    /// hashed again now), or read straight from a remote on this machine
+    /// (`cache::direct`). `Step::Fetch` when it has to come through
+    /// `git fetch`: a legacy piece without a digest, a remote elsewhere, or
+    /// a server the direct reader does not handle (then for every later
+    /// chunk too).
+    fn take_from_store(&self, j: usize, shared: &Shared) -> Step {
+        let Some(digest) = self.digests[j] else {
+            return Step::Fetch;
+        };
+        let slot = match self.store.check(&digest, self.sizes[j]) {
+            Ok(true) => Slot::Ready(At::Store(self.store.path(&digest))),
+            Err(e) => Slot::Failed(Some(e)),
+            Ok(false) => {
+                let Some(server) = self
+                    .server
+                    .as_ref()
+                    .filter(|_| self.direct_on.load(Ordering::SeqCst))
+                else {
+                    return Step::Fetch;
+                };
+                let t = Instant::now();
+                let r = direct::fetch(
+                    &self.git,
+                    server,
+                    &self.oids[j],
+                    self.sizes[j],
+                    &digest,
+                    &self.store,
+                    &mut shared.track(),
+                );
+                let mut st = shared.lock();
+                st.fetching += t.elapsed();
+                if st.stop {
+                    return Step::Stop;
+                }
+                match r {
+                    Ok(()) => {
+                        st.fetched += 1;
+                        st.direct += 1;
+                        st.source = Source::ById;
+                        Slot::Ready(At::Store(self.store.path(&digest)))
+                    }
+                    Err(direct::Error::Unsupported(_)) => {
+                        self.direct_on.store(false, Ordering::SeqCst);
+                        return Step::Fetch;
+                    }
+                    Err(direct::Error::NotOnRemote) => {
+                        Slot::Failed(Some(self.fetch_error(j, BlobFetchError::NotOnRemote)))
+                    }
+                    Err(direct::Error::Size(n)) => Slot::Failed(Some(self.size_error(j, n))),
+                    Err(direct::Error::Digest(got)) => Slot::Failed(Some(verify::chunk_mismatch(
+                        &self.files[j],
+                        &self.label,
+                        &got,
+                        &digest,
+                        &self.fix,
+                    ))),
+                    Err(direct::Error::Failed(e)) => Slot::Failed(Some(
+                        self.fetch_error(j, BlobFetchError::Failed(format!("{e:#}"))),
+                    )),
+                }
+            }
+        };
+        let failed = matches!(slot, Slot::Failed(_));
+        shared.lock().slots[j] = slot;
+        shared.changed.notify_all();
+        if failed { Step::Stop } else { Step::Done }
+    }
+
     /// The slot of chunk `j` once a fetch said it arrived: ready if it is
     /// in cache.git with its declared size.
     fn arrived(&self, j: usize) -> Slot {
         match self.git.blob_sizes(std::slice::from_ref(&self.oids[j])) {
             Ok(sizes) => match sizes.first().copied().flatten() {
                 Some(size) => match self.size_check(j, size) {
-                    Ok(()) => Slot::Ready,
+                    Ok(()) => Slot::Ready(At::Git),
                     Err(e) => Slot::Failed(Some(e)),
                 },
                 None => Slot::Failed(Some(self.fetch_error(j, BlobFetchError::NotOnRemote))),
@@ -340,18 +538,22 @@ impl Job {
     }
 
     fn size_check(&self, j: usize, size: u64) -> Result<()> {
-        let want = self.sizes[j];
-        if size == want {
+        if size == self.sizes[j] {
             return Ok(());
         }
+        Err(self.size_error(j, size))
+    }
+
+    fn size_error(&self, j: usize, size: u64) -> anyhow::Error {
+        let want = self.sizes[j];
         let how = if size < want { "truncated" } else { "too long" };
-        Err(fail(
+        fail(
             Code::Verify,
             format!(
                 "chunk {} of {} is {size} bytes but warmstart.json says {want} ({how}): {}",
                 self.files[j], self.label, self.fix
             ),
-        ))
+        )
     }
 
     fn fetch_error(&self, j: usize, e: BlobFetchError) -> anyhow::Error {

@@ -132,6 +132,9 @@ pub struct RestoreOutcome {
     pub chunk_source: Option<prefetch::Source>,
     /// Chunks fetched by id in this run.
     pub chunks_fetched: u64,
+    /// Of those, chunks read straight from the pack a remote on this
+    /// machine sent, without `git fetch` (see `cache::direct`).
+    pub chunks_direct: u64,
     /// Entries installed (files, directories, links), as the stamp records.
     pub files: u64,
     /// Bytes that went through sha256 in this run: 0 on the warm path.
@@ -386,6 +389,7 @@ fn from_stamp(
         compressed_bytes: 0,
         chunk_source: None,
         chunks_fetched: 0,
+        chunks_direct: 0,
         files: s.files,
         bytes_hashed: 0,
         duration_ms: duration.as_millis() as u64,
@@ -564,9 +568,17 @@ pub fn unpack_into(
     let reader = git.clone();
     let oids = kp.oids.clone();
     let chunks_ref = &chunks;
-    let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
-        chunks_ref.wait(i)?;
-        Ok(Box::new(reader.read_blob(&oids[i])?))
+    let mut open = move |i: usize| -> Result<verify::Opened> {
+        Ok(match chunks_ref.wait(i)? {
+            prefetch::At::Git => verify::Opened::unchecked(reader.read_blob(&oids[i])?),
+            prefetch::At::Store(path) => verify::Opened {
+                reader: Box::new(
+                    std::fs::File::open(&path)
+                        .with_context(|| format!("opening {}", path.display()))?,
+                ),
+                checked: true,
+            },
+        })
     };
     let r = verify::stream(&kp.plan, &mut open, &|n| pb.inc(n), |r| {
         unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
@@ -719,6 +731,7 @@ fn cold(
         compressed_bytes: vstats.compressed_bytes,
         chunk_source: Some(fetched.source),
         chunks_fetched: fetched.fetched,
+        chunks_direct: fetched.direct,
         files,
         bytes_hashed,
         duration_ms: duration.as_millis() as u64,

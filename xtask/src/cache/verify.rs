@@ -115,7 +115,26 @@ pub struct Stats {
 }
 
 /// Opens piece `i` of the plan for reading.
-pub type Open<'a> = dyn FnMut(usize) -> Result<Box<dyn Read + Send>> + Send + 'a;
+pub type Open<'a> = dyn FnMut(usize) -> Result<Opened> + Send + 'a;
+
+/// A piece, opened.
+pub struct Opened {
+    pub reader: Box<dyn Read + Send>,
+    /// This process already checked the piece's size and sha256 (see
+    /// `cache::direct`, which hashes a chunk as it arrives): `read_stage`
+    /// skips its first read, and still re-hashes the one it decodes.
+    pub checked: bool,
+}
+
+impl Opened {
+    /// A piece nobody checked yet.
+    pub fn unchecked(reader: impl Read + Send + 'static) -> Opened {
+        Opened {
+            reader: Box::new(reader),
+            checked: false,
+        }
+    }
+}
 
 /// Parses a 64-digit hex digest.
 pub fn parse_digest(hex: &str) -> Result<[u8; 32]> {
@@ -392,15 +411,23 @@ fn stream_piece(
 }
 
 fn mismatch(plan: &Plan, piece: &Piece, got: &[u8; 32], expected: &[u8; 32]) -> anyhow::Error {
+    chunk_mismatch(&piece.file, &plan.label, got, expected, &plan.fix)
+}
+
+/// A chunk whose bytes do not have the digest the branch declares (exit 6).
+pub fn chunk_mismatch(
+    file: &str,
+    label: &str,
+    got: &[u8; 32],
+    expected: &[u8; 32],
+    fix: &str,
+) -> anyhow::Error {
     fail(
         Code::Verify,
         format!(
-            "chunk {} of {} has sha256 {} but warmstart.json and SHA256SUMS say {}: {}",
-            piece.file,
-            plan.label,
+            "chunk {file} of {label} has sha256 {} but warmstart.json and SHA256SUMS say {}: {fix}",
             hex(got),
             hex(expected),
-            plan.fix
         ),
     )
 }
@@ -419,7 +446,10 @@ fn mismatch(plan: &Plan, piece: &Piece, got: &[u8; 32], expected: &[u8; 32]) -> 
 /// any error. The second read re-checks each chunk's digest at its end:
 /// cache.git's objects cannot change between the two reads unless someone
 /// rewrites them, and if they did, the install is refused (it is still in
-/// staging).
+/// staging). A piece opened as `checked` (its size and digest were checked
+/// by this process as it arrived, `cache::direct`) is read once: the read
+/// that decodes it, which still re-hashes it and refuses it at its end if
+/// it changed since.
 fn read_stage(
     plan: &Plan,
     open: &mut Open<'_>,
@@ -435,21 +465,35 @@ fn read_stage(
     // is reported as such rather than as whatever it decoded to.
     let mut downstream_gone = false;
     for (i, piece) in plan.pieces.iter().enumerate() {
-        if plan.check == Check::PerPiece {
+        let checked = if plan.check == Check::PerPiece {
             let expected = piece
                 .sha256
                 .ok_or_else(|| anyhow!("chunk {} has no digest", piece.file))?;
-            let mut src = open(i)?;
-            let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-                on_progress(buf.len() as u64);
-                Ok(Some(buf))
-            })?;
-            if got != expected {
-                return Err(mismatch(plan, piece, &got, &expected));
+            let first = open(i)?;
+            if first.checked {
+                // Hashed as it arrived, by this process.
+                on_progress(piece.size);
+                hashed += piece.size;
+                Some(first)
+            } else {
+                let mut src = first.reader;
+                let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
+                    on_progress(buf.len() as u64);
+                    Ok(Some(buf))
+                })?;
+                if got != expected {
+                    return Err(mismatch(plan, piece, &got, &expected));
+                }
+                hashed += piece.size;
+                None
             }
-            hashed += piece.size;
-        }
-        let mut src = open(i)?;
+        } else {
+            None
+        };
+        let mut src = match checked {
+            Some(o) => o.reader,
+            None => open(i)?.reader,
+        };
         // If the next stage hangs up mid-chunk, the chunk is still read to
         // its end: a chunk that changed is reported as such.
         //
@@ -600,6 +644,7 @@ fn decode_stage(
 mod tests {
     use super::*;
     use crate::exit::code_of;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());
@@ -643,8 +688,8 @@ mod tests {
 
     fn run(plan: &Plan, chunks: &[Vec<u8>]) -> Result<(Vec<u8>, Stats)> {
         let chunks = chunks.to_vec();
-        let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
-            Ok(Box::new(io::Cursor::new(chunks[i].clone())))
+        let mut open = move |i: usize| -> Result<Opened> {
+            Ok(Opened::unchecked(io::Cursor::new(chunks[i].clone())))
         };
         stream(plan, &mut open, &|_| {}, |r| {
             let mut out = Vec::new();
@@ -678,7 +723,7 @@ mod tests {
 
     #[test]
     fn a_flipped_byte_in_any_chunk_is_refused_before_the_decoder_sees_a_byte_of_it() {
-        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        use std::sync::atomic::AtomicU64;
         let tar = big_tar();
         for bad in 0..4 {
             let (plan, mut chunks) = v1(&tar, 4);
@@ -687,10 +732,10 @@ mod tests {
             // How often each chunk was opened, in which order.
             let opens: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
             let order = std::sync::Mutex::new(Vec::new());
-            let mut open = |i: usize| -> Result<Box<dyn Read + Send>> {
+            let mut open = |i: usize| -> Result<Opened> {
                 opens[i].fetch_add(1, Ordering::SeqCst);
                 order.lock().unwrap().push(i);
-                Ok(Box::new(io::Cursor::new(chunks[i].clone())))
+                Ok(Opened::unchecked(io::Cursor::new(chunks[i].clone())))
             };
             let err = stream(&plan, &mut open, &|_| {}, |r| {
                 let mut buf = [0u8; 4096];
@@ -728,13 +773,13 @@ mod tests {
         let tar = big_tar();
         let (plan, chunks) = v1(&tar, 3);
         let opened = std::sync::atomic::AtomicUsize::new(0);
-        let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
+        let mut open = move |i: usize| -> Result<Opened> {
             let mut c = chunks[i].clone();
             // The second time chunk 1 is opened, it reads differently.
             if i == 1 && opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
                 c[0] ^= 1;
             }
-            Ok(Box::new(io::Cursor::new(c)))
+            Ok(Opened::unchecked(io::Cursor::new(c)))
         };
         let err = stream(&plan, &mut open, &|_| {}, |r| {
             io::copy(r, &mut io::sink())?;
@@ -743,6 +788,49 @@ mod tests {
         .unwrap_err();
         assert_eq!(code_of(&err), Code::Verify, "{err:#}");
         assert!(format!("{err:#}").contains("part001"), "{err:#}");
+    }
+
+    #[test]
+    fn a_checked_chunk_is_read_once_and_still_rehashed() {
+        let tar = big_tar();
+        let (plan, chunks) = v1(&tar, 3);
+        let opens: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+        let run_with = |damage: bool| {
+            for o in &opens {
+                o.store(0, Ordering::SeqCst);
+            }
+            let chunks = chunks.clone();
+            let mut open = |i: usize| -> Result<Opened> {
+                opens[i].fetch_add(1, Ordering::SeqCst);
+                let mut c = chunks[i].clone();
+                if damage && i == 1 {
+                    // Changed after it was checked.
+                    c[3] ^= 1;
+                }
+                Ok(Opened {
+                    reader: Box::new(io::Cursor::new(c)),
+                    checked: i != 0,
+                })
+            };
+            stream(&plan, &mut open, &|_| {}, |r| {
+                let mut v = Vec::new();
+                r.read_to_end(&mut v)?;
+                Ok(v)
+            })
+        };
+        let (out, stats) = run_with(false).unwrap();
+        assert_eq!(out, tar);
+        let opened: Vec<usize> = opens.iter().map(|o| o.load(Ordering::SeqCst)).collect();
+        assert_eq!(opened, vec![2, 1, 1]);
+        // Checked chunks count as hashed twice: once as they arrived.
+        assert!(stats.tar_hashed);
+        assert_eq!(
+            stats.bytes_hashed,
+            2 * stats.compressed_bytes + stats.tar_bytes
+        );
+        let err = run_with(true).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Verify, "{err:#}");
+        assert!(format!("{err}").contains("has sha256"), "{err:#}");
     }
 
     #[test]
@@ -874,8 +962,8 @@ mod tests {
         let tar = big_tar();
         let (plan, chunks) = v1(&tar, 4);
         let chunks = chunks.to_vec();
-        let mut open = move |i: usize| -> Result<Box<dyn Read + Send>> {
-            Ok(Box::new(io::Cursor::new(chunks[i].clone())))
+        let mut open = move |i: usize| -> Result<Opened> {
+            Ok(Opened::unchecked(io::Cursor::new(chunks[i].clone())))
         };
         let err = stream(&plan, &mut open, &|_| {}, |_r| -> Result<()> {
             Err(fail(Code::Unsafe, "refusing tar entry `x`"))
