@@ -84,6 +84,18 @@ impl Fx {
         json_of(&self.xtask(&["cache", "restore", "art", "--json"]).ok())
     }
 
+    /// `restore_json` with `config` as the user's global git configuration
+    /// (which both git and the servers it starts read).
+    fn restore_json_with_global(&self, config: &str) -> Value {
+        let global = self.env.join("gitconfig-global");
+        std::fs::write(&global, config).unwrap();
+        let mut cmd = self.env.xtask_in("work");
+        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
+            .env("GIT_CONFIG_GLOBAL", &global)
+            .args(["cache", "restore", "art", "--json"]);
+        json_of(&run(&mut cmd).ok())
+    }
+
     fn cache_git(&self, args: &[&str]) -> String {
         let mut all = vec!["--git-dir", ".git/warmstart/cache.git"];
         all.extend(args);
@@ -267,13 +279,7 @@ fn cache_fetch_over_http_reads_chunks_direct_through_gits_helper() {
     // chunks come through `git fetch` (fetch by id over v0 is refused here,
     // so the whole branch is fetched).
     fx.forget();
-    let global = fx.env.join("gitconfig-v0");
-    std::fs::write(&global, "[protocol]\n\tversion = 0\n").unwrap();
-    let mut cmd = fx.env.xtask_in("work");
-    cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
-        .env("GIT_CONFIG_GLOBAL", &global)
-        .args(["cache", "restore", "art", "--json"]);
-    let j = json_of(&run(&mut cmd).ok());
+    let j = fx.restore_json_with_global("[protocol]\n\tversion = 0\n");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunks_direct"], 0, "{j}");
     assert_same_tree(&fx.src, &fx.target);
@@ -302,18 +308,10 @@ fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let global = fx.env.join("gitconfig-hook");
-    std::fs::write(
-        &global,
-        format!("[uploadpack]\n\tpackObjectsHook = {}\n", hook.display()),
-    )
-    .unwrap();
-
-    let mut cmd = fx.env.xtask_in("work");
-    cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
-        .env("GIT_CONFIG_GLOBAL", &global)
-        .args(["cache", "restore", "art", "--json"]);
-    let j = json_of(&run(&mut cmd).ok());
+    let j = fx.restore_json_with_global(&format!(
+        "[uploadpack]\n\tpackObjectsHook = {}\n",
+        hook.display()
+    ));
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunk_source"], "byid", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");

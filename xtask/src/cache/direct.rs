@@ -183,9 +183,9 @@ impl From<io::Error> for Error {
     }
 }
 
-/// Fetches blob `oid` of `size` bytes and digest `sha256` from the
-/// repository at `repo` into `store`. `pid` gets the process group of the
-/// running `git upload-pack` (`None` once it exited), as in
+/// Fetches blob `oid` of `size` bytes and digest `sha256` from `server`
+/// into `store`. `pid` gets the process group of the running
+/// `git upload-pack` or remote helper (`None` once it exited), as in
 /// `CacheGit::fetch_blob`.
 pub fn fetch(
     git: &CacheGit,
