@@ -184,8 +184,8 @@ fn cache_fetch_restores_chunks_fetched_by_id_while_unpacking() {
         ]));
     assert_eq!(url.code(), 1, "{}", show(&url.out));
 
-    // The chunks are in cache.git now: `cache verify` and a `--verify`
-    // restore fetch nothing.
+    // The chunks are in the chunk store now: `cache verify` and a
+    // `--verify` restore fetch nothing.
     let v = json_of(&fx.xtask(&["cache", "verify", "art", "--json"]).ok());
     assert_eq!(v["keys"][0]["ok"], true, "{v}");
     let again = json_of(
@@ -268,20 +268,25 @@ fn cache_fetch_over_http_reads_chunks_direct_through_gits_helper() {
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
     assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
     assert_same_tree(&fx.src, &fx.target);
-    // The branch fetch, then at least an advertisement and a request per chunk.
+    // All of it went through the HTTP server: the branch fetch, then an
+    // advertisement and a request per chunk.
     let served = server.requests.load(Ordering::SeqCst) - before;
     assert!(
         served as u64 > 2 * big,
         "{served} requests for {big} chunks"
     );
 
-    // With protocol v0 asked for, the helper offers no v2 connection: the
-    // chunks come through `git fetch` (fetch by id over v0 is refused here,
-    // so the whole branch is fetched).
+    assert!(j["direct_fallback"].is_null(), "{j}");
+
+    // A user who asks git for protocol v0 (in the global configuration,
+    // which is not the repository's) gets no v2 request from us either:
+    // the chunks come through `git fetch`, by id.
     fx.forget();
     let j = fx.restore_json_with_global("[protocol]\n\tversion = 0\n");
     assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
     assert_eq!(j["chunks_direct"], 0, "{j}");
+    assert!(j["direct_fallback"].is_null(), "never tried: {j}");
     assert_same_tree(&fx.src, &fx.target);
 }
 
@@ -316,6 +321,36 @@ fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
     assert_eq!(j["chunk_source"], "byid", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
     assert_eq!(j["chunks_direct"], 0, "{j}");
+    // It was tried, and gave up on what it saw.
+    assert!(
+        j["direct_fallback"]
+            .as_str()
+            .is_some_and(|w| w.contains("2 objects")),
+        "{j}"
+    );
+    assert_same_tree(&fx.src, &fx.target);
+
+    // Again with the later chunks in the chunk store and the first one
+    // not: one direct fetcher gives up on chunk 0 while the other has run
+    // ahead through the store to the end of its window. The restore must
+    // finish through git fetch, not wait for the window to move.
+    let store = fx.work.join(".git/warmstart/cache.git/chunks");
+    let first = published["chunks"][0]["sha256"].as_str().unwrap();
+    // Fill the store without the hook, then take chunk 0 out of it (the
+    // direct reader never puts chunks in cache.git's objects) and the
+    // installed copy away.
+    fx.forget();
+    assert_eq!(fx.restore_json()["chunks_direct"].as_u64(), Some(big));
+    std::fs::remove_file(store.join(first)).unwrap();
+    std::fs::remove_dir_all(fx.work.join("restored")).unwrap();
+    let j = fx.restore_json_with_global(&format!(
+        "[uploadpack]\n\tpackObjectsHook = {}\n",
+        hook.display()
+    ));
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunks_fetched"], 1, "{j}");
+    assert_eq!(j["chunks_direct"], 0, "{j}");
+    assert!(j["direct_fallback"].is_string(), "{j}");
     assert_same_tree(&fx.src, &fx.target);
 }
 
@@ -439,6 +474,10 @@ fn cache_fetch_a_damaged_chunk_fetched_by_id_exits_6_before_installing() {
     assert_no_staging(&fx.target);
     // Only chunks that matched their digest are stored, and nothing partial.
     let store = fx.work.join(".git/warmstart/cache.git/chunks");
+    assert!(
+        !stored_chunks(&store).is_empty(),
+        "the chunks before it were stored"
+    );
     let digests: Vec<String> = published["chunks"]
         .as_array()
         .unwrap()

@@ -88,39 +88,56 @@ impl Store {
         Ok(true)
     }
 
-    /// Removes the partial files of runs that no longer run (a killed
-    /// restore leaves up to a chunk's worth of bytes behind).
+    /// Removes partial files nobody has written to for `STALE` (a killed
+    /// restore leaves up to a chunk's worth of bytes behind). Age, not a
+    /// pid, tells them apart: a clone may be shared by containers with pid
+    /// namespaces of their own, and a live fetch writes every few ms.
     pub fn sweep(&self) {
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return;
         };
         for e in rd.flatten() {
-            let name = e.file_name();
-            let Some(pid) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("tmp-"))
-                .and_then(|n| n.split('-').next())
-                .and_then(|p| p.parse::<i32>().ok())
-            else {
+            if !e.file_name().to_string_lossy().starts_with("tmp-") {
                 continue;
-            };
-            if !alive(pid) {
+            }
+            let idle = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            if idle.is_some_and(|d| d > STALE) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
     }
 
-    fn tmp_path(&self, sha256: &[u8; 32]) -> PathBuf {
-        self.dir
-            .join(format!("tmp-{}-{}", std::process::id(), hex(sha256)))
+    /// A new partial file for the chunk with this digest, never one that
+    /// exists (two fetchers may fetch the same digest at once).
+    fn create_tmp(&self, sha256: &[u8; 32]) -> io::Result<(PathBuf, File)> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        loop {
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+            let path = self.dir.join(format!(
+                "tmp-{}-{n}-{nanos}-{}",
+                std::process::id(),
+                hex(sha256)
+            ));
+            match crate::unpack::create_new_file(&path) {
+                Ok(f) => return Ok((path, f)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
-fn alive(pid: i32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
+/// How long a partial chunk file may sit unwritten before `Store::sweep`
+/// takes it for a dead run's.
+const STALE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// How to reach the server's `git upload-pack` ourselves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,14 +153,18 @@ pub enum Server {
 
 /// The server `remote` names, if this reader can talk to it: an absolute
 /// path, a `file://` URL without escapes, or an `http(s)://` URL; and only
-/// when nothing in the forwarded configuration could change how git would
-/// reach it (`url.*.insteadOf`, `protocol.*`). Anything else (ssh, scp-like
-/// `host:path`) goes through `git fetch`.
+/// when no git setting could change how git would reach it
+/// (`url.*.insteadOf`, `protocol.*` but `protocol.version=2`), in the
+/// system, global or forwarded configuration. Anything else (ssh,
+/// scp-like `host:path`) goes through `git fetch`.
 pub fn server_for(remote: &Remote, git: &CacheGit) -> Option<Server> {
-    if git.forwarded_keys().any(|k| {
-        let k = k.to_ascii_lowercase();
-        k.starts_with("url.") || k.starts_with("protocol.")
-    }) {
+    // What git itself would see: system, global and forwarded settings.
+    // `protocol.version=2` is what this reader speaks anyway.
+    let settings = git.transport_settings().ok()?;
+    if settings
+        .iter()
+        .any(|(k, v)| !(k == "protocol.version" && v.trim() == "2"))
+    {
         return None;
     }
     let url = remote.url.as_str();
@@ -197,8 +218,8 @@ pub fn fetch(
     pid: &mut dyn FnMut(Option<u32>),
 ) -> Result<(), Error> {
     std::fs::create_dir_all(&store.dir)?;
-    let tmp = store.tmp_path(sha256);
-    let r = fetch_to(git, server, oid, size, sha256, &tmp, pid);
+    let (tmp, file) = store.create_tmp(sha256)?;
+    let r = fetch_to(git, server, oid, size, sha256, file, pid);
     match r {
         Ok(()) => std::fs::rename(&tmp, store.path(sha256)).map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
@@ -217,7 +238,7 @@ fn fetch_to(
     oid: &str,
     size: u64,
     sha256: &[u8; 32],
-    tmp: &Path,
+    file: File,
     pid: &mut dyn FnMut(Option<u32>),
 ) -> Result<(), Error> {
     use std::os::unix::process::CommandExt;
@@ -255,7 +276,6 @@ fn fetch_to(
         req.extend_from_slice(b"0000");
         stdin.write_all(&req)?;
         drop(stdin);
-        let file = File::create(tmp)?;
         let mut sink = PackSink::new(file, size);
         response(&mut out, &mut sink)?;
         if matches!(server, Server::Http(_)) {
@@ -503,6 +523,9 @@ impl PackSink {
                     let b = data[0];
                     data = &data[1..];
                     self.held.push(b);
+                    if self.held.len() > 10 {
+                        return Err(Error::Unsupported("an object header over 10 bytes".into()));
+                    }
                     if b & 0x80 == 0 {
                         let (kind, size) = object_header(&self.held)?;
                         if kind != 3 {
@@ -671,6 +694,11 @@ mod tests {
         let pack = pack_of(dir.path(), &[&oids[0], &oids[1]]);
         let mut s = sink(dir.path(), 11);
         assert!(matches!(s.feed(&pack), Err(Error::Unsupported(_))));
+        // An object header that never ends.
+        let mut s = sink(dir.path(), 11);
+        let mut endless = b"PACK\0\0\0\x02\0\0\0\x01".to_vec();
+        endless.extend([0xb0; 11]);
+        assert!(matches!(s.feed(&endless), Err(Error::Unsupported(_))));
         // Not a pack at all.
         let mut s = sink(dir.path(), 11);
         assert!(matches!(
@@ -698,23 +726,60 @@ mod tests {
     }
 
     #[test]
-    fn stale_partial_files_of_dead_runs_are_swept() {
+    fn stale_partial_files_are_swept_and_fresh_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store {
             dir: dir.path().to_path_buf(),
         };
-        // A pid that cannot be running: above the kernel's pid_max.
-        let dead = dir
-            .path()
-            .join(format!("tmp-{}-{}", i32::MAX, "ab".repeat(32)));
-        let ours = store.tmp_path(&[7; 32]);
+        let (stale, f) = store.create_tmp(&[7; 32]).unwrap();
+        f.set_modified(std::time::SystemTime::now() - STALE * 2)
+            .unwrap();
+        let (fresh, _f) = store.create_tmp(&[7; 32]).unwrap();
+        assert_ne!(stale, fresh, "two partial files of one digest");
         let kept = store.path(&[7; 32]);
-        for f in [&dead, &ours, &kept] {
-            std::fs::write(f, b"x").unwrap();
-        }
+        std::fs::write(&kept, b"x").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&kept)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - STALE * 2)
+            .unwrap();
         store.sweep();
-        assert!(!dead.exists());
-        assert!(ours.exists() && kept.exists());
+        assert!(!stale.exists());
+        assert!(fresh.exists() && kept.exists());
+    }
+
+    #[test]
+    fn a_deflated_blob_of_several_mib_inflates_in_side_band_pieces() {
+        // Compressible but not trivial, deflated at git's default level:
+        // the inflater's 1 MiB output fills many times per packet run.
+        let (dir, _) = repo_with_two_blobs();
+        let mut blob = Vec::with_capacity(5 << 20);
+        let mut x: u32 = 1;
+        while blob.len() < 5 << 20 {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            blob.extend_from_slice(format!("{} ", x >> 24).as_bytes());
+        }
+        let mut c = Command::new("git");
+        c.current_dir(dir.path())
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .args(["hash-object", "-w", "--stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child.stdin.take().unwrap().write_all(&blob).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let oid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let pack = pack_of(dir.path(), &[&oid]);
+        assert!(pack.len() < blob.len() / 2, "the blob is deflated");
+        let digest: [u8; 32] = Sha256::digest(&blob).into();
+        let mut s = sink(dir.path(), blob.len() as u64);
+        for piece in pack.chunks(65519) {
+            s.feed(piece).unwrap();
+        }
+        s.finish(&digest).unwrap();
+        assert!(std::fs::read(dir.path().join("out")).unwrap() == blob);
     }
 
     #[test]

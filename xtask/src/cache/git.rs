@@ -177,10 +177,27 @@ impl CacheGit {
         c
     }
 
-    /// The names of the transport settings forwarded from the user's
-    /// repository.
-    pub fn forwarded_keys(&self) -> impl Iterator<Item = &str> {
-        self.forwarded.iter().map(|(k, _)| k.as_str())
+    /// The `url.*` and `protocol.*` settings git sees in cache.git:
+    /// system, global and the ones forwarded from the user's repository
+    /// (lower-case names, as git prints them).
+    pub fn transport_settings(&self) -> Result<Vec<(String, String)>> {
+        let out = self
+            .git()
+            .args(["config", "--get-regexp", r"^(url|protocol)\."])
+            .stdin(Stdio::null())
+            .output()
+            .context("running git config")?;
+        // Exit 1: no such setting.
+        if !out.status.success() && out.status.code() != Some(1) {
+            check_status(&out, "git config --get-regexp")?;
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| match l.split_once(' ') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (l.to_string(), String::new()),
+            })
+            .collect())
     }
 
     /// git's remote helper for `url` (`git remote-http` or

@@ -71,7 +71,10 @@ pub struct Stats {
     /// Of those, chunks read straight from the pack stream into the chunk
     /// store (`cache::direct`).
     pub direct: u64,
-    /// Time the fetcher spent fetching (it overlaps the unpack).
+    /// Why the direct reader handed the rest to `git fetch`, if it did.
+    pub direct_fallback: Option<String>,
+    /// Time spent fetching, summed over the fetchers (it overlaps the
+    /// unpack).
     pub fetch_ms: u64,
     /// Time the reader spent waiting for a chunk.
     pub wait_ms: u64,
@@ -104,6 +107,8 @@ struct State {
     source: Source,
     fetched: u64,
     direct: u64,
+    /// Why the direct reader was given up, if it was.
+    direct_fallback: Option<String>,
     fetching: Duration,
     waiting: Duration,
 }
@@ -223,6 +228,7 @@ impl Prefetch {
                 source: Source::Present,
                 fetched: 0,
                 direct: 0,
+                direct_fallback: None,
                 fetching: Duration::ZERO,
                 waiting: Duration::ZERO,
             }),
@@ -284,6 +290,7 @@ impl Prefetch {
             source: st.source,
             fetched: st.fetched,
             direct: st.direct,
+            direct_fallback: st.direct_fallback.clone(),
             fetch_ms: st.fetching.as_millis() as u64,
             wait_ms: st.waiting.as_millis() as u64,
         }
@@ -336,8 +343,7 @@ impl Job {
                     s.spawn(|| self.run_direct(shared, &next));
                 }
             });
-            let st = shared.lock();
-            if st.stop || st.slots.iter().any(|s| matches!(s, Slot::Failed(_))) {
+            if shared.lock().stop {
                 return;
             }
         }
@@ -352,7 +358,7 @@ impl Job {
             if j >= self.oids.len() || !self.direct_on.load(Ordering::SeqCst) {
                 return;
             }
-            match self.turn(shared, j) {
+            match self.turn(shared, j, true) {
                 Turn::Go => {}
                 Turn::Skip => continue,
                 Turn::Stop => return,
@@ -365,21 +371,34 @@ impl Job {
     }
 
     /// Waits until chunk `j` is at most `AHEAD` chunks ahead of the reader.
-    fn turn(&self, shared: &Shared, j: usize) -> Turn {
+    /// `Skip` when it is not pending (here, or failed); `Stop` when the
+    /// reader hung up, and for a direct fetcher (`direct`) also when the
+    /// direct reader was given up: the reader may be waiting for an earlier
+    /// chunk that only `run_git` will fetch now.
+    fn turn(&self, shared: &Shared, j: usize, direct: bool) -> Turn {
         let mut st = shared.lock();
         if !matches!(st.slots[j], Slot::Pending) {
             return Turn::Skip;
         }
-        while !st.stop && j > st.reader_at + AHEAD {
+        loop {
+            if st.stop || (direct && !self.direct_on.load(Ordering::SeqCst)) {
+                return Turn::Stop;
+            }
+            if j <= st.reader_at + AHEAD {
+                return Turn::Go;
+            }
             st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
         }
-        if st.stop { Turn::Stop } else { Turn::Go }
     }
 
-    /// Fetches the chunks still pending, one by one, with `git fetch`.
+    /// Fetches the chunks still pending, one by one, with `git fetch`, up
+    /// to the first that failed (the reader stops there).
     fn run_git(&self, shared: &Shared) {
         for j in 0..self.oids.len() {
-            match self.turn(shared, j) {
+            if matches!(shared.lock().slots[j], Slot::Failed(_)) {
+                return;
+            }
+            match self.turn(shared, j, false) {
                 Turn::Go => {}
                 Turn::Skip => continue,
                 Turn::Stop => return,
@@ -495,8 +514,12 @@ impl Job {
                         st.source = Source::ById;
                         Slot::Ready(At::Store(self.store.path(&digest)))
                     }
-                    Err(direct::Error::Unsupported(_)) => {
+                    Err(direct::Error::Unsupported(why)) => {
+                        // Under the lock, so that a direct fetcher waiting
+                        // in `turn` sees it when it wakes.
                         self.direct_on.store(false, Ordering::SeqCst);
+                        st.direct_fallback.get_or_insert(why);
+                        shared.changed.notify_all();
                         return Step::Fetch;
                     }
                     Err(direct::Error::NotOnRemote) => {

@@ -135,6 +135,10 @@ pub struct RestoreOutcome {
     /// Of those, chunks read straight from the pack a remote on this
     /// machine sent, without `git fetch` (see `cache::direct`).
     pub chunks_direct: u64,
+    /// Why the rest of the chunks went through `git fetch` after all
+    /// (the server's answer was not what the direct reader handles);
+    /// `null` when it did not give up.
+    pub direct_fallback: Option<String>,
     /// Entries installed (files, directories, links), as the stamp records.
     pub files: u64,
     /// Bytes that went through sha256 in this run: 0 on the warm path.
@@ -390,6 +394,7 @@ fn from_stamp(
         chunk_source: None,
         chunks_fetched: 0,
         chunks_direct: 0,
+        direct_fallback: None,
         files: s.files,
         bytes_hashed: 0,
         duration_ms: duration.as_millis() as u64,
@@ -732,6 +737,7 @@ fn cold(
         chunk_source: Some(fetched.source),
         chunks_fetched: fetched.fetched,
         chunks_direct: fetched.direct,
+        direct_fallback: fetched.direct_fallback.clone(),
         files,
         bytes_hashed,
         duration_ms: duration.as_millis() as u64,

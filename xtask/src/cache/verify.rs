@@ -6,7 +6,11 @@
 //! 1. *read*: first hashes every chunk, streaming, and refuses the whole
 //!    restore if any digest differs from `warmstart.json` (DESIGN.md, restore
 //!    invariant 1); then reads them again, re-hashing, and passes the bytes
-//!    on. Legacy branches only have a digest over the whole archive: there the
+//!    on. A chunk the caller says this process already checked
+//!    (`Opened::checked`: `cache::direct` hashes each chunk as it writes it
+//!    to the chunk store) is only read that second time: if its file was
+//!    changed in between, the changed bytes reach the decoder and staging,
+//!    and the re-hash refuses the install at the chunk's end. Legacy branches only have a digest over the whole archive: there the
 //!    bytes are passed on as they are hashed, and the verdict comes at the end.
 //! 2. *decode*: zstd (or gzip for legacy branches), refusing more bytes than
 //!    declared, and hashing the tar stream unless the plan says the decoder
