@@ -609,53 +609,42 @@ fn object_header(h: &[u8]) -> Result<(u8, u64), Error> {
 mod tests {
     use super::*;
 
+    /// Runs git in `dir` with `input` on its stdin; its stdout.
+    fn git_in(dir: &Path, args: &[&str], input: &[u8]) -> Vec<u8> {
+        let mut child = Command::new("git")
+            .current_dir(dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "git {args:?}");
+        out.stdout
+    }
+
+    fn hash_object(dir: &Path, blob: &[u8]) -> String {
+        let out = git_in(dir, &["hash-object", "-w", "--stdin"], blob);
+        String::from_utf8(out).unwrap().trim().to_string()
+    }
+
     /// A bare repository with two blobs: `(dir, [oid of a, oid of b])`.
     fn repo_with_two_blobs() -> (tempfile::TempDir, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
-        let git = |args: &[&str], input: Option<&[u8]>| -> Vec<u8> {
-            let mut c = Command::new("git");
-            c.current_dir(dir.path())
-                .env("GIT_CONFIG_NOSYSTEM", "1")
-                .env("GIT_CONFIG_GLOBAL", "/dev/null")
-                .args(args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped());
-            let mut child = c.spawn().unwrap();
-            let mut stdin = child.stdin.take().unwrap();
-            stdin.write_all(input.unwrap_or_default()).unwrap();
-            drop(stdin);
-            let out = child.wait_with_output().unwrap();
-            assert!(out.status.success(), "git {args:?}");
-            out.stdout
-        };
-        git(&["init", "-q", "--bare", "."], None);
+        git_in(dir.path(), &["init", "-q", "--bare", "."], b"");
         let oids = [b"first blob\n".as_slice(), b"second blob\n"]
             .iter()
-            .map(|b| {
-                let out = git(&["hash-object", "-w", "--stdin"], Some(b));
-                String::from_utf8(out).unwrap().trim().to_string()
-            })
+            .map(|b| hash_object(dir.path(), b))
             .collect();
         (dir, oids)
     }
 
     fn pack_of(dir: &Path, oids: &[&str]) -> Vec<u8> {
-        let mut c = Command::new("git");
-        c.current_dir(dir)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .args(["pack-objects", "--stdout", "-q"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        for o in oids {
-            writeln!(stdin, "{o}").unwrap();
-        }
-        drop(stdin);
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success());
-        out.stdout
+        let list: String = oids.iter().map(|o| format!("{o}\n")).collect();
+        git_in(dir, &["pack-objects", "--stdout", "-q"], list.as_bytes())
     }
 
     fn sink(dir: &Path, size: u64) -> PackSink {
@@ -760,17 +749,7 @@ mod tests {
             x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             blob.extend_from_slice(format!("{} ", x >> 24).as_bytes());
         }
-        let mut c = Command::new("git");
-        c.current_dir(dir.path())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .args(["hash-object", "-w", "--stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        child.stdin.take().unwrap().write_all(&blob).unwrap();
-        let out = child.wait_with_output().unwrap();
-        let oid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let oid = hash_object(dir.path(), &blob);
         let pack = pack_of(dir.path(), &[&oid]);
         assert!(pack.len() < blob.len() / 2, "the blob is deflated");
         let digest: [u8; 32] = Sha256::digest(&blob).into();
