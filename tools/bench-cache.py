@@ -8,7 +8,8 @@ uploadpack.allowFilter true) and
 restored into an empty directory. In the same run it times
 ../shared/bench/seed_recipe.sh (zstd and gzip) on the same data and the floor
 `tar -C SRC -cf - . | tar -C DEST -xf -`, interleaving the contenders round by
-round so that a busy machine slows all of them alike, and reports medians,
+round so that a busy machine slows all of them alike (each starts after a
+`sync`, so none pays for another's writeback), and reports medians,
 ratios from this run only, and peak RSS (wait4's ru_maxrss: the largest single
 process of the contender's tree, which is what bounds memory).
 
@@ -78,7 +79,15 @@ def git_env(home):
 
 
 def run_timed(argv, env, cwd=None, shell=False):
-    """Runs a command to completion; returns (wall seconds, peak RSS MiB, user+sys s)."""
+    """Runs a command to completion; returns (wall seconds, peak RSS MiB, user+sys s).
+
+    Every contender starts with nothing dirty in the page cache (`sync`,
+    untimed): otherwise the contender after a big writer pays for that
+    writer's writeback. In one run without it, the seed recipe's restore
+    (early in the round) and ours (late, right after the seed recipe's gzip
+    restore wrote 1.3 GB) measured 17.9 and 4.2 s in round 1, then 18.1 and
+    6.8 s in round 2, the floor (also late) 4.6 then 12.3 s."""
+    subprocess.run(["sync"], check=True)
     start = time.perf_counter()
     proc = subprocess.Popen(
         argv, env=env, cwd=cwd, shell=shell, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -372,6 +381,7 @@ def main():
             "small_tree": {"files": small_files, "bytes": small_size},
             "runs": runs,
             "restored_trees_kept_until_the_end": keep_trees,
+            "synced_before_each_contender": True,
             "median_seconds": med,
             "median_cpu_seconds": cpu,
             "peak_rss_mib": rss,
