@@ -1003,6 +1003,20 @@ fn unchanged_republish_of_an_untouched_tree_reads_nothing() {
     assert_eq!(how(&s), stat_path(), "{s}");
 }
 
+/// Writes `from`'s bytes, with byte `at` changed, to `to`, and sets `to`'s
+/// mtime to `before`'s.
+fn write_flipped(from: &Path, to: &Path, at: usize, before: &std::fs::Metadata) {
+    let mut bytes = std::fs::read(from).unwrap();
+    bytes[at] ^= 0x20;
+    std::fs::write(to, &bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(to)
+        .unwrap()
+        .set_modified(before.modified().unwrap())
+        .unwrap();
+}
+
 /// What the stat shortcut must still see, each time from a tree the
 /// shortcut trusted just before: an edit keeping size and mtime (ctime
 /// moves), a file replaced by a copy with the same size and mtime (another
@@ -1016,29 +1030,13 @@ fn the_stat_shortcut_still_sees_edits_that_keep_size_and_mtime() {
     let edits: [(&str, &dyn Fn()); 4] = [
         ("edit with the mtime set back", &|| {
             let before = std::fs::metadata(&f).unwrap();
-            let mut bytes = std::fs::read(&f).unwrap();
-            bytes[0] ^= 0x20;
-            std::fs::write(&f, &bytes).unwrap();
-            std::fs::File::options()
-                .write(true)
-                .open(&f)
-                .unwrap()
-                .set_modified(before.modified().unwrap())
-                .unwrap();
+            write_flipped(&f, &f, 0, &before);
             assert_eq!(std::fs::metadata(&f).unwrap().len(), before.len());
         }),
         ("replaced by a same-size copy with the old mtime", &|| {
             let before = std::fs::metadata(&f).unwrap();
-            let mut bytes = std::fs::read(&f).unwrap();
-            bytes[1] ^= 0x20;
             let tmp = src.join("plain.txt.new");
-            std::fs::write(&tmp, &bytes).unwrap();
-            std::fs::File::options()
-                .write(true)
-                .open(&tmp)
-                .unwrap()
-                .set_modified(before.modified().unwrap())
-                .unwrap();
+            write_flipped(&f, &tmp, 1, &before);
             std::fs::rename(&tmp, &f).unwrap();
         }),
         ("mode change", &|| {

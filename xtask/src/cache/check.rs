@@ -185,8 +185,7 @@ pub fn verify_named(
         let dest = unpack::staging_dir_for(&scratch)?;
         let result = (|| -> Result<(usize, unpack::Stats, crate::cache::verify::Stats)> {
             let kp = branch.plan(&k, &fix)?;
-            let (u, v, _) =
-                restore::unpack_into(&git, &branch.remote, &branch.name, &kp, &dest, progress)?;
+            let (u, v, _) = restore::unpack_into(&git, &branch, &kp, &dest, progress)?;
             Ok((kp.plan.pieces.len(), u, v))
         })();
         match result {

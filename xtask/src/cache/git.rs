@@ -375,26 +375,16 @@ impl CacheGit {
         if oids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut child = self
-            .git()
-            .args([
+        let input: String = oids.iter().map(|o| format!("{o}\n")).collect();
+        let out = run_with_input(
+            self.git().args([
                 "cat-file",
                 "--batch-check=%(objectname) %(objecttype) %(objectsize)",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running git cat-file --batch-check")?;
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        let input: String = oids.iter().map(|o| format!("{o}\n")).collect();
-        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-        let out = child
-            .wait_with_output()
-            .context("running git cat-file --batch-check")?;
-        let _ = writer.join();
-        check_status(&out, "git cat-file --batch-check")?;
-        let text = String::from_utf8_lossy(&out.stdout);
+            ]),
+            input.into_bytes(),
+            "git cat-file --batch-check",
+        )?;
+        let text = String::from_utf8_lossy(&out);
         let sizes: Vec<Option<u64>> = text
             .lines()
             .map(|l| {
@@ -430,7 +420,7 @@ impl CacheGit {
     /// The commit `refs/warmstart/<branch>` points at (after a fetch that
     /// must have set it).
     pub fn fetch_branch_local(&self, branch: &str) -> Result<String> {
-        self.rev_parse(&local_ref(branch))?
+        self.local_branch(branch)?
             .ok_or_else(|| anyhow!("{} has no {}", self.dir.display(), local_ref(branch)))
     }
 
@@ -517,23 +507,12 @@ impl CacheGit {
 
     /// Writes a small blob from memory.
     pub fn write_blob_bytes(&self, bytes: &[u8]) -> Result<String> {
-        let mut child = self
-            .git()
-            .args(["hash-object", "-w", "--stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running git hash-object")?;
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        let write = stdin.write_all(bytes);
-        drop(stdin);
-        let out = child
-            .wait_with_output()
-            .context("running git hash-object")?;
-        write.context("writing to git hash-object")?;
-        check_status(&out, "git hash-object")?;
-        parse_oid(&out.stdout)
+        let out = run_with_input(
+            self.git().args(["hash-object", "-w", "--stdin"]),
+            bytes.to_vec(),
+            "git hash-object",
+        )?;
+        parse_oid(&out)
     }
 
     /// Starts a writer that turns files (big chunks) into blobs. Each file
@@ -567,23 +546,14 @@ impl CacheGit {
             }
             write!(input, "{} {} {}\t{}\0", e.mode, e.kind, e.oid, e.name)?;
         }
-        let mut child = self
-            .git()
-            // `--missing`: a publish keeps the chunks of other keys, which a
-            // filtered fetch left on the remote.
-            .args(["mktree", "-z", "--missing"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running git mktree")?;
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        let write = stdin.write_all(&input);
-        drop(stdin);
-        let out = child.wait_with_output().context("running git mktree")?;
-        write.context("writing to git mktree")?;
-        check_status(&out, "git mktree")?;
-        parse_oid(&out.stdout)
+        // `--missing`: a publish keeps the chunks of other keys, which a
+        // filtered fetch left on the remote.
+        let out = run_with_input(
+            self.git().args(["mktree", "-z", "--missing"]),
+            input,
+            "git mktree",
+        )?;
+        parse_oid(&out)
     }
 
     /// A commit of `tree` with no parent (a cache branch is always one root
@@ -1060,6 +1030,28 @@ fn run_stoppable(
     let out = child.wait_with_output();
     pid(None);
     out
+}
+
+/// Runs `cmd` with `input` on its stdin and returns its stdout, or an error
+/// naming `what` with git's last lines. The input is written from a thread,
+/// so a command that answers while it reads (`cat-file --batch-check`)
+/// cannot fill its stdout pipe and stall.
+fn run_with_input(cmd: &mut Command, input: Vec<u8>, what: &str) -> Result<Vec<u8>> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {what}"))?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child
+        .wait_with_output()
+        .with_context(|| format!("running {what}"))?;
+    let write = writer.join().expect("the stdin writer does not panic");
+    check_status(&out, what)?;
+    write.with_context(|| format!("writing to {what}"))?;
+    Ok(out.stdout)
 }
 
 fn run(cmd: &mut Command) -> Result<Vec<u8>> {

@@ -44,9 +44,10 @@ use crate::exit::{Code, fail};
 /// that fails early has not downloaded the rest.
 pub const AHEAD: usize = 2;
 
-/// How many chunks are read at once by `cache::direct`. One `git pack-objects`, which SHA-1s all it sends,
-/// delivers about 100 MB/s while the unpack runs, less than the unpack
-/// takes: two keep the reader from waiting (measured in BENCHMARKS.md).
+/// How many chunks are read at once by `cache::direct`. One
+/// `git pack-objects`, which SHA-1s all it sends, delivers about 100 MB/s
+/// while the unpack runs, less than the unpack takes: two keep the reader
+/// from waiting (measured in BENCHMARKS.md).
 pub const PARALLEL: usize = 2;
 
 /// How the chunks of a plan reached cache.git.
@@ -174,9 +175,8 @@ struct Job {
     remote: Remote,
     branch: String,
     oids: Vec<String>,
-    files: Vec<String>,
-    sizes: Vec<u64>,
-    digests: Vec<Option<[u8; 32]>>,
+    /// The plan's pieces: file names, declared sizes and digests.
+    pieces: Vec<verify::Piece>,
     store: Store,
     /// The remote's server, when `cache::direct` can read from it.
     server: Option<direct::Server>,
@@ -197,9 +197,7 @@ impl Prefetch {
             remote: remote.clone(),
             branch: branch.to_string(),
             oids: kp.oids.clone(),
-            files: kp.plan.pieces.iter().map(|p| p.file.clone()).collect(),
-            sizes: kp.plan.pieces.iter().map(|p| p.size).collect(),
-            digests: kp.plan.pieces.iter().map(|p| p.sha256).collect(),
+            pieces: kp.plan.pieces.clone(),
             store: Store::of(git),
             server: direct::server_for(remote, git),
             direct_on: AtomicBool::new(true),
@@ -478,10 +476,10 @@ impl Job {
     /// a server the direct reader does not handle (then for every later
     /// chunk too).
     fn take_from_store(&self, j: usize, shared: &Shared) -> Step {
-        let Some(digest) = self.digests[j] else {
+        let Some(digest) = self.pieces[j].sha256 else {
             return Step::Fetch;
         };
-        let slot = match self.store.check(&digest, self.sizes[j]) {
+        let slot = match self.store.check(&digest, self.pieces[j].size) {
             Ok(true) => Slot::Ready(At::Store(self.store.path(&digest))),
             Err(e) => Slot::Failed(Some(e)),
             Ok(false) => {
@@ -497,7 +495,7 @@ impl Job {
                     &self.git,
                     server,
                     &self.oids[j],
-                    self.sizes[j],
+                    self.pieces[j].size,
                     &digest,
                     &self.store,
                     &mut shared.track(),
@@ -527,7 +525,7 @@ impl Job {
                     }
                     Err(direct::Error::Size(n)) => Slot::Failed(Some(self.size_error(j, n))),
                     Err(direct::Error::Digest(got)) => Slot::Failed(Some(verify::chunk_mismatch(
-                        &self.files[j],
+                        &self.pieces[j].file,
                         &self.label,
                         &got,
                         &digest,
@@ -561,20 +559,20 @@ impl Job {
     }
 
     fn size_check(&self, j: usize, size: u64) -> Result<()> {
-        if size == self.sizes[j] {
+        if size == self.pieces[j].size {
             return Ok(());
         }
         Err(self.size_error(j, size))
     }
 
     fn size_error(&self, j: usize, size: u64) -> anyhow::Error {
-        let want = self.sizes[j];
+        let want = self.pieces[j].size;
         let how = if size < want { "truncated" } else { "too long" };
         fail(
             Code::Verify,
             format!(
                 "chunk {} of {} is {size} bytes but warmstart.json says {want} ({how}): {}",
-                self.files[j], self.label, self.fix
+                self.pieces[j].file, self.label, self.fix
             ),
         )
     }
@@ -584,7 +582,7 @@ impl Job {
         let short = &oid[..oid.len().min(12)];
         let what = format!(
             "cannot fetch chunk {} of {} (blob {short}) from {}",
-            self.files[j], self.label, self.remote
+            self.pieces[j].file, self.label, self.remote
         );
         fail(
             Code::Remote,

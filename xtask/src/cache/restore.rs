@@ -123,7 +123,7 @@ pub struct RestoreOutcome {
     pub layout: String,
     /// Uncompressed tar bytes unpacked (0 when nothing was unpacked).
     pub bytes: u64,
-    /// Compressed chunk bytes read from cache.git.
+    /// Compressed chunk bytes read (from cache.git or its chunk store).
     pub compressed_bytes: u64,
     /// How the chunks reached cache.git: `present` (with the branch fetch,
     /// or from an earlier run), `byid` (fetched one by one while unpacking),
@@ -556,20 +556,20 @@ pub fn republish_fix(name: &str) -> String {
     )
 }
 
-/// Streams `kp` from cache.git through verification into the empty
-/// directory `dest`, fetching the chunks cache.git lacks from `remote` (the
-/// remote branch `branch` was fetched from) while the earlier ones are
-/// unpacked. Returns what was unpacked, what was hashed, and what was fetched.
+/// Streams `kp` (a key of `branch`) through verification into the empty
+/// directory `dest`, fetching the chunks that are neither in cache.git nor
+/// in its chunk store from the remote `branch` was fetched from, while the
+/// earlier ones are unpacked. Returns what was unpacked, what was hashed,
+/// and what was fetched.
 pub fn unpack_into(
     git: &CacheGit,
-    remote: &crate::cache::git::Remote,
-    branch: &str,
+    branch: &Branch,
     kp: &KeyPlan,
     dest: &Path,
     progress: bool,
 ) -> Result<(unpack::Stats, verify::Stats, prefetch::Stats)> {
     let pb = bar(progress, kp.plan.progress_total(), "verifying");
-    let chunks = prefetch::Prefetch::start(git, remote, branch, kp)?;
+    let chunks = prefetch::Prefetch::start(git, &branch.remote, &branch.name, kp)?;
     let reader = git.clone();
     let oids = kp.oids.clone();
     let chunks_ref = &chunks;
@@ -645,14 +645,7 @@ fn cold(
     let t = Instant::now();
     let mut staging = Staging(Some(unpack::staging_dir_for(target)?));
     let dest = staging.0.clone().expect("staging is set");
-    let (ustats, vstats, fetched) = unpack_into(
-        &git,
-        &branch.remote,
-        &branch.name,
-        &kp,
-        &dest,
-        opts.progress,
-    )?;
+    let (ustats, vstats, fetched) = unpack_into(&git, &branch, &kp, &dest, opts.progress)?;
     phases.unpack_ms = t.elapsed().as_millis() as u64;
     phases.chunk_fetch_ms = fetched.fetch_ms;
     phases.chunk_wait_ms = fetched.wait_ms;
