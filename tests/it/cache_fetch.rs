@@ -355,6 +355,24 @@ fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
 }
 
 #[test]
+fn cache_fetch_with_a_blob_limit_that_is_not_a_size_fails_in_one_line() {
+    let fx = Fx::new(&[]);
+    fx.publish();
+    fx.forget();
+    let mut cmd = fx.env.xtask_in("work");
+    cmd.env("WARMSTART_FETCH_BLOB_LIMIT", "lots")
+        .args(["cache", "restore", "art"]);
+    let r = run(&mut cmd).expect_code(10);
+    let err = r.stderr();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("WARMSTART_FETCH_BLOB_LIMIT=\"lots\" is not a size"),
+        "{err}"
+    );
+    assert!(!fx.target.exists(), "nothing is installed");
+}
+
+#[test]
 fn cache_fetch_from_a_server_that_ignores_the_filter_fetches_no_chunk_by_id() {
     let fx = Fx::new(&[("uploadpack.allowFilter", "false")]);
     fx.publish();

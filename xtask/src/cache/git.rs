@@ -281,7 +281,7 @@ impl CacheGit {
         let out = self
             .fetch_from(remote, false)
             .args(["--depth", "1"])
-            .arg(format!("--filter=blob:limit={}", blob_limit()))
+            .arg(format!("--filter=blob:limit={}", blob_limit()?))
             .arg("--")
             .arg(PROMISOR)
             .arg(&refspec)
@@ -705,11 +705,19 @@ pub enum BlobFetchError {
 /// fetched by id when read. `WARMSTART_FETCH_BLOB_LIMIT` (bytes, or with a
 /// `k`/`m` suffix) changes it; the default keeps every metadata file in the
 /// branch fetch and every full 99 MiB chunk out of it.
-pub fn blob_limit() -> String {
+/// A value that is not a size is a configuration error (exit 10), not a
+/// silent default.
+pub fn blob_limit() -> Result<String> {
     const DEFAULT: &str = "1m";
     match std::env::var("WARMSTART_FETCH_BLOB_LIMIT") {
-        Ok(v) if is_size(&v) => v,
-        _ => DEFAULT.to_string(),
+        Err(_) => Ok(DEFAULT.to_string()),
+        Ok(v) if is_size(&v) => Ok(v),
+        Ok(v) => Err(fail(
+            Code::Config,
+            format!(
+                "WARMSTART_FETCH_BLOB_LIMIT={v:?} is not a size: give bytes, or a number with k, m or g (e.g. 512k), or unset it"
+            ),
+        )),
     }
 }
 
