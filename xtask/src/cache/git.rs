@@ -23,6 +23,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
 use crate::exit::{Code, fail};
@@ -105,7 +106,15 @@ pub struct CacheGit {
     forwarded: Vec<(String, String)>,
     /// The user's work-tree root (to resolve remotes).
     root: PathBuf,
+    /// How long a fetch or ref update waits for the store's lock
+    /// (`StoreLock`) before giving up busy (exit 3).
+    lock_wait: Duration,
 }
+
+/// How long a command waits for another process's fetch into the same
+/// private store, unless the caller says otherwise (`with_lock_wait`):
+/// as long as a restorer waits for another restorer of its target.
+pub const STORE_LOCK_WAIT: Duration = Duration::from_secs(1800);
 
 /// The ref a fetched branch is kept under in cache.git.
 pub fn local_ref(branch: &str) -> String {
@@ -138,7 +147,15 @@ impl CacheGit {
             dir,
             forwarded,
             root: repo.root.clone(),
+            lock_wait: STORE_LOCK_WAIT,
         })
+    }
+
+    /// The same store, waiting at most `wait` for its lock (a publisher
+    /// bounds every wait by its lease deadline).
+    pub fn with_lock_wait(mut self, wait: Duration) -> CacheGit {
+        self.lock_wait = wait;
+        self
     }
 
     /// A `git` command run in cache.git, with the forwarded transport
@@ -433,6 +450,7 @@ impl CacheGit {
     /// Points `refs/warmstart/<branch>` at `commit` (after a publish pushed it,
     /// so the next fetch of that commit downloads nothing).
     pub fn set_local_branch(&self, branch: &str, commit: &str) -> Result<()> {
+        let _lock = self.lock()?;
         run(self.git().args(["update-ref", &local_ref(branch), commit]))
             .map(drop)
             .with_context(|| format!("recording {branch} at {commit} in {}", self.dir.display()))
@@ -613,25 +631,27 @@ impl CacheGit {
             return Ok(());
         }
         // The lease is checked twice: by us against the advertised value
-        // ("stale info"), and by the server while it locks the ref, which is
-        // how a push racing another one for the same ref loses ("cannot lock
-        // ref ...: reference already exists" / "is at X but expected Y").
-        // With --porcelain the server's rejection reason is on stdout
-        // (`! src:dst [remote rejected] (cannot lock ref ...)`), while some
-        // transports also echo it on stderr: look at both.
-        let said = format!("{stdout}\n{stderr}");
-        if said.contains("stale info")
-            || said.contains("fetch first")
-            || said.contains("cannot lock ref")
-            || said.contains("failed to update ref")
-        {
-            let git_said = last_lines(&said);
+        // (`[rejected] (stale info)`, or `(fetch first)` when the ref exists
+        // and the lease said it must not), and by the server while it locks
+        // the ref, which is how a push racing another one for the same ref
+        // loses (`[remote rejected] (cannot lock ref ...: is at X but
+        // expected Y)`). `--porcelain` puts the verdict on stdout, one
+        // `!\t<src>:<dst>\t<why>` line per rejected ref: that line decides.
+        // Only when git printed none (a transport that died early) is
+        // stderr searched for the same words.
+        let verdict = push_rejection(&stdout, &dst);
+        let lost = match &verdict {
+            Some(why) => is_lease_reason(why),
+            None => is_lease_reason(&stderr),
+        };
+        if lost {
+            let git_said = verdict.unwrap_or_else(|| last_lines(&stderr));
             return Err(anyhow::Error::new(StaleLease {
                 message: format!(
                     "{branch} on {remote} changed since it was fetched (another publish?): nothing was pushed; publish again to build on it"
                 ),
                 git: crate::exit::Failure {
-                    code: Code::Remote,
+                    code: Code::Busy,
                     message: format!("git said: {git_said}"),
                 },
             }));
@@ -646,29 +666,102 @@ impl CacheGit {
         ))
     }
 
-    /// An exclusive lock on cache.git's refs for one fetch: concurrent
-    /// fetches into the same ref would otherwise fail on git's ref lock.
-    fn lock(&self) -> Result<File> {
-        let path = self.dir.join("warmstart-fetch.lock");
+    /// The store's lock, for one fetch or ref update (see `StoreLock`).
+    fn lock(&self) -> Result<StoreLock> {
+        StoreLock::take(&self.dir, self.lock_wait)
+    }
+}
+
+/// An exclusive OS file lock (`flock`) on one private store, held around
+/// every command that writes its refs or its `shallow` file (fetches,
+/// `update-ref`) and around a rebuild. Without it, processes of one clone
+/// (several publishers, a publish and a restore) race on git's own ref
+/// locks and fail with `cannot lock ref 'refs/warmstart/...'`. The lock file
+/// is `<store>.lock` beside the store, not inside it, so that a rebuild can
+/// replace the store while holding it. The kernel drops it with the process.
+pub struct StoreLock {
+    _file: File,
+}
+
+impl StoreLock {
+    /// Waits at most `wait` for the lock of the store at `dir`; then exit 3
+    /// (busy), naming the lock file.
+    pub fn take(dir: &Path, wait: Duration) -> Result<StoreLock> {
+        let path = lock_path(dir);
         let file = File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        file.lock()
-            .with_context(|| format!("locking {}", path.display()))?;
-        Ok(file)
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(StoreLock { _file: file }),
+                Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
+                    std::thread::sleep(pause.min(wait.saturating_sub(start.elapsed())));
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(fail(
+                        Code::Busy,
+                        format!(
+                            "{} is held by another warmstart process of this clone after {:.1}s: try again when it is done",
+                            path.display(),
+                            start.elapsed().as_secs_f64()
+                        ),
+                    ));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(anyhow!(e).context(format!("locking {}", path.display())));
+                }
+            }
+        }
     }
+}
+
+/// `<state>/cache.git.lock` for `<state>/cache.git`.
+pub fn lock_path(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    dir.with_file_name(name)
+}
+
+/// The reason `git push --porcelain` gave for refusing `dst`, if it did:
+/// the third field of a line `!\t<src>:<dst>\t[rejected] (stale info)`.
+fn push_rejection(stdout: &str, dst: &str) -> Option<String> {
+    stdout.lines().find_map(|l| {
+        let mut fields = l.split('\t');
+        let (flag, refs, why) = (fields.next()?, fields.next()?, fields.next()?);
+        let to = refs.rsplit_once(':').map(|(_, to)| to)?;
+        (flag == "!" && to == dst).then(|| why.trim().to_string())
+    })
+}
+
+/// Words git uses when a ref moved under a push: the lease is lost, which
+/// is contention (retry, then busy), never an unreachable remote.
+fn is_lease_reason(why: &str) -> bool {
+    [
+        "stale info",
+        "fetch first",
+        "cannot lock ref",
+        "failed to update ref",
+        "but expected",
+        "reference already exists",
+    ]
+    .iter()
+    .any(|w| why.contains(w))
 }
 
 /// A push refused because the remote ref is no longer the value the lease
 /// named: someone else pushed in between. Callers may fetch again and retry
-/// (`is_stale_lease`); unhandled, it exits 8 like any push failure.
+/// (`is_stale_lease`); unhandled, it exits 3 (busy): contention for the
+/// ref, not a remote that cannot be reached.
 #[derive(Debug)]
 pub struct StaleLease {
     pub message: String,
-    /// What git said, carrying the exit code (8) for `exit::code_of`.
+    /// What git said, carrying the exit code (3) for `exit::code_of`.
     pub git: crate::exit::Failure,
 }
 
@@ -1209,7 +1302,7 @@ mod tests {
         let err = git
             .push_branch(&remote, "c-cache", &other, None, &mut |_| {})
             .unwrap_err();
-        assert_eq!(crate::exit::code_of(&err), Code::Remote, "{err:#}");
+        assert_eq!(crate::exit::code_of(&err), Code::Busy, "{err:#}");
         assert!(is_stale_lease(&err), "{err:#}");
 
         assert_eq!(git.fetch_branch(&remote, "c-cache").unwrap(), commit);

@@ -100,6 +100,7 @@ struct RawPublish {
     gates: Vec<String>,
     chunk_bytes: Option<u64>,
     level: Option<i32>,
+    lease_deadline: Option<crate::clock::DurationSpec>,
 }
 
 /// How a restore installs: replace a directory the cache owns, or merge
@@ -167,6 +168,9 @@ pub struct CacheManifest {
     pub gates: Vec<String>,
     pub chunk_bytes: u64,
     pub level: i32,
+    /// `[publish] lease_deadline`: how long a publish retries a lost lease
+    /// (`None`: the default, see `publish::lease_deadline`).
+    pub lease_deadline: Option<std::time::Duration>,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -276,6 +280,12 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
     if !(1..=19).contains(&level) {
         bail!("publish.level must be a zstd level from 1 to 19");
     }
+    let lease_deadline = raw
+        .publish
+        .lease_deadline
+        .as_ref()
+        .map(|d| d.resolve_positive("publish.lease_deadline"))
+        .transpose()?;
     let branch = raw.cache.branch.unwrap_or_else(|| format!("{name}-cache"));
     if branch.is_empty() || branch.starts_with('-') || branch.contains("..") || branch.contains(' ')
     {
@@ -312,6 +322,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         gates: raw.publish.gates,
         chunk_bytes,
         level,
+        lease_deadline,
     })
 }
 
@@ -628,6 +639,27 @@ mod tests {
         assert!(parse_str(Path::new("/r"), &two).is_err());
         let big = format!("{base}[publish]\nchunk_bytes = 104857600\n");
         assert!(parse_str(Path::new("/r"), &big).is_err());
+    }
+
+    #[test]
+    fn lease_deadline_is_a_positive_duration() {
+        let base = "[pack]\nroot = \"out\"\n[restore]\npath = \"dest\"\n[publish]\n";
+        let m = parse_str(
+            Path::new("/r"),
+            &format!("{base}lease_deadline = \"90s\"\n"),
+        )
+        .unwrap();
+        assert_eq!(m.lease_deadline, Some(std::time::Duration::from_secs(90)));
+        let m = parse_str(Path::new("/r"), &format!("{base}lease_deadline = 5\n")).unwrap();
+        assert_eq!(m.lease_deadline, Some(std::time::Duration::from_secs(5)));
+        for bad in ["\"soon\"", "\"0s\"", "\"-1s\"", "0"] {
+            let err =
+                parse_str(Path::new("/r"), &format!("{base}lease_deadline = {bad}\n")).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("lease_deadline"),
+                "{bad}: {err:#}"
+            );
+        }
     }
 
     #[test]
