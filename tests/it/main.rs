@@ -4,6 +4,7 @@ mod util;
 
 mod cache_concurrency;
 mod cache_fetch;
+mod cache_heal;
 mod cache_publish;
 mod cache_restore;
 mod conda;

@@ -155,7 +155,8 @@ pub fn verify_named(
             None
         }
     };
-    let (git, branch) = restore::fetch(sh, repo, &m, remote, progress)?;
+    let (git, branch) =
+        crate::cache::git::healing(|| restore::fetch(sh, repo, &m, remote, progress))?;
     // Scratch trees are staging directories of a target that is never
     // swapped in: `staging_dir_for` also removes those of killed runs.
     let scratch = git.dir.join("warmstart-verify");
@@ -183,11 +184,15 @@ pub fn verify_named(
     for k in keys {
         let current = key.as_ref().is_some_and(|c| c.value == k);
         let dest = unpack::staging_dir_for(&scratch)?;
-        let result = (|| -> Result<(usize, unpack::Stats, crate::cache::verify::Stats)> {
+        // A chunk unreadable in a damaged cache.git: rebuilt once, and the
+        // key's chunks are fetched again by id (the plan needs no tree).
+        // The scratch tree lives in cache.git, so each attempt makes it anew.
+        let result = crate::cache::git::healing(|| {
+            unpack::staging_dir_for(&scratch)?;
             let kp = branch.plan(&k, &fix)?;
             let (u, v, _) = restore::unpack_into(&git, &branch, &kp, &dest, progress)?;
             Ok((kp.plan.pieces.len(), u, v))
-        })();
+        });
         match result {
             Ok((chunks, u, v)) => {
                 bytes_hashed += v.bytes_hashed;

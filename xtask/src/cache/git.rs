@@ -206,7 +206,7 @@ impl CacheGit {
             .context("running git config")?;
         // Exit 1: no such setting.
         if !out.status.success() && out.status.code() != Some(1) {
-            check_status(&out, "git config --get-regexp")?;
+            check_status(&out, "git config --get-regexp", None)?;
         }
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -310,11 +310,15 @@ impl CacheGit {
             if stderr.contains("couldn't find remote ref") {
                 return Ok(None);
             }
-            return Err(fail(
-                Code::Remote,
-                format!(
-                    "cannot fetch {branch} from {remote}: {}",
-                    last_lines(&stderr)
+            return Err(damaged_or(
+                &self.dir,
+                &stderr,
+                fail(
+                    Code::Remote,
+                    format!(
+                        "cannot fetch {branch} from {remote}: {}",
+                        last_lines(&stderr)
+                    ),
                 ),
             ));
         }
@@ -374,11 +378,16 @@ impl CacheGit {
             .arg(&refspec);
         let out = run_stoppable(&mut cmd, pid).context("running git fetch --refetch")?;
         if !out.status.success() {
-            return Err(fail(
-                Code::Remote,
-                format!(
-                    "cannot fetch {branch} from {remote}: {}",
-                    last_lines(&String::from_utf8_lossy(&out.stderr))
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(damaged_or(
+                &self.dir,
+                &stderr,
+                fail(
+                    Code::Remote,
+                    format!(
+                        "cannot fetch {branch} from {remote}: {}",
+                        last_lines(&stderr)
+                    ),
                 ),
             ));
         }
@@ -511,6 +520,7 @@ impl CacheGit {
             child: Some(child),
             stdout,
             oid: oid.to_string(),
+            store: self.dir.clone(),
         })
     }
 
@@ -588,7 +598,7 @@ impl CacheGit {
             .stdin(Stdio::null())
             .output()
             .context("running git commit-tree")?;
-        check_status(&out, "git commit-tree")?;
+        check_status(&out, "git commit-tree", Some(&self.dir))?;
         parse_oid(&out.stdout)
     }
 
@@ -794,6 +804,169 @@ pub enum BlobFetchError {
     Failed(String),
 }
 
+/// Words git prints when an object store lacks an object it should have or
+/// holds a damaged one (deleted or truncated packs, a corrupt or empty
+/// loose object, a ref to an object that is not there). Lines from the
+/// server (`remote: ...`) never count: a damaged remote is not ours to
+/// rebuild.
+const DAMAGE: [&str; 17] = [
+    "bad object",
+    "missing blob object",
+    "missing tree object",
+    "missing commit object",
+    "did not send all necessary objects",
+    "cannot be accessed",
+    "object file",
+    "is corrupt",
+    "corrupt loose object",
+    "inflate:",
+    "unable to rename temporary",
+    "does not match index",
+    "bad packed object",
+    "does not point to a valid object",
+    "unable to read tree",
+    "not a git repository",
+    "index file",
+];
+
+fn says_damaged(stderr: &str) -> bool {
+    stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("remote:"))
+        .any(|l| DAMAGE.iter().any(|w| l.contains(w)))
+}
+
+/// A private store (cache.git, cache-meta.git) that failed in a way that
+/// says it is damaged, found on the failure path only (from git's words):
+/// `healing` rebuilds it once and runs the step again.
+#[derive(Debug, Clone)]
+pub struct StoreDamaged {
+    pub dir: PathBuf,
+    /// What git said.
+    pub detail: String,
+    /// The store's inode when the damage was seen: a store another process
+    /// has rebuilt since then is not rebuilt again.
+    inode: Option<u64>,
+    /// Whether the message stands alone (inside an I/O error) or heads the
+    /// error it is the context of (which already says what git said).
+    standalone: bool,
+}
+
+impl StoreDamaged {
+    /// `Some` when `stderr` (of git run in the store at `dir`) says damaged.
+    fn of(dir: &Path, stderr: &str) -> Option<StoreDamaged> {
+        says_damaged(stderr).then(|| StoreDamaged {
+            dir: dir.to_path_buf(),
+            detail: last_lines(stderr),
+            inode: inode(dir),
+            standalone: true,
+        })
+    }
+}
+
+impl std::fmt::Display for StoreDamaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} looks damaged", self.dir.display())?;
+        if self.standalone {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoreDamaged {}
+
+fn inode(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).ok().map(|m| m.ino())
+}
+
+/// `err`, marked as a damaged store when `stderr` says so (its exit code
+/// is kept: if a rebuild does not help, the remote really is at fault).
+fn damaged_or(dir: &Path, stderr: &str, err: anyhow::Error) -> anyhow::Error {
+    match StoreDamaged::of(dir, stderr) {
+        Some(d) => err.context(StoreDamaged {
+            standalone: false,
+            ..d
+        }),
+        None => err,
+    }
+}
+
+/// The damaged store `err` reports, wherever it is in the chain (also
+/// inside an I/O error from a `BlobReader`).
+pub fn damage_of(err: &anyhow::Error) -> Option<StoreDamaged> {
+    if let Some(d) = err.downcast_ref::<StoreDamaged>() {
+        return Some(d.clone());
+    }
+    err.chain().find_map(|e| {
+        e.downcast_ref::<StoreDamaged>().cloned().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<StoreDamaged>())
+                .cloned()
+        })
+    })
+}
+
+/// Runs `step`; if it failed because a private store is damaged, rebuilds
+/// that store (once per store and process, with a one-line warning) and
+/// runs `step` again. Nothing is checked unless `step` failed, so this
+/// adds no I/O to any path that works; and only the store is rebuilt,
+/// never anything installed. `step` must be safe to run again from the
+/// start (it fetches again what the store lost).
+pub fn healing<T>(mut step: impl FnMut() -> Result<T>) -> Result<T> {
+    let err = match step() {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    match damage_of(&err) {
+        Some(d) if rebuild_once(&d)? => step(),
+        _ => Err(err),
+    }
+}
+
+/// Rebuilds a damaged store empty, under its lock, unless this process
+/// already did (then `false`: the damage is not the store's). The old
+/// store is renamed aside first, so that no process ever sees half of one.
+fn rebuild_once(d: &StoreDamaged) -> Result<bool> {
+    static REBUILT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut rebuilt = REBUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if rebuilt.contains(&d.dir) {
+        return Ok(false);
+    }
+    rebuilt.push(d.dir.clone());
+    let _lock = StoreLock::take(&d.dir, STORE_LOCK_WAIT)?;
+    if d.inode.is_some() && inode(&d.dir) != d.inode {
+        // Another process rebuilt it since we saw the damage.
+        return Ok(true);
+    }
+    let name = d.dir.file_name().unwrap_or_default().to_string_lossy();
+    let aside = d
+        .dir
+        .with_file_name(format!("{name}.damaged-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&aside);
+    if d.dir.exists() {
+        std::fs::rename(&d.dir, &aside).with_context(|| {
+            format!(
+                "moving the damaged {} aside to {}",
+                d.dir.display(),
+                aside.display()
+            )
+        })?;
+    }
+    let sh = Shell::new().context("starting a shell to rebuild a store")?;
+    create(&sh, &d.dir)?;
+    let _ = std::fs::remove_dir_all(&aside);
+    eprintln!(
+        "warning: {} was damaged ({}): rebuilt it empty, and what it held is fetched again",
+        d.dir.display(),
+        d.detail
+    );
+    Ok(true)
+}
+
 /// Blobs of this many bytes or more are left out of a branch fetch and
 /// fetched by id when read. `WARMSTART_FETCH_BLOB_LIMIT` (bytes, or with a
 /// `k`/`m` suffix) changes it; the default keeps every metadata file in the
@@ -888,6 +1061,7 @@ pub struct BlobReader {
     child: Option<Child>,
     stdout: ChildStdout,
     oid: String,
+    store: PathBuf,
 }
 
 impl Read for BlobReader {
@@ -903,11 +1077,18 @@ impl Read for BlobReader {
             }
             let status = child.wait()?;
             if !status.success() {
-                return Err(std::io::Error::other(format!(
+                let said = format!(
                     "git cat-file blob {} failed: {}",
                     self.oid,
                     last_lines(&err)
-                )));
+                );
+                // A damaged store travels inside the I/O error, so that
+                // `damage_of` finds it under whatever the reader's caller
+                // wraps it in.
+                return Err(match StoreDamaged::of(&self.store, &err) {
+                    Some(d) => std::io::Error::other(d),
+                    None => std::io::Error::other(said),
+                });
             }
         }
         Ok(n)
@@ -1150,7 +1331,7 @@ fn run_with_input(cmd: &mut Command, input: Vec<u8>, what: &str) -> Result<Vec<u
         .wait_with_output()
         .with_context(|| format!("running {what}"))?;
     let write = writer.join().expect("the stdin writer does not panic");
-    check_status(&out, what)?;
+    check_status(&out, what, store_of(cmd).as_deref())?;
     write.with_context(|| format!("writing to {what}"))?;
     Ok(out.stdout)
 }
@@ -1160,16 +1341,26 @@ fn run(cmd: &mut Command) -> Result<Vec<u8>> {
         .stdin(Stdio::null())
         .output()
         .with_context(|| format!("running {cmd:?}"))?;
-    check_status(&out, "git")?;
+    check_status(&out, "git", store_of(cmd).as_deref())?;
     Ok(out.stdout)
 }
 
-fn check_status(out: &std::process::Output, what: &str) -> Result<()> {
+/// The store a command from `CacheGit::git` runs in (its `--git-dir`).
+fn store_of(cmd: &Command) -> Option<PathBuf> {
+    let mut args = cmd.get_args();
+    (args.next()? == "--git-dir").then(|| args.next().map(PathBuf::from))?
+}
+
+/// An error naming `what` with git's last lines when it failed; marked as
+/// a damaged `store` when git's words say so (see `damaged_or`).
+fn check_status(out: &std::process::Output, what: &str, store: Option<&Path>) -> Result<()> {
     if !out.status.success() {
-        bail!(
-            "{what} failed: {}",
-            last_lines(&String::from_utf8_lossy(&out.stderr))
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let err = anyhow!("{what} failed: {}", last_lines(&stderr));
+        return Err(match store {
+            Some(dir) => damaged_or(dir, &stderr, err),
+            None => err,
+        });
     }
     Ok(())
 }
@@ -1244,6 +1435,74 @@ mod tests {
         assert_eq!(seen, [40, 100]);
         assert!(rest.contains("error: boom"));
         assert!(!rest.contains("Writing objects"));
+    }
+
+    #[test]
+    fn porcelain_push_verdicts_are_read_for_our_ref_only() {
+        let dst = "refs/heads/c-cache";
+        let stale =
+            "To git://127.0.0.1/o.git\n!\tabc:refs/heads/c-cache\t[rejected] (stale info)\nDone\n";
+        assert_eq!(
+            push_rejection(stale, dst).as_deref(),
+            Some("[rejected] (stale info)")
+        );
+        let raced = "!\tabc:refs/heads/c-cache\t[remote rejected] (cannot lock ref 'refs/heads/c-cache': is at 1 but expected 2)\n";
+        assert!(is_lease_reason(&push_rejection(raced, dst).unwrap()));
+        let first = "!\tabc:refs/heads/c-cache\t[rejected] (fetch first)\n";
+        assert!(is_lease_reason(&push_rejection(first, dst).unwrap()));
+        // A hook's refusal is the remote's verdict, not contention.
+        let hook = "!\tabc:refs/heads/c-cache\t[remote rejected] (pre-receive hook declined)\n";
+        assert!(!is_lease_reason(&push_rejection(hook, dst).unwrap()));
+        // Another ref's line, or an accepted push, is no verdict on ours.
+        let other = "!\tabc:refs/heads/c-cache-2\t[rejected] (stale info)\n+\tabc:refs/heads/c-cache\t1...2 (forced update)\n";
+        assert_eq!(push_rejection(other, dst), None);
+    }
+
+    #[test]
+    fn damage_is_told_from_git_words_but_never_from_the_server() {
+        for said in [
+            "fatal: missing blob object 'c145610e257d7c774d4caf5614a89aa0b062a86c'\nerror: remote did not send all necessary objects",
+            "fatal: bad object refs/warmstart/c-cache",
+            "error: packfile .git/objects/pack/pack-1.pack cannot be accessed",
+            "error: object file .git/objects/ab/cdef is empty",
+            "fatal: loose object abc (stored in x) is corrupt",
+            "fatal: unable to rename temporary '*.pack' file to 'x.pack'\nfatal: fetch-pack: invalid index-pack output",
+        ] {
+            assert!(says_damaged(said), "{said}");
+        }
+        for said in [
+            "fatal: unable to access 'https://h/o.git/': Could not resolve host: h",
+            "fatal: Could not read from remote repository.",
+            "fatal: couldn't find remote ref refs/heads/x",
+            "remote: fatal: bad object 1234\nfatal: the remote end hung up unexpectedly",
+            "",
+        ] {
+            assert!(!says_damaged(said), "{said}");
+        }
+    }
+
+    /// A failure whose words say damage carries the store, under any
+    /// context a caller adds, and inside an I/O error too.
+    #[test]
+    fn damage_is_found_anywhere_in_the_chain() {
+        let dir = Path::new("/nonexistent/cache.git");
+        let e = damaged_or(
+            dir,
+            "fatal: bad object x",
+            fail(Code::Remote, "cannot fetch"),
+        )
+        .context("restoring cache c");
+        assert_eq!(damage_of(&e).unwrap().dir, dir);
+        assert_eq!(crate::exit::code_of(&e), Code::Remote);
+        let io = std::io::Error::other(StoreDamaged::of(dir, "fatal: bad object x").unwrap());
+        let e = anyhow!(io).context("reading chunk 0");
+        assert_eq!(damage_of(&e).unwrap().dir, dir);
+        let plain = damaged_or(
+            dir,
+            "fatal: Could not read from remote repository.",
+            anyhow!("x"),
+        );
+        assert!(damage_of(&plain).is_none());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use xshell::{Shell, cmd};
 use crate::cache::format::{
     self, BranchManifest, Chunk, KeyEntry, KeyPart, Layout, archive_name, chunk_name, render_sums,
 };
-use crate::cache::git::{CacheGit, Remote, TreeEntry, is_stale_lease};
+use crate::cache::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::cache::human_bytes;
 use crate::cache::manifest::{self, CacheManifest, Key};
 use crate::cache::pack::{self, ChunkFile, PackOptions, Plan};
@@ -215,7 +215,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     ));
     let git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
     let t = Instant::now();
-    let mut state = BranchState::load(&git, &remote, &m.branch, &out)?;
+    let mut state = healing(|| BranchState::load(&git, &remote, &m.branch, &out))?;
     timings.insert("fetch", ms(t.elapsed()));
     summary.previous_commit = state.as_ref().map(|s| s.commit.clone());
 
@@ -444,7 +444,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                     pause.as_millis()
                 ));
                 std::thread::sleep(pause);
-                state = BranchState::load(&git, &remote, &m.branch, &out)?;
+                state = healing(|| BranchState::load(&git, &remote, &m.branch, &out))?;
             }
             Err(e) => return Err(e),
         }

@@ -275,8 +275,12 @@ pub fn restore_named(
     {
         return Ok(from_stamp(&m, &s, State::Reused, start, phases));
     }
-    let mut outcome = cold(sh, repo, &m, &key, &stamp_file, opts, start, phases)
-        .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
+    // A damaged cache.git is rebuilt once and the restore starts over
+    // (`git::healing`); nothing was installed by the failed attempt.
+    let mut outcome = crate::cache::git::healing(|| {
+        cold(sh, repo, &m, &key, &stamp_file, opts, start, phases.clone())
+    })
+    .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
     outcome.reason = reason;
     Ok(outcome)
 }

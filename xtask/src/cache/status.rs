@@ -382,8 +382,20 @@ fn remote_state(
         }
     };
     r.source = remote.to_string();
-    let commit = match git.try_fetch_branch(&remote, &m.branch) {
-        Ok(Some(c)) => c,
+    // A damaged cache-meta.git is rebuilt once and the branch fetched
+    // again (`git::healing`); a read that fails for another reason is the
+    // branch's damage, reported below.
+    let fetched = crate::cache::git::healing(|| {
+        let Some(commit) = git.try_fetch_branch(&remote, &m.branch)? else {
+            return Ok(None);
+        };
+        match Branch::read(git, remote.clone(), &m.branch, commit.clone()) {
+            Err(e) if crate::cache::git::damage_of(&e).is_some() => Err(e),
+            b => Ok(Some((commit, b))),
+        }
+    });
+    let (commit, b) = match fetched {
+        Ok(Some(found)) => found,
         Ok(None) => {
             r.state = "no branch".into();
             r.error = Some(format!(
@@ -412,7 +424,7 @@ fn remote_state(
         }
     };
     r.commit = Some(commit.clone());
-    let b = match Branch::read(git, remote, &m.branch, commit) {
+    let b = match b {
         Ok(b) => b,
         Err(e) => {
             r.state = "damaged".into();
