@@ -42,4 +42,7 @@ cargo clippy --all-targets --quiet -- -D warnings
 # must run end to end; it never asserts a time. Before nextest, so that
 # nextest's summary stays the last thing printed.
 python3 tools/bench-cache.py --quick >/dev/null
+# Rounds of each 8-publisher race in tests/it/cache_concurrency.rs (one
+# clone, eight clones); set it higher by hand to hunt for a rare loss.
+export WARMSTART_TEST_CONCURRENT_ROUNDS="${WARMSTART_TEST_CONCURRENT_ROUNDS:-2}"
 cargo nextest run --workspace --no-fail-fast "$@"

@@ -16,7 +16,8 @@ pub enum Code {
     Failed = 1,
     /// Bad arguments or flags.
     Usage = 2,
-    /// A lock (index lock, restore lock) could not be taken in time.
+    /// A lock (index lock, restore lock, cache.git lock) or a publish's
+    /// lease on its branch could not be taken in time.
     Busy = 3,
     /// Nothing to act on: nothing resumable, no such cache branch or key.
     NotFound = 4,
@@ -52,7 +53,10 @@ impl Code {
             "failure not classified below (I/O error, a tool that failed)",
         ),
         (Code::Usage, "usage: bad arguments or flags"),
-        (Code::Busy, "busy: a lock could not be taken in time"),
+        (
+            Code::Busy,
+            "busy: a lock or lease could not be taken in time",
+        ),
         (
             Code::NotFound,
             "not found: nothing resumable, no such cache branch or key",
