@@ -310,6 +310,9 @@ impl CacheGit {
             if stderr.contains("couldn't find remote ref") {
                 return Ok(None);
             }
+            if let Some(e) = self.lock_contention(&stderr, branch) {
+                return Err(e);
+            }
             return Err(damaged_or(
                 &self.dir,
                 &stderr,
@@ -379,6 +382,9 @@ impl CacheGit {
         let out = run_stoppable(&mut cmd, pid).context("running git fetch --refetch")?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
+            if let Some(e) = self.lock_contention(&stderr, branch) {
+                return Err(e);
+            }
             return Err(damaged_or(
                 &self.dir,
                 &stderr,
@@ -649,13 +655,7 @@ impl CacheGit {
         // `!\t<src>:<dst>\t<why>` line per rejected ref: that line decides.
         // Only when git printed none (a transport that died early) is
         // stderr searched for the same words.
-        let verdict = push_rejection(&stdout, &dst);
-        let lost = match &verdict {
-            Some(why) => is_lease_reason(why),
-            None => is_lease_reason(&stderr),
-        };
-        if lost {
-            let git_said = verdict.unwrap_or_else(|| last_lines(&stderr));
+        if let Some(git_said) = lease_lost(&stdout, &stderr, &dst) {
             return Err(anyhow::Error::new(StaleLease {
                 message: format!(
                     "{branch} on {remote} changed since it was fetched (another publish?): nothing was pushed; publish again to build on it"
@@ -670,10 +670,31 @@ impl CacheGit {
         if why.is_empty() {
             why = last_lines(&stdout);
         }
-        Err(fail(
-            Code::Remote,
-            format!("cannot push {branch} to {remote}: {why}"),
+        // `pack-objects` failing on an object cache.git lost says so.
+        Err(damaged_or(
+            &self.dir,
+            &stderr,
+            fail(
+                Code::Remote,
+                format!("cannot push {branch} to {remote}: {why}"),
+            ),
         ))
+    }
+
+    /// A fetch that lost a race for one of the store's own ref locks (a
+    /// git run in the store by something that does not take `StoreLock`):
+    /// contention here, exit 3, not an unreachable remote.
+    fn lock_contention(&self, stderr: &str, branch: &str) -> Option<anyhow::Error> {
+        says_locked(stderr).then(|| {
+            fail(
+                Code::Busy,
+                format!(
+                    "cannot update {branch} in {}: another process holds git's lock on it ({}); try again",
+                    self.dir.display(),
+                    last_lines(stderr)
+                ),
+            )
+        })
     }
 
     /// The store's lock, for one fetch or ref update (see `StoreLock`).
@@ -747,6 +768,16 @@ fn push_rejection(stdout: &str, dst: &str) -> Option<String> {
         let to = refs.rsplit_once(':').map(|(_, to)| to)?;
         (flag == "!" && to == dst).then(|| why.trim().to_string())
     })
+}
+
+/// What git said when a failed push to `dst` lost its lease, or `None`
+/// when it failed for another reason. The porcelain verdict on `dst`
+/// decides; stderr only when there is none.
+fn lease_lost(stdout: &str, stderr: &str, dst: &str) -> Option<String> {
+    match push_rejection(stdout, dst) {
+        Some(why) => is_lease_reason(&why).then_some(why),
+        None => is_lease_reason(stderr).then(|| last_lines(stderr)),
+    }
 }
 
 /// Words git uses when a ref moved under a push: the lease is lost, which
@@ -828,6 +859,16 @@ const DAMAGE: [&str; 17] = [
     "not a git repository",
     "index file",
 ];
+
+/// Whether git (not the server) failed to take one of its own ref or
+/// file locks in the store.
+fn says_locked(stderr: &str) -> bool {
+    stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("remote:"))
+        .any(|l| l.contains("cannot lock ref") || l.contains(".lock': File exists"))
+}
 
 fn says_damaged(stderr: &str) -> bool {
     stderr
@@ -1458,6 +1499,96 @@ mod tests {
         assert_eq!(push_rejection(other, dst), None);
     }
 
+    /// A tiny deterministic generator for the property tests below.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[(self.next() % from.len() as u64) as usize]
+        }
+    }
+
+    /// Never: a push that lost its lease (on the client or on the server,
+    /// whatever else git printed around it, other refs' verdicts included)
+    /// is classified as anything but a lost lease (exit 3), and a push
+    /// refused for another reason, or never answered, as one.
+    #[test]
+    fn a_lost_lease_is_never_taken_for_an_unreachable_remote() {
+        let lease = [
+            "[rejected] (stale info)",
+            "[rejected] (fetch first)",
+            "[remote rejected] (cannot lock ref 'refs/heads/b': is at 1 but expected 2)",
+            "[remote rejected] (failed to update ref)",
+            "[remote rejected] (cannot lock ref 'refs/heads/b': reference already exists)",
+        ];
+        let other = [
+            "[remote rejected] (pre-receive hook declined)",
+            "[remote rejected] (unpacker error)",
+            "[remote rejected] (shallow update not allowed)",
+            "[rejected] (non-fast-forward)",
+        ];
+        let noise_out = [
+            "To git://127.0.0.1/o.git",
+            "Done",
+            "*\tabc:refs/heads/new\t[new branch]",
+            "=\tabc:refs/heads/b2\t[up to date]",
+            "!\tabc:refs/heads/b-other\t[rejected] (stale info)",
+            "!\tabc:refs/heads/b-other\t[remote rejected] (pre-receive hook declined)",
+        ];
+        let network = [
+            "fatal: unable to connect to 127.0.0.1:",
+            "fatal: the remote end hung up unexpectedly",
+            "fatal: Could not read from remote repository.",
+            "error: RPC failed; HTTP 502",
+            "fatal: unable to access 'https://h/o.git/': Failed to connect",
+        ];
+        let dst = "refs/heads/b";
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for case in 0..2000 {
+            let mut out = Vec::new();
+            for _ in 0..rng.next() % 4 {
+                out.push(rng.pick(&noise_out).to_string());
+            }
+            let want_lease = rng.next().is_multiple_of(2);
+            let why = if want_lease {
+                rng.pick(&lease)
+            } else {
+                rng.pick(&other)
+            };
+            let ours = format!("!\tdeadbeef:{dst}\t{why}");
+            out.insert((rng.next() % (out.len() as u64 + 1)) as usize, ours);
+            let mut err: Vec<String> = (0..rng.next() % 3)
+                .map(|_| rng.pick(&network).to_string())
+                .collect();
+            if rng.next().is_multiple_of(2) {
+                // Servers echo their reasons on stderr too.
+                err.push(format!("remote: error: {}", rng.pick(&lease)));
+            }
+            let (out, err) = (out.join("\n"), err.join("\n"));
+            assert_eq!(
+                lease_lost(&out, &err, dst).is_some(),
+                want_lease,
+                "case {case}:\n{out}\n--\n{err}"
+            );
+            // No porcelain verdict (the transport died first): stderr decides.
+            let bare = format!("{err}\nerror: failed to push some refs");
+            let from_stderr = lease_lost("", &bare, dst).is_some();
+            assert_eq!(
+                from_stderr,
+                err.contains("remote: error:"),
+                "case {case}: {bare}"
+            );
+            let unreachable = rng.pick(&network);
+            assert!(lease_lost("", unreachable, dst).is_none(), "{unreachable}");
+        }
+    }
+
     #[test]
     fn damage_is_told_from_git_words_but_never_from_the_server() {
         for said in [
@@ -1470,6 +1601,12 @@ mod tests {
         ] {
             assert!(says_damaged(said), "{said}");
         }
+        assert!(says_locked(
+            "error: cannot lock ref 'refs/warmstart/b': Unable to create '/x/refs/warmstart/b.lock': File exists."
+        ));
+        assert!(!says_locked(
+            "remote: error: cannot lock ref 'refs/heads/b'"
+        ));
         for said in [
             "fatal: unable to access 'https://h/o.git/': Could not resolve host: h",
             "fatal: Could not read from remote repository.",
@@ -1478,6 +1615,30 @@ mod tests {
             "",
         ] {
             assert!(!says_damaged(said), "{said}");
+        }
+        // Never from the server's lines, whatever they say; always from a
+        // local line, wherever it falls among them.
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let noise = [
+            "fatal: the remote end hung up unexpectedly",
+            "error: RPC failed; curl 18",
+            "hint: see git help fetch",
+            "",
+        ];
+        for case in 0..1000 {
+            let mut lines: Vec<String> = (0..rng.next() % 5)
+                .map(|_| {
+                    let w = rng.pick(&DAMAGE);
+                    format!("remote: fatal: {w} 0123abcd")
+                })
+                .collect();
+            lines.extend((0..rng.next() % 3).map(|_| rng.pick(&noise).to_string()));
+            let text = lines.join("\n");
+            assert!(!says_damaged(&text), "case {case}: {text}");
+            let local = format!("fatal: {} 0123abcd", rng.pick(&DAMAGE));
+            lines.insert((rng.next() % (lines.len() as u64 + 1)) as usize, local);
+            let text = lines.join("\n");
+            assert!(says_damaged(&text), "case {case}: {text}");
         }
     }
 
