@@ -242,6 +242,7 @@ fn lease_given_up(r: &Run) -> (usize, u64) {
         .lines()
         .find(|l| l.contains("lease on moving lost "))
         .unwrap_or_else(|| panic!("no lease line\n{}", show(&r.out)));
+    println!("{line}");
     let word_after = |w: &str| -> String {
         line.split(w)
             .nth(1)
