@@ -2,6 +2,7 @@
 
 mod util;
 
+mod broken_pipe;
 mod cache_fetch;
 mod cache_publish;
 mod cache_restore;
