@@ -37,12 +37,17 @@ fn world() -> TestEnv {
     env
 }
 
-/// A restore.toml with one `command` step whose `timeout` is `timeout`.
+/// A restore.toml with one `command` step whose `timeout` is `timeout`
+/// (a TOML string; `raw_timeout` writes any TOML value).
 fn restore_with_timeout(env: &TestEnv, timeout: &str) {
+    raw_timeout(env, &format!("{timeout:?}"));
+}
+
+fn raw_timeout(env: &TestEnv, value: &str) {
     write(
         env.join("r/cache-manifests/restore.toml"),
         &format!(
-            "[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"x\"\ntimeout = \"{timeout}\"\n"
+            "[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"x\"\ntimeout = {value}\n"
         ),
     );
 }
@@ -98,6 +103,29 @@ fn duration_garbage_in_a_manifest_is_refused_with_the_forms() {
             xt(&env, &[], &["restore", "--dry-run"]),
             10,
             &["timeout", &format!("`{bad}` is not a duration"), "1h30m"],
+        );
+    }
+    // Not a string at all: a float, a negative number, a boolean.
+    for bad in ["1.5", "-5", "true"] {
+        raw_timeout(&env, bad);
+        refused(
+            xt(&env, &[], &["restore", "--dry-run"]),
+            10,
+            &[
+                bad,
+                "expected a duration",
+                "1h30m",
+                "whole number of seconds",
+            ],
+        );
+    }
+    // A zero timeout would end the step before it starts.
+    for zero in ["0", "\"0s\""] {
+        raw_timeout(&env, zero);
+        refused(
+            xt(&env, &[], &["restore", "--dry-run"]),
+            10,
+            &["timeout: must be more than zero"],
         );
     }
 }
@@ -223,6 +251,12 @@ fn chunk_sizes_in_a_manifest_take_the_same_units() {
     let env = world();
     cache_manifest(&env, "**", "[publish]\nchunk_bytes = \"50MiB\"\n");
     xt(&env, &[], &["cache", "status", "c", "--offline"]).ok();
+    cache_manifest(&env, "**", "[publish]\nchunk_bytes = 1.5\n");
+    refused(
+        xt(&env, &[], &["cache", "status", "c", "--offline"]),
+        10,
+        &["line 7", "expected a size", "16GiB"],
+    );
     cache_manifest(&env, "**", "[publish]\nchunk_bytes = \"50MB\"\n");
     refused(
         xt(&env, &[], &["cache", "status", "c", "--offline"]),

@@ -133,12 +133,40 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// A duration as written in a TOML manifest: `"5s"`, or a bare number of seconds.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+/// A duration as written in a TOML manifest: `"5s"`, `"1h30m"`, or a bare
+/// whole number of seconds. Anything else (a float, a negative number, a
+/// boolean) is refused by serde with the accepted forms.
+#[derive(Clone, Debug)]
 pub enum DurationSpec {
     Seconds(u64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for DurationSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = DurationSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(
+                    f,
+                    "a duration: a string such as \"90s\" or \"1h30m\", or a whole number of seconds"
+                )
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<DurationSpec, E> {
+                Ok(DurationSpec::Seconds(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<DurationSpec, E> {
+                u64::try_from(n)
+                    .map(DurationSpec::Seconds)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, t: &str) -> Result<DurationSpec, E> {
+                Ok(DurationSpec::Text(t.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl DurationSpec {

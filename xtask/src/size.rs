@@ -61,12 +61,39 @@ pub fn parse_size_arg(text: &str) -> Result<u64, String> {
     parse_size(text)
 }
 
-/// A size as written in a TOML manifest: a number of bytes, or `"99MiB"`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+/// A size as written in a TOML manifest: a whole number of bytes, or a
+/// string such as `"99MiB"`; anything else is refused with those forms.
+#[derive(Clone, Debug)]
 pub enum SizeSpec {
     Bytes(u64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for SizeSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = SizeSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(
+                    f,
+                    "a size: a whole number of bytes, or a string such as \"512k\" or \"16GiB\""
+                )
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<SizeSpec, E> {
+                Ok(SizeSpec::Bytes(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<SizeSpec, E> {
+                u64::try_from(n)
+                    .map(SizeSpec::Bytes)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, t: &str) -> Result<SizeSpec, E> {
+                Ok(SizeSpec::Text(t.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl SizeSpec {
