@@ -89,4 +89,42 @@ mod tests {
             assert!(err.contains(&format!("`{bad}`")), "{bad}: {err}");
         }
     }
+
+    /// Hostile patterns: whatever is accepted here compiles as a cache
+    /// glob and holds none of the refused syntax; whatever is refused is
+    /// refused by both readers (cache manifests and gates.toml).
+    #[test]
+    fn generated_patterns_are_accepted_or_refused_consistently() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut r = |n: u64| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        };
+        let alphabet: Vec<char> = "ab*?/[]{}!\\.,- ".chars().collect();
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let len = 1 + r(8) as usize;
+            let p: String = (0..len)
+                .map(|_| alphabet[r(alphabet.len() as u64) as usize])
+                .collect();
+            let gates = format!("ignore = [{p:?}]\n");
+            match check(&p) {
+                Ok(()) => {
+                    accepted += 1;
+                    assert!(!p.contains(['[', ']', '{', '}', '\\']), "{p:?}");
+                    assert!(!p.starts_with(['!', '/']) && !p.ends_with('/'), "{p:?}");
+                    crate::cache::manifest::Glob::new(&p).unwrap();
+                    crate::gates::manifest::parse(&gates).unwrap();
+                }
+                Err(_) => {
+                    refused += 1;
+                    assert!(crate::cache::manifest::Glob::new(&p).is_err(), "{p:?}");
+                    assert!(crate::gates::manifest::parse(&gates).is_err(), "{p:?}");
+                }
+            }
+        }
+        assert!(accepted > 1000 && refused > 1000, "{accepted} {refused}");
+    }
 }
