@@ -97,8 +97,14 @@ pub fn table(rows: &[Row], this_run_label: &str) -> String {
     out
 }
 
+/// A row's time: rows keep whole milliseconds (their JSON `ms`), so 0 means
+/// "under one", which `0.0ms` would misstate.
 fn fmt_ms_precise(ms: u64) -> String {
-    fmt_duration(Duration::from_millis(ms))
+    if ms == 0 {
+        "<1ms".into()
+    } else {
+        fmt_duration(Duration::from_millis(ms))
+    }
 }
 
 #[cfg(test)]
