@@ -63,7 +63,7 @@ def find_seed_recipe():
 def git_env(home):
     env = dict(os.environ)
     for k in list(env):
-        if k.startswith("GIT_") or k == "WARMSTART_TRACE":
+        if k.startswith(("GIT_", "WARMSTART_")):
             del env[k]
     env.update(
         HOME=str(home),

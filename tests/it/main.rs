@@ -2,6 +2,7 @@
 
 mod util;
 
+mod broken_pipe;
 mod cache_concurrency;
 mod cache_fetch;
 mod cache_heal;
@@ -13,5 +14,6 @@ mod gates;
 mod restore;
 mod restore_cache;
 mod resume;
+mod strict;
 mod tidy;
 mod unpack;

@@ -947,7 +947,7 @@ fn restore_freshness_unreachable_remote_is_said_within_the_bound() {
     let took = start.elapsed();
     assert_eq!(
         what(&v, "fresh"),
-        "offline or unreachable: origin did not answer within 3.0 s; main not refreshed"
+        "offline or unreachable: origin did not answer within 3.0s; main not refreshed"
     );
     assert!(
         took >= Duration::from_secs(3) && took < Duration::from_secs(15),

@@ -616,7 +616,7 @@ fn a_young_lock_held_by_a_live_process_makes_writers_wait_then_fail() {
         assert_eq!(out.status.code(), Some(3), "{}", show(out));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(&idx.lock().display().to_string()), "{err}");
-        assert!(err.contains("timed out after 4.0 s"), "{err}");
+        assert!(err.contains("timed out after 4.0s"), "{err}");
     }
     assert!(
         waited >= Duration::from_secs(3) && waited < Duration::from_secs(15),

@@ -1,5 +1,6 @@
 //! Time helpers: epoch milliseconds, RFC 3339 UTC timestamps, and the
-//! duration syntax every manifest and flag shares (`500ms`, `90s`, `30m`).
+//! duration syntax every manifest, flag and variable shares (`500ms`, `90s`,
+//! `1h30m`).
 //!
 //! Small enough to own rather than pull in a date crate; never used for
 //! measuring durations (that is `Instant`).
@@ -36,29 +37,73 @@ pub fn rfc3339(ms: u64) -> String {
     )
 }
 
-/// Parses `500ms`, `90s`, `1.5s`, `30m`, `2h` or a bare number of seconds
-/// (zero allowed, e.g. an interval of `0s` meaning "every time").
+/// The forms every duration accepts, for error messages and the README.
+pub const DURATION_FORMS: &str = "a number with a unit (`500ms`, `90s`, `1.5s`, `2min`, `30m`, `2h`, `1d`), units combined largest first (`1h30m`, `1m30s`), or a bare number of seconds";
+
+/// Units a duration may use, each with its length in seconds. Lowercase only:
+/// `M` (months elsewhere) and `S` are refused rather than guessed.
+const UNITS: &[(&[&str], f64)] = &[
+    (&["d", "day", "days"], 86_400.0),
+    (&["h", "hr", "hrs", "hour", "hours"], 3_600.0),
+    (&["m", "min", "mins", "minute", "minutes"], 60.0),
+    (&["s", "sec", "secs", "second", "seconds"], 1.0),
+    (
+        &["ms", "msec", "millis", "millisecond", "milliseconds"],
+        0.001,
+    ),
+    (&["us", "µs", "micros", "microsecond", "microseconds"], 1e-6),
+    (&["ns", "nanos", "nanosecond", "nanoseconds"], 1e-9),
+];
+
+/// Parses a duration: `500ms`, `90s`, `1.5s`, `2min`, `30m`, `2h`, `1d`,
+/// compounds largest unit first (`1h30m`, `1m 30s`), or a bare number of
+/// seconds (zero allowed, e.g. an interval of `0s` meaning "every time").
+/// Anything else, including a unit twice or out of order, is an error that
+/// lists the accepted forms.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("`{text}` is not a duration: use {DURATION_FORMS}");
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let scale = match unit.trim() {
-        "ms" => 0.001,
-        "" | "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => f64::NAN,
-    };
-    match num.parse::<f64>() {
-        Ok(n) if scale.is_finite() && n.is_finite() && n >= 0.0 => {
-            Ok(Duration::from_secs_f64(n * scale))
-        }
-        _ => Err(format!(
-            "`{text}` is not a duration: use e.g. `500ms`, `90s`, `30m` or `2h`"
-        )),
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return seconds(t, 1.0).ok_or_else(bad);
     }
+    let mut rest = t;
+    let mut total = 0f64;
+    let mut last_unit = usize::MAX;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, after) = rest.split_at(num_end);
+        let after = after.trim_start();
+        let unit_end = after
+            .find(|c: char| c.is_ascii_digit() || c == '.' || c.is_whitespace())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_end);
+        let idx = UNITS
+            .iter()
+            .position(|(names, _)| names.contains(&unit))
+            .ok_or_else(bad)?;
+        // Largest unit first, each once: `30s1m` or `1m1m` is a typo.
+        if num.is_empty() || (last_unit != usize::MAX && idx <= last_unit) {
+            return Err(bad());
+        }
+        last_unit = idx;
+        total += seconds(num, UNITS[idx].1).ok_or_else(bad)?.as_secs_f64();
+        rest = after.trim_start();
+    }
+    if last_unit == usize::MAX {
+        return Err(bad());
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
+/// `num` (digits with at most one `.`) times `scale` seconds, if finite.
+fn seconds(num: &str, scale: f64) -> Option<Duration> {
+    if num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
+        return None;
+    }
+    let n: f64 = num.parse().ok()?;
+    Duration::try_from_secs_f64(n * scale).ok()
 }
 
 /// Like `parse_duration`, but zero is refused (timeouts, grace periods).
@@ -69,12 +114,59 @@ pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// A duration as written in a TOML manifest: `"5s"`, or a bare number of seconds.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+/// A duration for people, the same wherever it is printed (messages,
+/// tables, progress bars): indicatif's `HumanDuration` in its short form
+/// (`45s`, `89s`, `2m`, `3h`), as the bars' `{elapsed}` and `{eta}` show it,
+/// with the precision it drops below 10 s kept (`0.4ms`, `12ms`, `1.3s`):
+/// a warm restore takes milliseconds and must not read `0s`. Every output
+/// is also a valid `parse_duration` input.
+pub fn human(d: Duration) -> String {
+    let us = d.as_micros();
+    if us < 10_000 {
+        format!("{:.1}ms", us as f64 / 1000.0)
+    } else if us < 1_000_000 {
+        format!("{}ms", us / 1000)
+    } else if us < 10_000_000 {
+        format!("{:.1}s", us as f64 / 1e6)
+    } else {
+        format!("{:#}", indicatif::HumanDuration(d))
+    }
+}
+
+/// A duration as written in a TOML manifest: `"5s"`, `"1h30m"`, or a bare
+/// whole number of seconds. Anything else (a float, a negative number, a
+/// boolean) is refused by serde with the accepted forms.
+#[derive(Clone, Debug)]
 pub enum DurationSpec {
     Seconds(u64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for DurationSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = DurationSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(
+                    f,
+                    "a duration: a string such as \"90s\" or \"1h30m\", or a whole number of seconds"
+                )
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<DurationSpec, E> {
+                Ok(DurationSpec::Seconds(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<DurationSpec, E> {
+                u64::try_from(n)
+                    .map(DurationSpec::Seconds)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, t: &str) -> Result<DurationSpec, E> {
+                Ok(DurationSpec::Text(t.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl DurationSpec {
@@ -121,8 +213,36 @@ mod tests {
         assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        for bad in ["", "-1s", "5x", "1d", "s", "1.5.2s", "inf"] {
-            assert!(parse_duration(bad).is_err(), "{bad} parsed");
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2min"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration(" 2 h "), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("1s500ms"), Ok(Duration::from_millis(1500)));
+        for bad in [
+            "",
+            "-1s",
+            "5x",
+            "s",
+            "1.5.2s",
+            "inf",
+            "garbage",
+            "1h30",
+            "30s1m",
+            "1m1m",
+            "5M",
+            "1e3s",
+            ".5s",
+            "5.s",
+            "1h-30m",
+            "99999999999999999999999h",
+            "1,5s",
+            "5 s s",
+            "NaN",
+        ] {
+            let err = parse_duration(bad).expect_err(bad);
+            assert!(err.contains("1h30m"), "{bad}: {err}");
         }
         assert!(parse_positive_duration("0").is_err());
         assert_eq!(
@@ -130,6 +250,70 @@ mod tests {
             Duration::from_secs(3)
         );
         assert!(DurationSpec::Seconds(0).resolve_positive("t").is_err());
+    }
+
+    /// A small deterministic PRNG (xorshift64*), so hostile cases are reproducible.
+    fn rng(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut x = seed;
+        move |n| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    #[test]
+    fn duration_parser_never_panics_nor_guesses() {
+        let mut r = rng(0x5eed);
+        let alphabet: Vec<char> = "0123456789.hmsdnu µ-+eE_,xMSH\t".chars().collect();
+        for _ in 0..20_000 {
+            let len = r(12) as usize;
+            let text: String = (0..len)
+                .map(|_| alphabet[r(alphabet.len() as u64) as usize])
+                .collect();
+            // Whatever it is, it parses or is refused with the accepted forms.
+            match parse_duration(&text) {
+                Ok(_) => assert!(text.chars().any(|c| c.is_ascii_digit()), "{text:?}"),
+                Err(e) => assert!(e.contains("1h30m"), "{text:?}: {e}"),
+            }
+        }
+        // Generated compounds, largest unit first, add up exactly.
+        for _ in 0..5_000 {
+            let (mut text, mut want) = (String::new(), 0u64);
+            for (names, secs) in &UNITS[..4] {
+                if r(2) == 0 {
+                    let n = r(1000);
+                    text.push_str(&format!("{n}{}", names[r(names.len() as u64) as usize]));
+                    want += n * *secs as u64;
+                }
+            }
+            if text.is_empty() {
+                continue;
+            }
+            assert_eq!(
+                parse_duration(&text),
+                Ok(Duration::from_secs(want)),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_read_like_the_bars() {
+        let ms = Duration::from_millis;
+        for (d, want) in [
+            (Duration::ZERO, "0.0ms"),
+            (Duration::from_micros(400), "0.4ms"),
+            (ms(12), "12ms"),
+            (ms(1300), "1.3s"),
+            (ms(45_000), "45s"),
+            (ms(300_000), "5m"),
+            (ms(7_200_000), "2h"),
+        ] {
+            assert_eq!(human(d), want);
+            assert!(parse_duration(want).is_ok(), "{want} parses back");
+        }
     }
 
     #[test]

@@ -324,13 +324,9 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     })
 }
 
-/// `850 ms`, `12.3 s`.
+/// `850ms`, `1.3s`, `45s`: `clock::human`.
 fn duration(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms} ms")
-    } else {
-        format!("{:.1} s", ms as f64 / 1000.0)
-    }
+    crate::clock::human(std::time::Duration::from_millis(ms))
 }
 
 /// Runs `f` (which prints its own lines), then a blank line.

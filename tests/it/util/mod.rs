@@ -78,6 +78,12 @@ impl TestEnv {
             .env_remove("GIT_WORK_TREE")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null());
+        // The runner's own settings never leak in (an unknown one is exit 10).
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("WARMSTART_") {
+                cmd.env_remove(k);
+            }
+        }
     }
 
     /// The real binary, run in `cwd` (relative to the test directory).

@@ -1009,31 +1009,16 @@ fn rebuild_once(d: &StoreDamaged) -> Result<bool> {
 }
 
 /// Blobs of this many bytes or more are left out of a branch fetch and
-/// fetched by id when read. `WARMSTART_FETCH_BLOB_LIMIT` (bytes, or with a
-/// `k`/`m` suffix) changes it; the default keeps every metadata file in the
-/// branch fetch and every full 99 MiB chunk out of it.
+/// fetched by id when read. `WARMSTART_FETCH_BLOB_LIMIT` (a size, see
+/// `size::parse_size`) changes it; the default keeps every metadata file in
+/// the branch fetch and every full 99 MiB chunk out of it.
 /// A value that is not a size is a configuration error (exit 10), not a
-/// silent default.
+/// silent default. Returned in bytes, as git's `blob:limit=<n>` takes them.
 pub fn blob_limit() -> Result<String> {
-    const DEFAULT: &str = "1m";
-    match std::env::var("WARMSTART_FETCH_BLOB_LIMIT") {
-        Err(_) => Ok(DEFAULT.to_string()),
-        Ok(v) if is_size(&v) => Ok(v),
-        Ok(v) => Err(fail(
-            Code::Config,
-            format!(
-                "WARMSTART_FETCH_BLOB_LIMIT={v:?} is not a size: give bytes, or a number with k, m or g (e.g. 512k), or unset it"
-            ),
-        )),
-    }
-}
-
-fn is_size(v: &str) -> bool {
-    let digits = v.trim_end_matches(['k', 'm', 'g']);
-    !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && digits.bytes().any(|b| b != b'0')
-        && v.len() <= digits.len() + 1
+    const DEFAULT: u64 = 1 << 20;
+    Ok(crate::settings::size("WARMSTART_FETCH_BLOB_LIMIT")?
+        .unwrap_or(DEFAULT)
+        .to_string())
 }
 
 /// `git hash-object --stdin-paths`, kept running across chunks.

@@ -98,7 +98,8 @@ struct RawReady {
 struct RawPublish {
     #[serde(default)]
     gates: Vec<String>,
-    chunk_bytes: Option<u64>,
+    /// Bytes, or a size such as `"50MiB"` (`size::parse_size`).
+    chunk_bytes: Option<crate::size::SizeSpec>,
     level: Option<i32>,
     lease_deadline: Option<crate::clock::DurationSpec>,
 }
@@ -230,7 +231,14 @@ pub fn names(repo: &Repo) -> Result<Vec<String>> {
 }
 
 fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManifest> {
-    let raw: RawManifest = toml::from_str(text).map_err(|e| anyhow!("{e}"))?;
+    let raw: RawManifest = toml::from_str(text).map_err(|e| {
+        // One line: toml's own Display draws the source over several.
+        let line = e
+            .span()
+            .map(|s| format!("line {}: ", text[..s.start].matches('\n').count() + 1))
+            .unwrap_or_default();
+        anyhow!("{line}{}", e.message().trim_end())
+    })?;
     let mut pins = Vec::new();
     for p in raw.key {
         pins.push(resolve_pin(repo, p)?);
@@ -270,7 +278,10 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         }
         Some(_) => bail!("[ready] takes either `path`, or `command` with an optional `matches`"),
     };
-    let chunk_bytes = raw.publish.chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES);
+    let chunk_bytes = match &raw.publish.chunk_bytes {
+        Some(spec) => spec.resolve("publish.chunk_bytes")?,
+        None => DEFAULT_CHUNK_BYTES,
+    };
     if chunk_bytes == 0 || chunk_bytes > MAX_CHUNK_BYTES {
         bail!(
             "publish.chunk_bytes must be between 1 and {MAX_CHUNK_BYTES} (GitHub rejects files of 100 MiB)"
@@ -544,8 +555,9 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// A path glob: `*` and `?` stay within one path component, `**` spans any
-/// number of them. Matched against `/`-separated paths relative to the pack root.
+/// A path glob in the dialect of `crate::glob` (checked there): `*` and `?`
+/// stay within one path component, `**` spans any number of them. Matched
+/// against `/`-separated paths relative to the pack root.
 #[derive(Clone, Debug)]
 pub struct Glob {
     pub text: String,
@@ -554,9 +566,7 @@ pub struct Glob {
 
 impl Glob {
     pub fn new(glob: &str) -> Result<Glob> {
-        if glob.starts_with('/') || glob.split('/').any(|c| c == "..") {
-            bail!("glob {glob:?} must be relative to the pack root and stay inside it");
-        }
+        crate::glob::check(glob).map_err(|e| anyhow!("{e}"))?;
         let mut re = String::from("^");
         let mut chars = glob.chars().peekable();
         while let Some(c) = chars.next() {
@@ -637,6 +647,13 @@ mod tests {
         assert!(parse_str(Path::new("/r"), &format!("{base}[cache]\nbrnach = \"x\"\n")).is_err());
         let two = format!("{base}[[key]]\nname = \"a\"\nliteral = \"1\"\nplatform = true\n");
         assert!(parse_str(Path::new("/r"), &two).is_err());
+        let sized = format!("{base}[publish]\nchunk_bytes = \"50MiB\"\n");
+        assert_eq!(
+            parse_str(Path::new("/r"), &sized).unwrap().chunk_bytes,
+            50 << 20
+        );
+        let typo = format!("{base}[publish]\nchunk_bytes = \"50MB\"\n");
+        assert!(parse_str(Path::new("/r"), &typo).is_err());
         let big = format!("{base}[publish]\nchunk_bytes = 104857600\n");
         assert!(parse_str(Path::new("/r"), &big).is_err());
     }
@@ -734,15 +751,15 @@ path = "dest"
     fn variables_expand_and_unset_ones_fail() {
         let r = repo(Path::new("/r"));
         // SAFETY: tests in this module do not read these variables concurrently.
-        unsafe { std::env::set_var("WARMSTART_TEST_DIR", "/opt/x") };
+        unsafe { std::env::set_var("XTASK_UNIT_TEST_DIR", "/opt/x") };
         assert_eq!(
-            expand_path(&r, "${WARMSTART_TEST_DIR}/bin").unwrap(),
+            expand_path(&r, "${XTASK_UNIT_TEST_DIR}/bin").unwrap(),
             Path::new("/opt/x/bin")
         );
         assert_eq!(
-            expand_path(&r, "$WARMSTART_TEST_DIR").unwrap(),
+            expand_path(&r, "$XTASK_UNIT_TEST_DIR").unwrap(),
             Path::new("/opt/x")
         );
-        assert!(expand_path(&r, "$WARMSTART_SURELY_UNSET_VAR/x").is_err());
+        assert!(expand_path(&r, "$XTASK_SURELY_UNSET_VAR/x").is_err());
     }
 }

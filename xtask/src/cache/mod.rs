@@ -46,21 +46,10 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
     }
 }
 
-/// Sizes in every cache message, in binary units like the chunk limit
-/// (99 MiB): `1.4 GiB`, `512 KiB`, `12 B`.
+/// Sizes in every cache message: `size::human`, the progress bars' format
+/// (`1.40 GiB`, `512.00 KiB`, `12 B`).
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    crate::size::human(n)
 }
 
 #[cfg(test)]
@@ -70,7 +59,7 @@ mod tests {
     #[test]
     fn sizes_are_human() {
         assert_eq!(human_bytes(12), "12 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(1_503_238_553), "1.4 GiB");
+        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(human_bytes(1_503_238_553), "1.40 GiB");
     }
 }

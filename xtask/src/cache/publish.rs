@@ -275,8 +275,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 Some((
                     "digest",
                     format!(
-                        "hashed in {:.1}s, nothing compressed",
-                        t.elapsed().as_secs_f64()
+                        "hashed in {}, nothing compressed",
+                        crate::clock::human(t.elapsed())
                     ),
                 ))
             }
@@ -339,13 +339,13 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         })
         .collect();
     out.say(format!(
-        "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s), {:.1}s",
+        "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s), {}",
         plural(plan.items.len(), "entry", "entries"),
         human_bytes(plan.file_bytes),
         human_bytes(packed.entry.tar_size),
         human_bytes(summary.compressed_size.unwrap_or(0)),
         packed.entry.chunks.len(),
-        t.elapsed().as_secs_f64()
+        crate::clock::human(t.elapsed())
     ));
 
     let mut entry = KeyEntry {
@@ -416,12 +416,12 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 summary.commit = Some(commit.clone());
                 summary.keys_on_branch = keys;
                 out.say(format!(
-                    "published {} to {} on {}: commit {} (one root commit), push {:.1}s",
+                    "published {} to {} on {}: commit {} (one root commit), push {}",
                     key.value,
                     m.branch,
                     remote.name,
                     &commit[..12],
-                    t.elapsed().as_secs_f64()
+                    crate::clock::human(t.elapsed())
                 ));
                 break;
             }

@@ -65,10 +65,12 @@ impl Default for RestoreOptions {
     }
 }
 
+/// `WARMSTART_LOCK_TIMEOUT`, else the default. A value that does not parse
+/// never gets here: `settings::check_env` refused it (exit 10) at startup.
 fn lock_timeout_from_env() -> Duration {
-    std::env::var("WARMSTART_LOCK_TIMEOUT")
+    crate::settings::duration("WARMSTART_LOCK_TIMEOUT")
         .ok()
-        .and_then(|s| clock::parse_duration(&s).ok())
+        .flatten()
         .unwrap_or(DEFAULT_LOCK_TIMEOUT)
 }
 
@@ -201,7 +203,7 @@ impl RestoreOutcome {
     /// One line for people.
     pub fn summary(&self) -> String {
         let t = self.target.display();
-        let secs = self.duration.as_secs_f64();
+        let secs = clock::human(self.duration);
         let from = format!(
             "{} {}@{}",
             self.source,
@@ -210,28 +212,26 @@ impl RestoreOutcome {
         );
         match self.state {
             State::Warm => format!(
-                "cache {}: {} is installed at {t} (warm, {:.0} ms)",
-                self.name,
-                self.key,
-                secs * 1000.0
+                "cache {}: {} is installed at {t} (warm, {secs})",
+                self.name, self.key
             ),
             State::Reused => format!(
-                "cache {}: {} was installed at {t} by another restore while this one waited ({:.1} s)",
-                self.name, self.key, secs
+                "cache {}: {} was installed at {t} by another restore while this one waited ({secs})",
+                self.name, self.key
             ),
             State::Restored => format!(
-                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs:.1} s",
+                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}",
                 self.name,
                 self.key,
                 human_bytes(self.bytes),
                 self.files
             ),
             State::Verified => format!(
-                "cache {}: the installed copy of {} at {t} matches {from} ({secs:.1} s)",
+                "cache {}: the installed copy of {} at {t} matches {from} ({secs})",
                 self.name, self.key
             ),
             State::Repaired => format!(
-                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs:.1} s",
+                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs}",
                 self.name,
                 self.key,
                 self.difference.as_deref().unwrap_or("?")
@@ -444,11 +444,11 @@ fn lock_target(state_dir: &Path, target: &Path, timeout: Duration) -> Result<(Fi
                     return Err(fail(
                         Code::Busy,
                         format!(
-                            "another restore of {} ({}) still holds {} after {:.0} s: wait for it, or raise WARMSTART_LOCK_TIMEOUT",
+                            "another restore of {} ({}) still holds {} after {}: wait for it, or raise WARMSTART_LOCK_TIMEOUT",
                             target.display(),
                             holder.trim(),
                             path.display(),
-                            timeout.as_secs_f64()
+                            clock::human(timeout)
                         ),
                     ));
                 }

@@ -66,8 +66,9 @@ pub struct UnpackArgs {
     /// They are created, never written through.
     #[arg(long)]
     pub allow_external_symlinks: bool,
-    /// Refuse packages whose contents exceed this many bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
+    /// Refuse packages whose contents exceed this size: `16G`, `512MiB`, or
+    /// bytes (binary units, any case; README.md "Settings").
+    #[arg(long, value_name = "SIZE", default_value = "16G", value_parser = crate::size::parse_size_arg)]
     pub max_bytes: u64,
     /// Refuse packages with more entries than this.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ENTRIES)]

@@ -84,7 +84,7 @@ pub struct FetchFirst {
     /// fetch fails, warn and use the local records
     #[arg(long, value_name = "REMOTE", num_args = 0..=1, require_equals = true, default_missing_value = "origin")]
     pub fetch: Option<String>,
-    /// Give up on that fetch after this long (e.g. 500ms, 20s, 2m)
+    /// Give up on that fetch after this long (e.g. 500ms, 20s, 1m30s)
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub fetch_timeout: Duration,
 }
@@ -94,7 +94,7 @@ pub struct RemoteArgs {
     /// A remote name or URL
     #[arg(default_value = "origin")]
     pub remote: String,
-    /// Give up on each network step after this long (e.g. 20s, 2m)
+    /// Give up on each network step after this long (e.g. 20s, 2m, 1m30s)
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Print JSON on stdout

@@ -6,7 +6,7 @@
 //! runs git, so plans are tested here without touching disk.
 //!
 //! ```toml
-//! ignore = ["scratch", "**/*.log"]   # git pathspecs (glob magic) that do not make the worktree dirty
+//! ignore = ["scratch", "**/*.log"]   # globs (`crate::glob`, read by git's `:(glob)` magic) that do not make the worktree dirty
 //! kill_grace = "5s"                  # SIGTERM -> SIGKILL grace when a gate times out
 //!
 //! [[gate]]
@@ -212,14 +212,18 @@ pub fn parse(text: &str) -> Result<Plan> {
         None => DEFAULT_GRACE,
     };
     for pattern in &raw.ignore {
-        if pattern.is_empty() || pattern.starts_with(':') {
+        if pattern.starts_with(':') {
             return Err(fail(
                 Code::Config,
                 format!(
-                    "{PATH}: ignore entry `{pattern}` must be a non-empty path or glob relative to the repository root (no `:` pathspec magic)"
+                    "{PATH}: ignore entry `{pattern}` must be a path or glob relative to the repository root (no `:` pathspec magic)"
                 ),
             ));
         }
+        // The same dialect as cache manifests' globs, which git's `:(glob)`
+        // magic reads the same way (see `crate::glob`).
+        crate::glob::check(pattern)
+            .map_err(|e| fail(Code::Config, format!("{PATH}: ignore entry: {e}")))?;
     }
     let mut gates: Vec<Gate> = Vec::new();
     for g in raw.gate {

@@ -343,14 +343,9 @@ pub(crate) fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }
 
-/// `0.4s`, `12.0s`, `3m05s`.
+/// A duration for people: `clock::human` (`0.4s` reads `400ms`).
 pub(crate) fn seconds(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s < 60.0 {
-        format!("{s:.1}s")
-    } else {
-        format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60)
-    }
+    crate::clock::human(d)
 }
 
 /// Left-aligned columns, two spaces apart; trailing blanks trimmed.
@@ -393,8 +388,8 @@ mod tests {
 
     #[test]
     fn seconds_formats() {
-        assert_eq!(seconds(Duration::from_millis(400)), "0.4s");
-        assert_eq!(seconds(Duration::from_secs(185)), "3m05s");
+        assert_eq!(seconds(Duration::from_millis(400)), "400ms");
+        assert_eq!(seconds(Duration::from_secs(185)), "3m");
     }
 
     #[test]

@@ -326,8 +326,8 @@ fn network_git(
         runner::End::TimedOut => Err(fail(
             Code::Remote,
             format!(
-                "{what} `{remote}` took longer than {}s and was stopped: check the remote, or raise the timeout",
-                timeout.as_secs_f64()
+                "{what} `{remote}` took longer than {} and was stopped: check the remote, or raise the timeout",
+                crate::clock::human(timeout)
             ),
         )),
         runner::End::Interrupted(sig) => Err(fail(

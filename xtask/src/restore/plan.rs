@@ -473,6 +473,15 @@ fn dur(raw: &Option<DurationSpec>, field: &str, default: Duration) -> Result<Dur
         .map(|d| d.unwrap_or(default))
 }
 
+/// A timeout: like `dur`, but zero is refused (it would end the step
+/// before it starts, which nobody means).
+fn timeout(raw: &Option<DurationSpec>, field: &str, default: Duration) -> Result<Duration> {
+    raw.as_ref()
+        .map(|r| r.resolve_positive(field))
+        .transpose()
+        .map(|d| d.unwrap_or(default))
+}
+
 /// A path inside the repository, written relative to its root.
 fn repo_relative(field: &str, raw: &str) -> Result<String> {
     let p = Path::new(raw);
@@ -569,7 +578,7 @@ fn resolve_submodules(repo: &Repo, r: RawSubmodules) -> Result<Kind> {
         paths,
         sentinels,
         allow_file_protocol: r.allow_file_protocol,
-        timeout: dur(&r.timeout, "timeout", Duration::from_secs(600))?,
+        timeout: timeout(&r.timeout, "timeout", Duration::from_secs(600))?,
     }))
 }
 
@@ -624,7 +633,10 @@ fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
             Some(c) => expand_path(repo, &c)?,
             None => repo.root.clone(),
         },
-        timeout: r.timeout.map(|t| t.resolve("timeout")).transpose()?,
+        timeout: r
+            .timeout
+            .map(|t| t.resolve_positive("timeout"))
+            .transpose()?,
     }))
 }
 
@@ -694,13 +706,16 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
         executable: r.executable,
         unpack_into,
         only: r.only,
-        connect_timeout: dur(
+        connect_timeout: timeout(
             &r.connect_timeout,
             "connect_timeout",
             Duration::from_secs(10),
         )?,
-        read_timeout: dur(&r.read_timeout, "read_timeout", Duration::from_secs(30))?,
-        max_time: r.max_time.map(|t| t.resolve("max_time")).transpose()?,
+        read_timeout: timeout(&r.read_timeout, "read_timeout", Duration::from_secs(30))?,
+        max_time: r
+            .max_time
+            .map(|t| t.resolve_positive("max_time"))
+            .transpose()?,
         retries,
         backoff: dur(&r.backoff, "backoff", Duration::from_secs(1))?,
     }))
@@ -788,7 +803,7 @@ fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Kind> {
         tool,
         args: r.args.unwrap_or_else(|| vec!["--version".into()]),
         expect,
-        timeout: dur(&r.timeout, "timeout", Duration::from_secs(10))?,
+        timeout: timeout(&r.timeout, "timeout", Duration::from_secs(10))?,
         fix,
     }))
 }
@@ -813,7 +828,7 @@ fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
     Ok(Kind::Freshness(Freshness {
         remote: r.remote,
         branch: r.branch,
-        timeout: dur(&r.timeout, "timeout", Duration::from_secs(10))?,
+        timeout: timeout(&r.timeout, "timeout", Duration::from_secs(10))?,
         interval: dur(&r.interval, "interval", Duration::from_secs(600))?,
     }))
 }

@@ -28,19 +28,9 @@ pub struct Row {
     pub pid: Option<u32>,
 }
 
-/// `0.4 ms`, `12 ms`, `1.3 s`, `2m05s`.
+/// A duration for people: `clock::human` (`0.4ms`, `12ms`, `1.3s`, `2m`).
 pub fn fmt_duration(d: Duration) -> String {
-    let us = d.as_micros();
-    if us < 1_000 {
-        format!("{:.1} ms", us as f64 / 1000.0)
-    } else if us < 1_000_000 {
-        format!("{} ms", us / 1000)
-    } else if us < 60_000_000 {
-        format!("{:.1} s", us as f64 / 1e6)
-    } else {
-        let s = d.as_secs();
-        format!("{}m{:02}s", s / 60, s % 60)
-    }
+    crate::clock::human(d)
 }
 
 pub fn fmt_ms(ms: Option<u64>) -> String {
@@ -107,9 +97,11 @@ pub fn table(rows: &[Row], this_run_label: &str) -> String {
     out
 }
 
+/// A row's time: rows keep whole milliseconds (their JSON `ms`), so 0 means
+/// "under one", which `0.0ms` would misstate.
 fn fmt_ms_precise(ms: u64) -> String {
     if ms == 0 {
-        "<1 ms".into()
+        "<1ms".into()
     } else {
         fmt_duration(Duration::from_millis(ms))
     }
@@ -136,10 +128,10 @@ mod tests {
 
     #[test]
     fn durations_read_well() {
-        assert_eq!(fmt_duration(Duration::from_micros(400)), "0.4 ms");
-        assert_eq!(fmt_duration(Duration::from_millis(12)), "12 ms");
-        assert_eq!(fmt_duration(Duration::from_millis(1340)), "1.3 s");
-        assert_eq!(fmt_duration(Duration::from_secs(125)), "2m05s");
+        assert_eq!(fmt_duration(Duration::from_micros(400)), "0.4ms");
+        assert_eq!(fmt_duration(Duration::from_millis(12)), "12ms");
+        assert_eq!(fmt_duration(Duration::from_millis(1340)), "1.3s");
+        assert_eq!(fmt_duration(Duration::from_secs(125)), "2m");
         assert_eq!(fmt_ms(None), "-");
     }
 
@@ -151,10 +143,7 @@ mod tests {
         let lines: Vec<_> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(lines[0].starts_with("STEP                 KIND"), "{t}");
-        assert!(
-            lines[1].contains("warm") && lines[1].contains("1m05s"),
-            "{t}"
-        );
+        assert!(lines[1].contains("warm") && lines[1].contains("65s"), "{t}");
         assert!(lines[2].contains("background (pid 42)"), "{t}");
         let col = lines[0].find("STATE").unwrap();
         assert_eq!(&lines[1][col..col + 4], "warm");

@@ -47,12 +47,14 @@ impl Default for Timing {
 }
 
 impl Timing {
+    /// The limits, shortened by the test variables. A value that does not
+    /// parse never gets here: `settings::check_env` refused it at startup.
     pub fn from_env() -> Timing {
         let ms = |var: &str, default: Duration| {
-            std::env::var(var)
+            crate::settings::millis(var)
                 .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(default, Duration::from_millis)
+                .flatten()
+                .unwrap_or(default)
         };
         Timing {
             wait: ms("WARMSTART_RESUME_LOCK_WAIT_MS", DEFAULT_WAIT),
@@ -202,11 +204,11 @@ pub fn acquire(path: &Path, timing: Timing) -> Result<Lock> {
             return Err(fail(
                 Code::Busy,
                 format!(
-                    "timed out after {:.1} s waiting for the index lock {}: another writer holds it (taken {:.1} s ago; it counts as stale after {} s); if no writer is running, remove it with `rmdir {}`",
-                    timing.wait.as_secs_f64(),
+                    "timed out after {} waiting for the index lock {}: another writer holds it (taken {} ago; it counts as stale after {}); if no writer is running, remove it with `rmdir {}`",
+                    crate::clock::human(timing.wait),
                     path.display(),
-                    age.as_secs_f64(),
-                    timing.stale.as_secs_f64(),
+                    crate::clock::human(age),
+                    crate::clock::human(timing.stale),
                     path.display()
                 ),
             ));

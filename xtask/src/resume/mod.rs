@@ -132,14 +132,14 @@ pub fn prune(store: &Store, max_age_ms: u64) -> Result<(Vec<String>, usize)> {
     })
 }
 
-/// A duration in milliseconds, as a person reads it.
+/// An age in milliseconds, as a person reads it: whole seconds and up,
+/// through `clock::human` (`0s`, `61s`, `2h`, `3d`).
 fn human_age(ms: f64) -> String {
     let s = (ms / 1000.0).max(0.0) as u64;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86400 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
+    if s < 10 {
+        format!("{s}s")
+    } else {
+        crate::clock::human(std::time::Duration::from_secs(s))
     }
 }
 
@@ -295,7 +295,7 @@ mod tests {
     #[test]
     fn ages_read_naturally() {
         assert_eq!(human_age(999.0), "0s");
-        assert_eq!(human_age(61_000.0), "1m");
+        assert_eq!(human_age(61_000.0), "61s");
         assert_eq!(human_age(7_200_000.0), "2h");
         assert_eq!(human_age(3.0 * 86_400_000.0), "3d");
     }

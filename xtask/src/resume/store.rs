@@ -16,7 +16,7 @@ use std::fs;
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the epoch, the index's timestamps.
 pub fn now_ms() -> i64 {
@@ -114,9 +114,9 @@ impl Store {
         let lock = lock::acquire(&lock::lock_path(&self.path), self.timing)?;
         if let Some(age) = lock.stole {
             eprintln!(
-                "warning: took over the stale index lock {} ({:.1} s old; its writer must have died)",
+                "warning: took over the stale index lock {} ({} old; its writer must have died)",
                 lock.path().display(),
-                age.as_secs_f64()
+                crate::clock::human(age)
             );
         }
         self.sweep(dir);
@@ -214,14 +214,11 @@ impl Store {
         let context = || format!("writing the temporary index {}", tmp.display());
         let (head, tail) = bytes.split_at(bytes.len() / 2);
         file.write_all(head).with_context(context)?;
-        if let Some(ms) = std::env::var("WARMSTART_TEST_WRITE_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
+        if let Some(delay) = crate::settings::millis("WARMSTART_TEST_WRITE_DELAY_MS")? {
             // Test-only: widen the window in which a killed writer leaves a
             // half-written temp file, to show the index never tears.
             file.flush().with_context(context)?;
-            std::thread::sleep(Duration::from_millis(ms));
+            std::thread::sleep(delay);
         }
         file.write_all(tail).with_context(context)?;
         file.sync_all().with_context(context)?;
