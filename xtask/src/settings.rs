@@ -250,6 +250,27 @@ pub fn millis(name: &str) -> Result<Option<Duration>> {
     })
 }
 
+/// One line for a TOML error in a manifest: toml's own Display draws the
+/// source over several lines. It names the line and quotes it, so that a
+/// value refused by its type (`lease_deadline = true`) names its field too.
+pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
+    let at = e.span().map(|s| {
+        let n = text[..s.start].matches('\n').count();
+        let src = text.lines().nth(n).unwrap_or("").trim();
+        format!("line {} (`{src}`): ", n + 1)
+    });
+    format!(
+        "{}{}",
+        at.unwrap_or_default(),
+        e.message()
+            .trim()
+            .split('\n')
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("; ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

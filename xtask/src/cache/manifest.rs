@@ -231,14 +231,8 @@ pub fn names(repo: &Repo) -> Result<Vec<String>> {
 }
 
 fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManifest> {
-    let raw: RawManifest = toml::from_str(text).map_err(|e| {
-        // One line: toml's own Display draws the source over several.
-        let line = e
-            .span()
-            .map(|s| format!("line {}: ", text[..s.start].matches('\n').count() + 1))
-            .unwrap_or_default();
-        anyhow!("{line}{}", e.message().trim_end())
-    })?;
+    let raw: RawManifest = toml::from_str(text)
+        .map_err(|e| anyhow!("{}", crate::settings::toml_error_line(text, &e)))?;
     let mut pins = Vec::new();
     for p in raw.key {
         pins.push(resolve_pin(repo, p)?);

@@ -195,14 +195,12 @@ pub fn digest(command: &GateCommand, cwd: &str, env: &BTreeMap<String, String>) 
 /// Parses and validates the text of gates.toml.
 pub fn parse(text: &str) -> Result<Plan> {
     let raw: RawPlan = toml::from_str(text).map_err(|e| {
-        // One line: toml's own Display draws the source over several.
-        let line = e
-            .span()
-            .map(|s| format!("line {}: ", text[..s.start].matches('\n').count() + 1))
-            .unwrap_or_default();
         fail(
             Code::Config,
-            format!("{PATH} is not valid: {line}{}", e.message().trim_end()),
+            format!(
+                "{PATH} is not valid: {}",
+                crate::settings::toml_error_line(text, &e)
+            ),
         )
     })?;
     let kill_grace = match &raw.kill_grace {
@@ -404,7 +402,7 @@ timeout = 30
         assert!(err("[[gate]]\nname = \"a\"\n").contains("gates.toml is not valid"));
         let typo = err("[[gate]]\nname = \"a\"\ncommand = \"x\"\ntimout = 3\n");
         assert!(
-            typo.contains("is not valid: line 4: unknown field `timout`"),
+            typo.contains("is not valid: line 4 (`timout = 3`): unknown field `timout`"),
             "{typo}"
         );
         assert!(!typo.contains('\n'), "one line: {typo}");
