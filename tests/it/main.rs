@@ -11,5 +11,6 @@ mod gates;
 mod restore;
 mod restore_cache;
 mod resume;
+mod resume_interop;
 mod tidy;
 mod unpack;

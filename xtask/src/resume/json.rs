@@ -122,11 +122,19 @@ impl PartialEq<str> for Str {
 }
 
 impl fmt::Debug for Str {
-    /// As JSON (`"x\ud83d"`): exact, and safe to print.
+    /// As Rust quotes a `str` (`"a\u{202e}b"`, control, format and other
+    /// invisible characters escaped), a lone surrogate as `\u{d83d}`: exact,
+    /// and safe to print on a terminal.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut out = String::new();
-        quote(&mut out, self);
-        f.write_str(&out)
+        f.write_char('"')?;
+        for c in self.chars() {
+            match c {
+                Ok('\'') => f.write_char('\'')?,
+                Ok(c) => write!(f, "{}", c.escape_debug())?,
+                Err(unit) => write!(f, "\\u{{{unit:x}}}")?,
+            }
+        }
+        f.write_char('"')
     }
 }
 
@@ -698,7 +706,11 @@ mod tests {
         assert_eq!(a.units(), [u16::from(b'x'), 0xD83D]);
         assert_eq!(a.to_str(), None);
         assert_eq!(a.for_display(), "x\\u{d83d}");
-        assert_eq!(format!("{a:?}"), "\"x\\ud83d\"");
+        assert_eq!(format!("{a:?}"), "\"x\\u{d83d}\"");
+        assert_eq!(
+            format!("{:?}", Str::from("'a\u{202e}\"")),
+            "\"'a\\u{202e}\\\"\""
+        );
         // A lone surrogate as a key, too.
         let v = parse(b"{\"\\ud800\":1}").unwrap();
         assert_eq!(to_compact(&v), "{\"\\ud800\":1}");
