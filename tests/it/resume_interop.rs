@@ -526,48 +526,65 @@ fn a_repo_with_a_slash_or_format_characters_never_names_the_launcher() {
         (" ws ", "wsClaude"),
         ("x😀", "x😀Claude"),
     ];
-    let mut entries = Vec::new();
-    for (i, name) in hostile_names.iter().enumerate() {
-        entries.push(format!(
-            r#""h{i}": {{"surfaceId": "h{i}", "sessionId": "s{i}", "repo": {}, "role": null, "captured_at": 1, "last_active": 1}}"#,
+    // Names with a lone surrogate go to an index of their own, so that the
+    // launcher check runs on the others even where such an index is refused.
+    let (plain, lone) = (Idx::new(), Idx::new());
+    let mut rows = (Vec::new(), Vec::new());
+    let row = |surface: String, name: &[u16]| {
+        format!(
+            r#""{surface}": {{"surfaceId": "{surface}", "sessionId": "s", "repo": {}, "role": null, "captured_at": 1, "last_active": 1}}"#,
             js_literal(name)
-        ));
+        )
+    };
+    for (i, name) in hostile_names.iter().enumerate() {
+        let to = if String::from_utf16(name).is_ok() {
+            &mut rows.0
+        } else {
+            &mut rows.1
+        };
+        to.push(row(format!("h{i}"), name));
     }
     for (i, (name, _)) in fine.iter().enumerate() {
-        entries.push(format!(
-            r#""f{i}": {{"surfaceId": "f{i}", "sessionId": "s{i}", "repo": {}, "role": null, "captured_at": 1, "last_active": 1}}"#,
-            js_literal(&units(name))
-        ));
+        rows.0.push(row(format!("f{i}"), &units(name)));
     }
-    let idx = Idx::new();
-    fs::create_dir_all(idx.dir()).unwrap();
-    fs::write(
-        &idx.path,
-        format!(
-            r#"{{"version": 1, "entries": {{{}}}}}"#,
-            entries.join(",\n")
-        ),
-    )
-    .unwrap();
-    for (i, name) in hostile_names.iter().enumerate() {
-        let (launcher, command, stderr) = resume_json(&idx, &format!("h{i}"));
-        let shown = js_literal(name);
-        assert_eq!(launcher, "repoGolem", "repo {shown} named the launcher");
-        assert_eq!(command, format!("repoGolem --resume s{i}"), "repo {shown}");
-        assert!(
-            stderr.contains("warning") && stderr.contains("repoGolem"),
-            "repo {shown}: no warning: {stderr}"
-        );
-        assert!(
-            !stderr.contains('\u{202e}') && !stderr.contains('\u{1b}'),
-            "{stderr:?}"
-        );
+    for (idx, rows) in [(&plain, &rows.0), (&lone, &rows.1)] {
+        fs::create_dir_all(idx.dir()).unwrap();
+        let text = format!(r#"{{"version": 1, "entries": {{{}}}}}"#, rows.join(",\n"));
+        fs::write(&idx.path, text).unwrap();
     }
-    for (i, (name, want)) in fine.iter().enumerate() {
-        let (launcher, _, stderr) = resume_json(&idx, &format!("f{i}"));
-        assert_eq!(launcher, *want, "repo {name:?}");
-        assert_eq!(stderr, "", "repo {name:?}");
+    assert!(rows.1.len() > 20, "too few names with lone surrogates");
+    let mut checked = 0;
+    for wanted_plain in [true, false] {
+        for (i, name) in hostile_names.iter().enumerate() {
+            if String::from_utf16(name).is_ok() != wanted_plain {
+                continue;
+            }
+            let idx = if wanted_plain { &plain } else { &lone };
+            let (launcher, command, stderr) = resume_json(idx, &format!("h{i}"));
+            let shown = js_literal(name);
+            assert_eq!(launcher, "repoGolem", "repo {shown} named the launcher");
+            assert_eq!(command, "repoGolem --resume s", "repo {shown}");
+            assert!(
+                stderr.contains("warning") && stderr.contains("repoGolem"),
+                "repo {shown}: no warning: {stderr}"
+            );
+            assert!(
+                !stderr
+                    .chars()
+                    .any(|c| c == '\u{1b}' || (c as u32 >= 0x2000 && c as u32 <= 0x206f)),
+                "the warning prints what it warns of: {stderr:?}"
+            );
+            checked += 1;
+        }
+        if wanted_plain {
+            for (i, (name, want)) in fine.iter().enumerate() {
+                let (launcher, _, stderr) = resume_json(&plain, &format!("f{i}"));
+                assert_eq!(launcher, *want, "repo {name:?}");
+                assert_eq!(stderr, "", "repo {name:?}");
+            }
+        }
     }
+    assert_eq!(checked, hostile_names.len());
 }
 
 #[test]
@@ -578,14 +595,22 @@ fn format_characters_in_a_session_id_or_cwd_are_refused_like_control_characters(
         &idx.path,
         r#"{"version": 1, "entries": {
             "a": {"surfaceId": "a", "sessionId": "x\u202e; rm -rf ~ #", "repo": "ws"},
-            "b": {"surfaceId": "b", "sessionId": "ok", "repo": "ws", "cwd": "/w/\u2066x\u2069"},
-            "c": {"surfaceId": "c", "sessionId": "x\ud83d", "repo": "ws"}}}"#,
+            "b": {"surfaceId": "b", "sessionId": "ok", "repo": "ws", "cwd": "/w/\u2066x\u2069"}}}"#,
     )
     .unwrap();
-    for s in ["a", "b", "c"] {
+    for s in ["a", "b"] {
         let r = idx.run(&["resume-cmd", s]).expect_code(4);
         assert_eq!(r.stdout(), "", "surface {s}");
+        assert!(r.stderr().contains("format characters"), "{}", r.stderr());
     }
+    // A lone surrogate cannot be printed as UTF-8 at all.
+    fs::write(
+        &idx.path,
+        r#"{"version": 1, "entries": {"c": {"surfaceId": "c", "sessionId": "x\ud83d", "repo": "ws"}}}"#,
+    )
+    .unwrap();
+    let r = idx.run(&["resume-cmd", "c"]).expect_code(4);
+    assert!(r.stderr().contains("lone surrogate"), "{}", r.stderr());
 }
 
 #[test]
