@@ -64,7 +64,12 @@ impl Index {
         };
         match root.get(&key("version")) {
             Some(Value::Number(n)) if *n == VERSION as f64 => {}
-            Some(other) => return Err(FormatError::Version(json::to_compact(other))),
+            Some(other) => {
+                // Shown escaped: the value is the file's, and could hold
+                // text that drives the terminal.
+                let shown = Str::from(json::to_compact(other).as_str()).for_display();
+                return Err(FormatError::Version(shown));
+            }
             None => return Err(FormatError::Shape("has no \"version\" field".into())),
         }
         match root.get(&key("entries")) {
@@ -84,7 +89,7 @@ impl Index {
 
     /// The file's bytes, exactly as `JSON.stringify(index, null, 2) + "\n"`.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = json::to_pretty(&Value::Object(self.root.clone()));
+        let mut out = json::object_to_pretty(&self.root);
         out.push('\n');
         out.into_bytes()
     }

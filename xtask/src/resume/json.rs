@@ -483,6 +483,13 @@ pub fn to_pretty(value: &Value) -> String {
     out
 }
 
+/// `JSON.stringify(object, null, 2)`, without wrapping it in a `Value`.
+pub fn object_to_pretty(object: &Object) -> String {
+    let mut out = String::with_capacity(256);
+    write_object(&mut out, object, Some(0));
+    out
+}
+
 /// `JSON.stringify(value)`.
 pub fn to_compact(value: &Value) -> String {
     let mut out = String::new();
@@ -520,22 +527,28 @@ fn write_value(out: &mut String, value: &Value, depth: Option<usize>) {
             newline(out, depth);
             out.push(']');
         }
-        Value::Object(map) if map.is_empty() => out.push_str("{}"),
-        Value::Object(map) => {
-            out.push('{');
-            for (i, (key, item)) in js_key_order(map).into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                newline(out, inner);
-                quote(out, key);
-                out.push_str(if depth.is_some() { ": " } else { ":" });
-                write_value(out, item, inner);
-            }
-            newline(out, depth);
-            out.push('}');
-        }
+        Value::Object(map) => write_object(out, map, depth),
     }
+}
+
+fn write_object(out: &mut String, map: &Object, depth: Option<usize>) {
+    if map.is_empty() {
+        out.push_str("{}");
+        return;
+    }
+    let inner = depth.map(|d| d + 1);
+    out.push('{');
+    for (i, (key, item)) in js_key_order(map).into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        newline(out, inner);
+        quote(out, key);
+        out.push_str(if depth.is_some() { ": " } else { ":" });
+        write_value(out, item, inner);
+    }
+    newline(out, depth);
+    out.push('}');
 }
 
 /// A string as JSON.stringify quotes it (ES2019 well-formed stringify):

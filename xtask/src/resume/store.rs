@@ -19,7 +19,7 @@ use crate::exit::{Code, fail};
 use anyhow::{Context, Result};
 use std::fs;
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -133,7 +133,8 @@ impl Store {
             None => {}
         }
         // Resolved under the lock: the link is what other writers follow too.
-        let target = target_of(&self.path);
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let target = target_of(&self.path, unsafe { libc::geteuid() })?;
         self.sweep(dir, &target);
         let mut index = match Self::find(&target) {
             Found::Missing => Index::default(),
@@ -278,21 +279,40 @@ impl Store {
 /// writing through a dangling link creates its target, as `echo >` does).
 /// A chain longer than the kernel follows (a loop) gives `path`, which then
 /// cannot be read, and the error says why.
-fn target_of(path: &Path) -> PathBuf {
+///
+/// Only links made by this user (`euid`) or by root are followed. Anyone
+/// else's link (planted in a shared directory, or in a user's home when
+/// root runs this with that HOME) could aim our write, or `--reinit`'s
+/// rename, at any file we may write: it is refused, as the kernel's
+/// protected_symlinks refuses such links in sticky directories.
+fn target_of(path: &Path, euid: u32) -> Result<PathBuf> {
     let mut at = path.to_path_buf();
     // Linux follows at most 40 links when resolving a path.
     for _ in 0..40 {
         match fs::symlink_metadata(&at) {
-            Ok(meta) if meta.file_type().is_symlink() => match fs::read_link(&at) {
-                // A relative target is relative to the link's directory;
-                // an absolute one replaces the whole path.
-                Ok(next) => at = parent_dir(&at).join(next),
-                Err(_) => return path.to_path_buf(),
-            },
-            _ => return at,
+            Ok(meta) if meta.file_type().is_symlink() => {
+                if meta.uid() != euid && meta.uid() != 0 {
+                    return Err(fail(
+                        Code::Corrupt,
+                        format!(
+                            "the crash-resume index {} is reached through the symbolic link {}, which belongs to uid {}, not to this user (uid {euid}) or root: refusing to write through it; remove the link, or make it as the user who writes the index",
+                            path.display(),
+                            at.display(),
+                            meta.uid()
+                        ),
+                    ));
+                }
+                match fs::read_link(&at) {
+                    // A relative target is relative to the link's directory;
+                    // an absolute one replaces the whole path.
+                    Ok(next) => at = parent_dir(&at).join(next),
+                    Err(_) => return Ok(path.to_path_buf()),
+                }
+            }
+            _ => return Ok(at),
         }
     }
-    path.to_path_buf()
+    Ok(path.to_path_buf())
 }
 
 fn parent_dir(path: &Path) -> &Path {
@@ -424,6 +444,46 @@ mod tests {
                     .is_symlink()
         );
         assert!(fs::symlink_metadata(&a).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn another_users_link_is_never_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        fs::write(&victim, "not an index").unwrap();
+        let link = tmp.path().join("index.json");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        // As root, give the link to another user; otherwise play another
+        // user, since a link of our own is trusted.
+        let euid = if me == 0 {
+            std::os::unix::fs::lchown(&link, Some(12345), None).unwrap();
+            me
+        } else {
+            4242
+        };
+        let err = target_of(&link, euid).unwrap_err();
+        assert_eq!(code_of(&err), Code::Corrupt);
+        assert!(
+            format!("{err:#}").contains("refusing to write through it"),
+            "{err:#}"
+        );
+        if me == 0 {
+            let err = Store::new(link.clone())
+                .update(true, true, |i| {
+                    i.record(&rec("s1"), 1);
+                    Ok(((), true))
+                })
+                .unwrap_err();
+            assert_eq!(code_of(&err), Code::Corrupt);
+        }
+        assert_eq!(fs::read(&victim).unwrap(), b"not an index");
+        assert_eq!(names(tmp.path()), ["index.json", "victim"]);
+        // Our own (or root's) link is followed.
+        let own = tmp.path().join("own.json");
+        std::os::unix::fs::symlink(&victim, &own).unwrap();
+        assert_eq!(target_of(&own, me).unwrap(), victim);
     }
 
     #[test]
