@@ -67,28 +67,70 @@ impl From<&str> for Value {
     }
 }
 
-/// A JavaScript string: UTF-16 code units, lone surrogates allowed.
-#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Str(Vec<u16>);
+/// A JavaScript string: a sequence of UTF-16 code units, lone surrogates
+/// allowed. Held as UTF-8 whenever it is valid Unicode (nearly always, and
+/// then it costs what a `String` costs), as code units only when it has a
+/// lone surrogate; so two equal strings always have the same form.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Str(Repr);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Text(String),
+    /// Holds at least one lone surrogate.
+    Units(Vec<u16>),
+}
+
+impl Default for Repr {
+    fn default() -> Repr {
+        Repr::Text(String::new())
+    }
+}
 
 impl Str {
-    pub fn units(&self) -> &[u16] {
-        &self.0
+    /// The string of these UTF-16 code units.
+    pub fn from_units(units: Vec<u16>) -> Str {
+        match String::from_utf16(&units) {
+            Ok(text) => Str(Repr::Text(text)),
+            Err(_) => Str(Repr::Units(units)),
+        }
+    }
+
+    /// The UTF-16 code units, as JavaScript holds them.
+    pub fn units(&self) -> Vec<u16> {
+        match &self.0 {
+            Repr::Text(t) => t.encode_utf16().collect(),
+            Repr::Units(u) => u.clone(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        matches!(&self.0, Repr::Text(t) if t.is_empty())
     }
 
-    /// The text as Rust holds it, or `None` when it has a lone surrogate
-    /// (which no UTF-8 text, so no argument, path or shell line, can hold).
+    /// The text, or `None` when it has a lone surrogate (which no UTF-8
+    /// text, so no argument, path or shell line, can hold).
+    pub fn as_text(&self) -> Option<&str> {
+        match &self.0 {
+            Repr::Text(t) => Some(t),
+            Repr::Units(_) => None,
+        }
+    }
+
+    /// Owned [`Str::as_text`].
     pub fn to_str(&self) -> Option<String> {
-        String::from_utf16(&self.0).ok()
+        self.as_text().map(str::to_owned)
     }
 
     /// The code points, a lone surrogate as `Err(unit)`.
-    pub fn chars(&self) -> impl Iterator<Item = Result<char, u16>> + '_ {
-        char::decode_utf16(self.0.iter().copied()).map(|r| r.map_err(|e| e.unpaired_surrogate()))
+    pub fn chars(&self) -> Box<dyn Iterator<Item = Result<char, u16>> + '_> {
+        match &self.0 {
+            Repr::Text(t) => Box::new(t.chars().map(Ok)),
+            Repr::Units(u) => Box::new(
+                char::decode_utf16(u.iter().copied())
+                    .map(|r| r.map_err(|e| e.unpaired_surrogate())),
+            ),
+        }
     }
 
     /// The text for a terminal: control and format characters (which would
@@ -111,13 +153,19 @@ impl Str {
 
 impl From<&str> for Str {
     fn from(s: &str) -> Str {
-        Str(s.encode_utf16().collect())
+        Str(Repr::Text(s.to_owned()))
+    }
+}
+
+impl From<String> for Str {
+    fn from(s: String) -> Str {
+        Str(Repr::Text(s))
     }
 }
 
 impl PartialEq<str> for Str {
     fn eq(&self, other: &str) -> bool {
-        self.0.iter().copied().eq(other.encode_utf16())
+        self.as_text() == Some(other)
     }
 }
 
@@ -126,6 +174,9 @@ impl fmt::Debug for Str {
     /// invisible characters escaped), a lone surrogate as `\u{d83d}`: exact,
     /// and safe to print on a terminal.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(text) = self.as_text() {
+            return write!(f, "{text:?}");
+        }
         f.write_char('"')?;
         for c in self.chars() {
             match c {
@@ -215,6 +266,13 @@ struct Parser<'a> {
     pos: usize,
 }
 
+/// What one escape in a string stands for.
+enum Unit {
+    Char(char),
+    /// A surrogate that is not half of a pair.
+    Lone(u16),
+}
+
 /// A parse error at byte `pos`, with its line and column (in characters).
 fn locate(bytes: &[u8], pos: usize, what: &'static str, eof: bool) -> ParseError {
     let before = &bytes[..pos];
@@ -253,9 +311,14 @@ impl Parser<'_> {
     }
 
     fn skip_ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.pos += 1;
+        // A plain loop: the index is indented, so this runs over a third of
+        // its bytes, unoptimised in the dev profile.
+        let bytes = self.text.as_bytes();
+        let mut pos = self.pos;
+        while pos < bytes.len() && matches!(bytes[pos], b' ' | b'\t' | b'\n' | b'\r') {
+            pos += 1;
         }
+        self.pos = pos;
     }
 
     fn expect(&mut self, byte: u8, what: &'static str) -> Result<(), ParseError> {
@@ -360,68 +423,116 @@ impl Parser<'_> {
 
     fn string(&mut self) -> Result<Str, ParseError> {
         self.pos += 1;
-        let mut units = Vec::new();
+        let text = self.text;
+        let mut out = String::new();
+        // Code units instead of `out`, from the first lone surrogate on.
+        let mut units: Option<Vec<u16>> = None;
         loop {
-            let rest = &self.text[self.pos..];
-            // Copy the run up to the next quote, backslash or control byte.
-            let run = rest
-                .bytes()
-                .position(|b| b == b'"' || b == b'\\' || b < 0x20)
-                .unwrap_or(rest.len());
-            units.extend(rest[..run].encode_utf16());
+            let rest = &text.as_bytes()[self.pos..];
+            // memchr is built optimised even in the dev profile that
+            // `cargo xtask` runs; a byte-by-byte search here would not be.
+            let run = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
+            if let Some(at) = rest[..run].iter().position(|&b| b < 0x20) {
+                self.pos += at;
+                return Err(self.error("a control character inside a string"));
+            }
+            // The run ends at an ASCII byte (or the end), so on a boundary.
+            let chunk = &text[self.pos..self.pos + run];
+            match &mut units {
+                Some(units) => units.extend(chunk.encode_utf16()),
+                None => out.push_str(chunk),
+            }
             self.pos += run;
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok(Str(units));
+                    return Ok(match units {
+                        Some(units) => Str::from_units(units),
+                        None => Str::from(out),
+                    });
                 }
                 Some(b'\\') => {
                     self.pos += 1;
-                    units.push(self.escape()?);
+                    match (self.escape()?, &mut units) {
+                        (Unit::Char(c), Some(units)) => {
+                            units.extend_from_slice(c.encode_utf16(&mut [0; 2]));
+                        }
+                        (Unit::Char(c), None) => out.push(c),
+                        (Unit::Lone(unit), units) => units
+                            .get_or_insert_with(|| out.encode_utf16().collect())
+                            .push(unit),
+                    }
                 }
-                Some(_) => return Err(self.error("a control character inside a string")),
-                None => return Err(self.error("unexpected end of the text")),
+                _ => return Err(self.error("unexpected end of the text")),
             }
         }
     }
 
-    /// One escape after the backslash, as a UTF-16 code unit: `\uD83D` is
-    /// one unit, and two such escapes make a pair, exactly as in JavaScript.
-    fn escape(&mut self) -> Result<u16, ParseError> {
-        let unit = match self.peek() {
-            Some(b'"') => b'"' as u16,
-            Some(b'\\') => b'\\' as u16,
-            Some(b'/') => b'/' as u16,
-            Some(b'b') => 0x08,
-            Some(b'f') => 0x0C,
-            Some(b'n') => b'\n' as u16,
-            Some(b'r') => b'\r' as u16,
-            Some(b't') => b'\t' as u16,
+    /// One escape after the backslash. `\uD83D\uDE00` (two escapes making a
+    /// pair) is one character, exactly as in JavaScript; a surrogate escape
+    /// that is not half of such a pair is a lone surrogate.
+    fn escape(&mut self) -> Result<Unit, ParseError> {
+        let short = match self.peek() {
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
             Some(b'u') => {
-                let hex = self.text.get(self.pos + 1..self.pos + 5);
-                let unit = hex
-                    .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .and_then(|h| u16::from_str_radix(h, 16).ok());
-                return match unit {
-                    Some(unit) => {
-                        self.pos += 5;
-                        Ok(unit)
+                self.pos += 1;
+                let unit = self.hex4()?;
+                if (0xD800..0xDC00).contains(&unit) && self.text[self.pos..].starts_with("\\u") {
+                    let high = self.pos;
+                    self.pos += 2;
+                    match self.hex4() {
+                        Ok(low) if (0xDC00..0xE000).contains(&low) => {
+                            let c = 0x10000
+                                + ((u32::from(unit) - 0xD800) << 10)
+                                + (u32::from(low) - 0xDC00);
+                            return Ok(Unit::Char(
+                                char::from_u32(c).expect("a surrogate pair is a char"),
+                            ));
+                        }
+                        // Not a low half: the next escape is read on its own
+                        // (and a bad one fails there, with its own position).
+                        _ => self.pos = high,
                     }
-                    None if self.text.len() < self.pos + 5
-                        && self.text.as_bytes()[self.pos + 1..]
-                            .iter()
-                            .all(u8::is_ascii_hexdigit) =>
-                    {
-                        self.pos = self.text.len();
-                        Err(self.error("unexpected end of the text"))
-                    }
-                    None => Err(self.error("a \\u escape without four hex digits")),
-                };
+                }
+                return Ok(match char::from_u32(u32::from(unit)) {
+                    Some(c) => Unit::Char(c),
+                    None => Unit::Lone(unit),
+                });
             }
             _ => return Err(self.error("an unknown escape in a string")),
         };
         self.pos += 1;
-        Ok(unit)
+        Ok(Unit::Char(short))
+    }
+
+    /// The four hex digits of a `\u` escape, as a code unit.
+    fn hex4(&mut self) -> Result<u16, ParseError> {
+        let hex = self.text.get(self.pos..self.pos + 4);
+        let unit = hex
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|h| u16::from_str_radix(h, 16).ok());
+        match unit {
+            Some(unit) => {
+                self.pos += 4;
+                Ok(unit)
+            }
+            None if self.text.len() < self.pos + 4
+                && self.text.as_bytes()[self.pos..]
+                    .iter()
+                    .all(u8::is_ascii_hexdigit) =>
+            {
+                self.pos = self.text.len();
+                Err(self.error("unexpected end of the text"))
+            }
+            None => Err(self.error("a \\u escape without four hex digits")),
+        }
     }
 
     fn number(&mut self) -> Result<Value, ParseError> {
@@ -557,25 +668,48 @@ fn write_object(out: &mut String, map: &Object, depth: Option<usize>) {
 /// (U+2028, DEL and non-ASCII included).
 fn quote(out: &mut String, s: &Str) {
     out.push('"');
-    for c in s.chars() {
-        match c {
-            Ok('"') => out.push_str("\\\""),
-            Ok('\\') => out.push_str("\\\\"),
-            Ok('\u{8}') => out.push_str("\\b"),
-            Ok('\u{c}') => out.push_str("\\f"),
-            Ok('\n') => out.push_str("\\n"),
-            Ok('\r') => out.push_str("\\r"),
-            Ok('\t') => out.push_str("\\t"),
-            Ok(c) if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
+    match s.as_text() {
+        Some(text) => {
+            // Runs that need no escape are copied whole.
+            let mut from = 0;
+            for (i, &b) in text.as_bytes().iter().enumerate() {
+                if b < 0x20 || b == b'"' || b == b'\\' {
+                    out.push_str(&text[from..i]);
+                    escape_into(out, char::from(b));
+                    from = i + 1;
+                }
             }
-            Ok(c) => out.push(c),
-            Err(unit) => {
-                let _ = write!(out, "\\u{unit:04x}");
+            out.push_str(&text[from..]);
+        }
+        None => {
+            for c in s.chars() {
+                match c {
+                    Ok(c) if (c as u32) < 0x20 || c == '"' || c == '\\' => escape_into(out, c),
+                    Ok(c) => out.push(c),
+                    Err(unit) => {
+                        let _ = write!(out, "\\u{unit:04x}");
+                    }
+                }
             }
         }
     }
     out.push('"');
+}
+
+/// The escape JSON.stringify writes for `"`, `\` or a control character.
+fn escape_into(out: &mut String, c: char) {
+    match c {
+        '"' => out.push_str("\\\""),
+        '\\' => out.push_str("\\\\"),
+        '\u{8}' => out.push_str("\\b"),
+        '\u{c}' => out.push_str("\\f"),
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c => {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        }
+    }
 }
 
 /// JavaScript enumerates an object's array-index keys ("0" to "4294967294",
@@ -583,15 +717,13 @@ fn quote(out: &mut String, s: &Str) {
 /// in insertion order. JSON.stringify follows that order.
 fn js_key_order(map: &Object) -> Vec<(&Str, &Value)> {
     let index_of = |k: &Str| -> Option<u32> {
-        let u = k.units();
-        let digits = !u.is_empty() && u.iter().all(|&c| (b'0' as u16..=b'9' as u16).contains(&c));
-        if !digits || (u.len() > 1 && u[0] == b'0' as u16) || u.len() > 10 {
+        // A key with a lone surrogate is no number.
+        let k = k.as_text()?;
+        let canonical = k == "0" || (!k.starts_with('0') && k.bytes().all(|b| b.is_ascii_digit()));
+        if !canonical || k.is_empty() || k.len() > 10 {
             return None;
         }
-        let n = u
-            .iter()
-            .fold(0u64, |n, &c| n * 10 + u64::from(c - b'0' as u16));
-        u32::try_from(n).ok().filter(|&n| n != u32::MAX)
+        k.parse::<u32>().ok().filter(|&n| n != u32::MAX)
     };
     let mut indexed: Vec<_> = map
         .iter()
@@ -844,8 +976,8 @@ mod tests {
     fn any_javascript_string_round_trips() {
         let mut rng = Rng(0x5EED_1234_ABCD_0001);
         for _ in 0..5_000 {
-            let key = Str(hostile_units(&mut rng));
-            let val = Str(hostile_units(&mut rng));
+            let key = Str::from_units(hostile_units(&mut rng));
+            let val = Str::from_units(hostile_units(&mut rng));
             let mut map = Object::new();
             map.insert(key, Value::String(val));
             let v = Value::Object(map);
