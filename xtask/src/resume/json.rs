@@ -862,6 +862,30 @@ mod tests {
     }
 
     #[test]
+    fn a_string_turning_lone_halfway_keeps_every_unit() {
+        // Text, then a lone surrogate (code units from there on), then more
+        // text, a pair written as two escapes, a lone low half, and a high
+        // escape followed by a non-surrogate escape.
+        let v = parse(br#""ab\u00e9\ud83dcd\ud83d\ude00\u00e9\ude00\ud800\u0041""#).unwrap();
+        let want: Vec<u16> = [
+            &units_of("ab\u{e9}")[..],
+            &[0xD83D],
+            &units_of("cd\u{1f600}\u{e9}"),
+            &[0xDE00, 0xD800, 0x41],
+        ]
+        .concat();
+        assert_eq!(v.as_str().unwrap().units(), want);
+        assert_eq!(to_compact(&v), r#""abé\ud83dcd😀é\ude00\ud800A""#);
+        // Valid after all: the same form as the text, so equal and hashed alike.
+        let v = parse(br#""\ud83d\ude00""#).unwrap();
+        assert_eq!(v.as_str().unwrap(), &Str::from("😀"));
+    }
+
+    fn units_of(s: &str) -> Vec<u16> {
+        s.encode_utf16().collect()
+    }
+
+    #[test]
     fn control_characters_are_escaped_as_json_stringify_does() {
         let s = Value::String(Str::from(
             "\u{0}\u{8}\t\n\u{b}\u{c}\r\u{1f} \u{7f}\u{2028}\u{202e}é",
