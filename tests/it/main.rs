@@ -14,6 +14,7 @@ mod gates;
 mod restore;
 mod restore_cache;
 mod resume;
+mod resume_interop;
 mod strict;
 mod tidy;
 mod unpack;

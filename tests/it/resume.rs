@@ -10,47 +10,47 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// One test's index file, `<tmp>/golems/index.json`.
-struct Idx {
-    env: TestEnv,
-    path: PathBuf,
+pub(crate) struct Idx {
+    pub(crate) env: TestEnv,
+    pub(crate) path: PathBuf,
 }
 
 impl Idx {
-    fn new() -> Idx {
+    pub(crate) fn new() -> Idx {
         let env = TestEnv::new();
         let path = env.join("golems/index.json");
         Idx { env, path }
     }
 
-    fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         self.path.parent().unwrap().to_path_buf()
     }
 
-    fn lock(&self) -> PathBuf {
+    pub(crate) fn lock(&self) -> PathBuf {
         PathBuf::from(format!("{}.lock", self.path.display()))
     }
 
     /// `xtask resume --path <index> <args>`.
-    fn cmd(&self, args: &[&str]) -> Command {
+    pub(crate) fn cmd(&self, args: &[&str]) -> Command {
         let mut cmd = self.env.xtask();
         cmd.args(["resume", "--path"]).arg(&self.path).args(args);
         cmd
     }
 
-    fn run(&self, args: &[&str]) -> Run {
+    pub(crate) fn run(&self, args: &[&str]) -> Run {
         run(&mut self.cmd(args))
     }
 
     /// `cmd` with a long lock wait: for tests of correctness under
     /// contention, which a busy machine must not turn into a timeout.
-    fn patient(&self, args: &[&str]) -> Command {
+    pub(crate) fn patient(&self, args: &[&str]) -> Command {
         let mut cmd = self.cmd(args);
         cmd.env("WARMSTART_RESUME_LOCK_WAIT_MS", PATIENT_MS);
         cmd
     }
 
     /// The JavaScript fixture on this index.
-    fn node(&self, args: &[&str]) -> Command {
+    pub(crate) fn node(&self, args: &[&str]) -> Command {
         let mut cmd = node();
         cmd.arg(source_root().join("tests/fixtures/crash-resume-index.js"))
             .args(args)
@@ -68,12 +68,12 @@ impl Idx {
         serde_json::from_slice(&fs::read(&self.path).unwrap()).unwrap()
     }
 
-    fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         fs::read(&self.path).unwrap()
     }
 
     /// Names in the index's directory other than the index itself.
-    fn leftovers(&self) -> Vec<String> {
+    pub(crate) fn leftovers(&self) -> Vec<String> {
         let name = self
             .path
             .file_name()
@@ -90,9 +90,9 @@ impl Idx {
     }
 }
 
-const PATIENT_MS: &str = "60000";
+pub(crate) const PATIENT_MS: &str = "60000";
 
-fn node() -> Command {
+pub(crate) fn node() -> Command {
     let probe = Command::new("node").arg("--version").output();
     assert!(
         probe.is_ok_and(|o| o.status.success()),
@@ -119,14 +119,14 @@ fn entry(surface: &str, session: &str, repo: Value, last_active: i64) -> Value {
     })
 }
 
-fn wait_all(children: Vec<Child>) -> Vec<std::process::Output> {
+pub(crate) fn wait_all(children: Vec<Child>) -> Vec<std::process::Output> {
     children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
         .collect()
 }
 
-fn spawn(cmd: &mut Command) -> Child {
+pub(crate) fn spawn(cmd: &mut Command) -> Child {
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -547,7 +547,7 @@ fn rust_and_javascript_writers_share_one_index() {
     assert_eq!(again.out.stdout, idx.bytes());
 }
 
-fn set_mtime_ago(path: &Path, ago: Duration) {
+pub(crate) fn set_mtime_ago(path: &Path, ago: Duration) {
     fs::File::open(path)
         .unwrap()
         .set_modified(SystemTime::now() - ago)

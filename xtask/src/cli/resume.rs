@@ -26,7 +26,7 @@ pub enum ResumeCommand {
         surface: String,
         /// The agent session id to resume later.
         session: String,
-        /// The repository the session works in (picks the launcher).
+        /// The repository the session works in (picks the launcher; not empty).
         repo: String,
         /// The session's role, e.g. `orchestrator` (stored as null when absent).
         role: Option<String>,
@@ -51,8 +51,9 @@ pub enum ResumeCommand {
     /// Print the shell line that resumes a surface's session.
     ///
     /// `cd <cwd> && <repo>Claude --resume <session>` (`orcClaude` for the
-    /// orchestrator, `repoGolem` when the repository is unknown); every word
-    /// is quoted for a POSIX shell. Exit 4 when nothing is resumable.
+    /// orchestrator, `repoGolem` when the repository is unknown, or holds `/`,
+    /// control or format characters); every word is quoted for a POSIX
+    /// shell. Exit 4 when nothing is resumable.
     ResumeCmd {
         /// The terminal surface id.
         surface: String,

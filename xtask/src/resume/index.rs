@@ -6,9 +6,11 @@
 //! `resume::store` and `resume::lock`). It keeps every field it does not know
 //! (top level and inside entries) so that the JavaScript tool and newer
 //! versions of either tool lose nothing when warmstart rewrites the file.
+//! Values are `resume::json`'s, which hold what JavaScript holds (lone
+//! surrogates included), so what the JavaScript tool wrote is written back
+//! byte for byte.
 
-use serde_json::{Map, Number, Value};
-use std::fmt::Write as _;
+use super::json::{self, Object, ParseError, Str, Value};
 
 /// The only format version this code reads and writes.
 pub const VERSION: u64 = 1;
@@ -17,7 +19,7 @@ pub const VERSION: u64 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
     #[error("is not valid JSON ({0})")]
-    Json(#[from] serde_json::Error),
+    Json(#[from] ParseError),
     #[error("{0}")]
     Shape(String),
     #[error("has version {0}, this tool reads version 1 only")]
@@ -27,14 +29,14 @@ pub enum FormatError {
 /// A parsed index. Fields and key order are kept as read.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Index {
-    root: Map<String, Value>,
+    root: Object,
 }
 
 impl Default for Index {
     fn default() -> Self {
-        let mut root = Map::new();
-        root.insert("version".into(), Value::from(VERSION));
-        root.insert("entries".into(), Value::Object(Map::new()));
+        let mut root = Object::new();
+        root.insert("version".into(), Value::Number(VERSION as f64));
+        root.insert("entries".into(), Value::Object(Object::new()));
         Index { root }
     }
 }
@@ -49,22 +51,30 @@ pub struct Record<'a> {
     pub cwd: Option<&'a str>,
 }
 
+fn key(name: &str) -> Str {
+    Str::from(name)
+}
+
 impl Index {
     /// Parses an index, refusing anything that is not a version-1 object
     /// with an `entries` object of objects.
     pub fn parse(bytes: &[u8]) -> Result<Index, FormatError> {
-        let value: Value = serde_json::from_slice(bytes)?;
-        let Value::Object(root) = value else {
+        let Value::Object(root) = json::parse(bytes)? else {
             return Err(FormatError::Shape("is not a JSON object".into()));
         };
-        match root.get("version") {
-            Some(Value::Number(n)) if n.as_f64() == Some(VERSION as f64) => {}
-            Some(other) => return Err(FormatError::Version(other.to_string())),
+        match root.get(&key("version")) {
+            Some(Value::Number(n)) if *n == VERSION as f64 => {}
+            Some(other) => {
+                // Shown escaped: the value is the file's, and could hold
+                // text that drives the terminal.
+                let shown = Str::from(json::to_compact(other).as_str()).for_display();
+                return Err(FormatError::Version(shown));
+            }
             None => return Err(FormatError::Shape("has no \"version\" field".into())),
         }
-        match root.get("entries") {
+        match root.get(&key("entries")) {
             Some(Value::Object(entries)) => {
-                if let Some((key, _)) = entries.iter().find(|(_, v)| !v.is_object()) {
+                if let Some((key, _)) = entries.iter().find(|(_, v)| v.as_object().is_none()) {
                     return Err(FormatError::Shape(format!(
                         "has an entry {key:?} that is not a JSON object"
                     )));
@@ -79,25 +89,26 @@ impl Index {
 
     /// The file's bytes, exactly as `JSON.stringify(index, null, 2) + "\n"`.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = String::with_capacity(256);
-        write_map(&mut out, &self.root, 0);
+        let mut out = json::object_to_pretty(&self.root);
         out.push('\n');
         out.into_bytes()
     }
 
-    pub fn entries(&self) -> &Map<String, Value> {
-        self.root["entries"].as_object().expect("checked by parse")
+    pub fn entries(&self) -> &Object {
+        self.root[&key("entries")]
+            .as_object()
+            .expect("checked by parse")
     }
 
-    fn entries_mut(&mut self) -> &mut Map<String, Value> {
+    fn entries_mut(&mut self) -> &mut Object {
         self.root
-            .get_mut("entries")
+            .get_mut(&key("entries"))
             .and_then(Value::as_object_mut)
             .expect("checked by parse")
     }
 
-    pub fn get(&self, surface: &str) -> Option<&Map<String, Value>> {
-        self.entries().get(surface).and_then(Value::as_object)
+    pub fn get(&self, surface: &str) -> Option<&Object> {
+        self.entries().get(&key(surface)).and_then(Value::as_object)
     }
 
     /// Records a session for a surface. A known surface keeps its
@@ -105,39 +116,43 @@ impl Index {
     /// dropped when the session changed (it belonged to the old session).
     pub fn record(&mut self, rec: &Record, now_ms: i64) {
         let entries = self.entries_mut();
-        let mut entry = match entries.get(rec.surface) {
+        let mut entry = match entries.get(&key(rec.surface)) {
             Some(Value::Object(old)) => old.clone(),
-            _ => Map::new(),
+            _ => Object::new(),
         };
-        let same_session = entry.get("sessionId").and_then(Value::as_str) == Some(rec.session);
+        let same_session = entry
+            .get(&key("sessionId"))
+            .and_then(Value::as_str)
+            .is_some_and(|s| *s == *rec.session);
         let captured = entry
-            .get("captured_at")
-            .filter(|v| v.is_number())
+            .get(&key("captured_at"))
+            .filter(|v| v.as_f64().is_some())
             .cloned()
-            .unwrap_or_else(|| Value::from(now_ms));
-        entry.insert("surfaceId".into(), rec.surface.into());
-        entry.insert("sessionId".into(), rec.session.into());
-        entry.insert("repo".into(), rec.repo.into());
-        entry.insert("role".into(), rec.role.map_or(Value::Null, Value::from));
-        entry.insert("captured_at".into(), captured);
-        entry.insert("last_active".into(), Value::from(now_ms));
+            .unwrap_or(Value::Number(now_ms as f64));
+        let now = Value::Number(now_ms as f64);
+        entry.insert(key("surfaceId"), rec.surface.into());
+        entry.insert(key("sessionId"), rec.session.into());
+        entry.insert(key("repo"), rec.repo.into());
+        entry.insert(key("role"), rec.role.map_or(Value::Null, Value::from));
+        entry.insert(key("captured_at"), captured);
+        entry.insert(key("last_active"), now);
         match rec.cwd {
             Some(cwd) => {
-                entry.insert("cwd".into(), cwd.into());
+                entry.insert(key("cwd"), cwd.into());
             }
             None if !same_session => {
-                entry.shift_remove("cwd");
+                entry.shift_remove(&key("cwd"));
             }
             None => {}
         }
-        entries.insert(rec.surface.into(), Value::Object(entry));
+        entries.insert(key(rec.surface), Value::Object(entry));
     }
 
     /// Bumps `last_active` of a known surface; false when it is unknown.
     pub fn touch(&mut self, surface: &str, now_ms: i64) -> bool {
-        match self.entries_mut().get_mut(surface) {
+        match self.entries_mut().get_mut(&key(surface)) {
             Some(Value::Object(entry)) => {
-                entry.insert("last_active".into(), Value::from(now_ms));
+                entry.insert(key("last_active"), Value::Number(now_ms as f64));
                 true
             }
             _ => false,
@@ -145,8 +160,8 @@ impl Index {
     }
 
     /// Removes the entries older than `max_age_ms`; returns their surfaces.
-    pub fn prune(&mut self, max_age_ms: u64, now_ms: i64) -> Vec<String> {
-        let old: Vec<String> = self
+    pub fn prune(&mut self, max_age_ms: u64, now_ms: i64) -> Vec<Str> {
+        let old: Vec<Str> = self
             .entries()
             .iter()
             .filter(|(_, e)| is_older(e.as_object().expect("checked"), max_age_ms, now_ms))
@@ -160,193 +175,26 @@ impl Index {
 }
 
 /// The time an entry was last seen: `last_active`, else `captured_at`.
-pub fn last_seen_ms(entry: &Map<String, Value>) -> Option<f64> {
+pub fn last_seen_ms(entry: &Object) -> Option<f64> {
     ["last_active", "captured_at"]
         .iter()
-        .find_map(|k| entry.get(*k).and_then(Value::as_f64))
+        .find_map(|k| entry.get(&key(k)).and_then(Value::as_f64))
 }
 
 /// True when an entry was last seen more than `max_age_ms` before `now_ms`.
 /// An entry with no timestamp at all counts as old.
-pub fn is_older(entry: &Map<String, Value>, max_age_ms: u64, now_ms: i64) -> bool {
+pub fn is_older(entry: &Object, max_age_ms: u64, now_ms: i64) -> bool {
     last_seen_ms(entry).is_none_or(|t| now_ms as f64 - t > max_age_ms as f64)
 }
 
 /// Serialises a value as `JSON.stringify(value, null, 2)` does.
 pub fn to_js_string(value: &Value) -> String {
-    let mut out = String::new();
-    write_js(&mut out, value, 0);
-    out
-}
-
-fn indent(out: &mut String, depth: usize) {
-    out.push('\n');
-    for _ in 0..depth {
-        out.push_str("  ");
-    }
-}
-
-fn write_js(out: &mut String, value: &Value, depth: usize) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&js_number(n)),
-        // serde_json escapes exactly the set JSON.stringify escapes (", \,
-        // control characters, with \b \f \n \r \t short forms and lowercase
-        // \u00xx) and writes everything else, non-ASCII included, verbatim.
-        Value::String(s) => out.push_str(&serde_json::to_string(s).expect("a string serialises")),
-        Value::Array(items) if items.is_empty() => out.push_str("[]"),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                indent(out, depth + 1);
-                write_js(out, item, depth + 1);
-            }
-            indent(out, depth);
-            out.push(']');
-        }
-        Value::Object(map) => write_map(out, map, depth),
-    }
-}
-
-fn write_map(out: &mut String, map: &Map<String, Value>, depth: usize) {
-    if map.is_empty() {
-        out.push_str("{}");
-        return;
-    }
-    out.push('{');
-    for (i, (key, item)) in js_key_order(map).into_iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        indent(out, depth + 1);
-        out.push_str(&serde_json::to_string(key).expect("a string serialises"));
-        out.push_str(": ");
-        write_js(out, item, depth + 1);
-    }
-    indent(out, depth);
-    out.push('}');
-}
-
-/// JavaScript enumerates an object's array-index keys ("0" to "4294967294",
-/// no leading zeros) first, in ascending numeric order, then the other keys
-/// in insertion order. JSON.stringify follows that order.
-fn js_key_order(map: &Map<String, Value>) -> Vec<(&String, &Value)> {
-    let index_of = |k: &str| -> Option<u32> {
-        let canonical = k == "0" || (!k.starts_with('0') && k.bytes().all(|b| b.is_ascii_digit()));
-        if !canonical || k.is_empty() {
-            return None;
-        }
-        k.parse::<u32>().ok().filter(|&n| n != u32::MAX)
-    };
-    let mut indexed: Vec<_> = map
-        .iter()
-        .filter_map(|(k, v)| index_of(k).map(|n| (n, k, v)))
-        .collect();
-    indexed.sort_by_key(|(n, _, _)| *n);
-    indexed
-        .into_iter()
-        .map(|(_, k, v)| (k, v))
-        .chain(map.iter().filter(|(k, _)| index_of(k).is_none()))
-        .collect()
-}
-
-/// A number as JavaScript prints it (Number::toString): every JSON number is
-/// a double there, so integers print without a fraction, large or tiny
-/// magnitudes use `e+NN` / `e-NN`, and -0 prints as 0.
-fn js_number(n: &Number) -> String {
-    if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() < 1 << 53) {
-        return i.to_string();
-    }
-    let x = n.as_f64().unwrap_or(f64::NAN);
-    if !x.is_finite() {
-        return "null".into();
-    }
-    if x == 0.0 {
-        return "0".into();
-    }
-    // Rust's `{:e}` gives the shortest digits that round-trip, like JS.
-    let sci = format!("{:e}", x.abs());
-    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    let k = digits.len() as i64;
-    let n = exp.parse::<i64>().expect("{:e} exponent is an integer") + 1;
-    let mut out = String::new();
-    if x < 0.0 {
-        out.push('-');
-    }
-    if k <= n && n <= 21 {
-        out.push_str(&digits);
-        out.extend(std::iter::repeat_n('0', (n - k) as usize));
-    } else if 0 < n && n <= 21 {
-        out.push_str(&digits[..n as usize]);
-        out.push('.');
-        out.push_str(&digits[n as usize..]);
-    } else if -6 < n && n <= 0 {
-        out.push_str("0.");
-        out.extend(std::iter::repeat_n('0', (-n) as usize));
-        out.push_str(&digits);
-    } else {
-        out.push_str(&digits[..1]);
-        if k > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
-        }
-        let e = n - 1;
-        let _ = write!(out, "e{}{}", if e >= 0 { "+" } else { "-" }, e.abs());
-    }
-    out
+    json::to_pretty(value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn num(text: &str) -> String {
-        let v: Value = serde_json::from_str(text).unwrap();
-        to_js_string(&v)
-    }
-
-    #[test]
-    fn numbers_print_as_javascript_does() {
-        for (json, js) in [
-            ("0", "0"),
-            ("-0", "0"),
-            ("-0.0", "0"),
-            ("1.0", "1"),
-            ("1E2", "100"),
-            ("1.5", "1.5"),
-            ("0.1", "0.1"),
-            ("1732934400123.456", "1732934400123.456"),
-            ("1e21", "1e+21"),
-            ("1.5e300", "1.5e+300"),
-            ("123456789012345680000", "123456789012345680000"),
-            ("9007199254740993", "9007199254740992"),
-            ("12345678901234567890", "12345678901234567000"),
-            ("0.000001", "0.000001"),
-            ("1e-7", "1e-7"),
-            ("-2.5e-10", "-2.5e-10"),
-            ("-42", "-42"),
-        ] {
-            assert_eq!(num(json), js, "JSON {json}");
-        }
-    }
-
-    #[test]
-    fn pretty_layout_and_key_order_match_json_stringify() {
-        let v: Value = serde_json::from_str(
-            r#"{"b":[],"10":{},"2":[1,{"x":null}],"01":true,"a":"é\u0001\"\\"}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            to_js_string(&v),
-            "{\n  \"2\": [\n    1,\n    {\n      \"x\": null\n    }\n  ],\n  \"10\": {},\n  \
-             \"b\": [],\n  \"01\": true,\n  \"a\": \"é\\u0001\\\"\\\\\"\n}"
-        );
-    }
 
     #[test]
     fn parse_refuses_what_is_not_a_version_1_index() {
@@ -398,16 +246,16 @@ mod tests {
         .unwrap();
         idx.record(&rec("a", Some("/w")), 100);
         let e = idx.get("s1").unwrap();
-        assert_eq!(e["captured_at"], serde_json::json!(5.5));
-        assert_eq!(e["last_active"], serde_json::json!(100));
-        assert_eq!(e["extra"], "k");
-        assert_eq!(e["role"], Value::Null);
+        assert_eq!(e[&key("captured_at")], Value::Number(5.5));
+        assert_eq!(e[&key("last_active")], Value::Number(100.0));
+        assert_eq!(e[&key("extra")], Value::from("k"));
+        assert_eq!(e[&key("role")], Value::Null);
         // Same session without --cwd keeps the cwd; a new session drops it.
         idx.record(&rec("a", None), 200);
-        assert_eq!(idx.get("s1").unwrap()["cwd"], "/w");
+        assert_eq!(idx.get("s1").unwrap()[&key("cwd")], Value::from("/w"));
         idx.record(&rec("b", None), 300);
-        assert!(idx.get("s1").unwrap().get("cwd").is_none());
-        assert_eq!(idx.root["x"], serde_json::json!([1]));
+        assert!(idx.get("s1").unwrap().get(&key("cwd")).is_none());
+        assert_eq!(idx.root[&key("x")], Value::Array(vec![Value::Number(1.0)]));
     }
 
     #[test]
@@ -417,11 +265,11 @@ mod tests {
         assert!(!idx.touch("nope", 2_000));
         assert!(idx.touch("s1", 2_000));
         assert_eq!(
-            idx.get("s1").unwrap()["last_active"],
-            serde_json::json!(2_000)
+            idx.get("s1").unwrap()[&key("last_active")],
+            Value::Number(2_000.0)
         );
         assert!(idx.prune(1_000, 3_000).is_empty());
-        assert_eq!(idx.prune(999, 3_000), vec!["s1".to_string()]);
+        assert_eq!(idx.prune(999, 3_000), vec![key("s1")]);
         assert!(idx.entries().is_empty());
     }
 }

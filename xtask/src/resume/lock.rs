@@ -2,7 +2,8 @@
 //! with rmdir, exactly as the JavaScript tool does, so both serialise on it.
 //!
 //! On top of that protocol this side is careful where the JavaScript tool is
-//! not. A stale lock (older than 15 s) is stolen by renaming it to a unique
+//! not. A stale lock (older than 15 s, or dated more than 15 s in the future
+//! by a clock that disagrees with ours) is stolen by renaming it to a unique
 //! name and checking that the renamed directory is the very one judged stale
 //! (same device, inode and mtime) before removing it, so two stealers never
 //! both win and a fresh lock is never removed. Stealers of this tool also
@@ -102,15 +103,53 @@ pub struct Lock {
     path: PathBuf,
     id: DirId,
     released: bool,
-    /// The age of the stale lock this process stole on the way, if any.
-    pub stole: Option<Duration>,
+    /// The stale lock this process stole on the way, if any.
+    pub stole: Option<Age>,
 }
 
-fn age_of(meta: &fs::Metadata) -> Duration {
-    meta.modified()
-        .ok()
-        .and_then(|m| SystemTime::now().duration_since(m).ok())
-        .unwrap_or_default()
+/// How old a lock is by its mtime, against this machine's clock.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Age {
+    Past(Duration),
+    /// Dated this far in the future: its maker's clock was ahead of ours
+    /// (another machine on a shared disk), or ours was set back.
+    Future(Duration),
+}
+
+impl Age {
+    pub fn of(meta: &fs::Metadata) -> Age {
+        let Ok(mtime) = meta.modified() else {
+            return Age::Past(Duration::ZERO);
+        };
+        match SystemTime::now().duration_since(mtime) {
+            Ok(age) => Age::Past(age),
+            Err(e) => Age::Future(e.duration()),
+        }
+    }
+
+    /// Stale: older than the limit, or dated more than the limit in the
+    /// future. A live writer holds the lock under the limit, so a lock that
+    /// far ahead of our clock cannot be the fresh lock of a live writer
+    /// whose clock agrees with ours; waiting for it to age would take the
+    /// skew plus the limit, forever if the skew is large.
+    pub fn is_stale(self, limit: Duration) -> bool {
+        match self {
+            Age::Past(age) | Age::Future(age) => age > limit,
+        }
+    }
+}
+
+impl std::fmt::Display for Age {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Age::Past(age) => write!(f, "taken {} ago", crate::clock::human(*age)),
+            Age::Future(skew) => write!(
+                f,
+                "dated {} in the future: clock skew",
+                crate::clock::human(*skew)
+            ),
+        }
+    }
 }
 
 fn kind_of(meta: &fs::Metadata) -> &'static str {
@@ -192,8 +231,8 @@ pub fn acquire(path: &Path, timing: Timing) -> Result<Lock> {
                     .with_context(|| format!("listing the lock directory {}", path.display()));
             }
         }
-        let age = age_of(&meta);
-        if age > timing.stale {
+        let age = Age::of(&meta);
+        if age.is_stale(timing.stale) {
             if steal(path, DirId::of(&meta))? {
                 stole = Some(age);
             }
@@ -204,10 +243,9 @@ pub fn acquire(path: &Path, timing: Timing) -> Result<Lock> {
             return Err(fail(
                 Code::Busy,
                 format!(
-                    "timed out after {} waiting for the index lock {}: another writer holds it (taken {} ago; it counts as stale after {}); if no writer is running, remove it with `rmdir {}`",
+                    "timed out after {} waiting for the index lock {}: another writer holds it ({age}; it counts as stale after {}); if no writer is running, remove it with `rmdir {}`",
                     crate::clock::human(timing.wait),
                     path.display(),
-                    crate::clock::human(age),
                     crate::clock::human(timing.stale),
                     path.display()
                 ),
@@ -409,7 +447,7 @@ mod tests {
         set_mtime(&path, Duration::from_secs(20));
         let judged = DirId::of(&fs::symlink_metadata(&path).unwrap());
         let lock = acquire(&path, fast()).unwrap();
-        assert!(lock.stole.unwrap() >= Duration::from_secs(19));
+        assert!(matches!(lock.stole, Some(Age::Past(age)) if age >= Duration::from_secs(19)));
         // A stealer that judged the old lock stale must not remove the new
         // one: it does not move it, and if it had (racing the JavaScript
         // tool) it puts it back unchanged.
@@ -418,6 +456,33 @@ mod tests {
         assert!(!take_if_same(&path, judged).unwrap());
         assert!(lock.still_owned());
         assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_lock_dated_past_the_limit_in_the_future_is_stale_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("i.json.lock");
+        fs::create_dir(&path).unwrap();
+        let dir = fs::File::open(&path).unwrap();
+        dir.set_modified(SystemTime::now() + Duration::from_secs(3600))
+            .unwrap();
+        let lock = acquire(&path, fast()).unwrap();
+        assert!(
+            matches!(lock.stole, Some(Age::Future(skew)) if skew > Duration::from_secs(3590)),
+            "{:?}",
+            lock.stole
+        );
+        assert!(lock.stole.unwrap().to_string().contains("in the future"));
+        lock.release().unwrap();
+        // Within the limit it is a live writer's lock (clocks differ a
+        // little): waited on, and the timeout says how far ahead it is.
+        fs::create_dir(&path).unwrap();
+        let dir = fs::File::open(&path).unwrap();
+        dir.set_modified(SystemTime::now() + Duration::from_secs(5))
+            .unwrap();
+        let err = acquire(&path, fast()).unwrap_err();
+        assert_eq!(code_of(&err), Code::Busy);
+        assert!(format!("{err:#}").contains("in the future"), "{err:#}");
     }
 
     #[test]

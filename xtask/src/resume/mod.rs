@@ -2,7 +2,8 @@
 //! which terminal surface, so a crashed or recycled machine can resume it.
 //!
 //! It shares one file and one lock protocol with the existing JavaScript
-//! tool. `index` is the file format (pure), `lock` the lock directory
+//! tool. `json` is JSON as JavaScript holds it (lone surrogates included),
+//! `index` the file format (pure), `lock` the lock directory
 //! protocol, `store` reading and durable writing under the lock, `command`
 //! the shell line that resumes a session. This module turns arguments into
 //! calls on those and prints the results. It never writes a corrupt index
@@ -10,6 +11,7 @@
 
 pub mod command;
 pub mod index;
+pub mod json;
 pub mod lock;
 pub mod store;
 
@@ -17,7 +19,7 @@ use crate::cli::resume::{ResumeArgs, ResumeCommand};
 use crate::exit::{Code, fail};
 use anyhow::{Context, Result};
 use index::{Record, is_older, last_seen_ms, to_js_string};
-use serde_json::{Map, Value};
+use json::{Object, Str, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use store::{Store, now_ms};
@@ -52,6 +54,17 @@ pub fn record(store: &Store, rec: &Record, reinit: bool) -> Result<()> {
             ));
         }
     }
+    // The JavaScript tool refuses an empty repo too; a blank one would only
+    // ever resume with the fallback launcher.
+    if rec.repo.trim().is_empty() {
+        return Err(fail(
+            Code::Usage,
+            format!(
+                "the repo {:?} is empty or blank; pass the repository's name (e.g. warmstart), or unknown if there is none",
+                rec.repo
+            ),
+        ));
+    }
     let now = now_ms();
     store.update(true, reinit, |index| {
         index.record(rec, now);
@@ -69,12 +82,12 @@ pub fn touch(store: &Store, surface: &str) -> Result<bool> {
 }
 
 /// The entry of a surface, if any.
-pub fn lookup(store: &Store, surface: &str) -> Result<Option<Map<String, Value>>> {
+pub fn lookup(store: &Store, surface: &str) -> Result<Option<Object>> {
     Ok(store.read()?.get(surface).cloned())
 }
 
 /// Every entry, most recently active first.
-pub fn entries(store: &Store) -> Result<Vec<Map<String, Value>>> {
+pub fn entries(store: &Store) -> Result<Vec<Object>> {
     let index = store.read()?;
     let mut all: Vec<_> = index
         .entries()
@@ -82,7 +95,7 @@ pub fn entries(store: &Store) -> Result<Vec<Map<String, Value>>> {
         .filter_map(|v| v.as_object().cloned())
         .collect();
     all.sort_by(|a, b| {
-        let t = |e: &Map<String, Value>| last_seen_ms(e).unwrap_or(f64::NEG_INFINITY);
+        let t = |e: &Object| last_seen_ms(e).unwrap_or(f64::NEG_INFINITY);
         t(b).total_cmp(&t(a))
     });
     Ok(all)
@@ -123,7 +136,7 @@ pub fn resume_line(
 
 /// Removes entries older than `max_age_ms`; returns the removed surfaces and
 /// how many entries remain.
-pub fn prune(store: &Store, max_age_ms: u64) -> Result<(Vec<String>, usize)> {
+pub fn prune(store: &Store, max_age_ms: u64) -> Result<(Vec<Str>, usize)> {
     let now = now_ms();
     store.update(false, false, |index| {
         let gone = index.prune(max_age_ms, now);
@@ -151,22 +164,14 @@ fn out(text: &str) -> Result<()> {
     }
 }
 
-fn table(entries: &[Map<String, Value>]) -> String {
+fn table(entries: &[Object]) -> String {
     let now = now_ms() as f64;
-    let cell = |e: &Map<String, Value>, k: &str| match e.get(k) {
-        // Control characters would drive the terminal: show them escaped.
-        Some(Value::String(s)) => s
-            .chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect(),
+    let cell = |e: &Object, k: &str| match e.get(&Str::from(k)) {
+        // Control and format characters would drive the terminal or reorder
+        // the line: show them escaped.
+        Some(Value::String(s)) => s.for_display(),
         None | Some(Value::Null) => "-".into(),
-        Some(other) => other.to_string(),
+        Some(other) => Str::from(json::to_compact(other).as_str()).for_display(),
     };
     let mut rows = vec![["SURFACE", "SESSION", "REPO", "ROLE", "ACTIVE", "CWD"].map(String::from)];
     for e in entries {
@@ -251,6 +256,9 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
             json,
         } => {
             let line = resume_line(&store, &surface, max_age_ms)?;
+            if let Some(why) = &line.warning {
+                eprintln!("warning: surface {surface:?}: {why}");
+            }
             if json {
                 out(&format!("{}\n", serde_json::to_string_pretty(&line)?))
             } else {
@@ -271,12 +279,25 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
         ResumeCommand::Prune { max_age_ms, json } => {
             let (gone, left) = prune(&store, max_age_ms)?;
             if json {
-                let report = serde_json::json!({
-                    "path": store.path,
-                    "pruned": gone,
-                    "remaining": left,
-                });
-                out(&format!("{}\n", serde_json::to_string_pretty(&report)?))
+                // The pruned surfaces may hold lone surrogates: written as
+                // JSON.stringify would, like every other index text.
+                let path = store.path.to_str().ok_or_else(|| {
+                    fail(
+                        Code::Usage,
+                        format!(
+                            "the index path {:?} is not valid UTF-8, so --json cannot print it",
+                            store.path
+                        ),
+                    )
+                })?;
+                let mut report = Object::new();
+                report.insert("path".into(), Value::from(path));
+                report.insert(
+                    "pruned".into(),
+                    Value::Array(gone.into_iter().map(Value::String).collect()),
+                );
+                report.insert("remaining".into(), Value::Number(left as f64));
+                out(&format!("{}\n", to_js_string(&Value::Object(report))))
             } else {
                 out(&format!(
                     "pruned {} entries not active within {max_age_ms} ms from {} ({left} left)\n",
