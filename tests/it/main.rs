@@ -6,6 +6,7 @@ mod cache_fetch;
 mod cache_publish;
 mod cache_restore;
 mod conda;
+mod containment;
 mod demo;
 mod gates;
 mod restore;

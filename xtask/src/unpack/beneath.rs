@@ -422,6 +422,22 @@ fn mode() -> u8 {
     }
 }
 
+/// Refuses a `WARMSTART_TEST_FORCE_WALK` that is not understood (exit 10)
+/// before an install starts, rather than deep inside it.
+pub(crate) fn check_setting() -> anyhow::Result<()> {
+    if mode() == MODE_BAD_ENV {
+        let v = std::env::var_os(FORCE_WALK_ENV).unwrap_or_default();
+        return Err(crate::exit::fail(
+            crate::exit::Code::Config,
+            format!(
+                "{FORCE_WALK_ENV}={:?} is not understood: set it to 1 (force the component walk), 0, or unset it",
+                v.to_string_lossy()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Makes every later resolution in this process take the component walk
 /// (`true`) or `openat2` where the kernel has it (`false`), whatever
 /// `WARMSTART_TEST_FORCE_WALK` says: for tests that run both in-process.

@@ -30,7 +30,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::beneath::{Dir, Links, depth_below, escapes, is_dir, is_link, open_beneath};
+use super::beneath::{self, Dir, Links, depth_below, escapes, is_dir, is_link, open_beneath};
 use super::journal::{Journal, Kind};
 use super::swap::remove_tree;
 use super::{Stats, fsync_dir, kill_point};
@@ -76,6 +76,7 @@ pub fn merge_into_with(
     journal: &Path,
     opts: MergeOptions,
 ) -> Result<Stats> {
+    beneath::check_setting()?;
     recover(journal)?;
     fs::create_dir_all(prefix).with_context(|| format!("creating {}", prefix.display()))?;
     let mut plan = Journal {
@@ -112,6 +113,7 @@ pub fn merge_into_with(
 /// prefix like `merge_into`. A journal that cannot be parsed is an error
 /// with `exit::Code::Corrupt` naming the file, and is left in place.
 pub fn recover(journal: &Path) -> Result<()> {
+    beneath::check_setting()?;
     let Some(plan) = read_journal(journal)? else {
         return Ok(());
     };
