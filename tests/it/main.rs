@@ -7,6 +7,7 @@ mod cache_publish;
 mod cache_restore;
 mod conda;
 mod containment;
+mod containment_property;
 mod demo;
 mod gates;
 mod restore;
