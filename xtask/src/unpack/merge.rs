@@ -281,6 +281,7 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
     let mut places: HashMap<&Path, Place> = HashMap::new();
     places.insert(Path::new(""), Place::existing(root, 0)?);
     let mut landed: HashMap<(PlaceKey, &OsStr), (Kind, &Path)> = HashMap::new();
+    let (mut dsts, mut srcs) = (Slot::default(), Slot::default());
     for (kind, rel) in &plan.entries {
         let (parent_rel, name) = split(rel)?;
         let parent = places
@@ -301,7 +302,9 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
             ));
         }
         let dst = match parent {
-            Place::Existing { .. } => Some(open_parent(root, plan, parent_rel)?),
+            Place::Existing { .. } => Some(dsts.get(parent_rel, &plan.prefix, || {
+                open_parent(root, plan, parent_rel)
+            })?),
             Place::New { .. } => None,
         };
         let there = match &dst {
@@ -338,10 +341,12 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
                 if there.as_ref().is_some_and(is_dir) {
                     return Err(dir_meets_file(plan, rel));
                 }
-                let staged = open_beneath(src, parent_rel, Links::None).with_context(|| {
-                    format!("opening {}", plan.staging.join(parent_rel).display())
+                let staged = srcs.get(parent_rel, &plan.staging, || {
+                    open_beneath(src, parent_rel, Links::None).with_context(|| {
+                        format!("opening {}", plan.staging.join(parent_rel).display())
+                    })
                 })?;
-                judge_link(plan, &staged, rel, parent.depth(), dst.as_ref())?;
+                judge_link(plan, staged, rel, parent.depth(), dst)?;
             }
         }
     }
@@ -530,17 +535,44 @@ fn tmp_name(name: &OsStr) -> OsString {
     tmp
 }
 
-/// A directory handle per relative path, opened once per run.
-fn cached<'a>(
-    cache: &'a mut HashMap<PathBuf, Dir>,
-    rel: &Path,
-    open: impl FnOnce() -> Result<Dir>,
-) -> Result<&'a Dir> {
-    if !cache.contains_key(rel) {
-        let dir = open()?;
-        cache.insert(rel.to_path_buf(), dir);
+/// The handle on the directory the last entry was in. Entries come depth
+/// first, so most reuse it, and at most one handle per side is open however
+/// many directories the tree has (one per directory could exhaust the
+/// process's descriptors). A directory something was renamed into is
+/// fsynced when the slot moves on, and by `flush` at the end.
+#[derive(Default)]
+struct Slot {
+    at: Option<(PathBuf, Dir)>,
+    touched: bool,
+}
+
+impl Slot {
+    fn get(
+        &mut self,
+        rel: &Path,
+        shown: &Path,
+        open: impl FnOnce() -> Result<Dir>,
+    ) -> Result<&Dir> {
+        if self.at.as_ref().is_none_or(|(r, _)| r != rel) {
+            self.flush(shown)?;
+            self.at = None;
+            self.at = Some((rel.to_path_buf(), open()?));
+        }
+        Ok(&self.at.as_ref().expect("set above").1)
     }
-    Ok(&cache[rel])
+
+    /// Syncs the directory if something was renamed into it (`shown` is the
+    /// root it is relative to, for messages).
+    fn flush(&mut self, shown: &Path) -> Result<()> {
+        if self.touched
+            && let Some((rel, dir)) = &self.at
+        {
+            dir.sync()
+                .with_context(|| format!("syncing {}", shown.join(rel).display()))?;
+        }
+        self.touched = false;
+        Ok(())
+    }
 }
 
 /// Moves what is still in staging into the prefix; idempotent, so a replay
@@ -552,15 +584,13 @@ fn apply(root: &Dir, plan: &Journal) -> Result<Stats> {
         .with_context(|| format!("opening the staging directory {}", plan.staging.display()))?;
     let mut stats = Stats::default();
     let mut seen_inodes = HashSet::new();
-    let mut dsts: HashMap<PathBuf, Dir> = HashMap::new();
-    let mut srcs: HashMap<PathBuf, Dir> = HashMap::new();
-    let mut touched: HashSet<PathBuf> = HashSet::new();
+    let (mut dsts, mut srcs) = (Slot::default(), Slot::default());
     for (kind, rel) in &plan.entries {
         let (parent_rel, name) = split(rel)?;
-        let dst = cached(&mut dsts, parent_rel, || {
+        let dst = dsts.get(parent_rel, &plan.prefix, || {
             open_parent(root, plan, parent_rel)
         })?;
-        let src = cached(&mut srcs, parent_rel, || {
+        let src = srcs.get(parent_rel, &plan.staging, || {
             open_beneath(&src_root, parent_rel, Links::None)
                 .with_context(|| format!("opening {}", plan.staging.join(parent_rel).display()))
         });
@@ -624,16 +654,12 @@ fn apply(root: &Dir, plan: &Journal) -> Result<Stats> {
                         shown.display()
                     )
                 })?;
-                touched.insert(parent_rel.to_path_buf());
+                dsts.touched = true;
                 kill_point("merge:moved-one");
             }
         }
     }
-    for rel in touched {
-        dsts[&rel]
-            .sync()
-            .with_context(|| format!("syncing {}", plan.prefix.join(&rel).display()))?;
-    }
+    dsts.flush(&plan.prefix)?;
     Ok(stats)
 }
 
