@@ -849,6 +849,39 @@ mod tests {
     }
 
     #[test]
+    fn climbs_out_judges_from_the_real_depth() {
+        assert!(!climbs_out(b"libz.so.1", 0));
+        assert!(!climbs_out(b"../lib/x", 1));
+        assert!(climbs_out(b"../lib/x", 0));
+        assert!(!climbs_out(b"../..", 2));
+        assert!(climbs_out(b"../../..", 2));
+        assert!(climbs_out(b"a/../b", 5), "`..` after a name");
+        assert!(climbs_out(b"/usr/bin/env", 9));
+    }
+
+    #[test]
+    fn a_replayed_journal_keeps_allow_external_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, prefix, journal) = setup(tmp.path());
+        std::os::unix::fs::symlink("/usr/bin/env", staging.join("bin/env")).unwrap();
+        let strict = merge_into(&staging, &prefix, &journal).unwrap_err();
+        assert_eq!(crate::exit::code_of(&strict), Code::Unsafe, "{strict:#}");
+        assert!(format!("{strict:#}").contains("refusing symlink `bin/env`"));
+        let opts = MergeOptions {
+            allow_external_symlinks: true,
+        };
+        assert!(run_killed_at("merge:journal-written", || merge_into_with(
+            &staging, &prefix, &journal, opts
+        )));
+        recover(&journal).unwrap();
+        assert_eq!(
+            fs::read_link(prefix.join("bin/env")).unwrap(),
+            Path::new("/usr/bin/env")
+        );
+        assert_merged(&prefix, &staging, &journal);
+    }
+
+    #[test]
     fn a_corrupt_journal_is_an_error_and_kept() {
         let tmp = tempfile::tempdir().unwrap();
         let journal = tmp.path().join("merge.journal");
