@@ -309,6 +309,20 @@ fn symlinked_directories_inside_the_prefix_are_written_through() {
             &outside,
             "`lib/libq.so` and `lib64/libq.so` land on the same path",
         );
+        // Also below a directory the package creates there by both names.
+        let twice_new = package(
+            &env,
+            "twice-new",
+            json!([{"name": "lib/new/q", "data": "a"}, {"name": "lib64/new/q", "data": "b"}]),
+        );
+        let r = conda_unpack(&env, &twice_new, &s.prefix, &[], walk);
+        assert_contained(
+            r,
+            &s,
+            &before,
+            &outside,
+            "`lib/new/q` and `lib64/new/q` land on the same path",
+        );
     }
 }
 

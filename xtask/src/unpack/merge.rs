@@ -288,9 +288,14 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
             .get(parent_rel)
             .cloned()
             .with_context(|| format!("`{}` is listed before its directory", rel.display()))?;
-        if let Some((k0, r0)) = landed.insert((parent.key(), name), (*kind, rel))
-            && !(k0 == Kind::Dir && *kind == Kind::Dir)
-        {
+        if let Some((k0, r0)) = landed.insert((parent.key(), name), (*kind, rel)) {
+            if k0 == Kind::Dir && *kind == Kind::Dir {
+                // One directory by two staged paths (`lib/x/`, `lib64/x/`):
+                // one place, so that what lands under either is compared.
+                let same = places[r0].clone();
+                places.insert(rel, same);
+                continue;
+            }
             return Err(fail(
                 Code::Unsafe,
                 format!(
