@@ -887,6 +887,36 @@ mod tests {
     }
 
     #[test]
+    fn a_merge_through_lib64_killed_midway_is_completed_through_it() {
+        for walk in [false, true] {
+            crate::unpack::force_walk(walk);
+            let tmp = tempfile::tempdir().unwrap();
+            let (staging, prefix, journal) = setup(tmp.path());
+            fs::create_dir_all(prefix.join("lib")).unwrap();
+            std::os::unix::fs::symlink("lib", prefix.join("lib64")).unwrap();
+            fs::create_dir_all(staging.join("lib64/sub")).unwrap();
+            fs::write(staging.join("lib64/sub/c.so"), "c\n").unwrap();
+            fs::write(staging.join("lib64/d.so"), "d\n").unwrap();
+            assert!(run_killed_at("merge:moved-one", || merge_into(
+                &staging, &prefix, &journal
+            )));
+            recover(&journal).unwrap();
+            assert_merged(&prefix, &staging, &journal);
+            assert_eq!(
+                fs::read_to_string(prefix.join("lib/sub/c.so")).unwrap(),
+                "c\n"
+            );
+            assert_eq!(fs::read_to_string(prefix.join("lib/d.so")).unwrap(), "d\n");
+            assert!(
+                fs::symlink_metadata(prefix.join("lib64"))
+                    .unwrap()
+                    .file_type()
+                    .is_symlink()
+            );
+        }
+    }
+
+    #[test]
     fn a_corrupt_journal_is_an_error_and_kept() {
         let tmp = tempfile::tempdir().unwrap();
         let journal = tmp.path().join("merge.journal");
