@@ -530,8 +530,10 @@ fn openat2(root: &Dir, rel: &Path, links: Links) -> io::Result<Dir> {
 
 /// The fallback: one component at a time from `root`, each opened with
 /// `O_NOFOLLOW | O_DIRECTORY`. A symlink met is read and its target spliced
-/// in front of what is left; `..` pops the handle stack, so it can never
-/// climb above `root` (nor be fooled by a directory moved meanwhile).
+/// in front of what is left; `..` pops the handle stack instead of opening
+/// `..`, so it can never climb above `root`. The one race it does not close
+/// (`openat2` does): someone else moving a directory out of the root while
+/// the walk stands in it.
 fn walk(root: &Dir, comps: &[&OsStr], links: Links) -> io::Result<Dir> {
     WALK_CALLS.fetch_add(1, Ordering::Relaxed);
     let mut todo: Vec<OsString> = comps.iter().rev().map(|c| c.to_os_string()).collect();
