@@ -45,4 +45,7 @@ python3 tools/bench-cache.py --quick >/dev/null
 # Rounds of each 8-publisher race in tests/it/cache_concurrency.rs (one
 # clone, eight clones); set it higher by hand to hunt for a rare loss.
 export WARMSTART_TEST_CONCURRENT_ROUNDS="${WARMSTART_TEST_CONCURRENT_ROUNDS:-2}"
+# The containment property test (tests/it/containment_property.rs) runs this
+# many hostile archive sequences through each resolver (openat2, the walk).
+export WARMSTART_CONTAINMENT_SEQUENCES="${WARMSTART_CONTAINMENT_SEQUENCES:-500}"
 cargo nextest run --workspace --no-fail-fast "$@"

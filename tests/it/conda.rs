@@ -813,10 +813,10 @@ fn conda_unpack_refuses_a_conflicting_prefix_and_leaves_no_staging() {
         .arg(fixture("wsfixture-1.2.3-h0_0.conda"))
         .arg("--into")
         .arg(&s.prefix))
-    .expect_code(1);
+    .expect_code(7);
     assert!(
         out.stderr()
-            .contains("is a file but the package has a directory there; move it away"),
+            .contains("is a file but the package has a directory `lib/` there; move it away"),
         "{}",
         out.stderr()
     );

@@ -9,6 +9,8 @@ mod cache_heal;
 mod cache_publish;
 mod cache_restore;
 mod conda;
+mod containment;
+mod containment_property;
 mod demo;
 mod gates;
 mod restore;

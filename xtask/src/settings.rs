@@ -104,6 +104,16 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         Kind::Text,
         "tests: rounds of the concurrent-publish test, each way (tools/test.sh sets 2)",
     ),
+    (
+        "WARMSTART_CONTAINMENT_SEQUENCES",
+        Kind::Text,
+        "tests: hostile archive sequences per resolver in the containment property test",
+    ),
+    (
+        "WARMSTART_CONTAINMENT_SEED",
+        Kind::Text,
+        "tests: the seed of the containment property test",
+    ),
 ];
 
 /// Refuses an unknown `WARMSTART_*` variable (naming the nearest known one)

@@ -3,7 +3,9 @@
 //! `info` reads metadata only. `unpack` extracts into a staging directory
 //! beside the prefix through `unpack::extract_tar_select` (every entry
 //! checked, hostile ones refused), rewrites prefix placeholders there, then
-//! hands the tree to `unpack::merge_into` (one rename per file, journaled).
+//! hands the tree to `unpack::merge_into_with` (one rename per file,
+//! journaled, each relative to a handle on the prefix, so that no symlink an
+//! earlier package left there can lead a write outside it).
 //! This module never writes into the prefix itself and never writes outside
 //! the staging directory before the merge.
 
@@ -494,7 +496,10 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
     }
     let mut guard = guard;
     guard.0 = None;
-    if let Err(err) = unpack::merge_into(&staging, &prefix, &journal) {
+    let merge = unpack::MergeOptions {
+        allow_external_symlinks: args.allow_external_symlinks,
+    };
+    if let Err(err) = unpack::merge_into_with(&staging, &prefix, &journal, merge) {
         // Refused before its journal was written (e.g. a conflict in the
         // prefix): nothing moved, so the staging directory is ours to drop.
         // With a journal, the next run needs it to complete the merge.

@@ -6,6 +6,7 @@
 //! ```text
 //! warmstart-merge-journal 1\n
 //! staging\0<path>\0 prefix\0<path>\0
+//! symlinks\0external\0   only when external symlinks are allowed
 //! d\0<rel>\0 ...   directories to create, parents first
 //! f\0<rel>\0 ...   files and symlinks to move
 //! end\0
@@ -29,6 +30,9 @@ pub enum Kind {
 pub struct Journal {
     pub staging: PathBuf,
     pub prefix: PathBuf,
+    /// Staged symlinks may lead outside the prefix (`--allow-external-symlinks`):
+    /// the replay judges them as the first run did.
+    pub external_symlinks: bool,
     pub entries: Vec<(Kind, PathBuf)>,
 }
 
@@ -43,6 +47,9 @@ impl Journal {
         };
         field(b"staging", self.staging.as_os_str());
         field(b"prefix", self.prefix.as_os_str());
+        if self.external_symlinks {
+            field(b"symlinks", OsStr::new("external"));
+        }
         for (kind, rel) in &self.entries {
             let tag: &[u8] = match kind {
                 Kind::Dir => b"d",
@@ -74,12 +81,14 @@ impl Journal {
         }
         let mut staging = None;
         let mut prefix = None;
+        let mut external_symlinks = false;
         let mut entries = Vec::new();
         for pair in fields.chunks(2) {
             let value = PathBuf::from(OsStr::from_bytes(pair[1]));
             match pair[0] {
                 b"staging" => staging = Some(value),
                 b"prefix" => prefix = Some(value),
+                b"symlinks" if pair[1] == b"external" => external_symlinks = true,
                 b"d" => entries.push((Kind::Dir, value)),
                 b"f" => entries.push((Kind::File, value)),
                 tag => {
@@ -101,6 +110,7 @@ impl Journal {
         Ok(Journal {
             staging: staging.ok_or("malformed: no staging path")?,
             prefix: prefix.ok_or("malformed: no prefix path")?,
+            external_symlinks,
             entries,
         })
     }
@@ -114,6 +124,7 @@ mod tests {
         Journal {
             staging: "/p/.x.staging-1".into(),
             prefix: "/usr/local".into(),
+            external_symlinks: false,
             entries: vec![
                 (Kind::Dir, "bin".into()),
                 (Kind::File, "bin/wasm-merge".into()),
@@ -127,7 +138,9 @@ mod tests {
 
     #[test]
     fn round_trips_any_bytes() {
-        let j = sample();
+        let mut j = sample();
+        assert_eq!(Journal::parse(&j.to_bytes()).unwrap(), j);
+        j.external_symlinks = true;
         assert_eq!(Journal::parse(&j.to_bytes()).unwrap(), j);
     }
 

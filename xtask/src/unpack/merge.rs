@@ -8,16 +8,29 @@
 //! removed, so a run killed at any point is completed by the next one.
 //! Files in the prefix that the package does not contain are never touched.
 //!
+//! Containment (ARCHITECTURE.md): every create, rename and removal in the
+//! prefix is made relative to a handle on a directory found by
+//! `beneath::open_beneath` from a handle on the prefix root, so it can never
+//! land outside the prefix, whatever symlinks the prefix holds (an earlier
+//! archive's, `--allow-external-symlinks`' or the user's). Symlinked
+//! directories of the prefix that stay beneath it are written through
+//! (`lib64 -> lib`); any other meets an error naming both paths, raised by
+//! `preflight` before anything moves. A staged symlink is judged from where
+//! it really lands in the prefix, not from where the archive placed it.
+//!
 //! Durability: the journal and the directories it renames into are fsynced;
 //! file contents are not (a `kill -9` cannot lose them, a power cut could).
 
 use anyhow::{Context, Result};
-use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, OpenOptions, Permissions};
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::beneath::{self, Dir, Links, depth_below, escapes, is_dir, is_link, open_beneath};
 use super::journal::{Journal, Kind};
 use super::swap::remove_tree;
 use super::{Stats, fsync_dir, kill_point};
@@ -25,6 +38,20 @@ use crate::exit::{Code, fail};
 
 /// Suffix of the temporary copies made when staging is on another filesystem.
 const TMP_SUFFIX: &str = ".warmstart-new";
+
+/// Relaxations of a merge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeOptions {
+    /// Install staged symlinks whose target leaves the prefix from where they
+    /// land (`--allow-external-symlinks`). They are never written through:
+    /// a later directory meeting one is refused like any link that leaves.
+    pub allow_external_symlinks: bool,
+}
+
+/// `merge_into_with` and the default (strict) options.
+pub fn merge_into(staging: &Path, prefix: &Path, journal: &Path) -> Result<Stats> {
+    merge_into_with(staging, prefix, journal, MergeOptions::default())
+}
 
 /// Merges every file of `staging` into `prefix`, each by rename, with a
 /// journal at `journal` so that an interrupted merge is completed by
@@ -34,20 +61,31 @@ const TMP_SUFFIX: &str = ".warmstart-new";
 /// works, so two merges into one prefix never overlap (and no lock file is
 /// left beside it); callers must not flock the prefix directory themselves.
 /// Existing files of `prefix` that `staging` does not contain are untouched;
-/// ones it does contain are replaced. Refuses, before moving anything, a
-/// staged file where the prefix has a directory and a staged directory where
-/// the prefix has a file. Existing symlinks to directories in the prefix
-/// (e.g. Debian's `/usr/local/man -> share/man`) are followed: they belong
-/// to the machine, not to the archive. Removes `staging` at the end.
-pub fn merge_into(staging: &Path, prefix: &Path, journal: &Path) -> Result<Stats> {
+/// ones it does contain are replaced. Refuses with `exit::Code::Unsafe`,
+/// before moving anything: a staged file where the prefix has a directory, a
+/// staged directory where the prefix has a file, a staged directory meeting
+/// a symlink that does not resolve to a directory beneath the prefix, two
+/// staged paths landing on one (through a symlink of the prefix), and a
+/// staged symlink that would leave the prefix from where it lands. Symlinks
+/// of the prefix to directories beneath it (Debian's `/usr/local/man ->
+/// share/man`, `lib64 -> lib`) are followed: they belong to the machine.
+/// Removes `staging` at the end.
+pub fn merge_into_with(
+    staging: &Path,
+    prefix: &Path,
+    journal: &Path,
+    opts: MergeOptions,
+) -> Result<Stats> {
+    beneath::check_setting()?;
     recover(journal)?;
     fs::create_dir_all(prefix).with_context(|| format!("creating {}", prefix.display()))?;
     let mut plan = Journal {
         staging: absolute(staging)?,
         prefix: absolute(prefix)?,
+        external_symlinks: opts.allow_external_symlinks,
         entries: Vec::new(),
     };
-    let _lock = lock_dir(&plan.prefix)?;
+    let root = lock_root(&plan.prefix)?;
     // A merge into this prefix killed while we waited for the lock.
     if let Some(left) = read_journal(journal)? {
         anyhow::ensure!(
@@ -57,13 +95,15 @@ pub fn merge_into(staging: &Path, prefix: &Path, journal: &Path) -> Result<Stats
             left.prefix.display(),
             plan.prefix.display()
         );
-        complete(journal, &left)?;
+        complete(journal, &left, &root)?;
     }
-    scan(&plan.staging, Path::new(""), &mut plan.entries)?;
-    preflight(&plan)?;
+    let src = Dir::open_path(&plan.staging)
+        .with_context(|| format!("opening the staging directory {}", plan.staging.display()))?;
+    scan(&src, &plan.staging, Path::new(""), &mut plan.entries)?;
+    preflight(&root, &src, &plan)?;
     write_journal(journal, &plan)?;
     kill_point("merge:journal-written");
-    let stats = apply(&plan)?;
+    let stats = apply(&root, &plan)?;
     finish(journal, &plan)?;
     Ok(stats)
 }
@@ -73,26 +113,28 @@ pub fn merge_into(staging: &Path, prefix: &Path, journal: &Path) -> Result<Stats
 /// prefix like `merge_into`. A journal that cannot be parsed is an error
 /// with `exit::Code::Corrupt` naming the file, and is left in place.
 pub fn recover(journal: &Path) -> Result<()> {
+    beneath::check_setting()?;
     let Some(plan) = read_journal(journal)? else {
         return Ok(());
     };
     fs::create_dir_all(&plan.prefix)
         .with_context(|| format!("creating {}", plan.prefix.display()))?;
-    let _lock = lock_dir(&plan.prefix)?;
+    let root = lock_root(&plan.prefix)?;
     // Another process may have completed it while we waited.
     match read_journal(journal)? {
-        Some(plan) => complete(journal, &plan),
+        Some(plan) => complete(journal, &plan, &root),
         None => Ok(()),
     }
 }
 
-/// An exclusive flock on a directory (released when the file is dropped,
-/// or by the kernel when the process dies).
-fn lock_dir(dir: &Path) -> Result<File> {
-    let file = File::open(dir).with_context(|| format!("opening {} to lock it", dir.display()))?;
-    file.lock()
-        .with_context(|| format!("locking {}", dir.display()))?;
-    Ok(file)
+/// A handle on the prefix root with an exclusive flock on it (released when
+/// the handle closes, or by the kernel when the process dies).
+fn lock_root(prefix: &Path) -> Result<Dir> {
+    let root = Dir::open_path(prefix)
+        .with_context(|| format!("opening {} to lock it", prefix.display()))?;
+    root.lock()
+        .with_context(|| format!("locking {}", prefix.display()))?;
+    Ok(root)
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -120,7 +162,7 @@ fn read_journal(journal: &Path) -> Result<Option<Journal>> {
 }
 
 /// Replays a journal under the prefix lock.
-fn complete(journal: &Path, plan: &Journal) -> Result<()> {
+fn complete(journal: &Path, plan: &Journal, root: &Dir) -> Result<()> {
     if !plan.staging.exists() {
         eprintln!(
             "warning: an interrupted merge into {} cannot be completed because its staging directory {} is gone; run the install again",
@@ -129,7 +171,13 @@ fn complete(journal: &Path, plan: &Journal) -> Result<()> {
         );
         for (kind, rel) in &plan.entries {
             if *kind == Kind::File {
-                remove_if_exists(&tmp_name(&plan.prefix.join(rel)))?;
+                let (parent, name) = split(rel)?;
+                // A directory that cannot be reached holds no copy of ours.
+                if let Ok(dir) = open_beneath(root, parent, Links::Beneath) {
+                    dir.unlink_if_exists(&tmp_name(name)).with_context(|| {
+                        format!("removing {}", plan.prefix.join(parent).display())
+                    })?;
+                }
             }
         }
         return finish(journal, plan);
@@ -139,35 +187,45 @@ fn complete(journal: &Path, plan: &Journal) -> Result<()> {
         plan.prefix.display(),
         journal.display()
     );
-    apply(plan)?;
+    apply(root, plan)?;
     finish(journal, plan)
 }
 
-/// Lists `dir` (relative `rel` under the staging root) in sorted order:
-/// directories before their contents.
-fn scan(root: &Path, rel: &Path, out: &mut Vec<(Kind, PathBuf)>) -> Result<()> {
-    let dir = root.join(rel);
-    let mut names: Vec<_> = fs::read_dir(&dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<io::Result<_>>()
-        .with_context(|| format!("listing {}", dir.display()))?;
+/// A staged path's parent (empty for the root) and final name.
+fn split(rel: &Path) -> Result<(&Path, &OsStr)> {
+    match (rel.parent(), rel.file_name()) {
+        (Some(parent), Some(name)) => Ok((parent, name)),
+        _ => anyhow::bail!("`{}` is not a path inside the package", rel.display()),
+    }
+}
+
+/// Lists `dir` (relative `rel` under the staging root `shown`) in sorted
+/// order: directories before their contents.
+fn scan(dir: &Dir, shown: &Path, rel: &Path, out: &mut Vec<(Kind, PathBuf)>) -> Result<()> {
+    let at = shown.join(rel);
+    let mut names = dir
+        .names()
+        .with_context(|| format!("listing {}", at.display()))?;
     names.sort();
     for name in names {
         let child = rel.join(&name);
-        let meta = fs::symlink_metadata(root.join(&child))
-            .with_context(|| format!("reading {}", root.join(&child).display()))?;
-        if meta.is_dir() {
+        let st = dir
+            .lstat_at(&name)
+            .with_context(|| format!("reading {}", at.join(&name).display()))?
+            .with_context(|| format!("{} vanished while listed", at.join(&name).display()))?;
+        if is_dir(&st) {
             // Moving files out needs write access to their staging
             // directory; an archive may have made it read-only.
-            let mode = meta.permissions().mode();
-            if mode & 0o300 != 0o300 {
-                let path = root.join(&child);
-                fs::set_permissions(&path, fs::Permissions::from_mode(mode | 0o700))
-                    .with_context(|| format!("making {} writable", path.display()))?;
+            let mode = st.st_mode & 0o7777;
+            if mode & 0o700 != 0o700 {
+                dir.chmod_dir_at(&name, mode | 0o700)
+                    .with_context(|| format!("making {} writable", at.join(&name).display()))?;
             }
+            let sub = dir
+                .open_dir_at(&name)
+                .with_context(|| format!("opening {}", at.join(&name).display()))?;
             out.push((Kind::Dir, child.clone()));
-            scan(root, &child, out)?;
+            scan(&sub, shown, &child, out)?;
         } else {
             out.push((Kind::File, child));
         }
@@ -175,32 +233,271 @@ fn scan(root: &Path, rel: &Path, out: &mut Vec<(Kind, PathBuf)>) -> Result<()> {
     Ok(())
 }
 
-/// Refuses conflicts before anything moves, so the prefix stays intact.
-fn preflight(plan: &Journal) -> Result<()> {
+/// Where a staged directory lands in the prefix.
+#[derive(Clone, Debug)]
+enum Place {
+    /// An existing directory, `depth` real levels below the prefix root.
+    Existing { dev: u64, ino: u64, depth: usize },
+    /// A directory this merge creates (named by its staged path).
+    New { rel: PathBuf, depth: usize },
+}
+
+/// A `Place` as a key: two staged paths with one key are one directory.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum PlaceKey {
+    Existing(u64, u64),
+    New(PathBuf),
+}
+
+impl Place {
+    fn depth(&self) -> usize {
+        match self {
+            Place::Existing { depth, .. } | Place::New { depth, .. } => *depth,
+        }
+    }
+
+    fn key(&self) -> PlaceKey {
+        match self {
+            Place::Existing { dev, ino, .. } => PlaceKey::Existing(*dev, *ino),
+            Place::New { rel, .. } => PlaceKey::New(rel.clone()),
+        }
+    }
+
+    fn existing(dir: &Dir, depth: usize) -> io::Result<Place> {
+        let st = dir.stat()?;
+        Ok(Place::Existing {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            depth,
+        })
+    }
+}
+
+/// Refuses, before anything moves, every entry that could not be installed
+/// as it is, so the prefix stays intact: it places each staged directory
+/// (an existing one, maybe through a symlink of the prefix, or a new one),
+/// and judges each staged symlink from the directory it really lands in.
+fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
+    let mut places: HashMap<&Path, Place> = HashMap::new();
+    places.insert(Path::new(""), Place::existing(root, 0)?);
+    let mut landed: HashMap<(PlaceKey, &OsStr), (Kind, &Path)> = HashMap::new();
+    let (mut dsts, mut srcs) = (Slot::default(), Slot::default());
     for (kind, rel) in &plan.entries {
-        let dst = plan.prefix.join(rel);
-        let Ok(meta) = fs::symlink_metadata(&dst) else {
-            continue;
+        let (parent_rel, name) = split(rel)?;
+        let parent = places
+            .get(parent_rel)
+            .cloned()
+            .with_context(|| format!("`{}` is listed before its directory", rel.display()))?;
+        if let Some((k0, r0)) = landed.insert((parent.key(), name), (*kind, rel)) {
+            if k0 == Kind::Dir && *kind == Kind::Dir {
+                // One directory by two staged paths (`lib/x/`, `lib64/x/`):
+                // one place, so that what lands under either is compared.
+                let same = places[r0].clone();
+                places.insert(rel, same);
+                continue;
+            }
+            return Err(fail(
+                Code::Unsafe,
+                format!(
+                    "cannot merge into {}: `{}` and `{}` land on the same path, through a symlink of the prefix; nothing was installed",
+                    plan.prefix.display(),
+                    r0.display(),
+                    rel.display()
+                ),
+            ));
+        }
+        let dst = match parent {
+            Place::Existing { .. } => Some(dsts.get(parent_rel, &plan.prefix, || {
+                open_parent(root, plan, parent_rel)
+            })?),
+            Place::New { .. } => None,
+        };
+        let there = match &dst {
+            Some(d) => d
+                .lstat_at(name)
+                .with_context(|| format!("reading {}", plan.prefix.join(rel).display()))?,
+            None => None,
         };
         match kind {
-            Kind::Dir if !meta.is_dir() && !fs::metadata(&dst).is_ok_and(|m| m.is_dir()) => {
-                anyhow::bail!(
-                    "cannot merge into {}: {} is a file but the package has a directory there; move it away, then run again",
-                    plan.prefix.display(),
-                    dst.display()
-                );
+            Kind::Dir => {
+                let depth = parent.depth() + 1;
+                let place = match (there, &dst) {
+                    (Some(st), _) if is_dir(&st) => Place::Existing {
+                        dev: st.st_dev,
+                        ino: st.st_ino,
+                        depth,
+                    },
+                    (Some(st), Some(dst)) if is_link(&st) => {
+                        let through = through_link(root, plan, rel, dst, name)?;
+                        let depth = depth_below(root, &through).with_context(|| {
+                            format!("placing {}", plan.prefix.join(rel).display())
+                        })?;
+                        Place::existing(&through, depth)?
+                    }
+                    (Some(_), _) => return Err(file_meets_dir(plan, rel)),
+                    (None, _) => Place::New {
+                        rel: rel.clone(),
+                        depth,
+                    },
+                };
+                places.insert(rel, place);
             }
-            Kind::File if meta.is_dir() => {
-                anyhow::bail!(
-                    "cannot merge into {}: {} is a directory but the package has a file there; move it away, then run again",
-                    plan.prefix.display(),
-                    dst.display()
-                );
+            Kind::File => {
+                if there.as_ref().is_some_and(is_dir) {
+                    return Err(dir_meets_file(plan, rel));
+                }
+                let staged = srcs.get(parent_rel, &plan.staging, || {
+                    open_beneath(src, parent_rel, Links::None).with_context(|| {
+                        format!("opening {}", plan.staging.join(parent_rel).display())
+                    })
+                })?;
+                judge_link(plan, staged, rel, parent.depth(), dst)?;
             }
-            _ => {}
         }
     }
     Ok(())
+}
+
+fn file_meets_dir(plan: &Journal, rel: &Path) -> anyhow::Error {
+    fail(
+        Code::Unsafe,
+        format!(
+            "cannot merge into {}: {} is a file but the package has a directory `{}/` there; move it away, then run again",
+            plan.prefix.display(),
+            plan.prefix.join(rel).display(),
+            rel.display()
+        ),
+    )
+}
+
+fn dir_meets_file(plan: &Journal, rel: &Path) -> anyhow::Error {
+    fail(
+        Code::Unsafe,
+        format!(
+            "cannot merge into {}: {} is a directory but the package has a file `{}` there; move it away, then run again",
+            plan.prefix.display(),
+            plan.prefix.join(rel).display(),
+            rel.display()
+        ),
+    )
+}
+
+/// The parent directory of a staged entry in the prefix (placed by
+/// `preflight`, so an error here means the prefix changed under the lock).
+fn open_parent(root: &Dir, plan: &Journal, parent_rel: &Path) -> Result<Dir> {
+    open_beneath(root, parent_rel, Links::Beneath).map_err(|e| {
+        let at = plan.prefix.join(parent_rel);
+        if escapes(&e) {
+            fail(
+                Code::Unsafe,
+                format!(
+                    "cannot merge into {}: {} leads outside it through a symlink; move the link away, then run again",
+                    plan.prefix.display(),
+                    at.display()
+                ),
+            )
+        } else {
+            anyhow::Error::new(e).context(format!("opening {}", at.display()))
+        }
+    })
+}
+
+/// The directory a staged directory `rel` reaches through the symlink
+/// `name` of the prefix (in `dst`), if that link resolves to a directory
+/// beneath the prefix; otherwise the refusal naming both paths.
+fn through_link(root: &Dir, plan: &Journal, rel: &Path, dst: &Dir, name: &OsStr) -> Result<Dir> {
+    let err = match open_beneath(root, rel, Links::Beneath) {
+        Ok(d) => return Ok(d),
+        Err(e) => e,
+    };
+    let target = dst
+        .read_link_at(name)
+        .map(|t| t.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let why = if escapes(&err) {
+        format!("which leads outside {}", plan.prefix.display())
+    } else if matches!(
+        err.raw_os_error(),
+        Some(libc::ENOTDIR | libc::ENOENT | libc::ELOOP)
+    ) {
+        format!("which is not a directory inside {}", plan.prefix.display())
+    } else {
+        return Err(err).with_context(|| format!("opening {}", plan.prefix.join(rel).display()));
+    };
+    Err(fail(
+        Code::Unsafe,
+        format!(
+            "cannot merge into {}: the package has a directory `{}/` but {} is a symlink to `{target}`, {why}; nothing was installed: move the link away, then run again",
+            plan.prefix.display(),
+            rel.display(),
+            plan.prefix.join(rel).display()
+        ),
+    ))
+}
+
+/// Refuses a staged symlink (in the staging directory `staged`) whose target
+/// leaves the prefix from the directory it lands in, `depth` real levels
+/// below the prefix root (unless the merge allows external symlinks).
+fn judge_link(
+    plan: &Journal,
+    staged: &Dir,
+    rel: &Path,
+    depth: usize,
+    lands_in: Option<&Dir>,
+) -> Result<()> {
+    let (_, name) = split(rel)?;
+    let Some(st) = staged
+        .lstat_at(name)
+        .with_context(|| format!("reading {}", plan.staging.join(rel).display()))?
+    else {
+        return Ok(()); // moved by an interrupted run
+    };
+    if plan.external_symlinks || !is_link(&st) {
+        return Ok(());
+    }
+    let target = staged
+        .read_link_at(name)
+        .with_context(|| format!("reading the symlink {}", plan.staging.join(rel).display()))?;
+    if !climbs_out(target.as_bytes(), depth) {
+        return Ok(());
+    }
+    let at = lands_in
+        .and_then(Dir::shown)
+        .map(|d| d.join(name))
+        .unwrap_or_else(|| plan.prefix.join(rel));
+    Err(fail(
+        Code::Unsafe,
+        format!(
+            "refusing symlink `{}` -> `{}`: it lands at {} (through symlinks of {}), from where it leads outside the prefix; nothing was installed",
+            rel.display(),
+            target.to_string_lossy(),
+            at.display(),
+            plan.prefix.display()
+        ),
+    ))
+}
+
+/// Whether a symlink target, read from a directory `depth` levels below the
+/// root, can resolve outside it: absolute, more leading `..` than `depth`,
+/// or a `..` after a name (which climbs from wherever that name leads).
+fn climbs_out(target: &[u8], depth: usize) -> bool {
+    if target.first() == Some(&b'/') {
+        return true;
+    }
+    let mut level = depth;
+    let mut seen_name = false;
+    for comp in target.split(|&b| b == b'/') {
+        match comp {
+            b"" | b"." => {}
+            b".." if seen_name => return true,
+            b".." => match level.checked_sub(1) {
+                Some(l) => level = l,
+                None => return true,
+            },
+            _ => seen_name = true,
+        }
+    }
+    false
 }
 
 fn write_journal(journal: &Path, plan: &Journal) -> Result<()> {
@@ -236,115 +533,171 @@ fn sync_parent(path: &Path) -> Result<()> {
     }
 }
 
-fn tmp_name(dst: &Path) -> PathBuf {
-    let name = dst.file_name().unwrap_or_default().to_string_lossy();
-    dst.with_file_name(format!(".{name}{TMP_SUFFIX}"))
+fn tmp_name(name: &OsStr) -> OsString {
+    let mut tmp = OsString::from(".");
+    tmp.push(name);
+    tmp.push(TMP_SUFFIX);
+    tmp
 }
 
-fn remove_if_exists(path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+/// The handle on the directory the last entry was in. Entries come depth
+/// first, so most reuse it, and at most one handle per side is open however
+/// many directories the tree has (one per directory could exhaust the
+/// process's descriptors). A directory something was renamed into is
+/// fsynced when the slot moves on, and by `flush` at the end.
+#[derive(Default)]
+struct Slot {
+    at: Option<(PathBuf, Dir)>,
+    touched: bool,
+}
+
+impl Slot {
+    fn get(
+        &mut self,
+        rel: &Path,
+        shown: &Path,
+        open: impl FnOnce() -> Result<Dir>,
+    ) -> Result<&Dir> {
+        if self.at.as_ref().is_none_or(|(r, _)| r != rel) {
+            self.flush(shown)?;
+            self.at = None;
+            self.at = Some((rel.to_path_buf(), open()?));
+        }
+        Ok(&self.at.as_ref().expect("set above").1)
+    }
+
+    /// Syncs the directory if something was renamed into it (`shown` is the
+    /// root it is relative to, for messages).
+    fn flush(&mut self, shown: &Path) -> Result<()> {
+        if self.touched
+            && let Some((rel, dir)) = &self.at
+        {
+            dir.sync()
+                .with_context(|| format!("syncing {}", shown.join(rel).display()))?;
+        }
+        self.touched = false;
+        Ok(())
     }
 }
 
 /// Moves what is still in staging into the prefix; idempotent, so a replay
-/// after a crash finishes the job.
-fn apply(plan: &Journal) -> Result<Stats> {
+/// after a crash finishes the job. Makes the same checks as `preflight`
+/// (which is what refuses, before anything moves), so that even a prefix
+/// changed since is never written outside.
+fn apply(root: &Dir, plan: &Journal) -> Result<Stats> {
+    let src_root = Dir::open_path(&plan.staging)
+        .with_context(|| format!("opening the staging directory {}", plan.staging.display()))?;
     let mut stats = Stats::default();
     let mut seen_inodes = HashSet::new();
-    let mut touched_dirs: HashSet<PathBuf> = HashSet::new();
+    let (mut dsts, mut srcs) = (Slot::default(), Slot::default());
     for (kind, rel) in &plan.entries {
-        let src = plan.staging.join(rel);
-        let dst = plan.prefix.join(rel);
+        let (parent_rel, name) = split(rel)?;
+        let dst = dsts.get(parent_rel, &plan.prefix, || {
+            open_parent(root, plan, parent_rel)
+        })?;
+        let src = srcs.get(parent_rel, &plan.staging, || {
+            open_beneath(&src_root, parent_rel, Links::None)
+                .with_context(|| format!("opening {}", plan.staging.join(parent_rel).display()))
+        });
+        let shown = plan.prefix.join(rel);
+        let there = dst
+            .lstat_at(name)
+            .with_context(|| format!("reading {}", shown.display()))?;
         match kind {
             Kind::Dir => {
-                if fs::metadata(&dst).is_ok_and(|m| m.is_dir()) {
-                    continue;
+                match there {
+                    Some(st) if is_dir(&st) => continue,
+                    Some(st) if is_link(&st) => {
+                        through_link(root, plan, rel, dst, name)?;
+                        continue;
+                    }
+                    Some(_) => return Err(file_meets_dir(plan, rel)),
+                    None => {}
                 }
-                fs::create_dir(&dst).with_context(|| format!("creating {}", dst.display()))?;
-                if let Ok(meta) = fs::symlink_metadata(&src) {
-                    fs::set_permissions(
-                        &dst,
-                        fs::Permissions::from_mode(meta.permissions().mode() | 0o700),
-                    )
-                    .with_context(|| format!("setting the mode of {}", dst.display()))?;
-                }
+                dst.mkdir_at(name, 0o700)
+                    .with_context(|| format!("creating {}", shown.display()))?;
+                let mode = match src.ok().map(|s| s.lstat_at(name)) {
+                    Some(Ok(Some(st))) => (st.st_mode & 0o7777) | 0o700,
+                    _ => 0o755,
+                };
+                dst.open_dir_at(name)
+                    .and_then(|d| d.chmod(mode))
+                    .with_context(|| format!("setting the mode of {}", shown.display()))?;
                 stats.dirs += 1;
             }
             Kind::File => {
-                let meta = match fs::symlink_metadata(&src) {
-                    Ok(m) => m,
-                    // Moved by an earlier, interrupted run.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e).with_context(|| format!("reading {}", src.display())),
+                let src = match src {
+                    Ok(s) => s,
+                    // Its directory was moved (emptied) by an earlier run.
+                    Err(_) if !plan.staging.join(parent_rel).exists() => continue,
+                    Err(e) => return Err(e),
                 };
-                if meta.file_type().is_symlink() {
+                let Some(st) = src
+                    .lstat_at(name)
+                    .with_context(|| format!("reading {}", plan.staging.join(rel).display()))?
+                else {
+                    continue; // moved by an earlier, interrupted run
+                };
+                if there.as_ref().is_some_and(is_dir) {
+                    return Err(dir_meets_file(plan, rel));
+                }
+                if is_link(&st) {
+                    let depth = depth_below(root, dst)
+                        .with_context(|| format!("placing {}", shown.display()))?;
+                    judge_link(plan, src, rel, depth, Some(dst))?;
                     stats.symlinks += 1;
-                } else if meta.nlink() > 1 && !seen_inodes.insert((meta.dev(), meta.ino())) {
+                } else if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
                     stats.hardlinks += 1;
                 } else {
                     stats.files += 1;
-                    stats.bytes += meta.len();
+                    stats.bytes += st.st_size as u64;
                 }
-                move_one(&src, &dst, &meta)?;
-                if let Some(parent) = dst.parent() {
-                    touched_dirs.insert(parent.to_path_buf());
-                }
+                move_one(src, dst, name, &st).with_context(|| {
+                    format!(
+                        "moving {} to {}",
+                        plan.staging.join(rel).display(),
+                        shown.display()
+                    )
+                })?;
+                dsts.touched = true;
                 kill_point("merge:moved-one");
             }
         }
     }
-    for dir in touched_dirs {
-        fsync_dir(&dir).with_context(|| format!("syncing {}", dir.display()))?;
-    }
+    dsts.flush(&plan.prefix)?;
     Ok(stats)
 }
 
-/// One file or symlink into place by a single rename.
-fn move_one(src: &Path, dst: &Path, meta: &fs::Metadata) -> Result<()> {
+/// One file or symlink `name` from `src` into `dst` by a single rename.
+fn move_one(src: &Dir, dst: &Dir, name: &OsStr, st: &libc::stat) -> io::Result<()> {
     #[cfg(test)]
     let renamed = if FORCE_COPY.with(|f| f.get()) {
         Err(io::Error::from_raw_os_error(libc::EXDEV))
     } else {
-        fs::rename(src, dst)
+        src.rename_at(name, dst, name)
     };
     #[cfg(not(test))]
-    let renamed = fs::rename(src, dst);
+    let renamed = src.rename_at(name, dst, name);
     match renamed {
-        Ok(()) => return Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("moving {} to {}", src.display(), dst.display()));
-        }
+        r => return r,
     }
     // Another filesystem: copy beside the destination, then rename over it.
-    let tmp = tmp_name(dst);
-    remove_if_exists(&tmp)?;
-    if meta.file_type().is_symlink() {
-        let target =
-            fs::read_link(src).with_context(|| format!("reading the symlink {}", src.display()))?;
-        std::os::unix::fs::symlink(&target, &tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
+    let tmp = tmp_name(name);
+    dst.unlink_if_exists(&tmp)?;
+    if is_link(st) {
+        dst.symlink_at(&src.read_link_at(name)?, &tmp)?;
     } else {
-        let mut from = File::open(src).with_context(|| format!("opening {}", src.display()))?;
-        let mut to =
-            super::create_new_file(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        io::copy(&mut from, &mut to)
-            .with_context(|| format!("copying {} to {}", src.display(), tmp.display()))?;
-        to.set_permissions(meta.permissions())
-            .with_context(|| format!("setting the mode of {}", tmp.display()))?;
-        if let Ok(mtime) = meta.modified() {
-            to.set_modified(mtime)
-                .with_context(|| format!("setting the mtime of {}", tmp.display()))?;
-        }
+        let mut from = src.open_file_at(name)?;
+        let mut to = dst.create_file_at(&tmp)?;
+        io::copy(&mut from, &mut to)?;
+        let meta = from.metadata()?;
+        to.set_permissions(Permissions::from_mode(meta.permissions().mode() & 0o7777))?;
+        to.set_modified(meta.modified()?)?;
     }
     kill_point("merge:tmp-written");
-    fs::rename(&tmp, dst)
-        .with_context(|| format!("moving {} to {}", tmp.display(), dst.display()))?;
-    remove_if_exists(src)
+    dst.rename_at(&tmp, dst, name)?;
+    src.unlink_if_exists(name)
 }
 
 #[cfg(test)]
@@ -357,7 +710,12 @@ thread_local! {
 /// Removes the emptied staging tree, then the journal.
 fn finish(journal: &Path, plan: &Journal) -> Result<()> {
     remove_tree(&plan.staging)?;
-    remove_if_exists(journal)?;
+    match fs::remove_file(journal) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", journal.display()));
+        }
+        _ => {}
+    }
     sync_parent(journal)
 }
 
@@ -474,7 +832,7 @@ mod tests {
         assert!(run_killed_at("merge:tmp-written", || merge_into(
             &staging, &prefix, &journal
         )));
-        let stray = tmp_name(&prefix.join("bin/tool"));
+        let stray = prefix.join("bin").join(tmp_name(OsStr::new("tool")));
         assert!(stray.exists(), "the kill point is after the copy");
         recover(&journal).unwrap();
         FORCE_COPY.with(|f| f.set(false));
@@ -493,6 +851,69 @@ mod tests {
             "old tool\n"
         );
         assert!(!journal.exists());
+    }
+
+    #[test]
+    fn climbs_out_judges_from_the_real_depth() {
+        assert!(!climbs_out(b"libz.so.1", 0));
+        assert!(!climbs_out(b"../lib/x", 1));
+        assert!(climbs_out(b"../lib/x", 0));
+        assert!(!climbs_out(b"../..", 2));
+        assert!(climbs_out(b"../../..", 2));
+        assert!(climbs_out(b"a/../b", 5), "`..` after a name");
+        assert!(climbs_out(b"/usr/bin/env", 9));
+    }
+
+    #[test]
+    fn a_replayed_journal_keeps_allow_external_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, prefix, journal) = setup(tmp.path());
+        std::os::unix::fs::symlink("/usr/bin/env", staging.join("bin/env")).unwrap();
+        let strict = merge_into(&staging, &prefix, &journal).unwrap_err();
+        assert_eq!(crate::exit::code_of(&strict), Code::Unsafe, "{strict:#}");
+        assert!(format!("{strict:#}").contains("refusing symlink `bin/env`"));
+        let opts = MergeOptions {
+            allow_external_symlinks: true,
+        };
+        assert!(run_killed_at("merge:journal-written", || merge_into_with(
+            &staging, &prefix, &journal, opts
+        )));
+        recover(&journal).unwrap();
+        assert_eq!(
+            fs::read_link(prefix.join("bin/env")).unwrap(),
+            Path::new("/usr/bin/env")
+        );
+        assert_merged(&prefix, &staging, &journal);
+    }
+
+    #[test]
+    fn a_merge_through_lib64_killed_midway_is_completed_through_it() {
+        for walk in [false, true] {
+            crate::unpack::force_walk(walk);
+            let tmp = tempfile::tempdir().unwrap();
+            let (staging, prefix, journal) = setup(tmp.path());
+            fs::create_dir_all(prefix.join("lib")).unwrap();
+            std::os::unix::fs::symlink("lib", prefix.join("lib64")).unwrap();
+            fs::create_dir_all(staging.join("lib64/sub")).unwrap();
+            fs::write(staging.join("lib64/sub/c.so"), "c\n").unwrap();
+            fs::write(staging.join("lib64/d.so"), "d\n").unwrap();
+            assert!(run_killed_at("merge:moved-one", || merge_into(
+                &staging, &prefix, &journal
+            )));
+            recover(&journal).unwrap();
+            assert_merged(&prefix, &staging, &journal);
+            assert_eq!(
+                fs::read_to_string(prefix.join("lib/sub/c.so")).unwrap(),
+                "c\n"
+            );
+            assert_eq!(fs::read_to_string(prefix.join("lib/d.so")).unwrap(), "d\n");
+            assert!(
+                fs::symlink_metadata(prefix.join("lib64"))
+                    .unwrap()
+                    .file_type()
+                    .is_symlink()
+            );
+        }
     }
 
     #[test]

@@ -13,16 +13,21 @@
 //! This module never follows a symlink it did not find in place before the
 //! run (it creates files with `O_NOFOLLOW | O_EXCL`), never writes outside the
 //! destination it was given, and never holds a whole archive or a file over
-//! 1 MiB in memory.
+//! 1 MiB in memory. Outside its own staging directories it never writes by
+//! path: every create, rename and removal in a target goes through a
+//! directory handle (`beneath.rs`), so no symlink the target holds can lead
+//! it outside.
 
+mod beneath;
 mod extract;
 mod journal;
 mod merge;
 mod swap;
 mod writers;
 
+pub use beneath::{FORCE_WALK_ENV, force_walk, resolutions};
 pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
-pub use merge::{merge_into, recover};
+pub use merge::{MergeOptions, merge_into, merge_into_with, recover};
 pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
 
 /// Creates a new file at `path` for writing, mode 0600 until its real mode is

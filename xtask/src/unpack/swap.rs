@@ -6,27 +6,42 @@
 //! `recover_swap` removes leftovers of dead processes and, if `T` is missing
 //! while an `.old` copy exists, moves the old copy back, so every crash point
 //! ends in either the old or the new complete tree.
+//!
+//! Every create, rename and removal here is made in one handle on the
+//! target's parent directory, by single names (`beneath::Dir`), and
+//! removing a tree never follows a symlink in it.
 
 use anyhow::{Context, Result};
-use std::ffi::CString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::{fsync_dir, kill_point};
+use super::beneath::{Dir, is_dir, remove_tree_at};
+use super::kill_point;
 
-fn parent_and_name(target: &Path) -> Result<(PathBuf, String)> {
+fn parent_and_name(target: &Path) -> Result<(PathBuf, OsString)> {
     let name = target
         .file_name()
         .with_context(|| format!("{} has no final name", target.display()))?
-        .to_string_lossy()
-        .into_owned();
+        .to_os_string();
     let parent = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
     Ok((parent, name))
+}
+
+/// `.<name><suffix>`, a name beside the target.
+fn beside(name: &OsStr, suffix: &str) -> OsString {
+    let mut s = OsString::from(".");
+    s.push(name);
+    s.push(suffix);
+    s
+}
+
+fn open_parent(parent: &Path) -> Result<Dir> {
+    Dir::open_path(parent).with_context(|| format!("opening {}", parent.display()))
 }
 
 /// Creates an empty staging directory beside `target` (same filesystem, so
@@ -36,16 +51,14 @@ pub fn staging_dir_for(target: &Path) -> Result<PathBuf> {
     let (parent, name) = parent_and_name(target)?;
     fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
     recover_swap(target)?;
-    let staging = parent.join(format!(".{name}.staging-{}", std::process::id()));
-    match fs::remove_dir_all(&staging) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(e).with_context(|| format!("removing the stale {}", staging.display()));
-        }
-    }
-    fs::create_dir(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    Ok(staging)
+    let dir = open_parent(&parent)?;
+    let staging = beside(&name, &format!(".staging-{}", std::process::id()));
+    let path = parent.join(&staging);
+    remove_tree_at(&dir, &staging)
+        .with_context(|| format!("removing the stale {}", path.display()))?;
+    dir.mkdir_at(&staging, 0o777)
+        .with_context(|| format!("creating {}", path.display()))?;
+    Ok(path)
 }
 
 /// Whether process `pid` is alive (another restorer may own its files).
@@ -64,143 +77,131 @@ fn alive(pid: u32) -> bool {
 /// Leaves this process's own staging directory alone.
 pub fn recover_swap(target: &Path) -> Result<()> {
     let (parent, name) = parent_and_name(target)?;
-    let read = match fs::read_dir(&parent) {
-        Ok(r) => r,
+    let dir = match Dir::open_path(&parent) {
+        Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", parent.display())),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", parent.display())),
     };
     let me = std::process::id();
-    let old_prefix = format!(".{name}.old-");
-    let staging_prefix = format!(".{name}.staging-");
+    let old_prefix = beside(&name, ".old-").to_string_lossy().into_owned();
+    let staging_prefix = beside(&name, ".staging-").to_string_lossy().into_owned();
     let mut olds = Vec::new();
     let mut stagings = Vec::new();
-    for entry in read {
-        let entry = entry.with_context(|| format!("listing {}", parent.display()))?;
-        let file_name = entry.file_name();
-        let file_name = file_name.to_string_lossy();
+    for entry in dir
+        .names()
+        .with_context(|| format!("listing {}", parent.display()))?
+    {
+        let file_name = entry.to_string_lossy();
         if let Some(pid) = file_name.strip_prefix(&old_prefix) {
             if let Ok(pid) = pid.parse::<u32>()
                 && (pid == me || !alive(pid))
             {
-                olds.push(entry.path());
+                olds.push(entry);
             }
         } else if let Some(pid) = file_name.strip_prefix(&staging_prefix)
             && let Ok(pid) = pid.parse::<u32>()
             && pid != me
             && !alive(pid)
         {
-            stagings.push(entry.path());
+            stagings.push(entry);
         }
     }
-    let target_missing = matches!(
-        fs::symlink_metadata(target),
-        Err(e) if e.kind() == io::ErrorKind::NotFound
-    );
+    let target_missing = dir
+        .lstat_at(&name)
+        .with_context(|| format!("reading {}", target.display()))?
+        .is_none();
     if target_missing && let Some(old) = olds.pop() {
         eprintln!(
             "warmstart: an earlier install of {} was interrupted; putting back the previous copy from {}",
             target.display(),
-            old.display()
+            parent.join(&old).display()
         );
-        fs::rename(&old, target)
-            .with_context(|| format!("moving {} back to {}", old.display(), target.display()))?;
-        fsync_dir(&parent).with_context(|| format!("syncing {}", parent.display()))?;
+        dir.rename_at(&old, &dir, &name).with_context(|| {
+            format!(
+                "moving {} back to {}",
+                parent.join(&old).display(),
+                target.display()
+            )
+        })?;
+        dir.sync()
+            .with_context(|| format!("syncing {}", parent.display()))?;
     }
     for leftover in olds.into_iter().chain(stagings) {
-        remove_tree(&leftover)?;
+        remove_tree_at(&dir, &leftover)
+            .with_context(|| format!("removing {}", parent.join(&leftover).display()))?;
     }
     Ok(())
 }
 
-/// Removes a directory tree, making read-only directories writable first.
+/// Removes a directory tree (or a file, or a symlink: never what it points
+/// to), making read-only directories writable first; nothing there is fine.
+/// Everything below `path`'s parent is reached through directory handles.
 pub fn remove_tree(path: &Path) -> Result<()> {
-    match fs::remove_dir_all(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            make_dirs_writable(path)?;
-            fs::remove_dir_all(path).with_context(|| format!("removing {}", path.display()))
-        }
-        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
-    }
-}
-
-fn make_dirs_writable(path: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = fs::symlink_metadata(path)?;
-    if meta.is_dir() {
-        let mode = meta.permissions().mode();
-        fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o700))?;
-        for entry in fs::read_dir(path)? {
-            make_dirs_writable(&entry?.path())?;
-        }
-    }
-    Ok(())
-}
-
-/// renameat2(2) with RENAME_EXCHANGE: swaps two paths atomically.
-fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    let a = CString::new(a.as_os_str().as_bytes())?;
-    let b = CString::new(b.as_os_str().as_bytes())?;
-    // SAFETY: both paths are valid NUL-terminated strings; the syscall only
-    // reads them. The raw syscall avoids depending on the libc wrapper.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
+    let (parent, name) = parent_and_name(path)?;
+    let dir = match Dir::open_path(&parent) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", parent.display())),
     };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    remove_tree_at(&dir, &name).with_context(|| format!("removing {}", path.display()))
 }
 
-/// Atomically replaces directory `target` with `staging` (same filesystem).
+/// Atomically replaces directory `target` with `staging`, a directory beside
+/// it (from `staging_dir_for`).
 ///
 /// Uses `renameat2(RENAME_EXCHANGE)` where the filesystem supports it, so
 /// `target` always names a complete tree; elsewhere falls back to
 /// `target -> .target.old-<pid>`, `staging -> target`, which `recover_swap`
 /// (run first by this function and by `staging_dir_for`) completes after a
-/// crash. The previous tree is removed afterwards.
+/// crash. The previous tree is removed afterwards. Every rename is made in
+/// one handle on the parent directory, by single names.
 pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
     let (parent, name) = parent_and_name(target)?;
+    let (staging_parent, staging_name) = parent_and_name(staging)?;
+    anyhow::ensure!(
+        staging_parent == parent,
+        "the staging directory {} is not beside {}",
+        staging.display(),
+        target.display()
+    );
     recover_swap(target)?;
-    let meta = fs::symlink_metadata(staging)
+    let dir = open_parent(&parent)?;
+    let meta = dir
+        .lstat_at(&staging_name)
         .with_context(|| format!("reading the staging directory {}", staging.display()))?;
     anyhow::ensure!(
-        meta.is_dir(),
+        meta.as_ref().is_some_and(is_dir),
         "the staging path {} is not a directory",
         staging.display()
     );
-    match fs::symlink_metadata(target) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            move_into_place(staging, target)?;
-            fsync_dir(&parent).with_context(|| format!("syncing {}", parent.display()))?;
+    match dir
+        .lstat_at(&name)
+        .with_context(|| format!("reading {}", target.display()))?
+    {
+        None => {
+            move_into_place(&dir, &staging_name, &name, staging, target)?;
+            dir.sync()
+                .with_context(|| format!("syncing {}", parent.display()))?;
             return Ok(());
         }
-        Err(e) => return Err(e).with_context(|| format!("reading {}", target.display())),
-        Ok(m) if !m.is_dir() => {
+        Some(st) if !is_dir(&st) => {
             return Err(anyhow::anyhow!(
                 "{} exists and is not a directory: move it away, then run again",
                 target.display()
             ));
         }
-        Ok(_) => {}
+        Some(_) => {}
     }
-    match exchange(staging, target) {
+    match dir.exchange_at(&staging_name, &name) {
         Ok(()) => {
             // `staging` now holds the previous tree; a crash from here on
             // leaves a complete new `target` and a leftover that
             // `recover_swap` removes.
-            fsync_dir(&parent).with_context(|| format!("syncing {}", parent.display()))?;
+            dir.sync()
+                .with_context(|| format!("syncing {}", parent.display()))?;
             kill_point("swap:exchanged");
-            remove_tree(staging)
+            remove_tree_at(&dir, &staging_name)
+                .with_context(|| format!("removing {}", staging.display()))
         }
         Err(e)
             if matches!(
@@ -208,7 +209,7 @@ pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
                 Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
             ) =>
         {
-            swap_by_two_renames(staging, target, &parent, &name)
+            swap_by_two_renames(&dir, &staging_name, &name, staging, target)
         }
         Err(e) => Err(e).with_context(|| {
             format!(
@@ -221,8 +222,14 @@ pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
 }
 
 /// Renames the staging tree to the target's name (nothing is there now).
-fn move_into_place(staging: &Path, target: &Path) -> Result<()> {
-    fs::rename(staging, target).with_context(|| {
+fn move_into_place(
+    dir: &Dir,
+    staging_name: &OsStr,
+    name: &OsStr,
+    staging: &Path,
+    target: &Path,
+) -> Result<()> {
+    dir.rename_at(staging_name, dir, name).with_context(|| {
         format!(
             "moving {} to {} (they must be on the same filesystem)",
             staging.display(),
@@ -232,22 +239,37 @@ fn move_into_place(staging: &Path, target: &Path) -> Result<()> {
 }
 
 /// The fallback where RENAME_EXCHANGE is unsupported (some filesystems).
-fn swap_by_two_renames(staging: &Path, target: &Path, parent: &Path, name: &str) -> Result<()> {
-    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    remove_tree(&old)?;
-    fs::rename(target, &old)
-        .with_context(|| format!("moving {} aside to {}", target.display(), old.display()))?;
+fn swap_by_two_renames(
+    dir: &Dir,
+    staging_name: &OsStr,
+    name: &OsStr,
+    staging: &Path,
+    target: &Path,
+) -> Result<()> {
+    let old = beside(name, &format!(".old-{}", std::process::id()));
+    let old_path = target.with_file_name(&old);
+    remove_tree_at(dir, &old).with_context(|| format!("removing {}", old_path.display()))?;
+    dir.rename_at(name, dir, &old).with_context(|| {
+        format!(
+            "moving {} aside to {}",
+            target.display(),
+            old_path.display()
+        )
+    })?;
     kill_point("swap:target-moved-aside");
-    move_into_place(staging, target)?;
-    fsync_dir(parent).with_context(|| format!("syncing {}", parent.display()))?;
+    move_into_place(dir, staging_name, name, staging, target)?;
+    dir.sync()
+        .with_context(|| format!("syncing the parent of {}", target.display()))?;
     kill_point("swap:staging-moved");
-    remove_tree(&old)
+    remove_tree_at(dir, &old).with_context(|| format!("removing {}", old_path.display()))
 }
 
 #[cfg(test)]
 pub(crate) fn swap_by_two_renames_for_test(staging: &Path, target: &Path) -> Result<()> {
     let (parent, name) = parent_and_name(target)?;
-    swap_by_two_renames(staging, target, &parent, &name)
+    let dir = open_parent(&parent)?;
+    let staging_name = staging.file_name().context("no name")?;
+    swap_by_two_renames(&dir, staging_name, &name, staging, target)
 }
 
 #[cfg(test)]
