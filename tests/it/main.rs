@@ -11,5 +11,6 @@ mod gates;
 mod restore;
 mod restore_cache;
 mod resume;
+mod secrets;
 mod tidy;
 mod unpack;

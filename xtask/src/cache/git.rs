@@ -73,13 +73,28 @@ pub struct Remote {
     pub url: String,
 }
 
+/// What users read: the name and the URL, without credentials
+/// (`crate::redact`). Never format `url` or `name` into a message directly.
 impl std::fmt::Display for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.name == self.url {
-            write!(f, "{}", self.url)
+            write!(f, "{}", self.shown_url())
         } else {
-            write!(f, "{} ({})", self.name, self.url)
+            write!(f, "{} ({})", self.name, self.shown_url())
         }
+    }
+}
+
+impl Remote {
+    /// The URL as it may be printed or written down (`crate::redact::url`).
+    pub fn shown_url(&self) -> String {
+        crate::redact::url(&self.url)
+    }
+
+    /// The name as it may be printed: the remote name, or the redacted URL
+    /// when the remote was given as a URL.
+    pub fn shown_name(&self) -> String {
+        crate::redact::url(&self.name)
     }
 }
 
@@ -1097,7 +1112,9 @@ fn last_lines(stderr: &str) -> String {
         .filter(|l| !l.is_empty() && !l.starts_with("hint:"))
         .collect();
     let start = lines.len().saturating_sub(2);
-    let s = lines[start..].join("; ");
+    // Git redacts URLs in its own messages, but not in every one (a hook's
+    // output, a helper's), and this text is printed and put in JSON.
+    let s = crate::redact::text(&lines[start..].join("; "));
     if s.is_empty() {
         "no message from git".to_string()
     } else {

@@ -366,7 +366,7 @@ fn remote_state(
 ) -> (Remote, Option<anyhow::Error>) {
     let mut r = Remote {
         state: String::new(),
-        source: m.remote.clone(),
+        source: crate::redact::url(&m.remote),
         commit: None,
         keys: Vec::new(),
         nearest: None,

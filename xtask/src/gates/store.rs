@@ -343,7 +343,8 @@ fn network_git(
 
 fn remote_error(what: &str, remote: &str, outcome: &runner::Outcome) -> anyhow::Error {
     let said = runner::last_lines(&outcome.output, 3).replace('\n', " | ");
-    fail(Code::Remote, format!("{what} `{remote}` failed: {said}"))
+    let shown = crate::redact::text(&format!("{what} `{remote}` failed: {said}"));
+    fail(Code::Remote, shown)
 }
 
 fn is_ancestor(sh: &Shell, root: &Path, a: &str, b: &str) -> Result<bool> {
