@@ -4,6 +4,7 @@ mod util;
 
 mod cache_fetch;
 mod cache_publish;
+mod cache_refs;
 mod cache_restore;
 mod conda;
 mod demo;

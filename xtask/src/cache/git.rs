@@ -122,9 +122,23 @@ pub struct CacheGit {
     root: PathBuf,
 }
 
-/// The ref a fetched branch is kept under in cache.git.
+/// The ref a fetched branch is kept under in cache.git (for a full ref
+/// `refs/x/y`: `refs/warmstart/refs/x/y`; no branch name starts with
+/// `refs/`, so the two never meet).
 pub fn local_ref(branch: &str) -> String {
     format!("refs/warmstart/{branch}")
+}
+
+/// The ref a cache lives at on the remote: a branch name means
+/// `refs/heads/<name>`; a manifest's `cache.ref` is a full `refs/...` ref
+/// (e.g. `refs/warmstart/cache/<name>`), which default refspecs of
+/// `git clone` and `git fetch` (`refs/heads/*`) never fetch.
+pub fn remote_ref(branch: &str) -> String {
+    if branch.starts_with("refs/") {
+        branch.to_string()
+    } else {
+        format!("refs/heads/{branch}")
+    }
 }
 
 impl CacheGit {
@@ -292,7 +306,7 @@ impl CacheGit {
     pub fn try_fetch_branch(&self, remote: &Remote, branch: &str) -> Result<Option<String>> {
         check_branch(branch)?;
         let _lock = self.lock()?;
-        let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
+        let refspec = format!("+{}:{}", remote_ref(branch), local_ref(branch));
         let out = self
             .fetch_from(remote, false)
             .args(["--depth", "1"])
@@ -366,7 +380,7 @@ impl CacheGit {
     ) -> Result<String> {
         check_branch(branch)?;
         let _lock = self.lock()?;
-        let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
+        let refspec = format!("+{}:{}", remote_ref(branch), local_ref(branch));
         let mut cmd = self.fetch_from(remote, false);
         cmd.args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
             .arg(&refspec);
@@ -589,7 +603,7 @@ impl CacheGit {
         parse_oid(&out.stdout)
     }
 
-    /// Pushes `commit` to `refs/heads/<branch>` with a lease: the remote ref
+    /// Pushes `commit` to `remote_ref(branch)` with a lease: the remote ref
     /// must still be `expected` (`None`: must not exist). `progress` gets
     /// git's "Writing objects" percentage as it goes.
     pub fn push_branch(
@@ -601,7 +615,7 @@ impl CacheGit {
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         check_branch(branch)?;
-        let dst = format!("refs/heads/{branch}");
+        let dst = remote_ref(branch);
         let lease = format!("--force-with-lease={dst}:{}", expected.unwrap_or(""));
         let mut child = self
             .git()
@@ -651,6 +665,13 @@ impl CacheGit {
                 },
             }));
         }
+        if let Some(hint) = refusal_hint(&dst, &said) {
+            let git_said = last_lines(&said);
+            return Err(fail(
+                Code::Remote,
+                format!("{remote} refused {dst} (git said: {git_said}): {hint}"),
+            ));
+        }
         let mut why = last_lines(&stderr);
         if why.is_empty() {
             why = last_lines(&stdout);
@@ -675,6 +696,38 @@ impl CacheGit {
             .with_context(|| format!("locking {}", path.display()))?;
         Ok(file)
     }
+}
+
+/// What to do about a push of `dst` that the server's rules refused
+/// (`said`: git's stdout and stderr), or `None` for other failures. Hosts
+/// refuse refs outside `refs/heads/` and `refs/tags/` in a pre-receive hook,
+/// and branch protection (GitHub rulesets, GitLab protected branches,
+/// `receive.denyNonFastForwards`) refuses the force push every publish is.
+pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
+    let lower = said.to_ascii_lowercase();
+    let refused = [
+        "hook declined",
+        "remote rejected",
+        "protected branch",
+        "gh006",
+        "gh013",
+        "non-fast-forward",
+        "force push",
+        "force-push",
+        "denying",
+    ]
+    .iter()
+    .any(|p| lower.contains(p));
+    if !refused {
+        return None;
+    }
+    Some(if dst.starts_with("refs/heads/") {
+        format!(
+            "the host protects {dst} against force pushes or deletions, and every publish replaces the branch's one commit: exempt it from the rule, or move the cache off branches with cache.ref = \"refs/warmstart/cache/<name>\" in its manifest (`cargo xtask cache migrate <name>`)"
+        )
+    } else {
+        "this host may accept only branches and tags: set cache.branch (e.g. \"<name>-cache\") instead of cache.ref in the cache's manifest".to_string()
+    })
 }
 
 /// A push refused because the remote ref is no longer the value the lease
