@@ -3,6 +3,7 @@
 mod util;
 
 mod cache_fetch;
+mod cache_nofilter;
 mod cache_publish;
 mod cache_refs;
 mod cache_restore;

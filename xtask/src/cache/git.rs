@@ -335,6 +335,82 @@ impl CacheGit {
             .ok_or_else(|| anyhow!("git fetch of {branch} from {remote} left no ref"))
     }
 
+    /// Asks the remote (`git ls-remote`, no objects) where `branch` points
+    /// and whether it supports filtered fetches. A server without
+    /// `uploadpack.allowFilter` (self-hosted git's default) ignores
+    /// `--filter` silently and sends every chunk, so a caller that must not
+    /// download artifacts (`cache list`/`status`) asks first. The answer is
+    /// the server's capability advertisement, read from git's packet trace
+    /// (`GIT_TRACE_PACKET` to a file of our own; git has no other way to
+    /// show it): protocol v2's `fetch=... filter` line, or protocol v0's
+    /// capability list after the first ref. No advertisement (dumb HTTP)
+    /// means no filter. Unreachable remote: exit code 8.
+    pub fn probe_ref(&self, remote: &Remote, branch: &str) -> Result<RefProbe> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        check_branch(branch)?;
+        let trace = self.dir.join(format!(
+            "warmstart-probe-{}-{}.trace",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let out = self
+            .git()
+            .env("GIT_TRACE_PACKET", &trace)
+            .args(["ls-remote", "--"])
+            .arg(&remote.url)
+            .arg(remote_ref(branch))
+            .stdin(Stdio::null())
+            .output()
+            .context("running git ls-remote");
+        let traced = std::fs::read(&trace).unwrap_or_default();
+        let _ = std::fs::remove_file(&trace);
+        let out = out?;
+        if !out.status.success() {
+            return Err(fail(
+                Code::Remote,
+                format!(
+                    "cannot reach {remote} to look up {branch}: {}",
+                    last_lines(&String::from_utf8_lossy(&out.stderr))
+                ),
+            ));
+        }
+        let want = remote_ref(branch);
+        let commit = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .find(|(_, name)| *name == want)
+            .map(|(oid, _)| oid.to_string());
+        Ok(RefProbe {
+            commit,
+            filter: advertises_filter(&String::from_utf8_lossy(&traced)),
+        })
+    }
+
+    /// The repository restores fetch into (`cache.git`) next to this one,
+    /// if it exists: `cache list`/`status` read a branch from there when a
+    /// restore already fetched it and the server cannot filter. Never
+    /// creates it.
+    pub fn restore_store(&self) -> Option<CacheGit> {
+        let dir = self.dir.parent()?.join("cache.git");
+        dir.join("HEAD").is_file().then(|| CacheGit {
+            dir,
+            forwarded: self.forwarded.clone(),
+            root: self.root.clone(),
+        })
+    }
+
+    /// Whether `commit` and its root tree are in this store (never fetched:
+    /// `GIT_NO_LAZY_FETCH`).
+    pub fn has_commit(&self, commit: &str) -> bool {
+        self.git()
+            .args(["cat-file", "-e", &format!("{commit}^{{tree}}")])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// Fetches one blob by id (protocol v2 accepts a `want` of any object;
     /// v0 only with `uploadpack.allowAnySHA1InWant` or
     /// `allowReachableSHA1InWant`). Nothing is negotiated (a `have` of the
@@ -727,6 +803,32 @@ pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
         )
     } else {
         "this host may accept only branches and tags: set cache.branch (e.g. \"<name>-cache\") instead of cache.ref in the cache's manifest".to_string()
+    })
+}
+
+/// What `CacheGit::probe_ref` learnt: where the ref points (`None`: no
+/// such ref) and whether the server filters fetches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefProbe {
+    pub commit: Option<String>,
+    pub filter: bool,
+}
+
+/// Whether a `GIT_TRACE_PACKET` trace of a ls-remote shows the server
+/// advertising `filter`: in protocol v2 as a feature of the `fetch`
+/// command (`< fetch=shallow wait-for-done filter`), in v0 in the capability
+/// list after the first ref (`< <oid> <ref>\0multi_ack ... filter ...`).
+fn advertises_filter(trace: &str) -> bool {
+    trace.lines().any(|l| {
+        let Some((_, said)) = l.split_once("< ") else {
+            return false;
+        };
+        if let Some(features) = said.strip_prefix("fetch=") {
+            return features.split_whitespace().any(|f| f == "filter");
+        }
+        // The trace shows NUL as the two characters `\0`.
+        said.split_once("\\0")
+            .is_some_and(|(_, caps)| caps.split_whitespace().any(|c| c == "filter"))
     })
 }
 
@@ -1221,6 +1323,22 @@ mod tests {
         assert_eq!(seen, [40, 100]);
         assert!(rest.contains("error: boom"));
         assert!(!rest.contains("Writing objects"));
+    }
+
+    #[test]
+    fn filter_support_is_read_from_the_advertisement() {
+        let v2 = "12:00 pkt-line.c:86 packet: ls-remote< version 2\n12:00 pkt-line.c:86 packet: ls-remote< fetch=shallow wait-for-done filter\n";
+        assert!(advertises_filter(v2));
+        assert!(!advertises_filter(&v2.replace(" filter", "")));
+        assert!(!advertises_filter(&v2.replace(" filter", " filterx")));
+        let v0 = "packet: ls-remote< e543 refs/heads/main\\0multi_ack thin-pack filter agent=git/2.47.3\n";
+        assert!(advertises_filter(v0));
+        assert!(!advertises_filter(&v0.replace(" filter", "")));
+        // A ref named like the capability is not the capability.
+        assert!(!advertises_filter(
+            "packet: ls-remote< e543 refs/heads/filter\n"
+        ));
+        assert!(!advertises_filter(""));
     }
 
     #[test]

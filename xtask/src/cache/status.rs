@@ -15,7 +15,7 @@ use xshell::Shell;
 
 use crate::cache::branch::{Branch, Content};
 use crate::cache::format::KeyPart;
-use crate::cache::git::CacheGit;
+use crate::cache::git::{CacheGit, RefProbe};
 use crate::cache::manifest::{self, CacheManifest};
 use crate::cache::restore;
 use crate::cache::stamp::{self, Loaded, PartChange};
@@ -382,7 +382,37 @@ fn remote_state(
         }
     };
     r.source = remote.to_string();
-    let commit = match git.try_fetch_branch(&remote, &m.branch) {
+    // Which store the branch is read from: cache-meta.git, or cache.git when
+    // the server cannot filter and a restore already fetched this commit.
+    let mut reader = git.clone();
+    let fetched = match git.probe_ref(&remote, &m.branch) {
+        Err(e) => Err(e),
+        Ok(RefProbe { commit: None, .. }) => Ok(None),
+        Ok(RefProbe { filter: true, .. }) => git.try_fetch_branch(&remote, &m.branch),
+        Ok(RefProbe {
+            commit: Some(c),
+            filter: false,
+        }) => match [Some(git.clone()), git.restore_store()]
+            .into_iter()
+            .flatten()
+            .find(|g| g.has_commit(&c))
+        {
+            Some(g) => {
+                reader = g;
+                Ok(Some(c))
+            }
+            None => {
+                r.state = "unread".into();
+                r.error = Some(format!(
+                    "{remote} does not filter fetches (uploadpack.allowFilter is off), so reading {} would download every chunk: not read; `cargo xtask cache restore {}` fetches it (status then reads that copy), or enable uploadpack.allowFilter on the server",
+                    m.branch, m.name
+                ));
+                r.commit = Some(c);
+                return (r, None);
+            }
+        },
+    };
+    let commit = match fetched {
         Ok(Some(c)) => c,
         Ok(None) => {
             r.state = "no branch".into();
@@ -412,7 +442,7 @@ fn remote_state(
         }
     };
     r.commit = Some(commit.clone());
-    let b = match Branch::read(git, remote, &m.branch, commit) {
+    let b = match Branch::read(&reader, remote, &m.branch, commit) {
         Ok(b) => b,
         Err(e) => {
             r.state = "damaged".into();
