@@ -309,7 +309,10 @@ fn cache_refs_a_host_that_refuses_refs_outside_heads_names_cache_branch() {
     );
     fx.manifest(&format!("ref = \"{REF}\""), "1");
     let err = one_line_error(&fx.xtask(&["cache", "publish", "art"]), 8);
-    assert!(err.contains("set cache.branch"), "{err}");
+    assert!(
+        err.contains("set cache.branch (e.g. \"art-cache\")"),
+        "{err}"
+    );
     assert!(
         err.contains("refusing ref outside refs/heads"),
         "git's cause is kept: {err}"
@@ -342,9 +345,10 @@ fn cache_refs_a_protected_branch_names_cache_ref() {
     fx.manifest("", "2");
     let err = one_line_error(&fx.xtask(&["cache", "publish", "art"]), 8);
     assert!(
-        err.contains("cache.ref = \"refs/warmstart/cache/<name>\""),
+        err.contains("cache.ref = \"refs/warmstart/cache/art\""),
         "{err}"
     );
+    assert!(err.contains("cache migrate art"), "{err}");
     assert!(
         err.contains("protected branch"),
         "git's cause is kept: {err}"

@@ -10,6 +10,7 @@ mod cache_restore;
 mod conda;
 mod demo;
 mod gates;
+mod gates_refs;
 mod restore;
 mod restore_cache;
 mod resume;

@@ -797,12 +797,17 @@ pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
     if !refused {
         return None;
     }
+    // The cache's likely name, for a copyable suggestion.
+    let last = dst.rsplit('/').next().unwrap_or(dst);
     Some(if dst.starts_with("refs/heads/") {
+        let name = last.strip_suffix("-cache").unwrap_or(last);
         format!(
-            "the host protects {dst} against force pushes or deletions, and every publish replaces the branch's one commit: exempt it from the rule, or move the cache off branches with cache.ref = \"refs/warmstart/cache/<name>\" in its manifest (`cargo xtask cache migrate <name>`)"
+            "the host protects {dst} against force pushes or deletions, and every publish replaces the branch's one commit: exempt it from the rule, or move the cache off branches with cache.ref = \"refs/warmstart/cache/{name}\" in its manifest (`cargo xtask cache migrate {name}`)"
         )
     } else {
-        "this host may accept only branches and tags: set cache.branch (e.g. \"<name>-cache\") instead of cache.ref in the cache's manifest".to_string()
+        format!(
+            "this host may accept only branches and tags: set cache.branch (e.g. \"{last}-cache\") instead of cache.ref in the cache's manifest"
+        )
     })
 }
 
