@@ -95,9 +95,16 @@ impl World {
             manifest("no-such-cache", "restored/gone"),
         )
         .unwrap();
+        // A download step with the password in its URL (a 404 there).
+        let download = server
+            .url("missing.bin")
+            .replace("http://", &format!("http://ci:{secret}@"));
         std::fs::write(
             manifests.join("restore.toml"),
-            "[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\n\n[[step]]\nname = \"gone\"\nkind = \"cache\"\ncache = \"gone\"\n",
+            format!(
+                "[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\n\n[[step]]\nname = \"gone\"\nkind = \"cache\"\ncache = \"gone\"\n\n[[step]]\nname = \"dl\"\nkind = \"download\"\nurl = \"{download}\"\nsha256 = \"{}\"\ndest = \"dl.bin\"\nretries = 0\n",
+                "0".repeat(64)
+            ),
         )
         .unwrap();
         World {
@@ -150,6 +157,11 @@ impl World {
         std::fs::remove_dir_all(self.work.join(".git/warmstart/cache")).unwrap();
         let r = self.xtask(&["restore", "--json"]);
         assert!(r.stdout().contains("gone"), "{}", show(&r.out));
+        assert!(
+            r.stdout().contains("download of http://127.0.0.1:"),
+            "{}",
+            show(&r.out)
+        );
         assert!(
             self.work.join("restored/art/hello.txt").is_file(),
             "{}",
