@@ -140,7 +140,8 @@ impl World {
         self.xtask(&["cache", "list"]).ok();
         self.xtask(&["cache", "list", "--json"]).ok();
         self.xtask(&["cache", "status", "art"]).ok();
-        self.xtask(&["cache", "status", "--json"]).ok();
+        let r = self.xtask(&["cache", "status", "--json"]).ok();
+        assert!(r.stdout().contains("\"has key\""), "{}", show(&r.out));
         let r = self.xtask(&["cache", "restore", "art", "--json"]).ok();
         assert!(r.stdout().contains("\"restored\""), "{}", show(&r.out));
         self.xtask(&["cache", "restore", "art", "--json"]).ok();
