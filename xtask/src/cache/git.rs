@@ -515,9 +515,18 @@ impl CacheGit {
         self.try_fetch_branch(remote, branch)?.ok_or_else(|| {
             fail(
                 Code::NotFound,
-                format!(
-                    "{remote} has no branch {branch}: publish it first (`cargo xtask cache publish`), or check cache.branch and cache.remote in the manifest"
-                ),
+                match branch.strip_prefix("refs/") {
+                    // A manifest moved to cache.ref before the cache was.
+                    Some(_) => {
+                        let name = branch.rsplit('/').next().unwrap_or(branch);
+                        format!(
+                            "{remote} has no ref {branch}: publish it first (`cargo xtask cache publish`), or, if it still lives on its old branch, move it (`cargo xtask cache migrate {name}`)"
+                        )
+                    }
+                    None => format!(
+                        "{remote} has no branch {branch}: publish it first (`cargo xtask cache publish`), or check cache.branch and cache.remote in the manifest"
+                    ),
+                },
             )
         })
     }
