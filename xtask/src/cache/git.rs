@@ -790,19 +790,25 @@ impl CacheGit {
 /// `receive.denyNonFastForwards`) refuses the force push every publish is.
 pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
     let lower = said.to_ascii_lowercase();
-    let refused = [
+    let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
+    // A rule's words; for a ref outside refs/heads/, any rejection by the
+    // server (hidden or reserved namespaces are refused that way too).
+    let rule = [
         "hook declined",
-        "remote rejected",
-        "protected branch",
+        "protected",
         "gh006",
         "gh013",
         "non-fast-forward",
         "force push",
         "force-push",
         "denying",
-    ]
-    .iter()
-    .any(|p| lower.contains(p));
+        "not allowed",
+    ];
+    let refused = if dst.starts_with("refs/heads/") {
+        any(&rule)
+    } else {
+        any(&rule) || any(&["remote rejected", "refusing", "denied"])
+    };
     if !refused {
         return None;
     }
@@ -1353,6 +1359,25 @@ mod tests {
             "packet: ls-remote< e543 refs/heads/filter\n"
         ));
         assert!(!advertises_filter(""));
+    }
+
+    #[test]
+    fn refusals_by_host_rules_get_the_setting_to_change() {
+        let hook = "remote: refusing ref\n ! [remote rejected] x -> x (pre-receive hook declined)";
+        let h = refusal_hint("refs/warmstart/cache/rust", hook).unwrap();
+        assert!(h.contains("cache.branch (e.g. \"rust-cache\")"), "{h}");
+        let gh = "remote: error: GH006: Protected branch update failed for refs/heads/rust-cache.";
+        let h = refusal_hint("refs/heads/rust-cache", gh).unwrap();
+        assert!(h.contains("refs/warmstart/cache/rust"), "{h}");
+        assert!(h.contains("cache migrate rust"), "{h}");
+        // Not a rule: no advice about settings.
+        let other = " ! [remote rejected] x -> x (missing necessary objects)";
+        assert_eq!(refusal_hint("refs/heads/rust-cache", other), None);
+        assert_eq!(
+            refusal_hint("refs/heads/x", "fatal: unable to access"),
+            None
+        );
+        assert!(refusal_hint("refs/warmstart/cache/x", other).is_some());
     }
 
     #[test]
