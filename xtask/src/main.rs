@@ -21,7 +21,9 @@ fn main() -> ExitCode {
     match warmstart::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // The last line of defence for secrets: whatever an error quotes
+            // (a URL, git's own stderr), no userinfo is printed.
+            eprintln!("error: {}", warmstart::redact::text(&format!("{err:#}")));
             ExitCode::from(code_of(&err).as_i32() as u8)
         }
     }

@@ -26,6 +26,14 @@ pub struct HttpGit {
 impl HttpGit {
     /// Serves every bare repository under `base`, read and push.
     pub fn start(base: &Path) -> HttpGit {
+        HttpGit::start_with_auth(base, None)
+    }
+
+    /// As `start`, but every request must carry `Authorization: Basic
+    /// <base64 of basic>` (`user:password`); others get a 401 challenge,
+    /// as a hosting server answers, so git asks its credential helpers.
+    pub fn start_with_auth(base: &Path, basic: Option<&str>) -> HttpGit {
+        let auth = basic.map(|b| format!("Basic {}", base64(b.as_bytes())));
         for entry in std::fs::read_dir(base).unwrap() {
             let path = entry.unwrap().path();
             if path.join("HEAD").is_file() {
@@ -53,8 +61,9 @@ impl HttpGit {
                         stream.set_nonblocking(false).unwrap();
                         r.fetch_add(1, Ordering::SeqCst);
                         let base = base.clone();
+                        let auth = auth.clone();
                         std::thread::spawn(move || {
-                            if let Err(e) = serve(stream, &base) {
+                            if let Err(e) = serve(stream, &base, auth.as_deref()) {
                                 eprintln!("http-backend bridge: {e}");
                             }
                         });
@@ -89,7 +98,26 @@ impl Drop for HttpGit {
     }
 }
 
-fn serve(stream: TcpStream, base: &PathBuf) -> std::io::Result<()> {
+/// Standard base64 with padding (RFC 4648), for the Basic credentials.
+pub fn base64(bytes: &[u8]) -> String {
+    const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn serve(stream: TcpStream, base: &PathBuf, auth: Option<&str>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -131,6 +159,16 @@ fn serve(stream: TcpStream, base: &PathBuf) -> std::io::Result<()> {
     } else if let Some(n) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
         body.resize(n, 0);
         reader.read_exact(&mut body)?;
+    }
+    if let Some(want) = auth
+        && header("authorization").as_deref() != Some(want)
+    {
+        let mut stream = stream;
+        write!(
+            stream,
+            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )?;
+        return stream.flush();
     }
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let mut cmd = Command::new("git");

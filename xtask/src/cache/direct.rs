@@ -336,8 +336,10 @@ fn connect(stdin: &mut impl Write, out: &mut impl io::BufRead) -> Result<(), Err
     Ok(())
 }
 
-fn last_line(s: &str) -> &str {
-    s.trim().lines().last().unwrap_or("").trim()
+/// The last line of a helper's stderr, redacted (`crate::redact`): it is
+/// passed on into messages and JSON.
+fn last_line(s: &str) -> String {
+    crate::redact::text(s.trim().lines().last().unwrap_or("").trim())
 }
 
 fn pkt(buf: &mut Vec<u8>, data: &[u8]) {

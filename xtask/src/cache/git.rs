@@ -74,13 +74,28 @@ pub struct Remote {
     pub url: String,
 }
 
+/// What users read: the name and the URL, without credentials
+/// (`crate::redact`). Never format `url` or `name` into a message directly.
 impl std::fmt::Display for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.name == self.url {
-            write!(f, "{}", self.url)
+            write!(f, "{}", self.shown_url())
         } else {
-            write!(f, "{} ({})", self.name, self.url)
+            write!(f, "{} ({})", self.name, self.shown_url())
         }
+    }
+}
+
+impl Remote {
+    /// The URL as it may be printed or written down (`crate::redact::url`).
+    pub fn shown_url(&self) -> String {
+        crate::redact::url(&self.url)
+    }
+
+    /// The name as it may be printed: the remote name, or the redacted URL
+    /// when the remote was given as a URL.
+    pub fn shown_name(&self) -> String {
+        crate::redact::url(&self.name)
     }
 }
 
@@ -116,9 +131,23 @@ pub struct CacheGit {
 /// as long as a restorer waits for another restorer of its target.
 pub const STORE_LOCK_WAIT: Duration = Duration::from_secs(1800);
 
-/// The ref a fetched branch is kept under in cache.git.
+/// The ref a fetched branch is kept under in cache.git (for a full ref
+/// `refs/x/y`: `refs/warmstart/refs/x/y`; no branch name starts with
+/// `refs/`, so the two never meet).
 pub fn local_ref(branch: &str) -> String {
     format!("refs/warmstart/{branch}")
+}
+
+/// The ref a cache lives at on the remote: a branch name means
+/// `refs/heads/<name>`; a manifest's `cache.ref` is a full `refs/...` ref
+/// (e.g. `refs/warmstart/cache/<name>`), which default refspecs of
+/// `git clone` and `git fetch` (`refs/heads/*`) never fetch.
+pub fn remote_ref(branch: &str) -> String {
+    if branch.starts_with("refs/") {
+        branch.to_string()
+    } else {
+        format!("refs/heads/{branch}")
+    }
 }
 
 impl CacheGit {
@@ -294,7 +323,7 @@ impl CacheGit {
     pub fn try_fetch_branch(&self, remote: &Remote, branch: &str) -> Result<Option<String>> {
         check_branch(branch)?;
         let _lock = self.lock()?;
-        let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
+        let refspec = format!("+{}:{}", remote_ref(branch), local_ref(branch));
         let out = self
             .fetch_from(remote, false)
             .args(["--depth", "1"])
@@ -328,6 +357,83 @@ impl CacheGit {
         self.rev_parse(&local_ref(branch))?
             .map(Some)
             .ok_or_else(|| anyhow!("git fetch of {branch} from {remote} left no ref"))
+    }
+
+    /// Asks the remote (`git ls-remote`, no objects) where `branch` points
+    /// and whether it supports filtered fetches. A server without
+    /// `uploadpack.allowFilter` (self-hosted git's default) ignores
+    /// `--filter` silently and sends every chunk, so a caller that must not
+    /// download artifacts (`cache list`/`status`) asks first. The answer is
+    /// the server's capability advertisement, read from git's packet trace
+    /// (`GIT_TRACE_PACKET` to a file of our own; git has no other way to
+    /// show it): protocol v2's `fetch=... filter` line, or protocol v0's
+    /// capability list after the first ref. No advertisement (dumb HTTP)
+    /// means no filter. Unreachable remote: exit code 8.
+    pub fn probe_ref(&self, remote: &Remote, branch: &str) -> Result<RefProbe> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        check_branch(branch)?;
+        let trace = self.dir.join(format!(
+            "warmstart-probe-{}-{}.trace",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let out = self
+            .git()
+            .env("GIT_TRACE_PACKET", &trace)
+            .args(["ls-remote", "--"])
+            .arg(&remote.url)
+            .arg(remote_ref(branch))
+            .stdin(Stdio::null())
+            .output()
+            .context("running git ls-remote");
+        let traced = std::fs::read(&trace).unwrap_or_default();
+        let _ = std::fs::remove_file(&trace);
+        let out = out?;
+        if !out.status.success() {
+            return Err(fail(
+                Code::Remote,
+                format!(
+                    "cannot reach {remote} to look up {branch}: {}",
+                    last_lines(&String::from_utf8_lossy(&out.stderr))
+                ),
+            ));
+        }
+        let want = remote_ref(branch);
+        let commit = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .find(|(_, name)| *name == want)
+            .map(|(oid, _)| oid.to_string());
+        Ok(RefProbe {
+            commit,
+            filter: advertises_filter(&String::from_utf8_lossy(&traced)),
+        })
+    }
+
+    /// The repository restores fetch into (`cache.git`) next to this one,
+    /// if it exists: `cache list`/`status` read a branch from there when a
+    /// restore already fetched it and the server cannot filter. Never
+    /// creates it.
+    pub fn restore_store(&self) -> Option<CacheGit> {
+        let dir = self.dir.parent()?.join("cache.git");
+        dir.join("HEAD").is_file().then(|| CacheGit {
+            dir,
+            forwarded: self.forwarded.clone(),
+            root: self.root.clone(),
+            lock_wait: self.lock_wait,
+        })
+    }
+
+    /// Whether `commit` and its root tree are in this store (never fetched:
+    /// `GIT_NO_LAZY_FETCH`).
+    pub fn has_commit(&self, commit: &str) -> bool {
+        self.git()
+            .args(["cat-file", "-e", &format!("{commit}^{{tree}}")])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     /// Fetches one blob by id (protocol v2 accepts a `want` of any object;
@@ -375,7 +481,7 @@ impl CacheGit {
     ) -> Result<String> {
         check_branch(branch)?;
         let _lock = self.lock()?;
-        let refspec = format!("+refs/heads/{branch}:{}", local_ref(branch));
+        let refspec = format!("+{}:{}", remote_ref(branch), local_ref(branch));
         let mut cmd = self.fetch_from(remote, false);
         cmd.args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
             .arg(&refspec);
@@ -442,9 +548,18 @@ impl CacheGit {
         self.try_fetch_branch(remote, branch)?.ok_or_else(|| {
             fail(
                 Code::NotFound,
-                format!(
-                    "{remote} has no branch {branch}: publish it first (`cargo xtask cache publish`), or check cache.branch and cache.remote in the manifest"
-                ),
+                match branch.strip_prefix("refs/") {
+                    // A manifest moved to cache.ref before the cache was.
+                    Some(_) => {
+                        let name = branch.rsplit('/').next().unwrap_or(branch);
+                        format!(
+                            "{remote} has no ref {branch}: publish it first (`cargo xtask cache publish`), or, if it still lives on its old branch, move it (`cargo xtask cache migrate {name}`)"
+                        )
+                    }
+                    None => format!(
+                        "{remote} has no branch {branch}: publish it first (`cargo xtask cache publish`), or check cache.branch and cache.remote in the manifest"
+                    ),
+                },
             )
         })
     }
@@ -608,7 +723,7 @@ impl CacheGit {
         parse_oid(&out.stdout)
     }
 
-    /// Pushes `commit` to `refs/heads/<branch>` with a lease: the remote ref
+    /// Pushes `commit` to `remote_ref(branch)` with a lease: the remote ref
     /// must still be `expected` (`None`: must not exist). `progress` gets
     /// git's "Writing objects" percentage as it goes.
     pub fn push_branch(
@@ -620,7 +735,7 @@ impl CacheGit {
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         check_branch(branch)?;
-        let dst = format!("refs/heads/{branch}");
+        let dst = remote_ref(branch);
         let lease = format!("--force-with-lease={dst}:{}", expected.unwrap_or(""));
         let mut child = self
             .git()
@@ -665,6 +780,14 @@ impl CacheGit {
                     message: format!("git said: {git_said}"),
                 },
             }));
+        }
+        let said = format!("{stdout}\n{stderr}");
+        if let Some(hint) = refusal_hint(&dst, &said) {
+            let git_said = last_lines(&said);
+            return Err(fail(
+                Code::Remote,
+                format!("{remote} refused {dst} (git said: {git_said}): {hint}"),
+            ));
         }
         let mut why = last_lines(&stderr);
         if why.is_empty() {
@@ -793,6 +916,75 @@ fn is_lease_reason(why: &str) -> bool {
     ]
     .iter()
     .any(|w| why.contains(w))
+}
+
+/// What to do about a push of `dst` that the server's rules refused
+/// (`said`: git's stdout and stderr), or `None` for other failures. Hosts
+/// refuse refs outside `refs/heads/` and `refs/tags/` in a pre-receive hook,
+/// and branch protection (GitHub rulesets, GitLab protected branches,
+/// `receive.denyNonFastForwards`) refuses the force push every publish is.
+pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
+    let lower = said.to_ascii_lowercase();
+    let any = |words: &[&str]| words.iter().any(|w| lower.contains(w));
+    // A rule's words; for a ref outside refs/heads/, any rejection by the
+    // server (hidden or reserved namespaces are refused that way too).
+    let rule = [
+        "hook declined",
+        "protected",
+        "gh006",
+        "gh013",
+        "non-fast-forward",
+        "force push",
+        "force-push",
+        "denying",
+        "not allowed",
+    ];
+    let refused = if dst.starts_with("refs/heads/") {
+        any(&rule)
+    } else {
+        any(&rule) || any(&["remote rejected", "refusing", "denied"])
+    };
+    if !refused {
+        return None;
+    }
+    // The cache's likely name, for a copyable suggestion.
+    let last = dst.rsplit('/').next().unwrap_or(dst);
+    Some(if dst.starts_with("refs/heads/") {
+        let name = last.strip_suffix("-cache").unwrap_or(last);
+        format!(
+            "the host protects {dst} against force pushes or deletions, and every publish replaces the branch's one commit: exempt it from the rule, or move the cache off branches with cache.ref = \"refs/warmstart/cache/{name}\" in its manifest (`cargo xtask cache migrate {name}`)"
+        )
+    } else {
+        format!(
+            "this host may accept only branches and tags: set cache.branch (e.g. \"{last}-cache\") instead of cache.ref in the cache's manifest"
+        )
+    })
+}
+
+/// What `CacheGit::probe_ref` learnt: where the ref points (`None`: no
+/// such ref) and whether the server filters fetches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefProbe {
+    pub commit: Option<String>,
+    pub filter: bool,
+}
+
+/// Whether a `GIT_TRACE_PACKET` trace of a ls-remote shows the server
+/// advertising `filter`: in protocol v2 as a feature of the `fetch`
+/// command (`< fetch=shallow wait-for-done filter`), in v0 in the capability
+/// list after the first ref (`< <oid> <ref>\0multi_ack ... filter ...`).
+fn advertises_filter(trace: &str) -> bool {
+    trace.lines().any(|l| {
+        let Some((_, said)) = l.split_once("< ") else {
+            return false;
+        };
+        if let Some(features) = said.strip_prefix("fetch=") {
+            return features.split_whitespace().any(|f| f == "filter");
+        }
+        // The trace shows NUL as the two characters `\0`.
+        said.split_once("\\0")
+            .is_some_and(|(_, caps)| caps.split_whitespace().any(|c| c == "filter"))
+    })
 }
 
 /// A push refused because the remote ref is no longer the value the lease
@@ -1407,7 +1599,9 @@ fn last_lines(stderr: &str) -> String {
         .filter(|l| !l.is_empty() && !l.starts_with("hint:"))
         .collect();
     let start = lines.len().saturating_sub(2);
-    let s = lines[start..].join("; ");
+    // Git redacts URLs in its own messages, but not in every one (a hook's
+    // output, a helper's), and this text is printed and put in JSON.
+    let s = crate::redact::text(&lines[start..].join("; "));
     if s.is_empty() {
         "no message from git".to_string()
     } else {
@@ -1649,6 +1843,41 @@ mod tests {
             anyhow!("x"),
         );
         assert!(damage_of(&plain).is_none());
+    }
+
+    #[test]
+    fn filter_support_is_read_from_the_advertisement() {
+        let v2 = "12:00 pkt-line.c:86 packet: ls-remote< version 2\n12:00 pkt-line.c:86 packet: ls-remote< fetch=shallow wait-for-done filter\n";
+        assert!(advertises_filter(v2));
+        assert!(!advertises_filter(&v2.replace(" filter", "")));
+        assert!(!advertises_filter(&v2.replace(" filter", " filterx")));
+        let v0 = "packet: ls-remote< e543 refs/heads/main\\0multi_ack thin-pack filter agent=git/2.47.3\n";
+        assert!(advertises_filter(v0));
+        assert!(!advertises_filter(&v0.replace(" filter", "")));
+        // A ref named like the capability is not the capability.
+        assert!(!advertises_filter(
+            "packet: ls-remote< e543 refs/heads/filter\n"
+        ));
+        assert!(!advertises_filter(""));
+    }
+
+    #[test]
+    fn refusals_by_host_rules_get_the_setting_to_change() {
+        let hook = "remote: refusing ref\n ! [remote rejected] x -> x (pre-receive hook declined)";
+        let h = refusal_hint("refs/warmstart/cache/rust", hook).unwrap();
+        assert!(h.contains("cache.branch (e.g. \"rust-cache\")"), "{h}");
+        let gh = "remote: error: GH006: Protected branch update failed for refs/heads/rust-cache.";
+        let h = refusal_hint("refs/heads/rust-cache", gh).unwrap();
+        assert!(h.contains("refs/warmstart/cache/rust"), "{h}");
+        assert!(h.contains("cache migrate rust"), "{h}");
+        // Not a rule: no advice about settings.
+        let other = " ! [remote rejected] x -> x (missing necessary objects)";
+        assert_eq!(refusal_hint("refs/heads/rust-cache", other), None);
+        assert_eq!(
+            refusal_hint("refs/heads/x", "fatal: unable to access"),
+            None
+        );
+        assert!(refusal_hint("refs/warmstart/cache/x", other).is_some());
     }
 
     #[test]

@@ -35,6 +35,10 @@ struct RawManifest {
 #[serde(deny_unknown_fields)]
 struct RawCache {
     branch: Option<String>,
+    /// A full ref outside `refs/heads/` (`refs/warmstart/cache/<name>`),
+    /// instead of `branch`: plain clones and fetches never download it.
+    #[serde(rename = "ref")]
+    full_ref: Option<String>,
     remote: Option<String>,
     description: Option<String>,
 }
@@ -155,6 +159,9 @@ pub enum Ready {
 pub struct CacheManifest {
     pub name: String,
     pub file: PathBuf,
+    /// Where the cache lives on the remote: a branch name (`<name>-cache`,
+    /// meaning `refs/heads/<name>-cache`) or, from `cache.ref`, a full ref
+    /// starting with `refs/` (see `cache::git::remote_ref`).
     pub branch: String,
     pub remote: String,
     pub description: String,
@@ -291,11 +298,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         .as_ref()
         .map(|d| d.resolve_positive("publish.lease_deadline"))
         .transpose()?;
-    let branch = raw.cache.branch.unwrap_or_else(|| format!("{name}-cache"));
-    if branch.is_empty() || branch.starts_with('-') || branch.contains("..") || branch.contains(' ')
-    {
-        bail!("cache.branch {branch:?} is not a usable branch name");
-    }
+    let branch = cache_ref(name, raw.cache.branch, raw.cache.full_ref)?;
     let include = if raw.pack.include.is_empty() {
         vec![Glob::new("**")?]
     } else {
@@ -329,6 +332,51 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         level,
         lease_deadline,
     })
+}
+
+/// Where the cache lives: `cache.branch` (default `<name>-cache`, a branch
+/// as before refs existed, so that a manifest without either field keeps
+/// meaning what it always meant) or `cache.ref`, a full ref.
+fn cache_ref(name: &str, branch: Option<String>, full: Option<String>) -> Result<String> {
+    let usable = |s: &str| {
+        !(s.is_empty()
+            || s.starts_with('-')
+            || s.ends_with('/')
+            || s.contains("..")
+            || s.contains("//")
+            || s.ends_with(".lock")
+            || s.bytes().any(|b| b <= b' ' || b":~^?*[\\".contains(&b)))
+    };
+    match (branch, full) {
+        (Some(_), Some(_)) => bail!(
+            "cache.branch and cache.ref are both set: keep one (`ref = \"refs/warmstart/cache/{name}\"` keeps the cache out of plain clones)"
+        ),
+        (b, None) => {
+            let b = b.unwrap_or_else(|| format!("{name}-cache"));
+            if !usable(&b) || b.starts_with("refs/") {
+                bail!(
+                    "cache.branch {b:?} is not a usable branch name (for a full ref such as refs/warmstart/cache/{name}, set cache.ref instead)"
+                );
+            }
+            Ok(b)
+        }
+        (None, Some(r)) => {
+            let bad_place = ["refs/tags/", "refs/remotes/", "refs/warmstart/gates/"]
+                .iter()
+                .find(|p| r.starts_with(*p));
+            if !r.starts_with("refs/") || r.matches('/').count() < 2 || !usable(&r) {
+                bail!(
+                    "cache.ref {r:?} is not a usable ref: give a full ref such as \"refs/warmstart/cache/{name}\""
+                );
+            }
+            if let Some(p) = bad_place {
+                bail!(
+                    "cache.ref {r:?} is under {p}, which clones, fetches or gate records use: choose e.g. \"refs/warmstart/cache/{name}\""
+                );
+            }
+            Ok(r)
+        }
+    }
 }
 
 fn resolve_pin(repo: &Repo, p: RawPin) -> Result<Pin> {

@@ -11,7 +11,7 @@
 //! them straight from the server's pack stream where it can), `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it, `stamp` makes the next run warm, `compare` checks an
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
-//! `cache status`.
+//! `cache status`, `migrate` moves a cache from a branch to a ref.
 
 pub mod branch;
 pub mod check;
@@ -20,6 +20,7 @@ pub mod direct;
 pub mod format;
 pub mod git;
 pub mod manifest;
+pub mod migrate;
 pub mod pack;
 pub mod packed;
 pub mod prefetch;
@@ -43,6 +44,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Verify(a) => check::run(sh, a),
         CacheCommand::List(a) => status::list(sh, a),
         CacheCommand::Status(a) => status::status(sh, a),
+        CacheCommand::Migrate(a) => migrate::run(sh, a),
     }
 }
 

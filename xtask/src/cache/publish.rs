@@ -181,8 +181,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::cache::git::resolve_remote(sh, &repo.root, &remote_name)?;
     summary.remote = Some(RemoteJson {
-        name: remote.name.clone(),
-        url: remote.url.clone(),
+        name: remote.shown_name(),
+        url: remote.shown_url(),
     });
     let t = Instant::now();
     let planned_at_ns = clock::now_ns();
@@ -303,7 +303,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             out.say(format!(
                 "unchanged: {} on {} already holds key {} with the same tar (sha256 {}; {how}); no commit, no push",
                 m.branch,
-                remote.name,
+                remote.shown_name(),
                 key.value,
                 &old.tar_sha256[..12],
             ));
@@ -372,7 +372,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             out.say(format!(
                 "unchanged: {} on {} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
                 m.branch,
-                remote.name,
+                remote.shown_name(),
                 key.value,
                 &entry.tar_sha256[..12]
             ));
@@ -399,7 +399,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         out.say(format!(
             "pushing {} to {} ({} of new chunks)",
             m.branch,
-            remote.name,
+            remote.shown_name(),
             human_bytes(new_bytes)
         ));
         let bar = out.bar(100, "push");
@@ -419,7 +419,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                     "published {} to {} on {}: commit {} (one root commit), push {}",
                     key.value,
                     m.branch,
-                    remote.name,
+                    remote.shown_name(),
                     &commit[..12],
                     crate::clock::human(t.elapsed())
                 ));
@@ -668,7 +668,7 @@ impl BranchState {
                     Code::Corrupt,
                     format!(
                         "warmstart.json on {branch} of {remote} cannot be read ({err:#}): fix it, or delete the branch (`git push {} --delete {branch}`) to start over",
-                        remote.name
+                        remote.shown_name()
                     ),
                 )
             })?;
@@ -944,10 +944,13 @@ fn build_commit(
         &ReadmeContext {
             name: &m.name,
             branch: &m.branch,
-            remote: if remote.name == remote.url {
-                "origin"
+            // How a clone calls the cache's remote: its name, else the
+            // manifest's remote (a name, or the URL of a dedicated cache
+            // repository, without credentials).
+            remote: &if remote.name == remote.url {
+                crate::redact::url(&m.remote)
             } else {
-                &remote.name
+                remote.name.clone()
             },
             description: &m.description,
         },

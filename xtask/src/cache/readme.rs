@@ -28,14 +28,33 @@ pub fn render(cx: &ReadmeContext, m: &BranchManifest) -> String {
     } = *cx;
     let mut s = String::new();
     s.push_str(&format!("# `{branch}`: a warmstart cache branch\n\n"));
+    let (place, clones) = if branch.starts_with("refs/") {
+        (
+            format!("the ref `{branch}`"),
+            format!(
+                "It lives outside `refs/heads/`, so a plain `git clone` or `git fetch` of the \
+repository never downloads it: only `git fetch {remote} {branch}` does."
+            ),
+        )
+    } else {
+        (
+            format!("the branch `{branch}`"),
+            format!(
+                "It is a branch, so a plain `git clone` (and `git fetch`) of the repository \
+downloads it too; clone with `--single-branch`, or move it to a ref outside `refs/heads/` \
+(`ref = \"refs/warmstart/cache/{name}\"` under `[cache]`, then `cargo xtask cache migrate {name}`)."
+            ),
+        )
+    };
     if !description.is_empty() {
         s.push_str(&format!("> {description}\n\n"));
     }
     s.push_str(&format!(
-        "This branch is a cache, not source code. `cargo xtask cache publish {name}` \
+        "This is a cache, not source code: {place}. `cargo xtask cache publish {name}` \
 (warmstart) wrote it from `cache-manifests/{name}.toml`. It always holds exactly one \
-commit with no parent: every publish replaces that commit, so fetching it never \
-drags old artifacts along.\n\n"
+commit with no parent: every publish replaces that commit, so a fetch of it downloads \
+only the current artifacts (a clone that fetched an older one keeps those objects \
+until `git gc` prunes them). {clones}\n\n"
     ));
     s.push_str("## What it holds\n\n");
     s.push_str("| key | entries | unpacked | compressed | chunks | published |\n");
@@ -61,7 +80,7 @@ content is a tar of the artifact.\n\n",
     s.push_str("## Restore with warmstart\n\n");
     s.push_str(&format!(
         "```sh\ncargo xtask cache restore {name}\n```\n\n\
-It fetches only this branch, checks every chunk before decompressing it, unpacks into a \
+It fetches only this commit, checks every chunk before decompressing it, unpacks into a \
 staging directory and swaps it in atomically.\n\n"
     ));
     s.push_str("## Restore with git and coreutils alone\n\n");
@@ -124,32 +143,39 @@ mod tests {
         m
     }
 
-    /// The README users read, pinned. Regenerate with
-    /// `UPDATE_SNAPSHOTS=1 cargo test --lib readme` after a deliberate change.
+    /// The README users read, pinned, for a branch and for a ref outside
+    /// `refs/heads/`. Regenerate with `UPDATE_SNAPSHOTS=1 cargo test --lib
+    /// readme` after a deliberate change.
     #[test]
     fn branch_readme_snapshot() {
-        let text = render(
-            &ReadmeContext {
-                name: "rust",
-                branch: "rust-cache",
-                remote: "origin",
-                description: "the Rust toolchain",
-            },
-            &manifest(),
-        );
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("src/cache/snapshots/branch-readme.md");
-        if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, &text).unwrap();
+        for (branch, file) in [
+            ("rust-cache", "branch-readme.md"),
+            ("refs/warmstart/cache/rust", "branch-readme-ref.md"),
+        ] {
+            let text = render(
+                &ReadmeContext {
+                    name: "rust",
+                    branch,
+                    remote: "origin",
+                    description: "the Rust toolchain",
+                },
+                &manifest(),
+            );
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("src/cache/snapshots")
+                .join(file);
+            if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, &text).unwrap();
+            }
+            let want = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                text == want,
+                "{} is stale: rerun with UPDATE_SNAPSHOTS=1 cargo test --lib readme and review the diff\n--- rendered:\n{text}",
+                path.display()
+            );
+            // The coreutils path of DESIGN.md, verbatim apart from the variables.
+            assert!(text.contains(&format!("git fetch origin {branch} && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/$KEY.tar.zst.part* | zstd -d | tar -x -C \"$DEST\"")));
         }
-        let want = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            text == want,
-            "{} is stale: rerun with UPDATE_SNAPSHOTS=1 cargo test --lib readme and review the diff\n--- rendered:\n{text}",
-            path.display()
-        );
-        // The coreutils path of DESIGN.md, verbatim apart from the variables.
-        assert!(text.contains("git fetch origin rust-cache && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/$KEY.tar.zst.part* | zstd -d | tar -x -C \"$DEST\""));
     }
 }

@@ -193,7 +193,7 @@ pub fn error_json(name: &str, err: &anyhow::Error) -> String {
     serde_json::to_string_pretty(&serde_json::json!({
         "name": name,
         "ok": false,
-        "error": format!("{err:#}"),
+        "error": crate::redact::text(&format!("{err:#}")),
         "code": crate::exit::code_of(err).as_i32(),
     }))
     .expect("json serializes")
@@ -390,7 +390,7 @@ fn from_stamp(
         target: s.target.clone(),
         mode: stamp::mode_name(m.mode),
         branch: s.branch.clone(),
-        source: s.source.clone(),
+        source: crate::redact::url(&s.source),
         commit: s.commit.clone(),
         layout: s.layout.clone(),
         bytes: 0,

@@ -15,7 +15,7 @@ use xshell::Shell;
 
 use crate::cache::branch::{Branch, Content};
 use crate::cache::format::KeyPart;
-use crate::cache::git::CacheGit;
+use crate::cache::git::{CacheGit, RefProbe};
 use crate::cache::manifest::{self, CacheManifest};
 use crate::cache::restore;
 use crate::cache::stamp::{self, Loaded, PartChange};
@@ -366,7 +366,7 @@ fn remote_state(
 ) -> (Remote, Option<anyhow::Error>) {
     let mut r = Remote {
         state: String::new(),
-        source: m.remote.clone(),
+        source: crate::redact::url(&m.remote),
         commit: None,
         keys: Vec::new(),
         nearest: None,
@@ -382,18 +382,46 @@ fn remote_state(
         }
     };
     r.source = remote.to_string();
-    // A damaged cache-meta.git is rebuilt once and the branch fetched
-    // again (`git::healing`); a read that fails for another reason is the
-    // branch's damage, reported below.
-    let fetched = crate::cache::git::healing(|| {
-        let Some(commit) = git.try_fetch_branch(&remote, &m.branch)? else {
-            return Ok(None);
-        };
-        match Branch::read(git, remote.clone(), &m.branch, commit.clone()) {
-            Err(e) if crate::cache::git::damage_of(&e).is_some() => Err(e),
-            b => Ok(Some((commit, b))),
-        }
-    });
+    // Which store the branch is read from: cache-meta.git (fetched there,
+    // and rebuilt once if damaged: `git::healing`), or, when the server
+    // cannot filter, a store that already holds the commit (a restore
+    // fetched it); a read that fails for another reason is the branch's
+    // damage, reported below.
+    let fetched = match git.probe_ref(&remote, &m.branch) {
+        Err(e) => Err(e),
+        Ok(RefProbe { commit: None, .. }) => Ok(None),
+        Ok(RefProbe { filter: true, .. }) => crate::cache::git::healing(|| {
+            let Some(commit) = git.try_fetch_branch(&remote, &m.branch)? else {
+                return Ok(None);
+            };
+            match Branch::read(git, remote.clone(), &m.branch, commit.clone()) {
+                Err(e) if crate::cache::git::damage_of(&e).is_some() => Err(e),
+                b => Ok(Some((commit, b))),
+            }
+        }),
+        Ok(RefProbe {
+            commit: Some(c),
+            filter: false,
+        }) => match [Some(git.clone()), git.restore_store()]
+            .into_iter()
+            .flatten()
+            .find(|g| g.has_commit(&c))
+        {
+            Some(g) => {
+                let b = Branch::read(&g, remote.clone(), &m.branch, c.clone());
+                Ok(Some((c, b)))
+            }
+            None => {
+                r.state = "unread".into();
+                r.error = Some(format!(
+                    "{remote} does not filter fetches (uploadpack.allowFilter is off), so reading {} would download every chunk: not read; `cargo xtask cache restore {}` fetches it (status then reads that copy), or enable uploadpack.allowFilter on the server",
+                    m.branch, m.name
+                ));
+                r.commit = Some(c);
+                return (r, None);
+            }
+        },
+    };
     let (commit, b) = match fetched {
         Ok(Some(found)) => found,
         Ok(None) => {

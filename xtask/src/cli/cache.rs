@@ -29,6 +29,26 @@ pub enum CacheCommand {
     List(ListArgs),
     /// Show how each key is built, what the branch holds, and on a miss which part differs.
     Status(ListArgs),
+    /// Move a cache from its branch to the ref its manifest names (`cache.ref`).
+    ///
+    /// One atomic push with leases: the same commit goes to the new ref (e.g.
+    /// `refs/warmstart/cache/<NAME>`, which plain clones never download) and
+    /// the old branch is deleted. Set `ref` in the manifest first.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The cache: `cache-manifests/<NAME>.toml`, whose `cache.ref` is the new place.
+    pub name: String,
+    /// The branch the cache lives on now (default: `<NAME>-cache`).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// The remote (default: the manifest's, else `origin`).
+    #[arg(long)]
+    pub remote: Option<String>,
+    #[command(flatten)]
+    pub out: OutputArgs,
 }
 
 #[derive(Debug, Args)]

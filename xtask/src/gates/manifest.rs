@@ -44,6 +44,31 @@ pub struct Plan {
     pub kill_grace: Duration,
     /// The gates, in file order (the order `gates run` runs them).
     pub gates: Vec<Gate>,
+    /// Where records live on the remote (`records = "refs" | "branches"`).
+    pub records: Records,
+}
+
+/// Where gate records live on the remote. `Refs` (the default) keeps them
+/// under `refs/warmstart/gates/<tree>`, which plain clones never fetch;
+/// `Branches` is for hosts that refuse every ref outside `refs/heads/` and
+/// `refs/tags/`: `refs/heads/warmstart-gates/<tree>`, one small branch per
+/// recorded tree. Locally they are always under `refs/warmstart/gates/`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Records {
+    #[default]
+    Refs,
+    Branches,
+}
+
+impl Records {
+    /// The prefix of a record's ref on the remote.
+    pub fn remote_prefix(self) -> &'static str {
+        match self {
+            Records::Refs => "refs/warmstart/gates/",
+            Records::Branches => "refs/heads/warmstart-gates/",
+        }
+    }
 }
 
 /// One gate, ready to run.
@@ -154,6 +179,8 @@ struct RawPlan {
     #[serde(default)]
     ignore: Vec<String>,
     kill_grace: Option<DurationSpec>,
+    #[serde(default)]
+    records: Records,
     #[serde(default)]
     gate: Vec<RawGate>,
 }
@@ -280,6 +307,7 @@ pub fn parse(text: &str) -> Result<Plan> {
         ignore: raw.ignore,
         kill_grace,
         gates,
+        records: raw.records,
     })
 }
 

@@ -170,14 +170,18 @@ fn fetch_first(sh: &Shell, repo: &Repo, opt: &FetchFirst) {
     if let Some(remote) = &opt.fetch
         && let Err(e) = fetch_record(sh, repo, remote, opt.fetch_timeout)
     {
-        eprintln!("warning: {e:#}; using the records already in this clone");
+        eprintln!(
+            "warning: {}; using the records already in this clone",
+            crate::redact::text(&format!("{e:#}"))
+        );
     }
 }
 
 pub(crate) fn print_json(value: &Value) {
     println!(
         "{}",
-        serde_json::to_string_pretty(value).expect("JSON values serialize")
+        // A remote given as a URL is quoted in records and errors.
+        crate::redact::text(&serde_json::to_string_pretty(value).expect("JSON values serialize"))
     );
 }
 

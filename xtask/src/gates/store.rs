@@ -343,7 +343,8 @@ fn network_git(
 
 fn remote_error(what: &str, remote: &str, outcome: &runner::Outcome) -> anyhow::Error {
     let said = runner::last_lines(&outcome.output, 3).replace('\n', " | ");
-    fail(Code::Remote, format!("{what} `{remote}` failed: {said}"))
+    let shown = crate::redact::text(&format!("{what} `{remote}` failed: {said}"));
+    fail(Code::Remote, shown)
 }
 
 fn is_ancestor(sh: &Shell, root: &Path, a: &str, b: &str) -> Result<bool> {
@@ -353,6 +354,51 @@ fn is_ancestor(sh: &Shell, root: &Path, a: &str, b: &str) -> Result<bool> {
         .output()
         .context("comparing gate record histories")?;
     Ok(out.status.success())
+}
+
+/// The prefix of records on remotes, from gates.toml's `records` (no
+/// gates.toml: the default). An invalid gates.toml is an error here too.
+fn remote_prefix(root: &Path) -> Result<&'static str> {
+    if !root.join(crate::gates::manifest::PATH).is_file() {
+        return Ok(crate::gates::manifest::Records::default().remote_prefix());
+    }
+    Ok(crate::gates::manifest::load(root)?.records.remote_prefix())
+}
+
+/// The host's own lines (`remote: ...`, e.g. a hook's message) and git's
+/// verdict, on one line.
+fn host_said(outcome: &runner::Outcome) -> String {
+    let text = String::from_utf8_lossy(&outcome.output);
+    let lines = |keep: &dyn Fn(&str) -> bool| {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| keep(l))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let host = lines(&|l| l.starts_with("remote:") && l.len() > "remote:".len());
+    if host.is_empty() {
+        lines(&|l| l.contains("[remote rejected]"))
+    } else {
+        host
+    }
+}
+
+/// What to do when a host refused to store a record at `dst`, if it did.
+fn refused_hint(dst: &str, outcome: &runner::Outcome) -> Option<String> {
+    let said = String::from_utf8_lossy(&outcome.output);
+    crate::cache::git::refusal_hint(dst, &said)?;
+    Some(if dst.starts_with("refs/heads/") {
+        format!(
+            "the host's rules refuse {dst}: allow branches under refs/heads/warmstart-gates/ to be created and fast-forwarded, or set `records = \"refs\"` in {}",
+            crate::gates::manifest::PATH
+        )
+    } else {
+        format!(
+            "this host may accept only branches and tags: set `records = \"branches\"` in {} (records then live under refs/heads/warmstart-gates/)",
+            crate::gates::manifest::PATH
+        )
+    })
 }
 
 /// Fetches `remote`'s record for `tree` and merges it into the local one.
@@ -367,7 +413,7 @@ pub fn fetch(
     let staging = format!("{FETCH_PREFIX}{tree}");
     // A glob refspec that can only match this tree's ref: unlike an exact
     // refspec, it succeeds (and fetches nothing) when the remote has no record.
-    let refspec = format!("+{REF_PREFIX}{tree}*:{FETCH_PREFIX}{tree}*");
+    let refspec = format!("+{}{tree}*:{FETCH_PREFIX}{tree}*", remote_prefix(root)?);
     let what = "fetching gate records from";
     let outcome = network_git(
         root,
@@ -472,7 +518,8 @@ pub fn push(
     timeout: Duration,
 ) -> Result<(Pushed, Record)> {
     let refname = ref_name(tree);
-    let refspec = format!("{refname}:{refname}");
+    let dst = format!("{}{tree}", remote_prefix(root)?);
+    let refspec = format!("{refname}:{dst}");
     let what = "pushing the gate record to";
     for _ in 0..3 {
         fetch(sh, root, remote, tree, timeout)?;
@@ -501,7 +548,18 @@ pub fn push(
             (true, _) => return Ok((Pushed::Updated, record)),
             // Someone pushed between our fetch and our push: merge again.
             (false, Some('!')) if line.is_some_and(|l| l.contains("[rejected]")) => continue,
-            _ => return Err(remote_error(what, remote, &outcome)),
+            _ => {
+                return Err(match refused_hint(&dst, &outcome) {
+                    Some(hint) => fail(
+                        Code::Remote,
+                        crate::redact::text(&format!(
+                            "{what} `{remote}` was refused (host said: {}): {hint}",
+                            host_said(&outcome)
+                        )),
+                    ),
+                    None => remote_error(what, remote, &outcome),
+                });
+            }
         }
     }
     Err(fail(

@@ -230,7 +230,7 @@ impl Step {
             Kind::Submodules(s) => s.paths.join(" "),
             Kind::Links(l) => format!("{} -> {}", rel(&l.source), rel(&l.farm)),
             Kind::Command(c) => c.run.display(),
-            Kind::Download(d) => d.url.clone(),
+            Kind::Download(d) => crate::redact::url(&d.url),
             Kind::Pin(p) => format!("{} {}", p.tool, p.args.join(" ")),
             Kind::Freshness(f) => match (&f.remote, &f.branch) {
                 (Some(r), Some(b)) => format!("{r}/{b}"),
@@ -268,7 +268,7 @@ impl Step {
                 "cwd": c.cwd, "timeout_ms": c.timeout.as_ref().map(ms),
             }),
             Kind::Download(d) => json!({
-                "url": d.url, "sha256": d.sha256, "dest": d.dest,
+                "url": crate::redact::url(&d.url), "sha256": d.sha256, "dest": d.dest,
                 "executable": d.executable,
                 "unpack_into": d.unpack_into, "only": d.only,
                 "connect_timeout_ms": ms(&d.connect_timeout),
@@ -309,7 +309,7 @@ fn cache_source(repo: &Repo, c: &CacheStep) -> String {
         Ok(m) => format!(
             "{} @ {}",
             m.branch,
-            c.remote.as_deref().unwrap_or(&m.remote)
+            crate::redact::url(c.remote.as_deref().unwrap_or(&m.remote))
         ),
         Err(_) => format!("cache-manifests/{}.toml", c.cache),
     }
@@ -727,12 +727,14 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
 fn check_url(url: &str) -> Result<()> {
     if let Some(rest) = url.strip_prefix("https://") {
         if rest.is_empty() {
-            bail!("`url` = {url:?} has no host");
+            bail!("`url` = {:?} has no host", crate::redact::url(url));
         }
         return Ok(());
     }
     if let Some(rest) = url.strip_prefix("http://") {
-        let host = rest.split(['/', '?']).next().unwrap_or("");
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        // `user:password@` is not the host.
+        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
         let host = match host.strip_prefix('[') {
             Some(v6) => v6.split(']').next().unwrap_or(""),
             None => host.rsplit_once(':').map_or(host, |(h, _)| h),
@@ -745,7 +747,10 @@ fn check_url(url: &str) -> Result<()> {
             return Ok(());
         }
     }
-    bail!("`url` = {url:?} must be https:// (plain http:// only for 127.0.0.1 or localhost)")
+    bail!(
+        "`url` = {:?} must be https:// (plain http:// only for 127.0.0.1 or localhost)",
+        crate::redact::url(url)
+    )
 }
 
 #[derive(Deserialize)]

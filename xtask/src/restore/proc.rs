@@ -32,12 +32,14 @@ impl Log {
         Ok(log)
     }
 
-    /// Appends one line (log writes never fail a step).
+    /// Appends one line (log writes never fail a step), without
+    /// credentials: a command line may hold a URL with a password.
     pub fn line(&mut self, text: &str) {
         let _ = writeln!(
             self.file,
-            "[{}] {text}",
-            crate::clock::rfc3339(crate::clock::now_ms())
+            "[{}] {}",
+            crate::clock::rfc3339(crate::clock::now_ms()),
+            crate::redact::text(text)
         );
     }
 

@@ -53,7 +53,8 @@ struct Stamp {
 
 fn stamp_of(d: &Download) -> Stamp {
     Stamp {
-        url: d.url.clone(),
+        // Stamps are files under .git/warmstart: no credentials in them.
+        url: crate::redact::url(&d.url),
         sha256: d.sha256.clone(),
         dest: d.dest.display().to_string(),
         unpack_into: d.unpack_into.as_ref().map(|p| p.display().to_string()),
@@ -227,16 +228,18 @@ fn fetch_verify_install(
             Attempt::Transient(why) => last = why,
             Attempt::Permanent(why) => {
                 return Ok(Outcome::failed(format!(
-                    "download of {} failed: {why}; nothing installed",
-                    d.url
+                    "download of {} failed: {}; nothing installed",
+                    crate::redact::url(&d.url),
+                    crate::redact::text(&why)
                 )));
             }
         }
     }
     if !fetched {
         return Ok(Outcome::failed(format!(
-            "download of {} failed after {attempts} attempt(s): {last}; nothing installed",
-            d.url
+            "download of {} failed after {attempts} attempt(s): {}; nothing installed",
+            crate::redact::url(&d.url),
+            crate::redact::text(&last)
         )));
     }
     let got = sha256_file(tmp)?;
@@ -244,7 +247,8 @@ fn fetch_verify_install(
         log.line(&format!("sha256 {got} != pinned {}", d.sha256));
         return Ok(Outcome::failed(format!(
             "sha256 mismatch for {}: got {got}, the manifest pins {}; nothing installed (if the new file is right, update `sha256`)",
-            d.url, d.sha256
+            crate::redact::url(&d.url),
+            d.sha256
         )));
     }
     let unpacked = match &d.unpack_into {
@@ -262,7 +266,7 @@ fn fetch_verify_install(
             let r = conda::unpack_package(&args).with_context(|| {
                 format!(
                     "unpacking {} (sha256 checked) into {}; {} not installed",
-                    d.url,
+                    crate::redact::url(&d.url),
                     prefix.display(),
                     d.dest.display()
                 )

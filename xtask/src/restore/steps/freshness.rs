@@ -64,7 +64,8 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
             .map(|m| m.trim_start_matches("refs/heads/").to_string())
             .unwrap_or_else(|_| branch.clone()),
     };
-    let theirs_name = format!("{remote}/{upstream}");
+    // Shown in messages: a remote given as a URL loses its credentials.
+    let theirs_name = format!("{}/{upstream}", crate::redact::url(&remote));
     let is_url = remote.contains(':') || remote.contains('/');
     if !is_url && git(&["remote", "get-url", &remote]).is_err() {
         return Ok(Outcome::failed(format!(
@@ -82,14 +83,15 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
     match proc::run_logged(&mut fetch, log, Some(f.timeout))? {
         Exit::TimedOut(t) => {
             return Ok(Outcome::failed(format!(
-                "offline or unreachable: {remote} did not answer within {}; {branch} not refreshed",
+                "offline or unreachable: {} did not answer within {}; {branch} not refreshed",
+                crate::redact::url(&remote),
                 fmt_duration(t)
             )));
         }
         Exit::Status(s) if !s.success() => {
             return Ok(Outcome::failed(format!(
                 "offline or unreachable: fetching {theirs_name} failed: {}; {branch} not refreshed",
-                proc::last_log_line(log)
+                crate::redact::text(&proc::last_log_line(log))
             )));
         }
         Exit::Status(_) => {}

@@ -1,0 +1,175 @@
+//! Redaction of credentials in remote URLs and in free text.
+//!
+//! Secrets stay in git (DESIGN.md, restore invariant 10): every remote URL
+//! that warmstart prints, puts in JSON or writes to a file goes through
+//! `url`, and every message that may quote one (our errors, git's own
+//! stderr that we pass on) goes through `text`. Like git's
+//! `transport_anonymize_url`, the whole userinfo is dropped, not only the
+//! password: a token is often the user name (`https://<token>@host/...`).
+//! This module never touches the file system.
+
+/// `url` with any `user[:password]@` of a `scheme://` URL removed
+/// (`https://u:p@host/x` -> `https://host/x`). Paths and scp-like
+/// `user@host:path` locations carry no password and are kept as they are.
+pub fn url(url: &str) -> String {
+    text(url)
+}
+
+/// `s` with the userinfo of every `scheme://userinfo@host` in it removed,
+/// and the value of every `Authorization:` header replaced by `***`.
+pub fn text(s: &str) -> String {
+    redact_headers(&redact_userinfo(s))
+}
+
+/// Characters that end the authority part of a URL quoted in free text.
+/// Only those a userinfo can never hold unencoded (RFC 3986 allows
+/// sub-delimiters such as `;`, `,`, `'`, `(`): ending early there would
+/// leave the rest of a password behind. Ending late only redacts more.
+fn ends_authority(c: char) -> bool {
+    c.is_whitespace() || "/?#\"<>`\\".contains(c)
+}
+
+fn redact_userinfo(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        // A second URL glued on (`...:9)http://u:p@h`) starts a new one.
+        let end = tail
+            .char_indices()
+            .find(|&(i, c)| ends_authority(c) || tail[i..].starts_with("://"))
+            .map_or(tail.len(), |(i, _)| i);
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => out.push_str(&authority[at + 1..]),
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn redact_headers(s: &str) -> String {
+    const NAME: &str = "authorization:";
+    let lower = s.to_ascii_lowercase();
+    if !lower.contains(NAME) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut pos = 0;
+    while let Some(i) = lower[pos..].find(NAME) {
+        let start = pos + i + NAME.len();
+        out.push_str(&s[pos..start]);
+        // The value runs to the end of the line or of a quoted string.
+        let end = s[start..]
+            .find(['\n', '\r', '\'', '"'])
+            .map_or(s.len(), |e| start + e);
+        out.push_str(" ***");
+        pos = end;
+    }
+    out.push_str(&s[pos..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_userinfo_like_git() {
+        assert_eq!(
+            url("https://user:pass@example.com/o/r.git"),
+            "https://example.com/o/r.git"
+        );
+        assert_eq!(
+            url("https://tok@example.com:8443/r"),
+            "https://example.com:8443/r"
+        );
+        assert_eq!(url("http://u:p@w@127.0.0.1:9/x"), "http://127.0.0.1:9/x");
+        assert_eq!(url("https://example.com/a@b"), "https://example.com/a@b");
+        assert_eq!(url("git@github.com:o/r.git"), "git@github.com:o/r.git");
+        assert_eq!(url("/srv/origin.git"), "/srv/origin.git");
+        assert_eq!(url("ssh://git@host/r"), "ssh://host/r");
+    }
+
+    #[test]
+    fn free_text_is_redacted_everywhere() {
+        assert_eq!(
+            text("fatal: unable to access 'https://u:p@h/x/': boom; see http://a:b@c"),
+            "fatal: unable to access 'https://h/x/': boom; see http://c"
+        );
+        assert_eq!(
+            text("header Authorization: Basic dTpw\nnext"),
+            "header Authorization: ***\nnext"
+        );
+        assert_eq!(text("no url here"), "no url here");
+    }
+
+    /// A tiny deterministic PRNG (xorshift), so the cases are the same on
+    /// every run and need no dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick<'a>(&mut self, from: &'a [&'a str]) -> &'a str {
+            from[(self.next() % from.len() as u64) as usize]
+        }
+        fn secret(&mut self) -> String {
+            // Everything a userinfo may hold unencoded, `@` and `:` included.
+            const SET: &[u8] =
+                b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=%:@";
+            let n = 12 + self.next() % 20;
+            let mut s = String::from("Z");
+            for _ in 0..n {
+                s.push(SET[(self.next() % SET.len() as u64) as usize] as char);
+            }
+            s
+        }
+    }
+
+    /// Never: whatever the surrounding text, scheme, port, path or the
+    /// characters in the secret, no userinfo survives, and the host does.
+    #[test]
+    fn no_secret_survives_in_hostile_text() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let schemes = ["https", "http", "ssh", "git+ssh", "ftp", "HTTPS"];
+        let hosts = ["127.0.0.1", "example.com:8443", "[::1]:9", "h"];
+        let paths = ["", "/", "/o/r.git", "/a@b/c", "?q=1", "#frag"];
+        let before = [
+            "",
+            "fatal: unable to access '",
+            "remote (",
+            "\"source\": \"",
+            "x ",
+        ];
+        let after = ["", "'", ")", "\"", ": done\n", " and more", ";next"];
+        for _ in 0..5000 {
+            let (user, pass) = (rng.secret(), rng.secret());
+            let userinfo = match rng.next() % 3 {
+                0 => user.clone(),
+                1 => format!("{user}:{pass}"),
+                _ => format!("{user}:{pass}@{user}"),
+            };
+            let host = rng.pick(&hosts);
+            let u = format!(
+                "{}://{userinfo}@{host}{}",
+                rng.pick(&schemes),
+                rng.pick(&paths)
+            );
+            let msg = format!("{}{u}{}{}", rng.pick(&before), rng.pick(&after), u);
+            let out = text(&msg);
+            assert!(
+                !out.contains(&user) && !out.contains(&pass),
+                "{msg:?} -> {out:?}"
+            );
+            assert!(out.contains(host), "{msg:?} -> {out:?}");
+            assert!(!url(&u).contains('@') || url(&u).contains("/a@b"), "{u}");
+        }
+    }
+}
