@@ -109,6 +109,20 @@ pub fn set_flags(flags: NetworkFlags) -> Result<()> {
     Ok(())
 }
 
+/// This command's flags as the environment of a process that continues its
+/// work (the background restore worker): there they still beat manifests.
+pub fn flags_as_env() -> Vec<(&'static str, String)> {
+    let flags = FLAGS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_default();
+    [(CONNECT_ENV, flags.connect), (STALL_ENV, flags.stall)]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
+}
+
 /// The settings for an operation under `manifest`'s `[network]` table:
 /// this command's flags, then the environment, then the table.
 pub fn settings(manifest: &ManifestNetwork) -> Result<NetworkSettings> {
@@ -171,7 +185,7 @@ fn positive(value: &str, setting: &str) -> Result<Duration> {
 
 /// `10s`, `1.5s`, `500ms`, as the settings are written.
 pub fn show(d: Duration) -> String {
-    if d.as_millis() % 1000 == 0 {
+    if d.as_millis().is_multiple_of(1000) {
         format!("{}s", d.as_secs())
     } else if d < Duration::from_secs(1) {
         format!("{}ms", d.as_millis())

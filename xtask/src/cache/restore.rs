@@ -523,7 +523,8 @@ pub fn fetch(
     remote: Option<&str>,
     progress: bool,
 ) -> Result<(CacheGit, Branch)> {
-    let git = CacheGit::open(sh, repo)?;
+    let mut git = CacheGit::open(sh, repo)?;
+    git.set_network(&m.network)?;
     let remote = git.resolve_remote(sh, remote.unwrap_or(&m.remote))?;
     let spin = spinner(progress, format!("fetching {} from {remote}", m.branch));
     let commit = git.fetch_branch(&remote, &m.branch);
