@@ -399,9 +399,12 @@ impl Verdict {
                 show(*d)
             ),
             Verdict::Stall { after, bytes, last } => {
-                let got = match (bytes, last) {
-                    (0, Some(l)) => format!("git's last progress: {l}"),
-                    (n, _) => format!("{} had arrived", show_bytes(*n)),
+                let got = match last {
+                    Some(l) => format!(
+                        "{} had arrived; git's last progress: {l}",
+                        show_bytes(*bytes)
+                    ),
+                    None => format!("{} had arrived", show_bytes(*bytes)),
                 };
                 format!(
                     "{what} from {remote} stalled: nothing moved for {} ({got}); stopped (set [network] stall_timeout or {STALL_ENV})",
