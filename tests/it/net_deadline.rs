@@ -543,3 +543,51 @@ fn the_direct_reader_says_why_it_was_skipped() {
     assert!(why.contains("git://"), "{j}");
     assert!(Path::new(&fx.work.join("restored/art/noise.bin")).is_file());
 }
+
+/// `cargo xtask restore`: the freshness step's `[step.network]` table and a
+/// cache manifest's `[network]` table, and `--connect-timeout` above both.
+#[test]
+fn machine_restore_bounds_freshness_and_cache_steps_by_their_tables_and_the_flag() {
+    let fx = Fx::published("\n[network]\nconnect_timeout = \"1500ms\"\n");
+    let silent = Silent::new();
+    let url = format!("git://127.0.0.1:{}/origin.git", silent.port());
+    fx.env.git("work", ["remote", "set-url", "origin", &url]);
+    std::fs::write(
+        fx.work.join("cache-manifests/restore.toml"),
+        "[[step]]\nname = \"fresh\"\nkind = \"freshness\"\ntimeout = \"60s\"\ninterval = \"0s\"\n\n[step.network]\nconnect_timeout = \"1s\"\n\n[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\n",
+    )
+    .unwrap();
+    let what = |v: &Value, step: &str| -> String {
+        v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["step"] == step)
+            .unwrap_or_else(|| panic!("no step {step}: {v}"))["what"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let r = fx.xtask(&["restore", "--json"]);
+    let v: Value =
+        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)));
+    assert!(
+        what(&v, "fresh").contains("timed out connecting to origin after 1s"),
+        "{v:#}"
+    );
+    assert!(what(&v, "art").contains("after 1.5s"), "{v:#}");
+    let r = fx.xtask(&["restore", "--json", "--connect-timeout", "700ms"]);
+    let v: Value =
+        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)));
+    assert!(what(&v, "fresh").contains("after 700ms"), "{v:#}");
+    assert!(what(&v, "art").contains("after 700ms"), "{v:#}");
+    fx.assert_no_leftovers(silent.port());
+    // gates push and fetch are bounded the same way.
+    let mut args = vec!["gates", "fetch", &url];
+    args.extend(FAST);
+    let line = one_line(&fx.xtask(&args).expect_code(8));
+    assert!(
+        line.contains("timed out connecting to") && line.contains("after 2s"),
+        "{line}"
+    );
+}
