@@ -260,3 +260,19 @@ fn a_child_that_goes_quiet_stalls_and_a_busy_one_does_not() {
     assert_eq!(ran.stopped, None);
     assert!(ran.status.success());
 }
+
+/// A leader that exits while a process it started holds the pipes: the
+/// command is over, its leftover is ended, and nothing is reported stopped.
+#[test]
+fn processes_left_by_a_finished_leader_are_ended_with_it() {
+    let net = NetworkSettings {
+        connect: Duration::from_secs(20),
+        stall: Duration::from_secs(20),
+    };
+    let mut c = Command::new("sh");
+    c.args(["-c", "echo started; sleep 60 & exit 0"]);
+    let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
+    assert!(ran.status.success());
+    assert_eq!(ran.stopped, None);
+    assert_eq!(ran.stdout, b"started\n");
+}
