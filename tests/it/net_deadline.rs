@@ -591,3 +591,41 @@ fn machine_restore_bounds_freshness_and_cache_steps_by_their_tables_and_the_flag
         "{line}"
     );
 }
+
+/// The background worker continues a `restore --connect-timeout ...`: the
+/// flag reaches it (as the environment, which still beats the manifest).
+#[test]
+fn the_background_worker_keeps_the_flags_deadline() {
+    let fx = Fx::published("\n[network]\nconnect_timeout = \"20s\"\n");
+    let silent = Silent::new();
+    let url = format!("git://127.0.0.1:{}/origin.git", silent.port());
+    fx.env.git("work", ["remote", "set-url", "origin", &url]);
+    std::fs::write(
+        fx.work.join("cache-manifests/restore.toml"),
+        "[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\nbackground = true\n",
+    )
+    .unwrap();
+    fx.xtask(&["restore", "--connect-timeout", "800ms"]).ok();
+    let until = Instant::now() + Duration::from_secs(15);
+    let what = loop {
+        let r = fx.xtask(&["restore", "status", "--json"]).ok();
+        let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+        let row = v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["step"] == "art")
+            .cloned()
+            .unwrap_or_else(|| panic!("no step art: {v}"));
+        if row["state"] != "background" && row["state"] != "running" {
+            break row["what"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(Instant::now() < until, "the worker did not finish: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        what.contains("timed out connecting to") && what.contains("after 800ms"),
+        "{what}"
+    );
+    fx.assert_no_leftovers(silent.port());
+}
