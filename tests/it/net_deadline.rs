@@ -160,7 +160,14 @@ struct Relay {
 }
 
 impl Relay {
+    /// Limits what the server sends (a fetch that stalls).
     fn start(upstream: u16, budget: i64) -> Relay {
+        Relay::start_limiting(upstream, budget, false)
+    }
+
+    /// Limits what the client sends when `upload` (a push that stalls),
+    /// else what the server sends.
+    fn start_limiting(upstream: u16, budget: i64, upload: bool) -> Relay {
         let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
@@ -178,9 +185,13 @@ impl Relay {
                 let server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 held.push((client.try_clone().unwrap(), server.try_clone().unwrap()));
-                std::thread::spawn(move || pipe(c2, s2, None));
-                let left = left.clone();
-                std::thread::spawn(move || pipe(server, client, Some(left)));
+                let (up, down) = if upload {
+                    (Some(left.clone()), None)
+                } else {
+                    (None, Some(left.clone()))
+                };
+                std::thread::spawn(move || pipe(c2, s2, up));
+                std::thread::spawn(move || pipe(server, client, down));
             }
             drop(held);
         });
@@ -628,4 +639,33 @@ fn the_background_worker_keeps_the_flags_deadline() {
         "{what}"
     );
     fx.assert_no_leftovers(silent.port());
+}
+
+/// A push that stalls mid-pack (the relay stops forwarding what the client
+/// sends) ends at the stall timeout with git's last progress, and leaves
+/// the remote branch as it was.
+#[test]
+fn a_publish_whose_push_stalls_ends_and_changes_nothing() {
+    let fx = Fx::published("");
+    let daemon = GitDaemon::start(fx.env.path());
+    // New bytes: the push has about 200 kB to send.
+    write_pseudo_random(&fx.env.join("src/noise.bin"), NOISE, 8);
+    fx.manifest("2", "");
+    let relay = Relay::start_limiting(daemon.port, 30_000, true);
+    let url = format!("git://127.0.0.1:{}/origin.git", relay.port);
+    let mut args = vec!["cache", "publish", "art", "--remote", &url];
+    args.extend(FAST);
+    let start = Instant::now();
+    let r = fx.xtask(&args).expect_code(8);
+    let line = one_line(&r);
+    assert!(
+        line.contains("push of art-cache") && line.contains("stalled: nothing moved for 3s"),
+        "{line}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(30));
+    fx.assert_no_leftovers(relay.port);
+    let j = fx
+        .env
+        .git("origin.git", ["show", "art-cache:warmstart.json"]);
+    assert!(j.contains("art-1") && !j.contains("art-2"), "{j}");
 }

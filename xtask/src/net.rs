@@ -399,15 +399,16 @@ impl Verdict {
                 show(*d)
             ),
             Verdict::Stall { after, bytes, last } => {
+                let arrived = match bytes {
+                    0 => "nothing had arrived".to_string(),
+                    n => format!("{} had arrived", show_bytes(*n)),
+                };
                 let got = match last {
-                    Some(l) => format!(
-                        "{} had arrived; git's last progress: {l}",
-                        show_bytes(*bytes)
-                    ),
-                    None => format!("{} had arrived", show_bytes(*bytes)),
+                    Some(l) => format!("{arrived}; git's last progress: {l}"),
+                    None => arrived,
                 };
                 format!(
-                    "{what} from {remote} stalled: nothing moved for {} ({got}); stopped (set [network] stall_timeout or {STALL_ENV})",
+                    "{what} stalled: nothing moved for {} on the connection to {remote} ({got}); stopped (set [network] stall_timeout or {STALL_ENV})",
                     show(*after)
                 )
             }
@@ -848,7 +849,7 @@ pub fn auth_refused(stderr: &str) -> Option<(String, &'static str)> {
     cause_lines(stderr).into_iter().find_map(|l| {
         AUTH.iter()
             .find(|(pat, _)| l.contains(pat))
-            .map(|(_, fix)| (l.clone(), *fix))
+            .map(|(_, fix)| (plain(&l), *fix))
     })
 }
 
@@ -884,7 +885,14 @@ pub fn protected_refusal(said: &str) -> Option<String> {
     said.split(['\r', '\n'])
         .map(str::trim)
         .find(|l| PROTECTED.iter().any(|p| l.contains(p)))
-        .map(str::to_string)
+        .map(|l| plain(l.trim_start_matches("remote:").trim()))
+}
+
+/// A git line without its `fatal: ` or `error: ` label.
+fn plain(line: &str) -> String {
+    line.trim_start_matches("fatal: ")
+        .trim_start_matches("error: ")
+        .to_string()
 }
 
 #[cfg(test)]

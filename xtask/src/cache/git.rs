@@ -361,9 +361,7 @@ impl CacheGit {
             .arg("--")
             .arg(PROMISOR)
             .arg(&refspec);
-        let out = self
-            .run_network(&mut cmd, &format!("fetch of {branch}"), remote, &mut |_| {})
-            .context("running git fetch")?;
+        let out = self.run_network(&mut cmd, &format!("fetch of {branch}"), remote, &mut |_| {})?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             if stderr.contains("couldn't find remote ref") {
@@ -405,7 +403,7 @@ impl CacheGit {
                     message: format!("{e:#}"),
                 });
             }
-            Err(e) => return Err(BlobFetchError::Failed(format!("running git fetch: {e:#}"))),
+            Err(e) => return Err(BlobFetchError::Failed(format!("{e:#}"))),
         };
         if out.status.success() {
             return Ok(());
@@ -442,9 +440,7 @@ impl CacheGit {
         let mut cmd = self.fetch_from(remote, false);
         cmd.args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
             .arg(&refspec);
-        let out = self
-            .run_network(&mut cmd, &format!("fetch of {branch}"), remote, pid)
-            .context("running git fetch --refetch")?;
+        let out = self.run_network(&mut cmd, &format!("fetch of {branch}"), remote, pid)?;
         if !out.status.success() {
             return Err(net::remote_failure(
                 &format!("cannot fetch {branch} from {remote}"),
@@ -1130,7 +1126,8 @@ impl CacheGit {
         remote: &Remote,
         pid: &mut dyn FnMut(Option<u32>),
     ) -> Result<std::process::Output> {
-        let ran = net::run(cmd, self.net, None, Some(self.pack_dir()), &mut |_| {}, pid)?;
+        let ran = net::run(cmd, self.net, None, Some(self.pack_dir()), &mut |_| {}, pid)
+            .with_context(|| format!("running git for the {what}"))?;
         if let Some(v) = ran.stopped {
             return Err(v.error(what, &remote.to_string()));
         }

@@ -94,13 +94,13 @@ const SAMPLES: [(&str, &str, bool); 11] = [
     // http, 401 without credentials (GIT_TERMINAL_PROMPT=0).
     (
         "fatal: could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled\n",
-        "fatal: could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled",
+        "could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled",
         true,
     ),
     // http, 401 with a wrong password.
     (
         "fatal: Authentication failed for 'http://127.0.0.1:18401/x.git/'\n",
-        "fatal: Authentication failed for 'http://127.0.0.1:18401/x.git/'",
+        "Authentication failed for 'http://127.0.0.1:18401/x.git/'",
         true,
     ),
     (
@@ -231,6 +231,7 @@ fn a_silent_child_is_stopped_at_the_connect_deadline() {
     assert_eq!(ran.stopped, Some(Verdict::Connect(net.connect)));
     assert!(!ran.status.success());
     let err = ran.stopped.unwrap().error("fetch of x", "origin");
+    assert!(!format!("{err:#}").contains("running git"), "{err:#}");
     assert_eq!(crate::exit::code_of(&err), Code::Remote);
     assert!(
         err.to_string()
