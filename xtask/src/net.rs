@@ -102,9 +102,14 @@ pub struct NetworkFlags {
 static FLAGS: Mutex<Option<NetworkFlags>> = Mutex::new(None);
 
 /// Records this command's flags for every later `settings` call, after
-/// checking them (exit 10 naming the flag).
+/// checking them and the environment (exit 10 naming the flag or the
+/// variable), so that a bad value fails even a run that turns out warm.
 pub fn set_flags(flags: NetworkFlags) -> Result<()> {
-    resolve(&flags, &|_| None, &ManifestNetwork::default())?;
+    resolve(
+        &flags,
+        &|k| std::env::var(k).ok(),
+        &ManifestNetwork::default(),
+    )?;
     *FLAGS.lock().unwrap_or_else(|p| p.into_inner()) = Some(flags);
     Ok(())
 }
