@@ -325,14 +325,17 @@ fn network_settings_that_do_not_parse_are_exit_10_naming_them() {
         .xtask(&["cache", "restore", "art", "--connect-timeout", "soon"])
         .expect_code(10);
     assert!(one_line(&r).contains("--connect-timeout = \"soon\" is not a duration"));
-    let mut cmd = fx.cmd(&["cache", "status"]);
-    cmd.env("WARMSTART_STALL_TIMEOUT", "0s");
-    let r = run(&mut cmd).expect_code(10);
-    assert!(
-        r.stderr().contains("WARMSTART_STALL_TIMEOUT"),
-        "{}",
-        show(&r.out)
-    );
+    for args in [&["cache", "status"][..], &["cache", "list", "--offline"]] {
+        // Even where nothing goes to the network: never a silent default.
+        let mut cmd = fx.cmd(args);
+        cmd.env("WARMSTART_STALL_TIMEOUT", "0s");
+        let r = run(&mut cmd).expect_code(10);
+        assert!(
+            r.stderr().contains("WARMSTART_STALL_TIMEOUT"),
+            "{}",
+            show(&r.out)
+        );
+    }
     fx.manifest("1", "\n[network]\nstall_timeout = \"forever\"\n");
     let r = fx.xtask(&["cache", "restore", "art"]).expect_code(10);
     let line = one_line(&r);
