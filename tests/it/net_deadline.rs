@@ -246,6 +246,9 @@ fn one_line(r: &Run) -> String {
 }
 
 const FAST: [&str; 4] = ["--connect-timeout", "2s", "--stall-timeout", "3s"];
+/// For transfers that must connect (through a relay) before they stall:
+/// room to connect on a loaded machine.
+const STALL: [&str; 4] = ["--connect-timeout", "10s", "--stall-timeout", "3s"];
 
 #[test]
 fn silent_servers_end_at_the_connect_deadline_for_every_transport() {
@@ -360,7 +363,7 @@ fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
     let relay = Relay::start(upstream, 70_000);
     let url = format!("{scheme}://127.0.0.1:{}/origin.git", relay.port);
     let mut args = vec!["cache", "restore", "art", "--json", "--remote", &url];
-    args.extend(FAST);
+    args.extend(STALL);
     let start = Instant::now();
     let r = fx.xtask(&args).expect_code(8);
     let took = start.elapsed();
@@ -657,7 +660,7 @@ fn a_publish_whose_push_stalls_ends_and_changes_nothing() {
     let relay = Relay::start_limiting(daemon.port, 30_000, true);
     let url = format!("git://127.0.0.1:{}/origin.git", relay.port);
     let mut args = vec!["cache", "publish", "art", "--remote", &url];
-    args.extend(FAST);
+    args.extend(STALL);
     let start = Instant::now();
     let r = fx.xtask(&args).expect_code(8);
     let line = one_line(&r);

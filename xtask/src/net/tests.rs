@@ -255,8 +255,16 @@ fn a_child_that_goes_quiet_stalls_and_a_busy_one_does_not() {
         Some(Verdict::Stall { bytes: 5, .. }) => {}
         other => panic!("{other:?}"),
     }
+    // Busy: a line every 0.1 s, well inside a stall timeout of 1.5 s.
+    let net = NetworkSettings {
+        stall: Duration::from_millis(1500),
+        ..net
+    };
     let mut c = Command::new("sh");
-    c.args(["-c", "for i in 1 2 3 4 5 6; do echo x >&2; sleep 0.2; done"]);
+    c.args([
+        "-c",
+        "for i in 1 2 3 4 5 6 7 8 9 10; do echo x >&2; sleep 0.1; done",
+    ]);
     let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!(ran.stopped, None);
     assert!(ran.status.success());
@@ -276,4 +284,71 @@ fn processes_left_by_a_finished_leader_are_ended_with_it() {
     assert!(ran.status.success());
     assert_eq!(ran.stopped, None);
     assert_eq!(ran.stdout, b"started\n");
+}
+
+/// Many hostile mixtures of git's output (progress with carriage returns,
+/// hints, boilerplate, blank lines, server lines, an auth line anywhere or
+/// nowhere): the cause is always one line without boilerplate, and exit 13
+/// exactly when an authentication line was in it.
+#[test]
+fn any_mixture_of_git_output_gives_one_clean_line_and_the_right_code() {
+    let noise = [
+        "Receiving objects:  12% (1/8)\r",
+        "remote: Counting objects: 100% (3/3), done.\r\n",
+        "hint: see 'git help config'\n",
+        "\n",
+        "   \n",
+        "Please make sure you have the correct access rights\n",
+        "and the repository exists.\n",
+        "fatal: Could not read from remote repository.\n",
+        "fatal: the remote end hung up unexpectedly\n",
+        "remote: warning: something happened\n",
+        "error: RPC failed; HTTP 502 curl 22 The requested URL returned error: 502\n",
+        "Warning: Permanently added '[127.0.0.1]:22' (ED25519) to the list of known hosts.\n",
+    ];
+    let auth: Vec<&str> = SAMPLES.iter().filter(|s| s.2).map(|s| s.0).collect();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    for _ in 0..2000 {
+        let mut text = String::new();
+        let with_auth = next(2) == 0;
+        let pieces = next(8);
+        let at = next(pieces + 1);
+        for i in 0..=pieces {
+            if with_auth && i == at {
+                text.push_str(auth[next(auth.len())]);
+            }
+            if i < pieces {
+                text.push_str(noise[next(noise.len())]);
+            }
+        }
+        let err = remote_failure("cannot fetch b from r", &text);
+        let msg = format!("{err:#}");
+        assert!(
+            !msg.contains('\n') && !msg.contains('\r'),
+            "{msg:?} from {text:?}"
+        );
+        for gone in [
+            "Please make sure",
+            "repository exists.",
+            "objects:",
+            "hint:",
+        ] {
+            assert!(!msg.contains(gone), "{msg:?} from {text:?}");
+        }
+        let code = crate::exit::code_of(&err);
+        assert_eq!(
+            code == Code::AuthRefused,
+            with_auth,
+            "{msg:?} from {text:?}"
+        );
+        if !with_auth {
+            assert_eq!(code, Code::Remote);
+        }
+    }
 }
