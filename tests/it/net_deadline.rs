@@ -92,6 +92,18 @@ impl Fx {
             .unwrap_or_default()
     }
 
+    /// git's partial packs in cache.git (`tmp_pack_*` of a killed index-pack).
+    fn pack_temp_files(&self) -> Vec<String> {
+        std::fs::read_dir(self.work.join(".git/warmstart/cache.git/objects/pack"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("tmp_"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Processes still running on this test's behalf: git in this test's
     /// cache.git, or anything talking to `port`.
     fn leftovers(&self, port: u16) -> Vec<String> {
@@ -360,7 +372,7 @@ fn network_settings_that_do_not_parse_are_exit_10_naming_them() {
 /// fetches only the chunks the stalled one did not store.
 fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
     // Enough for the branch fetch and a few chunks, not for all ten.
-    let relay = Relay::start(upstream, 70_000);
+    let relay = Relay::start(upstream, 60_000);
     let url = format!("{scheme}://127.0.0.1:{}/origin.git", relay.port);
     let mut args = vec!["cache", "restore", "art", "--json", "--remote", &url];
     args.extend(STALL);
@@ -378,6 +390,11 @@ fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
     assert!(fx.partial_files().is_empty(), "{:?}", fx.partial_files());
     fx.assert_no_leftovers(relay.port);
     assert!(!fx.work.join("restored/art").exists());
+    assert!(
+        fx.pack_temp_files().is_empty(),
+        "{:?}",
+        fx.pack_temp_files()
+    );
 
     // Resumed straight from the server: only what is missing is fetched.
     let url = format!("{scheme}://127.0.0.1:{upstream}/origin.git");
@@ -413,15 +430,23 @@ fn a_transfer_that_stalls_over_git_daemon_ends_and_resumes() {
 fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks() {
     let fx = Fx::published("");
     let http = HttpGit::start(fx.env.path());
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        let relay = Relay::start(http.port, 40_000);
-        let url = format!("http://127.0.0.1:{}/origin.git", relay.port);
+    let daemon = GitDaemon::start(fx.env.path());
+    // Over HTTP the direct reader writes tmp-* chunk files; over git:// it
+    // is `git fetch`, whose index-pack writes tmp_pack_* (60 kB stops it
+    // mid-pack).
+    for (sig, scheme, upstream, budget) in [
+        (libc::SIGTERM, "http", http.port, 40_000),
+        (libc::SIGINT, "http", http.port, 40_000),
+        (libc::SIGTERM, "git", daemon.port, 60_000),
+    ] {
+        let relay = Relay::start(upstream, budget);
+        let url = format!("{scheme}://127.0.0.1:{}/origin.git", relay.port);
         let mut cmd = fx.cmd(&["cache", "restore", "art", "--remote", &url]);
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         // Wait until a chunk is being written (the relay then holds it).
         let until = Instant::now() + Duration::from_secs(20);
-        while fx.partial_files().is_empty() {
+        while fx.partial_files().is_empty() && fx.pack_temp_files().is_empty() {
             assert!(Instant::now() < until, "no chunk transfer started");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -441,6 +466,11 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
         assert_eq!(status.code(), Some(128 + sig), "{err}");
         assert!(err.contains("stopped its git processes"), "{err}");
         assert!(fx.partial_files().is_empty(), "{:?}", fx.partial_files());
+        assert!(
+            fx.pack_temp_files().is_empty(),
+            "{:?}",
+            fx.pack_temp_files()
+        );
         fx.assert_no_leftovers(relay.port);
     }
 }

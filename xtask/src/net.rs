@@ -306,9 +306,12 @@ fn install_handler() {
     });
 }
 
-/// SIGTERM to every registered group, registered temp files removed, up to
-/// half a second for the groups to go, SIGKILL to what is left, and exit
-/// with 128 + the signal, as the default action would have reported it.
+/// SIGTERM to every registered group, registered temp files removed (the
+/// watchdog registers the partial packs git's processes hold open, see
+/// `Watch`), up to half a second for the groups to go, SIGKILL to what is
+/// left, and exit with 128 + the signal, as the default action would have
+/// reported it. It all happens here, in the handler, so that no other
+/// thread of warmstart gets to exit first with another code.
 extern "C" fn on_signal(sig: libc::c_int) {
     // SAFETY: async-signal-safe calls only; pointers in TEMPS are valid
     // C strings owned by the registry, swapped out so nobody frees them.
@@ -355,8 +358,46 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-/// SIGTERM to the group, up to `grace` for it to go, then SIGKILL.
+/// Partial files (`tmp_pack_*`, `tmp_idx_*`, ...) the processes of group
+/// `pgid` hold open: what git leaves behind when it is killed mid-fetch.
+/// Only files a process of the group has open count, so another
+/// process's fetch into the same repository is never touched.
+fn group_temp_files(pgid: i32) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+        // Fields after the command name (which may hold spaces): state, ppid, pgrp.
+        let pgrp = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+            .and_then(|f| f.parse::<i32>().ok());
+        if pgrp != Some(pgid) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && target
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("tmp_"))
+                && target.parent().is_some_and(|d| d.ends_with("objects/pack"))
+            {
+                found.push(target);
+            }
+        }
+    }
+    found
+}
+
+/// SIGTERM to the group, up to `grace` for it to go, then SIGKILL; then
+/// removes the partial packs its git processes held open.
 pub fn end_group(pgid: u32, grace: Duration) {
+    let partial = group_temp_files(pgid as i32);
     let pg = -(pgid as libc::pid_t);
     // SAFETY: kill(2) on a group our child leads; no memory involved.
     unsafe {
@@ -370,6 +411,9 @@ pub fn end_group(pgid: u32, grace: Duration) {
     // SAFETY: as above.
     unsafe {
         libc::kill(pg, libc::SIGKILL);
+    }
+    for f in partial {
+        let _ = std::fs::remove_file(f);
     }
 }
 
@@ -484,14 +528,23 @@ pub struct PackDir(pub PathBuf);
 
 impl PackDir {
     fn bytes(&self) -> u64 {
+        self.scan().0
+    }
+
+    /// The summed size of the partial files, and their paths.
+    fn scan(&self) -> (u64, Vec<PathBuf>) {
         let Ok(rd) = std::fs::read_dir(&self.0) else {
-            return 0;
+            return (0, Vec::new());
         };
-        rd.flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("tmp_"))
-            .filter_map(|e| e.metadata().ok())
-            .map(|m| m.len())
-            .sum()
+        let mut total = 0;
+        let mut paths = Vec::new();
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("tmp_") {
+                total += e.metadata().map(|m| m.len()).unwrap_or(0);
+                paths.push(e.path());
+            }
+        }
+        (total, paths)
     }
 }
 
@@ -584,8 +637,28 @@ fn watch(
 ) {
     let start = Instant::now();
     let base = pack_dir.as_ref().map_or(0, PackDir::bytes);
-    let sample = || {
-        let pack = pack_dir.as_ref().map_or(0, PackDir::bytes);
+    // The partial packs of this group, registered so that a signal removes
+    // them too: a killed index-pack leaves its tmp_pack_* behind.
+    // A name is looked up once: index-pack holds its file open from the
+    // moment it exists, and another process's stays another's.
+    let mut partial: Vec<TempGuard> = Vec::new();
+    let mut checked: std::collections::HashSet<PathBuf> = Default::default();
+    let mut sample = || {
+        let (pack, names) = pack_dir.as_ref().map(PackDir::scan).unwrap_or_default();
+        let new: Vec<PathBuf> = names.into_iter().filter(|n| !checked.contains(n)).collect();
+        if !new.is_empty() {
+            // By name: /proc shows the resolved path, ours may hold a symlink.
+            let ours: Vec<_> = group_temp_files(pgid as i32)
+                .into_iter()
+                .filter_map(|f| f.file_name().map(|n| n.to_owned()))
+                .collect();
+            partial.extend(
+                new.iter()
+                    .filter(|n| n.file_name().is_some_and(|f| ours.iter().any(|o| o == f)))
+                    .map(|n| register_temp(n)),
+            );
+            checked.extend(new);
+        }
         (
             progress.0.data.load(Ordering::Relaxed),
             progress.0.chatter.load(Ordering::Relaxed),
