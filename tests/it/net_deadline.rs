@@ -450,7 +450,10 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
             assert!(Instant::now() < until, "no chunk transfer started");
             std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(300));
+        // The watchdog notes git's partial pack at its next look (every
+        // 100 ms); on a loaded machine give it time. The relay holds the
+        // transfer meanwhile (the stall timeout is the default 30 s).
+        std::thread::sleep(Duration::from_millis(1500));
         // SAFETY: kill(2) on our own child.
         unsafe {
             libc::kill(child.id() as libc::pid_t, sig);
