@@ -16,6 +16,7 @@ mod containment_property;
 mod demo;
 mod gates;
 mod gates_refs;
+mod net_deadline;
 mod restore;
 mod restore_cache;
 mod resume;

@@ -158,28 +158,46 @@ pub enum Server {
 /// system, global or forwarded configuration. Anything else (ssh,
 /// scp-like `host:path`) goes through `git fetch`.
 pub fn server_for(remote: &Remote, git: &CacheGit) -> Option<Server> {
+    choose_server(remote, git).ok()
+}
+
+/// Like `server_for`, but says why the direct reader is skipped (the
+/// restore's `direct_fallback`), e.g. `the remote is reached over ssh`.
+pub fn choose_server(remote: &Remote, git: &CacheGit) -> Result<Server, String> {
     // What git itself would see: system, global and forwarded settings.
     // `protocol.version=2` is what this reader speaks anyway.
-    let settings = git.transport_settings().ok()?;
-    if settings
+    let settings = git
+        .transport_settings()
+        .map_err(|e| format!("git's transport settings could not be read ({e:#})"))?;
+    if let Some((k, _)) = settings
         .iter()
-        .any(|(k, v)| !(k == "protocol.version" && v.trim() == "2"))
+        .find(|(k, v)| !(k == "protocol.version" && v.trim() == "2"))
     {
-        return None;
+        return Err(format!(
+            "git setting {k} may change how git reaches the remote, so git fetch does it"
+        ));
     }
     let url = remote.url.as_str();
     if url.starts_with("http://") || url.starts_with("https://") {
-        return Some(Server::Http(url.to_string()));
+        return Ok(Server::Http(url.to_string()));
     }
     let path = match url.strip_prefix("file://") {
         Some(p) if !p.contains('%') => p,
-        Some(_) => return None,
-        None if url.contains("://") => return None,
+        Some(_) => return Err("a file:// URL with %-escapes goes through git fetch".into()),
+        None if url.contains("://") => {
+            let scheme = url.split("://").next().unwrap_or_default();
+            return Err(format!(
+                "the remote is reached over {scheme}://, which only git fetch speaks here"
+            ));
+        }
         None => url,
     };
     let path = Path::new(path);
-    path.is_absolute()
-        .then(|| Server::Local(path.to_path_buf()))
+    if path.is_absolute() {
+        Ok(Server::Local(path.to_path_buf()))
+    } else {
+        Err("the remote is reached over ssh (host:path), which only git fetch speaks here".into())
+    }
 }
 
 /// Why a chunk was not stored.
@@ -219,6 +237,8 @@ pub fn fetch(
 ) -> Result<(), Error> {
     std::fs::create_dir_all(&store.dir)?;
     let (tmp, file) = store.create_tmp(sha256)?;
+    // SIGTERM or Ctrl-C removes it at once, not 15 minutes on (`sweep`).
+    let _temp = crate::net::register_temp(&tmp);
     let r = fetch_to(git, server, oid, size, sha256, file, pid);
     match r {
         Ok(()) => std::fs::rename(&tmp, store.path(sha256)).map_err(|e| {
@@ -253,6 +273,9 @@ fn fetch_to(
         .process_group(0)
         .spawn()
         .map_err(|e| Error::Failed(anyhow!(e).context("running git upload-pack")))?;
+    // Bounded like every network operation: the stream's bytes are the
+    // progress the watchdog looks for (see `crate::net`).
+    let watch = crate::net::Watch::start(child.id(), git.network(), None, None);
     pid(Some(child.id()));
     let mut stderr = child.stderr.take().expect("piped");
     let errs = std::thread::spawn(move || {
@@ -261,7 +284,13 @@ fn fetch_to(
         s
     });
     let mut stdin = child.stdin.take().expect("piped");
-    let mut out = BufReader::with_capacity(1 << 17, child.stdout.take().expect("piped"));
+    let mut out = BufReader::with_capacity(
+        1 << 17,
+        crate::net::Counted {
+            inner: child.stdout.take().expect("piped"),
+            progress: watch.progress(),
+        },
+    );
     let r = (|| {
         if matches!(server, Server::Http(_)) {
             connect(&mut stdin, &mut out)?;
@@ -290,6 +319,15 @@ fn fetch_to(
     let status = child.wait();
     pid(None);
     let stderr = errs.join().unwrap_or_default();
+    if let Some(v) = watch.finish() {
+        return Err(Error::Failed(v.error("the direct read", "the server")));
+    }
+    if crate::net::auth_refused(&stderr).is_some() {
+        return Err(Error::Failed(crate::net::remote_failure(
+            "git's HTTP helper",
+            &stderr,
+        )));
+    }
     match (r, status) {
         (Ok(()), Ok(s)) if s.success() => Ok(()),
         (Ok(()), _) => Err(Error::Failed(anyhow!(
