@@ -12,4 +12,5 @@ mod restore;
 mod restore_cache;
 mod resume;
 mod tidy;
+mod transports;
 mod unpack;
