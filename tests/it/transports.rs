@@ -7,7 +7,7 @@
 //! `WARMSTART_FETCH_BLOB_LIMIT` makes 20 kB chunks "big", so that the
 //! restore reads several chunks by id (the direct reader's path).
 
-use crate::util::servers::{GIT_PASSWORD, GIT_USER, Nginx, Squid};
+use crate::util::servers::{GIT_PASSWORD, GIT_USER, Nginx, Squid, Sshd};
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
@@ -273,4 +273,47 @@ fn transports_https_through_an_authenticating_proxy_carries_every_step() {
     round_trip(&fx, &url, &tunnels);
     // Every request nginx saw came through squid's tunnels: none direct.
     assert!(proxy.tunnels_to(server.port) >= 8, "{}", proxy.access_log());
+}
+
+#[test]
+fn transports_ssh_with_a_key_publish_restore_verify_status_and_gates() {
+    let mut fx = Fx::new();
+    let server = Sshd::start();
+    fx.var("GIT_SSH_COMMAND", &server.ssh_command(&server.key));
+    let url = server.url(&fx.env.join("origin.git"));
+    let logins = || {
+        server
+            .log()
+            .lines()
+            .filter(|l| l.contains("Accepted publickey for root"))
+            .count()
+    };
+    round_trip(&fx, &url, &logins);
+}
+
+#[test]
+fn transports_ssh_without_accept_env_restores_through_git_fetch_and_says_why() {
+    // OpenSSH's default sshd passes no GIT_PROTOCOL: upload-pack answers
+    // protocol v0, and the chunks come through `git fetch` instead.
+    let mut fx = Fx::new();
+    let server = Sshd::start_without_git_protocol();
+    fx.var("GIT_SSH_COMMAND", &server.ssh_command(&server.key));
+    fx.set_remote(&server.url(&fx.env.join("origin.git")));
+    let published = json_of(&fx.xtask(&["cache", "publish", "art", "--json"]).ok());
+    fx.forget();
+    let j = json_of(&fx.xtask(&["cache", "restore", "art", "--json"]).ok());
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(
+        j["chunks_fetched"].as_u64(),
+        Some(big_chunks(&published)),
+        "{j}"
+    );
+    assert_eq!(j["chunks_direct"], 0, "{j}");
+    assert!(
+        j["direct_fallback"]
+            .as_str()
+            .is_some_and(|w| w.contains("protocol v0") && w.contains("AcceptEnv GIT_PROTOCOL")),
+        "{j}"
+    );
+    assert_same_tree(&fx.src, &fx.target);
 }

@@ -442,6 +442,16 @@ pub struct Sshd {
 
 impl Sshd {
     pub fn start() -> Sshd {
+        Sshd::start_with(true)
+    }
+
+    /// An sshd without `AcceptEnv GIT_PROTOCOL` (OpenSSH's default): its
+    /// `git upload-pack` never hears that the client wants protocol v2.
+    pub fn start_without_git_protocol() -> Sshd {
+        Sshd::start_with(false)
+    }
+
+    fn start_with(accept_git_protocol: bool) -> Sshd {
         let dir = tempdir("warmstart-sshd-");
         let d = dir.path();
         for name in ["host_key", "client_key", "wrong_key"] {
@@ -461,7 +471,11 @@ impl Sshd {
             format!("[127.0.0.1]:{port} {}\n", host_pub.join(" ")),
         )
         .unwrap();
-        std::fs::write(d.join("sshd_config"), sshd_conf(d, port)).unwrap();
+        let mut conf = sshd_conf(d, port);
+        if accept_git_protocol {
+            conf.push_str("AcceptEnv GIT_PROTOCOL\n");
+        }
+        std::fs::write(d.join("sshd_config"), conf).unwrap();
         // sshd refuses to start without its privilege separation directory,
         // which the package's service unit would have made.
         std::fs::create_dir_all("/run/sshd").unwrap();
@@ -519,7 +533,6 @@ KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
 PermitRootLogin prohibit-password
-AcceptEnv GIT_PROTOCOL
 SetEnv GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
 LogLevel VERBOSE
 "#

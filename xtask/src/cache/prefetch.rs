@@ -15,8 +15,9 @@
 //! `uploadpack.allow*SHA1InWant`) gets one whole fetch of the branch
 //! (`CacheGit::refetch_branch`), as before this module existed.
 //!
-//! When the remote is a repository on this machine or a smart HTTP(S)
-//! server, chunks are read straight from `git upload-pack`'s answer into
+//! When the remote is a repository on this machine, a smart HTTP(S)
+//! server or an ssh server, chunks are read straight from
+//! `git upload-pack`'s answer into
 //! the chunk store instead (`cache::direct`), `PARALLEL` at a time, hashed
 //! as they arrive; a chunk already in the store
 //! is hashed again before it is used, and one that does not match is
@@ -72,7 +73,8 @@ pub struct Stats {
     /// Of those, chunks read straight from the pack stream into the chunk
     /// store (`cache::direct`).
     pub direct: u64,
-    /// Why the direct reader handed the rest to `git fetch`, if it did.
+    /// Why the direct reader handed the rest to `git fetch`, or why it was
+    /// not tried (`not tried: ...`), if chunks came through `git fetch`.
     pub direct_fallback: Option<String>,
     /// Time spent fetching, summed over the fetchers (it overlaps the
     /// unpack).
@@ -178,8 +180,9 @@ struct Job {
     /// The plan's pieces: file names, declared sizes and digests.
     pieces: Vec<verify::Piece>,
     store: Store,
-    /// The remote's server, when `cache::direct` can read from it.
-    server: Option<direct::Server>,
+    /// The remote's server, when `cache::direct` can read from it; else
+    /// why not.
+    server: Result<direct::Server, String>,
     /// Cleared when `cache::direct` met a server it does not handle.
     direct_on: AtomicBool,
     label: String,
@@ -217,6 +220,8 @@ impl Prefetch {
             .collect();
         job.store.sweep();
         let missing = slots.iter().any(|s| matches!(s, Slot::Pending));
+        // Said only when chunks are fetched, by `git fetch` then.
+        let skipped = job.server.as_ref().err().filter(|_| missing).cloned();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 slots,
@@ -226,7 +231,7 @@ impl Prefetch {
                 source: Source::Present,
                 fetched: 0,
                 direct: 0,
-                direct_fallback: None,
+                direct_fallback: skipped,
                 fetching: Duration::ZERO,
                 waiting: Duration::ZERO,
             }),
@@ -332,7 +337,7 @@ enum Turn {
 
 impl Job {
     fn run(self, shared: &Shared) {
-        if self.server.is_some() {
+        if self.server.is_ok() {
             // Chunks from the store, or read straight from the server, by
             // `PARALLEL` fetchers taking the next chunk in turn.
             let next = AtomicUsize::new(0);
@@ -486,6 +491,7 @@ impl Job {
                 let Some(server) = self
                     .server
                     .as_ref()
+                    .ok()
                     .filter(|_| self.direct_on.load(Ordering::SeqCst))
                 else {
                     return Step::Fetch;
