@@ -53,18 +53,23 @@ impl Fx {
     /// everything committed, and a bare `origin.git` next to it, not yet
     /// the work repository's remote.
     pub fn new() -> Fx {
+        Fx::with(120_000, 20_000)
+    }
+
+    /// `new` with `noise` bytes of random data cut in chunks of `chunk` bytes.
+    pub fn with(noise: u64, chunk: u64) -> Fx {
         let env = TestEnv::new();
         env.bare_remote("origin.git");
         let work = env.work_repo("work");
         let src = env.join("src");
         make_tricky_tree(&src, false);
-        write_pseudo_random(&src.join("noise.bin"), 120_000, 17);
+        write_pseudo_random(&src.join("noise.bin"), noise, 17);
         let manifests = work.join("cache-manifests");
         std::fs::create_dir_all(&manifests).unwrap();
         std::fs::write(
             manifests.join("art.toml"),
             format!(
-                "[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n\n[restore]\npath = \"restored/art\"\n",
+                "[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = {chunk}\n\n[restore]\npath = \"restored/art\"\n",
                 src.display()
             ),
         )
@@ -111,11 +116,17 @@ impl Fx {
         }
     }
 
-    /// The binary in `dir` (relative to the test directory).
-    pub fn xtask_in(&self, dir: &str, args: &[&str]) -> Run {
+    /// The binary in `dir` (relative to the test directory), not started.
+    pub fn command(&self, dir: &str, args: &[&str]) -> Command {
         let mut cmd = self.env.xtask_in(dir);
         self.apply(&mut cmd);
-        run(cmd.args(args))
+        cmd.args(args);
+        cmd
+    }
+
+    /// The binary in `dir` (relative to the test directory).
+    pub fn xtask_in(&self, dir: &str, args: &[&str]) -> Run {
+        run(&mut self.command(dir, args))
     }
 
     pub fn xtask(&self, args: &[&str]) -> Run {
@@ -151,7 +162,7 @@ pub fn json_of(r: &Run) -> Value {
 }
 
 /// Chunks of 8 KiB or more on the branch: the ones a restore fetches by id.
-fn big_chunks(published: &Value) -> u64 {
+pub fn big_chunks(published: &Value) -> u64 {
     published["chunks"]
         .as_array()
         .unwrap()
