@@ -11,6 +11,8 @@ command -v zip >/dev/null || need_apt+=(zip)
 command -v unzip >/dev/null || need_apt+=(unzip)
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v curl >/dev/null || need_apt+=(curl)
+# ssh:// remotes in the network deadline tests (tests/it/net_deadline.rs).
+command -v ssh >/dev/null || need_apt+=(openssh-client)
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 [ -x "$(git --exec-path)/git-daemon" ] || need_apt+=(git-daemon-sysvinit)
 [ -x "$(git --exec-path)/git-http-backend" ] || need_apt+=(git)

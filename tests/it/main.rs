@@ -8,6 +8,7 @@ mod cache_restore;
 mod conda;
 mod demo;
 mod gates;
+mod net_deadline;
 mod restore;
 mod restore_cache;
 mod resume;

@@ -12,6 +12,7 @@ pub mod conda;
 pub mod demo;
 pub mod exit;
 pub mod gates;
+pub mod net;
 pub mod repo;
 pub mod restore;
 pub mod resume;

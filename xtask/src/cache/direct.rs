@@ -161,41 +161,49 @@ pub enum Server {
 /// URL that `cache::ssh` reaches as git would; and only when no git
 /// setting could change how git would reach it (`url.*.insteadOf`,
 /// `protocol.*` but `protocol.version=2`), in the system, global or
-/// forwarded configuration. Otherwise why not (for `direct_fallback`):
-/// such remotes go through `git fetch`.
-pub fn server_for(remote: &Remote, git: &CacheGit) -> Result<Server, String> {
+/// forwarded configuration. Anything else goes through `git fetch`.
+pub fn server_for(remote: &Remote, git: &CacheGit) -> Option<Server> {
+    choose_server(remote, git).ok()
+}
+
+/// Like `server_for`, but says why the direct reader is skipped (the
+/// restore's `direct_fallback`), e.g. `the remote is reached over git://`.
+pub fn choose_server(remote: &Remote, git: &CacheGit) -> Result<Server, String> {
     // What git itself would see: system, global and forwarded settings.
     // `protocol.version=2` is what this reader speaks anyway.
-    let settings = git.transport_settings().map_err(|e| format!("{e:#}"))?;
+    let settings = git
+        .transport_settings()
+        .map_err(|e| format!("git's transport settings could not be read ({e:#})"))?;
     if let Some((k, _)) = settings
         .iter()
         .find(|(k, v)| !(k == "protocol.version" && v.trim() == "2"))
     {
-        return Err(format!("not tried: git's setting {k} applies"));
+        return Err(format!(
+            "git setting {k} may change how git reaches the remote, so git fetch does it"
+        ));
     }
     let url = remote.url.as_str();
     if url.starts_with("http://") || url.starts_with("https://") {
         return Ok(Server::Http(url.to_string()));
     }
-    let not_tried = |why: String| format!("not tried: {why}");
     match ssh::target(url) {
         Ok(Some(target)) => {
-            let settings = ssh::Settings::read(git).map_err(not_tried)?;
+            let settings = ssh::Settings::read(git)?;
             // git's probe of an ssh program it cannot name (`-G`).
             let mut probe = |s: &Ssh| s.probe_command().status().is_ok_and(|st| st.success());
-            return Ssh::new(target, &settings, &mut probe)
-                .map(Server::Ssh)
-                .map_err(not_tried);
+            return Ssh::new(target, &settings, &mut probe).map(Server::Ssh);
         }
         Ok(None) => {}
-        Err(why) => return Err(not_tried(why)),
+        Err(why) => return Err(format!("{why} goes through git fetch")),
     }
     let path = match url.strip_prefix("file://") {
         Some(p) if !p.contains('%') => p,
-        Some(_) => return Err(not_tried("a file:// URL with %-escapes".into())),
+        Some(_) => return Err("a file:// URL with %-escapes goes through git fetch".into()),
         None if url.contains("://") => {
-            let scheme = url.split("://").next().unwrap_or("");
-            return Err(not_tried(format!("the {scheme}:// transport")));
+            let scheme = url.split("://").next().unwrap_or_default();
+            return Err(format!(
+                "the remote is reached over {scheme}://, which only git fetch speaks here"
+            ));
         }
         None => url,
     };
@@ -203,7 +211,7 @@ pub fn server_for(remote: &Remote, git: &CacheGit) -> Result<Server, String> {
     if path.is_absolute() {
         Ok(Server::Local(path.to_path_buf()))
     } else {
-        Err(not_tried("a relative path".into()))
+        Err("a relative path goes through git fetch".into())
     }
 }
 
@@ -244,6 +252,8 @@ pub fn fetch(
 ) -> Result<(), Error> {
     std::fs::create_dir_all(&store.dir)?;
     let (tmp, file) = store.create_tmp(sha256)?;
+    // SIGTERM or Ctrl-C removes it at once, not 15 minutes on (`sweep`).
+    let _temp = crate::net::register_temp(&tmp);
     let r = fetch_to(git, server, oid, size, sha256, file, pid);
     match r {
         Ok(()) => std::fs::rename(&tmp, store.path(sha256)).map_err(|e| {
@@ -279,6 +289,9 @@ fn fetch_to(
         .process_group(0)
         .spawn()
         .map_err(|e| Error::Failed(anyhow!(e).context("running git upload-pack")))?;
+    // Bounded like every network operation: the stream's bytes are the
+    // progress the watchdog looks for (see `crate::net`).
+    let watch = crate::net::Watch::start(child.id(), git.network(), None, None);
     pid(Some(child.id()));
     let mut stderr = child.stderr.take().expect("piped");
     let errs = std::thread::spawn(move || {
@@ -287,7 +300,13 @@ fn fetch_to(
         s
     });
     let mut stdin = child.stdin.take().expect("piped");
-    let mut out = BufReader::with_capacity(1 << 17, child.stdout.take().expect("piped"));
+    let mut out = BufReader::with_capacity(
+        1 << 17,
+        crate::net::Counted {
+            inner: child.stdout.take().expect("piped"),
+            progress: watch.progress(),
+        },
+    );
     let r = (|| {
         if matches!(server, Server::Http(_)) {
             connect(&mut stdin, &mut out)?;
@@ -316,6 +335,16 @@ fn fetch_to(
     let status = child.wait();
     pid(None);
     let stderr = errs.join().unwrap_or_default();
+    if let Some(v) = watch.finish() {
+        return Err(Error::Failed(v.error("the direct read", "the server")));
+    }
+    if crate::net::auth_refused(&stderr).is_some() {
+        let who = match server {
+            Server::Ssh(_) => "ssh",
+            _ => "git's HTTP helper",
+        };
+        return Err(Error::Failed(crate::net::remote_failure(who, &stderr)));
+    }
     match (r, status) {
         (Ok(()), Ok(s)) if s.success() => Ok(()),
         (Ok(()), _) => Err(Error::Failed(anyhow!(

@@ -29,6 +29,9 @@ struct RawManifest {
     ready: Option<RawReady>,
     #[serde(default)]
     publish: RawPublish,
+    /// Deadlines of this cache's fetches and pushes (see `crate::net`).
+    #[serde(default)]
+    network: crate::net::RawNetwork,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -167,6 +170,8 @@ pub struct CacheManifest {
     pub gates: Vec<String>,
     pub chunk_bytes: u64,
     pub level: i32,
+    /// The `[network]` table: connect and stall deadlines, if set.
+    pub network: crate::net::ManifestNetwork,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -312,6 +317,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         gates: raw.publish.gates,
         chunk_bytes,
         level,
+        network: raw.network.resolve()?,
     })
 }
 

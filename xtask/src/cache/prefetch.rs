@@ -73,8 +73,7 @@ pub struct Stats {
     /// Of those, chunks read straight from the pack stream into the chunk
     /// store (`cache::direct`).
     pub direct: u64,
-    /// Why the direct reader handed the rest to `git fetch`, or why it was
-    /// not tried (`not tried: ...`), if chunks came through `git fetch`.
+    /// Why the direct reader handed the rest to `git fetch`, if it did.
     pub direct_fallback: Option<String>,
     /// Time spent fetching, summed over the fetchers (it overlaps the
     /// unpack).
@@ -180,9 +179,8 @@ struct Job {
     /// The plan's pieces: file names, declared sizes and digests.
     pieces: Vec<verify::Piece>,
     store: Store,
-    /// The remote's server, when `cache::direct` can read from it; else
-    /// why not.
-    server: Result<direct::Server, String>,
+    /// The remote's server, when `cache::direct` can read from it.
+    server: Option<direct::Server>,
     /// Cleared when `cache::direct` met a server it does not handle.
     direct_on: AtomicBool,
     label: String,
@@ -195,6 +193,10 @@ impl Prefetch {
     /// already there are checked for size now.
     pub fn start(git: &CacheGit, remote: &Remote, branch: &str, kp: &KeyPlan) -> Result<Prefetch> {
         let have = git.blob_sizes(&kp.oids)?;
+        let (server, skipped) = match direct::choose_server(remote, git) {
+            Ok(s) => (Some(s), None),
+            Err(why) => (None, Some(why)),
+        };
         let job = Job {
             git: git.clone(),
             remote: remote.clone(),
@@ -202,7 +204,7 @@ impl Prefetch {
             oids: kp.oids.clone(),
             pieces: kp.plan.pieces.clone(),
             store: Store::of(git),
-            server: direct::server_for(remote, git),
+            server,
             direct_on: AtomicBool::new(true),
             label: kp.plan.label.clone(),
             fix: kp.plan.fix.clone(),
@@ -220,8 +222,6 @@ impl Prefetch {
             .collect();
         job.store.sweep();
         let missing = slots.iter().any(|s| matches!(s, Slot::Pending));
-        // Said only when chunks are fetched, by `git fetch` then.
-        let skipped = job.server.as_ref().err().filter(|_| missing).cloned();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 slots,
@@ -231,7 +231,8 @@ impl Prefetch {
                 source: Source::Present,
                 fetched: 0,
                 direct: 0,
-                direct_fallback: skipped,
+                // Why the direct reader is not used, when it is needed.
+                direct_fallback: skipped.filter(|_| missing),
                 fetching: Duration::ZERO,
                 waiting: Duration::ZERO,
             }),
@@ -337,7 +338,7 @@ enum Turn {
 
 impl Job {
     fn run(self, shared: &Shared) {
-        if self.server.is_ok() {
+        if self.server.is_some() {
             // Chunks from the store, or read straight from the server, by
             // `PARALLEL` fetchers taking the next chunk in turn.
             let next = AtomicUsize::new(0);
@@ -491,7 +492,6 @@ impl Job {
                 let Some(server) = self
                     .server
                     .as_ref()
-                    .ok()
                     .filter(|_| self.direct_on.load(Ordering::SeqCst))
                 else {
                     return Step::Fetch;
@@ -537,9 +537,16 @@ impl Job {
                         &digest,
                         &self.fix,
                     ))),
-                    Err(direct::Error::Failed(e)) => Slot::Failed(Some(
-                        self.fetch_error(j, BlobFetchError::Failed(format!("{e:#}"))),
-                    )),
+                    Err(direct::Error::Failed(e)) => Slot::Failed(Some(self.fetch_error(
+                        j,
+                        match crate::exit::code_of(&e) {
+                            Code::Failed => BlobFetchError::Failed(format!("{e:#}")),
+                            code => BlobFetchError::Network {
+                                code,
+                                message: format!("{e:#}"),
+                            },
+                        },
+                    ))),
                 }
             }
         };
@@ -590,9 +597,13 @@ impl Job {
             "cannot fetch chunk {} of {} (blob {short}) from {}",
             self.pieces[j].file, self.label, self.remote
         );
+        if let BlobFetchError::Network { code, message } = e {
+            return fail(code, format!("{what}: {message}"));
+        }
         fail(
             Code::Remote,
             match e {
+                BlobFetchError::Network { .. } => unreachable!("handled above"),
                 BlobFetchError::NotOnRemote => format!(
                     "{what}: the remote does not have it (the branch moved during the restore, or the remote repository is damaged): nothing was installed; run the restore again, and if this repeats, {}",
                     self.fix
@@ -634,6 +645,12 @@ pub fn fetch_all(git: &CacheGit, remote: &Remote, branch: &str, oids: &[String])
                 return Err(fail(
                     Code::Remote,
                     format!("cannot fetch blob {oid} of {branch} from {remote}: {why}"),
+                ));
+            }
+            Err(BlobFetchError::Network { code, message }) => {
+                return Err(fail(
+                    code,
+                    format!("cannot fetch blob {oid} of {branch} from {remote}: {message}"),
                 ));
             }
         }

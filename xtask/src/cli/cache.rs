@@ -48,6 +48,8 @@ pub struct PublishArgs {
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
     pub out: OutputArgs,
 }
 
@@ -62,6 +64,8 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
     pub out: OutputArgs,
 }
 
@@ -73,6 +77,8 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
     pub out: OutputArgs,
 }
 
@@ -83,6 +89,8 @@ pub struct ListArgs {
     /// Do not contact the remote; show local state only.
     #[arg(long)]
     pub offline: bool,
+    #[command(flatten)]
+    pub network: super::NetworkArgs,
     #[command(flatten)]
     pub out: OutputArgs,
 }

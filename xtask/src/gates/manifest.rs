@@ -44,6 +44,8 @@ pub struct Plan {
     pub kill_grace: Duration,
     /// The gates, in file order (the order `gates run` runs them).
     pub gates: Vec<Gate>,
+    /// The `[network]` table: deadlines of record pushes and fetches.
+    pub network: crate::net::ManifestNetwork,
 }
 
 /// One gate, ready to run.
@@ -154,6 +156,9 @@ struct RawPlan {
     #[serde(default)]
     ignore: Vec<String>,
     kill_grace: Option<DurationSpec>,
+    /// Deadlines of `gates push`/`fetch` (see `crate::net`).
+    #[serde(default)]
+    network: crate::net::RawNetwork,
     #[serde(default)]
     gate: Vec<RawGate>,
 }
@@ -274,10 +279,15 @@ pub fn parse(text: &str) -> Result<Plan> {
             digest,
         });
     }
+    let network = raw
+        .network
+        .resolve()
+        .map_err(|e| fail(Code::Config, format!("{PATH}: {e:#}")))?;
     Ok(Plan {
         ignore: raw.ignore,
         kill_grace,
         gates,
+        network,
     })
 }
 

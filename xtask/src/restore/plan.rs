@@ -203,6 +203,8 @@ pub struct Freshness {
     pub timeout: Duration,
     /// A check younger than this is warm (no network).
     pub interval: Duration,
+    /// The step's `[network]` table (connect and stall deadlines).
+    pub network: crate::net::ManifestNetwork,
 }
 
 impl Step {
@@ -800,6 +802,8 @@ struct RawFreshness {
     branch: Option<String>,
     timeout: Option<DurationSpec>,
     interval: Option<DurationSpec>,
+    #[serde(default)]
+    network: crate::net::RawNetwork,
 }
 
 fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
@@ -815,6 +819,7 @@ fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
         branch: r.branch,
         timeout: dur(&r.timeout, "timeout", Duration::from_secs(10))?,
         interval: dur(&r.interval, "interval", Duration::from_secs(600))?,
+        network: r.network.resolve()?,
     }))
 }
 
