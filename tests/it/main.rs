@@ -14,4 +14,5 @@ mod restore_cache;
 mod resume;
 mod tidy;
 mod transports;
+mod transports_faults;
 mod unpack;
