@@ -19,7 +19,6 @@ command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 # The real servers of tests/it/transports.rs (tests/it/util/servers.rs starts
 # its own instances on 127.0.0.1; the packages' services are never used).
 command -v openssl >/dev/null || need_apt+=(openssl)
-command -v ssh >/dev/null || need_apt+=(openssh-client)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
 command -v fcgiwrap >/dev/null || [ -x /usr/sbin/fcgiwrap ] || need_apt+=(fcgiwrap)
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need_apt+=(squid)
