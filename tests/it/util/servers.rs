@@ -94,6 +94,13 @@ fn wait_listening(daemon: &mut Daemon, port: u16, log: &Path) {
     }
 }
 
+/// A daemon's program: the one in /usr/sbin (which a non-login PATH may
+/// lack), else whatever PATH finds.
+fn sbin(name: &str) -> PathBuf {
+    let p = Path::new("/usr/sbin").join(name);
+    if p.exists() { p } else { PathBuf::from(name) }
+}
+
 /// Runs a setup command, panicking with its output when it fails.
 fn setup(cmd: &mut Command) -> String {
     let out = cmd
@@ -203,7 +210,7 @@ impl Nginx {
         std::fs::write(d.join("htpasswd"), htpasswd_line(GIT_USER, GIT_PASSWORD)).unwrap();
         std::fs::create_dir_all(d.join("tmp")).unwrap();
         let socket = d.join("fcgi.sock");
-        let mut fcgi = Command::new("fcgiwrap");
+        let mut fcgi = Command::new(sbin("fcgiwrap"));
         // Several workers: a restore reads two chunks at once, next to the
         // requests of git's own fetches.
         fcgi.args(["-c", "8", "-s"])
@@ -229,7 +236,7 @@ impl Nginx {
         )
         .unwrap();
         let log = d.join("nginx.log");
-        let mut cmd = Command::new("nginx");
+        let mut cmd = Command::new(sbin("nginx"));
         cmd.arg("-e")
             .arg(d.join("error.log"))
             .arg("-p")
@@ -349,7 +356,7 @@ impl Squid {
         std::fs::write(d.join("squid.conf"), squid_conf(d, port, helper)).unwrap();
         setup(Command::new("chown").args(["-R", "proxy:proxy"]).arg(d));
         let log = d.join("squid.out");
-        let mut cmd = Command::new("squid");
+        let mut cmd = Command::new(sbin("squid"));
         // -n: a service name of our own, so that concurrent squids never
         // share a pid file or a shared-memory segment name.
         cmd.args(["-N", "-n", &format!("warmstart{port}"), "-f"])
@@ -480,10 +487,12 @@ impl Sshd {
         // which the package's service unit would have made.
         std::fs::create_dir_all("/run/sshd").unwrap();
         let log = d.join("sshd.log");
-        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .expect("sshd (tools/test.sh installs the package openssh-server)");
+        // sshd must be started by its absolute path (it re-executes itself).
+        let sshd = sbin("sshd");
+        assert!(
+            sshd.is_absolute(),
+            "no /usr/sbin/sshd (tools/test.sh installs the package openssh-server)"
+        );
         let mut cmd = Command::new(sshd);
         cmd.args(["-D", "-e", "-f"]).arg(d.join("sshd_config"));
         let mut daemon = Daemon::spawn(cmd, "sshd", &log, "openssh-server");
