@@ -160,7 +160,14 @@ struct Relay {
 }
 
 impl Relay {
+    /// Limits what the server sends (a fetch that stalls).
     fn start(upstream: u16, budget: i64) -> Relay {
+        Relay::start_limiting(upstream, budget, false)
+    }
+
+    /// Limits what the client sends when `upload` (a push that stalls),
+    /// else what the server sends.
+    fn start_limiting(upstream: u16, budget: i64, upload: bool) -> Relay {
         let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
@@ -178,9 +185,13 @@ impl Relay {
                 let server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 held.push((client.try_clone().unwrap(), server.try_clone().unwrap()));
-                std::thread::spawn(move || pipe(c2, s2, None));
-                let left = left.clone();
-                std::thread::spawn(move || pipe(server, client, Some(left)));
+                let (up, down) = if upload {
+                    (Some(left.clone()), None)
+                } else {
+                    (None, Some(left.clone()))
+                };
+                std::thread::spawn(move || pipe(c2, s2, up));
+                std::thread::spawn(move || pipe(server, client, down));
             }
             drop(held);
         });
@@ -235,6 +246,9 @@ fn one_line(r: &Run) -> String {
 }
 
 const FAST: [&str; 4] = ["--connect-timeout", "2s", "--stall-timeout", "3s"];
+/// For transfers that must connect (through a relay) before they stall:
+/// room to connect on a loaded machine.
+const STALL: [&str; 4] = ["--connect-timeout", "10s", "--stall-timeout", "3s"];
 
 #[test]
 fn silent_servers_end_at_the_connect_deadline_for_every_transport() {
@@ -314,14 +328,17 @@ fn network_settings_that_do_not_parse_are_exit_10_naming_them() {
         .xtask(&["cache", "restore", "art", "--connect-timeout", "soon"])
         .expect_code(10);
     assert!(one_line(&r).contains("--connect-timeout = \"soon\" is not a duration"));
-    let mut cmd = fx.cmd(&["cache", "status"]);
-    cmd.env("WARMSTART_STALL_TIMEOUT", "0s");
-    let r = run(&mut cmd).expect_code(10);
-    assert!(
-        r.stderr().contains("WARMSTART_STALL_TIMEOUT"),
-        "{}",
-        show(&r.out)
-    );
+    for args in [&["cache", "status"][..], &["cache", "list", "--offline"]] {
+        // Even where nothing goes to the network: never a silent default.
+        let mut cmd = fx.cmd(args);
+        cmd.env("WARMSTART_STALL_TIMEOUT", "0s");
+        let r = run(&mut cmd).expect_code(10);
+        assert!(
+            r.stderr().contains("WARMSTART_STALL_TIMEOUT"),
+            "{}",
+            show(&r.out)
+        );
+    }
     fx.manifest("1", "\n[network]\nstall_timeout = \"forever\"\n");
     let r = fx.xtask(&["cache", "restore", "art"]).expect_code(10);
     let line = one_line(&r);
@@ -346,7 +363,7 @@ fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
     let relay = Relay::start(upstream, 70_000);
     let url = format!("{scheme}://127.0.0.1:{}/origin.git", relay.port);
     let mut args = vec!["cache", "restore", "art", "--json", "--remote", &url];
-    args.extend(FAST);
+    args.extend(STALL);
     let start = Instant::now();
     let r = fx.xtask(&args).expect_code(8);
     let took = start.elapsed();
@@ -590,4 +607,71 @@ fn machine_restore_bounds_freshness_and_cache_steps_by_their_tables_and_the_flag
         line.contains("timed out connecting to") && line.contains("after 2s"),
         "{line}"
     );
+}
+
+/// The background worker continues a `restore --connect-timeout ...`: the
+/// flag reaches it (as the environment, which still beats the manifest).
+#[test]
+fn the_background_worker_keeps_the_flags_deadline() {
+    let fx = Fx::published("\n[network]\nconnect_timeout = \"20s\"\n");
+    let silent = Silent::new();
+    let url = format!("git://127.0.0.1:{}/origin.git", silent.port());
+    fx.env.git("work", ["remote", "set-url", "origin", &url]);
+    std::fs::write(
+        fx.work.join("cache-manifests/restore.toml"),
+        "[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\nbackground = true\n",
+    )
+    .unwrap();
+    fx.xtask(&["restore", "--connect-timeout", "800ms"]).ok();
+    let until = Instant::now() + Duration::from_secs(15);
+    let what = loop {
+        let r = fx.xtask(&["restore", "status", "--json"]).ok();
+        let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+        let row = v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["step"] == "art")
+            .cloned()
+            .unwrap_or_else(|| panic!("no step art: {v}"));
+        if row["state"] != "background" && row["state"] != "running" {
+            break row["what"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(Instant::now() < until, "the worker did not finish: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        what.contains("timed out connecting to") && what.contains("after 800ms"),
+        "{what}"
+    );
+    fx.assert_no_leftovers(silent.port());
+}
+
+/// A push that stalls mid-pack (the relay stops forwarding what the client
+/// sends) ends at the stall timeout with git's last progress, and leaves
+/// the remote branch as it was.
+#[test]
+fn a_publish_whose_push_stalls_ends_and_changes_nothing() {
+    let fx = Fx::published("");
+    let daemon = GitDaemon::start(fx.env.path());
+    // New bytes: the push has about 200 kB to send.
+    write_pseudo_random(&fx.env.join("src/noise.bin"), NOISE, 8);
+    fx.manifest("2", "");
+    let relay = Relay::start_limiting(daemon.port, 30_000, true);
+    let url = format!("git://127.0.0.1:{}/origin.git", relay.port);
+    let mut args = vec!["cache", "publish", "art", "--remote", &url];
+    args.extend(STALL);
+    let start = Instant::now();
+    let r = fx.xtask(&args).expect_code(8);
+    let line = one_line(&r);
+    assert!(
+        line.contains("push of art-cache") && line.contains("stalled: nothing moved for 3s"),
+        "{line}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(30));
+    fx.assert_no_leftovers(relay.port);
+    let j = fx
+        .env
+        .git("origin.git", ["show", "art-cache:warmstart.json"]);
+    assert!(j.contains("art-1") && !j.contains("art-2"), "{j}");
 }

@@ -102,9 +102,14 @@ pub struct NetworkFlags {
 static FLAGS: Mutex<Option<NetworkFlags>> = Mutex::new(None);
 
 /// Records this command's flags for every later `settings` call, after
-/// checking them (exit 10 naming the flag).
+/// checking them and the environment (exit 10 naming the flag or the
+/// variable), so that a bad value fails even a run that turns out warm.
 pub fn set_flags(flags: NetworkFlags) -> Result<()> {
-    resolve(&flags, &|_| None, &ManifestNetwork::default())?;
+    resolve(
+        &flags,
+        &|k| std::env::var(k).ok(),
+        &ManifestNetwork::default(),
+    )?;
     *FLAGS.lock().unwrap_or_else(|p| p.into_inner()) = Some(flags);
     Ok(())
 }
@@ -399,15 +404,16 @@ impl Verdict {
                 show(*d)
             ),
             Verdict::Stall { after, bytes, last } => {
+                let arrived = match bytes {
+                    0 => "nothing had arrived".to_string(),
+                    n => format!("{} had arrived", show_bytes(*n)),
+                };
                 let got = match last {
-                    Some(l) => format!(
-                        "{} had arrived; git's last progress: {l}",
-                        show_bytes(*bytes)
-                    ),
-                    None => format!("{} had arrived", show_bytes(*bytes)),
+                    Some(l) => format!("{arrived}; git's last progress: {l}"),
+                    None => arrived,
                 };
                 format!(
-                    "{what} from {remote} stalled: nothing moved for {} ({got}); stopped (set [network] stall_timeout or {STALL_ENV})",
+                    "{what} stalled: nothing moved for {} on the connection to {remote} ({got}); stopped (set [network] stall_timeout or {STALL_ENV})",
                     show(*after)
                 )
             }
@@ -647,6 +653,11 @@ pub struct Ran {
 /// Runs `cmd` (stdin closed, stdout and stderr captured) as the leader of
 /// a new process group under a watchdog. `stderr_seen` gets stderr as it
 /// comes (git's progress); `pid` the group while it runs, `None` after.
+///
+/// Processes of the group that outlive the leader (an ssh control master,
+/// a helper that forked) are ended with it, and their pipes are waited on
+/// for `DRAIN_WAIT` at most: a process that left the group could hold
+/// them forever, and the command is over.
 pub fn run(
     cmd: &mut Command,
     net: NetworkSettings,
@@ -656,6 +667,7 @@ pub fn run(
     pid: &mut dyn FnMut(Option<u32>),
 ) -> std::io::Result<Ran> {
     use std::os::unix::process::CommandExt;
+    use std::sync::mpsc;
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -665,48 +677,83 @@ pub fn run(
     let watch = Watch::start(child.id(), net, total, pack_dir);
     pid(Some(child.id()));
     let progress = watch.progress();
-    let mut stdout = child.stdout.take().expect("piped stdout");
-    let out_thread = {
-        let progress = progress.clone();
+    // Both pipes are read by threads that hand what they read to this
+    // one, which also polls the leader: `stderr_seen` needs no `Send`.
+    let (tx, rx) = mpsc::channel::<(bool, Vec<u8>)>();
+    let pipe = |mut r: Box<dyn Read + Send>, is_err: bool, tx: mpsc::Sender<(bool, Vec<u8>)>| {
         std::thread::spawn(move || {
-            let mut all = Vec::new();
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = stdout.read(&mut buf) {
-                if n == 0 {
+            let mut buf = vec![0u8; 8192];
+            while let Ok(n) = r.read(&mut buf) {
+                if n == 0 || tx.send((is_err, buf[..n].to_vec())).is_err() {
                     break;
                 }
-                progress.data(n);
-                all.extend_from_slice(&buf[..n]);
             }
-            all
         })
     };
-    let mut stderr = child.stderr.take().expect("piped stderr");
-    let mut err = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = stderr.read(&mut buf) {
-        if n == 0 {
-            break;
+    pipe(
+        Box::new(child.stdout.take().expect("piped")),
+        false,
+        tx.clone(),
+    );
+    pipe(Box::new(child.stderr.take().expect("piped")), true, tx);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut take = |(is_err, bytes): (bool, Vec<u8>)| {
+        if is_err {
+            progress.chatter(&bytes);
+            stderr_seen(&bytes);
+            err.extend_from_slice(&bytes);
+            // Progress lines repeat; keep the tail bounded.
+            if err.len() > 1 << 20 {
+                err.drain(..err.len() - (256 << 10));
+            }
+        } else {
+            progress.data(bytes.len());
+            out.extend_from_slice(&bytes);
         }
-        progress.chatter(&buf[..n]);
-        stderr_seen(&buf[..n]);
-        // Progress lines repeat; keep the tail bounded.
-        err.extend_from_slice(&buf[..n]);
-        if err.len() > 1 << 20 {
-            err.drain(..err.len() - (256 << 10));
+    };
+    let mut nap = Duration::from_millis(1);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        match rx.recv_timeout(nap) {
+            Ok(msg) => take(msg),
+            Err(e) => {
+                if e == mpsc::RecvTimeoutError::Disconnected {
+                    // Both pipes closed before the leader exited.
+                    std::thread::sleep(nap);
+                }
+                nap = (nap * 2).min(Duration::from_millis(20));
+            }
+        }
+    };
+    // The leader is gone: so are the rest of its group.
+    // SAFETY: kill(2) on the group our child led; no memory involved.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGTERM);
+    }
+    let until = Instant::now() + DRAIN_WAIT;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(msg) => take(msg),
+            Err(_) => break,
         }
     }
-    let status = child.wait();
     pid(None);
-    let stdout = out_thread.join().unwrap_or_default();
     let stopped = watch.finish();
     Ok(Ran {
         status: status?,
-        stdout,
+        stdout: out,
         stderr: err,
         stopped,
     })
 }
+
+/// How long a command's pipes may stay open after its group was ended.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 // ---------------------------------------------------------------------------
 // What git's error text means.
@@ -807,7 +854,7 @@ pub fn auth_refused(stderr: &str) -> Option<(String, &'static str)> {
     cause_lines(stderr).into_iter().find_map(|l| {
         AUTH.iter()
             .find(|(pat, _)| l.contains(pat))
-            .map(|(_, fix)| (l.clone(), *fix))
+            .map(|(_, fix)| (plain(&l), *fix))
     })
 }
 
@@ -843,7 +890,14 @@ pub fn protected_refusal(said: &str) -> Option<String> {
     said.split(['\r', '\n'])
         .map(str::trim)
         .find(|l| PROTECTED.iter().any(|p| l.contains(p)))
-        .map(str::to_string)
+        .map(|l| plain(l.trim_start_matches("remote:").trim()))
+}
+
+/// A git line without its `fatal: ` or `error: ` label.
+fn plain(line: &str) -> String {
+    line.trim_start_matches("fatal: ")
+        .trim_start_matches("error: ")
+        .to_string()
 }
 
 #[cfg(test)]

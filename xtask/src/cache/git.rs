@@ -361,9 +361,7 @@ impl CacheGit {
             .arg("--")
             .arg(PROMISOR)
             .arg(&refspec);
-        let out = self
-            .run_network(&mut cmd, &format!("fetch of {branch}"), remote, &mut |_| {})
-            .context("running git fetch")?;
+        let out = self.run_network(&mut cmd, &format!("fetch of {branch}"), remote, &mut |_| {})?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             if stderr.contains("couldn't find remote ref") {
@@ -405,7 +403,7 @@ impl CacheGit {
                     message: format!("{e:#}"),
                 });
             }
-            Err(e) => return Err(BlobFetchError::Failed(format!("running git fetch: {e:#}"))),
+            Err(e) => return Err(BlobFetchError::Failed(format!("{e:#}"))),
         };
         if out.status.success() {
             return Ok(());
@@ -442,9 +440,7 @@ impl CacheGit {
         let mut cmd = self.fetch_from(remote, false);
         cmd.args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
             .arg(&refspec);
-        let out = self
-            .run_network(&mut cmd, &format!("fetch of {branch}"), remote, pid)
-            .context("running git fetch --refetch")?;
+        let out = self.run_network(&mut cmd, &format!("fetch of {branch}"), remote, pid)?;
         if !out.status.success() {
             return Err(net::remote_failure(
                 &format!("cannot fetch {branch} from {remote}"),
@@ -1130,7 +1126,8 @@ impl CacheGit {
         remote: &Remote,
         pid: &mut dyn FnMut(Option<u32>),
     ) -> Result<std::process::Output> {
-        let ran = net::run(cmd, self.net, None, Some(self.pack_dir()), &mut |_| {}, pid)?;
+        let ran = net::run(cmd, self.net, None, Some(self.pack_dir()), &mut |_| {}, pid)
+            .with_context(|| format!("running git for the {what}"))?;
         if let Some(v) = ran.stopped {
             return Err(v.error(what, &remote.to_string()));
         }
@@ -1328,6 +1325,75 @@ mod tests {
         // Reading a missing object is an error, not an empty blob.
         let mut r = git.read_blob(&"0".repeat(40)).unwrap();
         assert!(std::io::copy(&mut r, &mut std::io::sink()).is_err());
+    }
+
+    /// ssh gets BatchMode, a connect timeout and keep-alives only when the
+    /// user has no ssh command of their own; HTTP gets curl's low-speed
+    /// limit. (The machine's own ssh settings decide the first case.)
+    #[test]
+    fn ssh_and_http_belts_respect_the_users_own_ssh_command() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sh = Shell::new().unwrap();
+        let root = tmp.path().join("work");
+        cmd!(sh, "git init -q {root}").run().unwrap();
+        let repo = Repo::discover(&root).unwrap();
+        let ssh_of = |git: &CacheGit, url: &str| {
+            let mut c = Command::new("git");
+            git.belts(&mut c, url);
+            let args: Vec<String> = c
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            let env = c
+                .get_envs()
+                .find(|(k, _)| *k == "GIT_SSH_COMMAND")
+                .and_then(|(_, v)| v)
+                .map(|v| v.to_string_lossy().into_owned());
+            (env, args)
+        };
+        let machine_has_one = ["GIT_SSH_COMMAND", "GIT_SSH", "GIT_SSH_VARIANT"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+            || cmd!(
+                sh,
+                "git config --get-regexp ^(core\\.sshcommand|ssh\\.variant)$"
+            )
+            .quiet()
+            .ignore_status()
+            .output()
+            .unwrap()
+            .status
+            .success();
+        let git = CacheGit::open(&sh, &repo).unwrap();
+        for url in ["ssh://git@127.0.0.1/x.git", "git@127.0.0.1:x.git"] {
+            let (env, args) = ssh_of(&git, url);
+            assert!(args.is_empty(), "{args:?}");
+            if machine_has_one {
+                assert_eq!(env, None, "the machine's ssh command is left alone");
+            } else {
+                let env = env.expect("a GIT_SSH_COMMAND");
+                assert!(
+                    env.contains("BatchMode=yes") && env.contains("ConnectTimeout=13"),
+                    "{env}"
+                );
+            }
+        }
+        let (env, args) = ssh_of(&git, "https://127.0.0.1/x.git");
+        assert_eq!(env, None);
+        assert!(
+            args.contains(&"http.lowSpeedTime=33".to_string()),
+            "{args:?}"
+        );
+        assert_eq!(ssh_of(&git, "/srv/x.git"), (None, vec![]));
+        // The repository's own core.sshCommand (forwarded) wins.
+        cmd!(
+            sh,
+            "git -C {root} config core.sshCommand 'ssh -i /nonexistent'"
+        )
+        .run()
+        .unwrap();
+        let git = CacheGit::open(&sh, &repo).unwrap();
+        assert_eq!(ssh_of(&git, "ssh://git@127.0.0.1/x.git").0, None);
     }
 
     #[test]

@@ -94,13 +94,13 @@ const SAMPLES: [(&str, &str, bool); 11] = [
     // http, 401 without credentials (GIT_TERMINAL_PROMPT=0).
     (
         "fatal: could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled\n",
-        "fatal: could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled",
+        "could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled",
         true,
     ),
     // http, 401 with a wrong password.
     (
         "fatal: Authentication failed for 'http://127.0.0.1:18401/x.git/'\n",
-        "fatal: Authentication failed for 'http://127.0.0.1:18401/x.git/'",
+        "Authentication failed for 'http://127.0.0.1:18401/x.git/'",
         true,
     ),
     (
@@ -231,6 +231,7 @@ fn a_silent_child_is_stopped_at_the_connect_deadline() {
     assert_eq!(ran.stopped, Some(Verdict::Connect(net.connect)));
     assert!(!ran.status.success());
     let err = ran.stopped.unwrap().error("fetch of x", "origin");
+    assert!(!format!("{err:#}").contains("running git"), "{err:#}");
     assert_eq!(crate::exit::code_of(&err), Code::Remote);
     assert!(
         err.to_string()
@@ -254,9 +255,100 @@ fn a_child_that_goes_quiet_stalls_and_a_busy_one_does_not() {
         Some(Verdict::Stall { bytes: 5, .. }) => {}
         other => panic!("{other:?}"),
     }
+    // Busy: a line every 0.1 s, well inside a stall timeout of 1.5 s.
+    let net = NetworkSettings {
+        stall: Duration::from_millis(1500),
+        ..net
+    };
     let mut c = Command::new("sh");
-    c.args(["-c", "for i in 1 2 3 4 5 6; do echo x >&2; sleep 0.2; done"]);
+    c.args([
+        "-c",
+        "for i in 1 2 3 4 5 6 7 8 9 10; do echo x >&2; sleep 0.1; done",
+    ]);
     let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
     assert_eq!(ran.stopped, None);
     assert!(ran.status.success());
+}
+
+/// A leader that exits while a process it started holds the pipes: the
+/// command is over, its leftover is ended, and nothing is reported stopped.
+#[test]
+fn processes_left_by_a_finished_leader_are_ended_with_it() {
+    let net = NetworkSettings {
+        connect: Duration::from_secs(20),
+        stall: Duration::from_secs(20),
+    };
+    let mut c = Command::new("sh");
+    c.args(["-c", "echo started; sleep 60 & exit 0"]);
+    let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
+    assert!(ran.status.success());
+    assert_eq!(ran.stopped, None);
+    assert_eq!(ran.stdout, b"started\n");
+}
+
+/// Many hostile mixtures of git's output (progress with carriage returns,
+/// hints, boilerplate, blank lines, server lines, an auth line anywhere or
+/// nowhere): the cause is always one line without boilerplate, and exit 13
+/// exactly when an authentication line was in it.
+#[test]
+fn any_mixture_of_git_output_gives_one_clean_line_and_the_right_code() {
+    let noise = [
+        "Receiving objects:  12% (1/8)\r",
+        "remote: Counting objects: 100% (3/3), done.\r\n",
+        "hint: see 'git help config'\n",
+        "\n",
+        "   \n",
+        "Please make sure you have the correct access rights\n",
+        "and the repository exists.\n",
+        "fatal: Could not read from remote repository.\n",
+        "fatal: the remote end hung up unexpectedly\n",
+        "remote: warning: something happened\n",
+        "error: RPC failed; HTTP 502 curl 22 The requested URL returned error: 502\n",
+        "Warning: Permanently added '[127.0.0.1]:22' (ED25519) to the list of known hosts.\n",
+    ];
+    let auth: Vec<&str> = SAMPLES.iter().filter(|s| s.2).map(|s| s.0).collect();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    for _ in 0..2000 {
+        let mut text = String::new();
+        let with_auth = next(2) == 0;
+        let pieces = next(8);
+        let at = next(pieces + 1);
+        for i in 0..=pieces {
+            if with_auth && i == at {
+                text.push_str(auth[next(auth.len())]);
+            }
+            if i < pieces {
+                text.push_str(noise[next(noise.len())]);
+            }
+        }
+        let err = remote_failure("cannot fetch b from r", &text);
+        let msg = format!("{err:#}");
+        assert!(
+            !msg.contains('\n') && !msg.contains('\r'),
+            "{msg:?} from {text:?}"
+        );
+        for gone in [
+            "Please make sure",
+            "repository exists.",
+            "objects:",
+            "hint:",
+        ] {
+            assert!(!msg.contains(gone), "{msg:?} from {text:?}");
+        }
+        let code = crate::exit::code_of(&err);
+        assert_eq!(
+            code == Code::AuthRefused,
+            with_auth,
+            "{msg:?} from {text:?}"
+        );
+        if !with_auth {
+            assert_eq!(code, Code::Remote);
+        }
+    }
 }
