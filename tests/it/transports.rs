@@ -193,9 +193,13 @@ fn round_trip(fx: &Fx, url: &str, mark: &dyn Fn() -> usize) {
 
     fx.forget();
     let status = json_of(&fx.xtask(&["cache", "status", "art", "--json"]).ok());
-    assert!(
-        status.to_string().contains("art-cache"),
-        "status names the branch: {status}"
+    let remote = &status[0]["remote"];
+    assert_eq!(remote["state"], "has key", "{status}");
+    assert_eq!(remote["commit"], published["commit"], "{status}");
+    assert_eq!(
+        remote["keys"][0]["chunks"].as_u64(),
+        Some(published["chunks"].as_array().unwrap().len() as u64),
+        "{status}"
     );
     went_through("status");
 
