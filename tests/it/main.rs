@@ -24,4 +24,6 @@ mod resume_interop;
 mod secrets;
 mod strict;
 mod tidy;
+mod transports;
+mod transports_faults;
 mod unpack;

@@ -27,6 +27,7 @@ pub mod prefetch;
 pub mod publish;
 pub mod readme;
 pub mod restore;
+pub mod ssh;
 pub mod stamp;
 pub mod status;
 pub mod verify;

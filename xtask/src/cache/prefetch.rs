@@ -15,8 +15,9 @@
 //! `uploadpack.allow*SHA1InWant`) gets one whole fetch of the branch
 //! (`CacheGit::refetch_branch`), as before this module existed.
 //!
-//! When the remote is a repository on this machine or a smart HTTP(S)
-//! server, chunks are read straight from `git upload-pack`'s answer into
+//! When the remote is a repository on this machine, a smart HTTP(S)
+//! server or an ssh server, chunks are read straight from
+//! `git upload-pack`'s answer into
 //! the chunk store instead (`cache::direct`), `PARALLEL` at a time, hashed
 //! as they arrive; a chunk already in the store
 //! is hashed again before it is used, and one that does not match is
