@@ -46,6 +46,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def cargo_target_dir():
+    """Cargo's target directory as cargo resolves it (CARGO_TARGET_DIR, config, or ./target)."""
+    out = subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=ROOT, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        sys.exit(f"bench-cache: cargo metadata failed: {out.stderr.strip()}")
+    return Path(json.loads(out.stdout)["target_directory"])
+
+
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
@@ -255,7 +265,7 @@ def main():
         prof = ["--release"] if args.release else []
         subprocess.run(["cargo", "build", "--quiet", "-p", "xtask", *prof], cwd=ROOT, check=True)
         build = "release" if args.release else "dev"
-        xtask = ROOT / "target" / ("release" if args.release else "debug") / "xtask"
+        xtask = cargo_target_dir() / ("release" if args.release else "debug") / "xtask"
 
     base = Path(tempfile.mkdtemp(prefix="warmstart-bench-"))
     try:
