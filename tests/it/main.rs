@@ -11,5 +11,6 @@ mod gates;
 mod restore;
 mod restore_cache;
 mod resume;
+mod test_tools;
 mod tidy;
 mod unpack;
