@@ -8,7 +8,7 @@
 # python3), cargo-nextest comes prebuilt from a hash-pinned wheel, and
 # CARGO_TARGET_DIR is honoured (from `cargo metadata`, so a target-dir set in
 # cargo's config counts too). Each stage prints `== NAME` and its time on
-# stderr; stdout ends with nextest's summary.
+# stderr; the output ends with nextest's summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -134,9 +134,12 @@ cargo fmt --all -- --check
 stage "clippy"
 cargo clippy --all-targets --quiet -- -D warnings
 # Smoke test of the cache benchmark on a small generated tree (~20 s): it
-# must run end to end; it never asserts a time. Before nextest, so that
-# nextest's summary stays the last thing printed.
+# must run end to end; it never asserts a time.
 stage "bench-cache smoke"
 python3 tools/bench-cache.py --quick >/dev/null
-stage "nextest"
-"$nextest" nextest run --workspace --no-fail-fast "$@"
+# Last, and nothing after it: nextest's Summary line (with its time) closes
+# the output, which is how CI tells that tests ran.
+stage_end
+echo "== nextest (the last stage; $(elapsed "$run_t0") before it)" >&2
+trap - EXIT
+exec "$nextest" nextest run --workspace --no-fail-fast "$@"
