@@ -6,7 +6,7 @@
 #   tools/bench-bootstrap.sh                  # RUNS=3 prebuilt runs, 1 build run
 #   RUNS=5 BUILD_RUNS=0 tools/bench-bootstrap.sh   # skip the (minutes-long) build
 #   XTASK=target/release/xtask tools/bench-bootstrap.sh   # publish this binary
-#   SHARED_TARGET=1 tools/bench-bootstrap.sh  # build into this checkout's target/
+#   SHARED_TARGET=1 tools/bench-bootstrap.sh  # build into this checkout's target dir
 #                                             # (warm cargo cache) instead of a cold one
 #
 # 1. with:    origin has xtask-bin-cache for HEAD's key (published by
@@ -28,9 +28,14 @@ if [ -n "$(git status --porcelain -- xtask Cargo.toml Cargo.lock)" ]; then
 fi
 if [ -z "${XTASK:-}" ]; then
   cargo build --release --quiet -p xtask
-  XTASK=$src_root/target/release/xtask
+  XTASK=$(tools/target-dir.sh)/release/xtask
 fi
 XTASK=$(realpath "$XTASK")
+src_target=$(tools/target-dir.sh)
+# The publisher and every clone use their own target/ (the xtask-bin manifest
+# and tools/bootstrap.sh follow CARGO_TARGET_DIR): an inherited one would be
+# shared by all clones, and every bootstrap after the first would be warm.
+unset CARGO_TARGET_DIR
 work=$(mktemp -d /tmp/bench-bootstrap-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
@@ -76,7 +81,7 @@ for i in $(seq 1 "$build_runs"); do
   t0=$(now)
   if [ -n "${SHARED_TARGET:-}" ]; then
     (git clone -q "$work/without.git" "$work/build$i" && cd "$work/build$i" &&
-      CARGO_TARGET_DIR=$src_root/target tools/bootstrap.sh >/dev/null 2>"$work/without$i.err")
+      CARGO_TARGET_DIR=$src_target tools/bootstrap.sh >/dev/null 2>"$work/without$i.err")
   else
     (git clone -q "$work/without.git" "$work/build$i" && cd "$work/build$i" &&
       tools/bootstrap.sh >/dev/null 2>"$work/without$i.err")

@@ -46,6 +46,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def cargo_target_dir():
+    """Cargo's target directory as cargo resolves it (CARGO_TARGET_DIR, config, or ./target)."""
+    out = subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=ROOT, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        sys.exit(f"bench-cache: cargo metadata failed: {out.stderr.strip()}")
+    return Path(json.loads(out.stdout)["target_directory"])
+
+
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
@@ -54,6 +64,8 @@ def find_seed_recipe():
     env = os.environ.get("SEED_RECIPE")
     cands = [Path(env)] if env else []
     cands += [ROOT.parent / "shared/bench/seed_recipe.sh", Path("/work/shared/bench/seed_recipe.sh")]
+    # The tests' verbatim copy: a clone on its own (GitHub's runners) has no shared/.
+    cands += [ROOT / "tests/it/cache_restore/seed_recipe.sh"]
     for cand in cands:
         if cand.exists():
             return cand.resolve()
@@ -255,7 +267,7 @@ def main():
         prof = ["--release"] if args.release else []
         subprocess.run(["cargo", "build", "--quiet", "-p", "xtask", *prof], cwd=ROOT, check=True)
         build = "release" if args.release else "dev"
-        xtask = ROOT / "target" / ("release" if args.release else "debug") / "xtask"
+        xtask = cargo_target_dir() / ("release" if args.release else "debug") / "xtask"
 
     base = Path(tempfile.mkdtemp(prefix="warmstart-bench-"))
     try:

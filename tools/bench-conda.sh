@@ -26,7 +26,7 @@ TIME=/usr/bin/time
 [ -x "$TIME" ] || TIME=""
 
 cargo build --quiet -p xtask
-XTASK=$(pwd)/target/debug/xtask   # what `cargo xtask` runs
+XTASK=$(tools/target-dir.sh)/debug/xtask   # what `cargo xtask` runs
 
 DIR=${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/bench-conda.XXXXXX")}
 mkdir -p "$DIR"

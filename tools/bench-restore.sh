@@ -16,7 +16,6 @@
 # Goal (issue 5): warm restore <= 50 ms.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src_root=$PWD
 runs=${RUNS:-40}
 
 if ! command -v hyperfine >/dev/null; then
@@ -36,7 +35,7 @@ done
 
 if [ -z "${XTASK:-}" ]; then
   cargo build --release --quiet -p xtask
-  XTASK=$src_root/target/release/xtask
+  XTASK=$(tools/target-dir.sh)/release/xtask
 fi
 XTASK=$(realpath "$XTASK")
 

@@ -26,7 +26,7 @@ for tool in node python3; do
 done
 
 cargo build -q -p xtask
-bin=$PWD/target/debug/xtask
+bin=$(tools/target-dir.sh)/debug/xtask
 js=$PWD/tests/fixtures/crash-resume-index.js
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -7,9 +7,9 @@
 #   tools/bootstrap.sh --prebuilt-only ...    fail (exit 1) instead of compiling
 #   tools/bootstrap.sh --no-prebuilt ...      always compile
 #
-# 1. If target/warmstart-bin/xtask was installed for this exact source (the
-#    key below; by this script or by the cache module's xtask-bin restore),
-#    exec it: no network, no compiler.
+# 1. If $CARGO_TARGET_DIR/warmstart-bin/xtask (unset: target/warmstart-bin)
+#    was installed for this exact source (the key below; by this script or by
+#    the cache module's xtask-bin restore), exec it: no network, no compiler.
 # 2. Else, if origin's `xtask-bin-cache` branch holds the key, fetch it with git
 #    and coreutils only (DESIGN.md "Coreutils path"): git fetch --depth 1,
 #    git archive | tar -x, sha256sum -c, cat parts | zstd -d | tar -x. Nothing
@@ -25,7 +25,12 @@ cd "$root"
 git_dir=$(git rev-parse --absolute-git-dir)
 remote=${WARMSTART_BOOTSTRAP_REMOTE:-origin}
 branch=xtask-bin-cache                    # cache-manifests/xtask-bin.toml [cache] branch
-install_dir=$root/target/warmstart-bin    # cache-manifests/xtask-bin.toml [restore] path
+# cache-manifests/xtask-bin.toml [restore] path, resolved as the manifest does
+# (unset: cargo's default target/; relative: from the repository root). Not
+# from `cargo metadata`: this must work before cargo is installed.
+target_dir=${CARGO_TARGET_DIR:-target}
+case "$target_dir" in /*) ;; *) target_dir=$root/$target_dir ;; esac
+install_dir=$target_dir/warmstart-bin
 stamp=$git_dir/warmstart/bootstrap/xtask-bin.key
 cache_stamp=$git_dir/warmstart/cache/stamps/xtask-bin.json   # warmstart::cache::stamp::path
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
@@ -75,7 +80,8 @@ build() {
   fi
   say "compiling xtask (cargo build --release -p xtask)"
   cargo build --release --quiet -p xtask
-  run_restore "$root/target/release/xtask" "$@"
+  # Where cargo put it: a target-dir in cargo's config counts too.
+  run_restore "$("$root/tools/target-dir.sh")/release/xtask" "$@"
 }
 
 [ "$prebuilt" = never ] && build "$@"
@@ -112,8 +118,8 @@ fetch_prebuilt() {
   done < <(git ls-tree --name-only "$commit" | LC_ALL=C sort)
   [ ${#parts[@]} -gt 0 ] || { say "$branch has no $key (it was published for another source)"; return 1; }
 
-  mkdir -p "$root/target" || return 1
-  tmp=$(mktemp -d "$root/target/.bootstrap-XXXXXX") || return 1
+  mkdir -p "$target_dir" || return 1
+  tmp=$(mktemp -d "$target_dir/.bootstrap-XXXXXX") || return 1
   mkdir -p "$tmp/branch" "$tmp/stage" || return 1
   git archive "$commit" SHA256SUMS "${parts[@]}" | tar -x -C "$tmp/branch" || return 1
   # Every part needs its own line in SHA256SUMS, and every line must check,

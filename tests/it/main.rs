@@ -23,6 +23,7 @@ mod resume;
 mod resume_interop;
 mod secrets;
 mod strict;
+mod test_tools;
 mod tidy;
 mod transports;
 mod transports_faults;

@@ -1328,3 +1328,61 @@ fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
         "no second install, no second key file"
     );
 }
+
+/// CARGO_TARGET_DIR moves the xtask-bin cache's pack root and install
+/// directory (`$CARGO_TARGET_DIR` in cache-manifests/xtask-bin.toml), and
+/// tools/bootstrap.sh looks for the installed binary in the same place.
+#[test]
+fn restore_bootstrap_and_the_cache_module_follow_cargo_target_dir() {
+    let env = TestEnv::new();
+    let src = bootstrap_world(&env);
+    let built = env.join("built-elsewhere");
+    std::fs::create_dir_all(built.join("release")).unwrap();
+    std::fs::copy(crate::util::bin(), built.join("release/xtask")).unwrap();
+    let origin = env.join("origin.git");
+    env.git(&src, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    let publish = ["cache", "publish", "xtask-bin", "--allow-ungated"];
+    // Unset, the pack root is src/target/release, which does not exist.
+    let r = run(env.xtask_in(&src).args(publish));
+    assert_ne!(r.code(), 0, "{}", r.stderr());
+    assert!(r.stderr().contains("src/target/release"), "{}", r.stderr());
+    run(env
+        .xtask_in(&src)
+        .args(publish)
+        .arg("--quiet")
+        .env("CARGO_TARGET_DIR", &built))
+    .ok();
+
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    let target = env.join("shared-target");
+    run(env
+        .xtask_in("box")
+        .args(["cache", "restore", "xtask-bin", "--quiet"])
+        .env("CARGO_TARGET_DIR", &target))
+    .ok();
+    let installed = target.join("warmstart-bin/xtask");
+    assert_eq!(
+        crate::util::sha256sum(&installed),
+        crate::util::sha256sum(&crate::util::bin())
+    );
+    assert!(!env.join("box/target").exists(), "nothing under box/target");
+
+    env.git(
+        "box",
+        ["remote", "set-url", "origin", "/nonexistent/origin.git"],
+    );
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(env.join("box/tools/bootstrap.sh"))
+        .args(["--prebuilt-only", "--json"])
+        .current_dir(env.join("box"));
+    env.isolate(&mut cmd);
+    let r = run(cmd.env("CARGO_TARGET_DIR", &target)).ok();
+    assert!(
+        r.stderr()
+            .contains(&format!("running {} restore", installed.display())),
+        "{}",
+        r.stderr()
+    );
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "done");
+}

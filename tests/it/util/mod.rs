@@ -75,6 +75,7 @@ impl TestEnv {
             .env("GIT_COMMITTER_EMAIL", "test@warmstart.invalid")
             .env("GIT_TERMINAL_PROMPT", "0")
             .env_remove("CRASH_RESUME_INDEX_PATH")
+            .env_remove("CARGO_TARGET_DIR")
             .env_remove("GIT_DIR")
             .env_remove("GIT_WORK_TREE")
             .env("NO_COLOR", "1")

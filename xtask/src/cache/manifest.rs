@@ -436,7 +436,8 @@ fn resolve_pin(repo: &Repo, p: RawPin) -> Result<Pin> {
 }
 
 /// Expands `~` and `$VAR` / `${VAR}`; a relative result is taken from the
-/// repository root. An unset variable is an error, not an empty string.
+/// repository root. An unset variable is an error, not an empty string,
+/// except `CARGO_TARGET_DIR`, which then is cargo's default `target`.
 pub fn expand_path(repo: &Repo, raw: &str) -> Result<PathBuf> {
     let expanded = expand_vars(raw)?;
     let path = if expanded == "~" {
@@ -479,7 +480,14 @@ fn expand_vars(raw: &str) -> Result<String> {
         if name.is_empty() {
             bail!("a lone '$' in {raw:?}");
         }
-        let value = std::env::var(name).map_err(|_| anyhow!("${name} in {raw:?} is not set"))?;
+        let value = match std::env::var(name) {
+            Ok(value) => value,
+            // Unset, it is cargo's default (`target`, from the repository
+            // root), so `$CARGO_TARGET_DIR/release` names the build output
+            // either way; tools/bootstrap.sh resolves it alike.
+            Err(_) if name == "CARGO_TARGET_DIR" => "target".to_string(),
+            Err(_) => bail!("${name} in {raw:?} is not set"),
+        };
         out.push_str(&value);
         rest = tail;
     }
@@ -809,5 +817,21 @@ path = "dest"
             Path::new("/opt/x")
         );
         assert!(expand_path(&r, "$XTASK_SURELY_UNSET_VAR/x").is_err());
+    }
+
+    #[test]
+    fn cargo_target_dir_is_cargos_default_when_unset() {
+        let r = repo(Path::new("/r"));
+        // SAFETY: tests in this module do not read this variable concurrently.
+        unsafe { std::env::remove_var("CARGO_TARGET_DIR") };
+        assert_eq!(
+            expand_path(&r, "$CARGO_TARGET_DIR/release").unwrap(),
+            Path::new("/r/target/release")
+        );
+        unsafe { std::env::set_var("CARGO_TARGET_DIR", "/t/shared") };
+        assert_eq!(
+            expand_path(&r, "${CARGO_TARGET_DIR}/warmstart-bin").unwrap(),
+            Path::new("/t/shared/warmstart-bin")
+        );
     }
 }
