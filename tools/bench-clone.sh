@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The table's labels are Markdown (backticks for code), not command substitutions.
+# shellcheck disable=SC2016
 # What a plain `git clone` costs next to a cache, with the cache on a branch
 # (refs/heads/<name>-cache, a manifest without cache.ref) and on a ref
 # outside refs/heads/ (cache.ref = "refs/warmstart/cache/<name>").
