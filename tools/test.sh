@@ -168,4 +168,7 @@ export WARMSTART_CONTAINMENT_SEQUENCES="${WARMSTART_CONTAINMENT_SEQUENCES:-500}"
 stage_end
 echo "== nextest (the last stage; $(elapsed "$run_t0") before it)" >&2
 trap - EXIT
-exec "$nextest" nextest run --workspace --no-fail-fast "$@"
+# Through cargo, as `cargo nextest`: cargo (and rustup's proxy) pass the
+# toolchain on to the tests (RUSTUP_TOOLCHAIN, RUSTUP_HOME), which tests
+# that run `rustc` under another HOME need. PATH finds the pinned nextest.
+exec cargo nextest run --workspace --no-fail-fast "$@"
