@@ -435,9 +435,13 @@ fn remote_state(
     match &b.content {
         Content::Legacy { archive, parts, .. } => {
             r.state = "legacy".into();
+            let shape = if parts.len() == 1 && parts[0] == *archive {
+                "stored whole".to_string()
+            } else {
+                format!("in {} parts", parts.len())
+            };
             r.error = Some(format!(
-                "made by the old shell recipe: one archive {archive} in {} parts, restored whatever the key",
-                parts.len()
+                "made by the old shell recipe: one archive {archive} {shape}, checked by SHA256SUMS, restored whatever the key"
             ));
         }
         Content::V1(bm) => {
