@@ -6,6 +6,7 @@ mod broken_pipe;
 mod cache_concurrency;
 mod cache_fetch;
 mod cache_heal;
+mod cache_keys;
 mod cache_legacy;
 mod cache_publish;
 mod cache_restore;

@@ -50,6 +50,9 @@ pub struct RestoreOptions {
     pub verify: bool,
     /// Show progress bars (only ever on a terminal).
     pub progress: bool,
+    /// Restore this branch key instead of the one the manifest's pins give
+    /// (`cache restore --key`).
+    pub key: Option<String>,
     /// Give up waiting for another restorer of the same target after this.
     pub lock_timeout: Duration,
 }
@@ -60,6 +63,7 @@ impl Default for RestoreOptions {
             remote: None,
             verify: false,
             progress: false,
+            key: None,
             lock_timeout: lock_timeout_from_env(),
         }
     }
@@ -164,6 +168,7 @@ pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
     let opts = RestoreOptions {
         remote: args.remote,
         verify: args.verify,
+        key: args.key,
         progress: !args.out.quiet && !args.out.json && std::io::stderr().is_terminal(),
         ..RestoreOptions::default()
     };
@@ -251,7 +256,18 @@ pub fn restore_named(
     let start = Instant::now();
     let started_ms = clock::now_ms();
     let m = manifest::load(repo, name)?;
-    let key = manifest::compute_key(sh, repo, &m)?;
+    let key = match &opts.key {
+        // Its parts are known once the branch is read (`cold`).
+        Some(k) => {
+            crate::cache::format::check_key(k)
+                .map_err(|e| fail(Code::Usage, format!("--key: {e:#}")))?;
+            Key {
+                value: k.clone(),
+                parts: Vec::new(),
+            }
+        }
+        None => manifest::compute_key(sh, repo, &m)?,
+    };
     let state_dir = repo.state_dir();
     let stamp_file = stamp::path(&state_dir, name);
 
@@ -636,6 +652,18 @@ fn cold(
     let t = Instant::now();
     let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
     let mut kp = branch.plan(&key.value, &republish_fix(&m.name))?;
+    // A key named by `--key` has the parts the branch recorded for it.
+    let key = &match (&opts.key, &branch.content) {
+        (Some(_), Content::V1(bm)) => Key {
+            value: key.value.clone(),
+            parts: bm
+                .keys
+                .get(&key.value)
+                .map(|e| e.key_parts.clone())
+                .unwrap_or_default(),
+        },
+        _ => key.clone(),
+    };
     // Every compressed byte of a v1 branch is authenticated by its chunk's
     // digest before it is decoded, and zstd checks its frames' content
     // checksums: hashing the whole tar again would only check the decoder

@@ -58,6 +58,11 @@ pub struct RestoreArgs {
     /// Re-verify the installed copy even when the stamp says it is current.
     #[arg(long)]
     pub verify: bool,
+    /// Restore this branch key instead of the one the pins give (for
+    /// debugging and scripts; exit 4 when the branch lacks it). The next
+    /// plain restore installs the pins' key again.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
     /// The remote to fetch from (default: the manifest's, else `origin`).
     #[arg(long)]
     pub remote: Option<String>,

@@ -1,0 +1,155 @@
+//! Choosing among the keys of a branch: `cache restore --key K`.
+//!
+//! Branches are published by warmstart itself to a bare origin set up like a
+//! hosting server; the key is `vc-<src>-<platform>`, both read from files of
+//! the work repository, so a test moves them like a pin bump would. The
+//! fixture is shared with `cache_prune`.
+
+use crate::util::tree::assert_same_tree;
+use crate::util::{Run, TestEnv, run, show};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// A work repository with manifest `vc` (key parts `src` and `platform`,
+/// both regex pins over `pins.txt`), a bare origin, a target.
+pub struct Fx {
+    pub env: TestEnv,
+    pub work: PathBuf,
+    pub target: PathBuf,
+}
+
+impl Fx {
+    pub fn new(extra: &str) -> Fx {
+        let env = TestEnv::new();
+        env.bare_remote("origin.git");
+        let work = env.work_repo("work");
+        env.git("work", ["remote", "add", "origin", "../origin.git"]);
+        let target = env.join("installed/vc");
+        let fx = Fx { env, work, target };
+        fx.manifest(extra);
+        fx
+    }
+
+    /// (Re)writes `cache-manifests/vc.toml`; `extra` is appended.
+    pub fn manifest(&self, extra: &str) {
+        let dir = self.work.join("cache-manifests");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("vc.toml"),
+            format!(
+                r#"[cache]
+description = "verification cache"
+
+[[key]]
+name = "src"
+regex = {{ file = "pins.txt", pattern = 'src=(\S+)' }}
+
+[[key]]
+name = "platform"
+regex = {{ file = "pins.txt", pattern = 'platform=(\S+)' }}
+
+[pack]
+root = "../art"
+
+[restore]
+path = "{}"
+{extra}"#,
+                self.target.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    pub fn pins(&self, src: &str, platform: &str) {
+        std::fs::write(
+            self.work.join("pins.txt"),
+            format!("src={src}\nplatform={platform}\n"),
+        )
+        .unwrap();
+    }
+
+    /// The artifact for `src`: a few files that say which one it is.
+    pub fn artifact(&self, src: &str) -> PathBuf {
+        let dir = self.env.join(format!("art-{src}"));
+        Self::write_artifact(&dir, src);
+        dir
+    }
+
+    fn write_artifact(dir: &std::path::Path, src: &str) {
+        std::fs::create_dir_all(dir.join("results")).unwrap();
+        std::fs::write(dir.join("results/a.checked"), format!("a of {src}\n")).unwrap();
+        std::fs::write(dir.join(format!("results/{src}.checked")), src).unwrap();
+    }
+
+    /// Publishes key `vc-<src>-<platform>` from `artifact(src)`; its JSON.
+    pub fn publish(&self, src: &str, platform: &str) -> Value {
+        self.pins(src, platform);
+        let packed = self.env.join("art");
+        let _ = std::fs::remove_dir_all(&packed);
+        Self::write_artifact(&packed, src);
+        self.json(&["cache", "publish", "vc", "--json"])
+    }
+
+    pub fn xtask(&self, args: &[&str]) -> Run {
+        run(self.env.xtask_in("work").args(args))
+    }
+
+    /// Runs `args`, which must succeed, and parses its stdout.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let r = self.xtask(args).ok();
+        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+    }
+
+    /// The keys `warmstart.json` lists on the origin's `vc-cache`.
+    pub fn branch_keys(&self) -> Vec<String> {
+        let text = self
+            .env
+            .git("origin.git", ["show", "vc-cache:warmstart.json"]);
+        let m: Value = serde_json::from_str(&text).unwrap();
+        m["keys"].as_object().unwrap().keys().cloned().collect()
+    }
+}
+
+#[test]
+fn cache_keys_restore_key_installs_a_named_key_and_the_next_run_goes_back() {
+    let fx = Fx::new("");
+    fx.publish("1", "x");
+    fx.publish("2", "x");
+    assert_eq!(fx.branch_keys(), ["vc-1-x", "vc-2-x"]);
+    // The pins say vc-2-x; --key asks for the older one.
+    let j = fx.json(&["cache", "restore", "vc", "--key", "vc-1-x", "--json"]);
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["key"], "vc-1-x");
+    assert_same_tree(&fx.artifact("1"), &fx.target);
+    let again = fx.json(&["cache", "restore", "vc", "--key", "vc-1-x", "--json"]);
+    assert_eq!(again["state"], "warm", "{again}");
+    // The stamp records the branch's parts for that key, so status and a
+    // plain restore say which pin differs from the installed key.
+    let plain = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(plain["state"], "restored", "{plain}");
+    assert_eq!(plain["key"], "vc-2-x");
+    let reason = plain["reason"].as_str().unwrap();
+    assert!(reason.contains("src 1 -> 2"), "{reason}");
+    assert_same_tree(&fx.artifact("2"), &fx.target);
+
+    // A key the branch lacks: exit 4, naming the keys it has; the install
+    // stays as it was.
+    let r = fx
+        .xtask(&["cache", "restore", "vc", "--key", "vc-3-x"])
+        .expect_code(4);
+    let e = r.stderr();
+    assert!(
+        e.contains("no key vc-3-x") && e.contains("vc-1-x, vc-2-x"),
+        "{e}"
+    );
+    assert_same_tree(&fx.artifact("2"), &fx.target);
+    let j = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(j["state"], "warm", "{j}");
+    // A key that is not a file name is a usage error before anything runs.
+    for bad in ["../x", "", "a/b", ".hidden"] {
+        let r = fx
+            .xtask(&["cache", "restore", "vc", "--key", bad])
+            .expect_code(2);
+        assert!(r.stderr().contains("--key"), "{}", r.stderr());
+    }
+}
