@@ -102,6 +102,9 @@ struct RawPublish {
     chunk_bytes: Option<crate::size::SizeSpec>,
     level: Option<i32>,
     lease_deadline: Option<crate::clock::DurationSpec>,
+    /// Prune on every publish: per platform value, the newest N keys (plus
+    /// the one today's pins give) stay.
+    keep: Option<u32>,
 }
 
 /// How a restore installs: replace a directory the cache owns, or merge
@@ -172,6 +175,9 @@ pub struct CacheManifest {
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
     pub lease_deadline: Option<std::time::Duration>,
+    /// `[publish] keep = N`: after each publish that pushes, keep per
+    /// platform value the key today's pins give plus the N newest.
+    pub keep: Option<usize>,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -328,6 +334,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         chunk_bytes,
         level,
         lease_deadline,
+        keep: raw.publish.keep.map(|n| n as usize),
     })
 }
 

@@ -5,7 +5,8 @@
 //! both halves share (a private cache.git, shallow fetch, blobs, trees, push).
 //! The publish half: `pack` (deterministic tar -> zstd -> chunk files),
 //! `readme` (the branch README), `publish` (merge the key, root commit, push),
-//! `packed` (the local record that lets an unchanged re-publish skip zstd).
+//! `packed` (the local record that lets an unchanged re-publish skip zstd),
+//! `prune` (drop old keys in one root commit: `cache prune`, `[publish] keep`).
 //! The restore half: `branch` reads and cross-checks a fetched branch,
 //! `prefetch` fetches its chunks by id while they are read (`direct` reads
 //! them straight from the server's pack stream where it can), `verify` streams it (no unverified byte reaches the decoder), `restore`
@@ -23,6 +24,7 @@ pub mod manifest;
 pub mod pack;
 pub mod packed;
 pub mod prefetch;
+pub mod prune;
 pub mod publish;
 pub mod readme;
 pub mod restore;
@@ -43,6 +45,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Verify(a) => check::run(sh, a),
         CacheCommand::List(a) => status::list(sh, a),
         CacheCommand::Status(a) => status::status(sh, a),
+        CacheCommand::Prune(a) => prune::run(sh, a),
     }
 }
 

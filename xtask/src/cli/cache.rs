@@ -29,6 +29,33 @@ pub enum CacheCommand {
     List(ListArgs),
     /// Show how each key is built, what the branch holds, and on a miss which part differs.
     Status(ListArgs),
+    /// Drop old keys from a cache branch, in one new root commit pushed with a lease.
+    ///
+    /// A key goes when every limit given selects it; the key today's pins
+    /// give (with each platform value on the branch) always stays. Hosting
+    /// servers keep unreachable blobs until they collect garbage, so this
+    /// shortens the branch at once but frees remote storage only later.
+    Prune(PruneArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// The cache: `cache-manifests/<NAME>.toml`.
+    pub name: String,
+    /// Keep the N newest keys (by created_at) of each platform value.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Drop keys published longer ago than this (`30d`, `12h`, `1h30m`).
+    #[arg(long, value_name = "DURATION")]
+    pub older_than: Option<String>,
+    /// Say which keys would go, and push nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The remote to push to (default: the manifest's, else `origin`).
+    #[arg(long)]
+    pub remote: Option<String>,
+    #[command(flatten)]
+    pub out: OutputArgs,
 }
 
 #[derive(Debug, Args)]
