@@ -153,3 +153,125 @@ fn cache_keys_restore_key_installs_a_named_key_and_the_next_run_goes_back() {
         assert!(r.stderr().contains("--key"), "{}", r.stderr());
     }
 }
+
+const FALLBACK: &str = "fallback = [{ drop = [\"src\"] }]\n";
+
+#[test]
+fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
+    let fx = Fx::new(&format!("{FALLBACK}recheck = \"1h\"\n"));
+    fx.publish("1", "x");
+    fx.publish("0", "y");
+    // The source moved on: no vc-2-x on the branch yet.
+    fx.pins("2", "x");
+    let j = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(j["state"], "partial", "{j}");
+    assert_eq!(j["key"], "vc-1-x", "{j}");
+    let p = &j["partial"];
+    assert_eq!(p["wanted"], "vc-2-x", "{j}");
+    assert_eq!(p["used"], "vc-1-x", "{j}");
+    assert_eq!(p["fallback"], "drop src", "{j}");
+    assert_eq!(
+        p["differs"],
+        serde_json::json!([{ "name": "src", "wanted": "2", "used": "1" }])
+    );
+    assert_same_tree(&fx.artifact("1"), &fx.target);
+    // Warm while the recheck is not due: nothing fetched or hashed.
+    let w = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(w["state"], "partial", "{w}");
+    assert_eq!(w["bytes_hashed"], 0, "{w}");
+    assert_eq!(w["phases"]["fetch_ms"], 0, "{w}");
+    let text = fx.xtask(&["cache", "restore", "vc"]).ok().stdout();
+    assert!(text.contains("vc-1-x stands in for vc-2-x"), "{text}");
+    let st = fx.json(&["cache", "status", "vc", "--offline", "--json"]);
+    assert_eq!(st[0]["local"]["state"], "partial", "{st}");
+    assert!(text.contains("src 2 -> 1"), "{text}");
+
+    // Recheck due, the exact key still missing: the same stand-in is kept
+    // without unpacking anything, and its recheck starts again.
+    fx.manifest(&format!("{FALLBACK}recheck = \"1ms\"\n"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let r = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(r["state"], "partial", "{r}");
+    assert_eq!(r["bytes"], 0, "{r}");
+    assert!(r["reason"].as_str().unwrap().contains("recheck"), "{r}");
+
+    // The exact key is published, but the recheck is not due: still the
+    // stand-in, from the stamp alone (the warm path reads no branch).
+    fx.manifest(&format!("{FALLBACK}recheck = \"1h\"\n"));
+    fx.publish("2", "x");
+    fx.pins("2", "x");
+    let w = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(w["state"], "partial", "{w}");
+    assert_same_tree(&fx.artifact("1"), &fx.target);
+    // After the recheck: restored with the exact key, no longer partial.
+    fx.manifest(&format!("{FALLBACK}recheck = \"1ms\"\n"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let r = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(r["state"], "restored", "{r}");
+    assert_eq!(r["key"], "vc-2-x", "{r}");
+    assert!(r.get("partial").is_none(), "{r}");
+    assert_same_tree(&fx.artifact("2"), &fx.target);
+    assert_eq!(
+        fx.json(&["cache", "restore", "vc", "--json"])["state"],
+        "warm"
+    );
+}
+
+#[test]
+fn cache_keys_fallback_refusals_and_misses() {
+    let fx = Fx::new("");
+    fx.publish("1", "x");
+    // Nothing the fallbacks allow: exit 4, naming the manifest; nothing
+    // installed.
+    fx.manifest("fallback = [{ prefix = \"other-\" }]\nrecheck = \"1h\"\n");
+    fx.pins("2", "x");
+    let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(4);
+    assert!(
+        r.stderr().contains("no [[restore.fallback]]"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!fx.target.exists());
+    // A prefix that matches: the newest key with it.
+    fx.manifest("fallback = [{ prefix = \"other-\" }, { prefix = \"vc-\" }]\nrecheck = \"1h\"\n");
+    let j = fx.json(&["cache", "restore", "vc", "--json"]);
+    assert_eq!(j["state"], "partial", "{j}");
+    assert_eq!(j["partial"]["fallback"], "prefix vc-", "{j}");
+    // --key never falls back.
+    fx.xtask(&["cache", "restore", "vc", "--key", "vc-9-x"])
+        .expect_code(4);
+    // Settings that are not understood are refused (exit 10), naming them.
+    for (bad, says) in [
+        (
+            "fallback = [{ drop = [\"nosuch\"] }]\nrecheck = \"1h\"\n",
+            "nosuch",
+        ),
+        ("fallback = [{ drop = [\"src\"] }]\n", "restore.recheck"),
+        ("recheck = \"1h\"\n", "no restore.fallback"),
+        (
+            "fallback = [{ drop = [\"src\"], prefix = \"vc\" }]\nrecheck = \"1h\"\n",
+            "exactly one",
+        ),
+        (
+            "fallback = [{ prefix = \"\" }]\nrecheck = \"1h\"\n",
+            "empty",
+        ),
+        (
+            "fallback = [{ drop = [] }]\nrecheck = \"1h\"\n",
+            "no key parts",
+        ),
+        (
+            "fallback = [{ drop = [\"src\"] }]\nrecheck = \"soon\"\n",
+            "recheck",
+        ),
+        (
+            "fallback = [{ dorp = [\"src\"] }]\nrecheck = \"1h\"\n",
+            "dorp",
+        ),
+    ] {
+        fx.manifest(bad);
+        let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(10);
+        assert!(r.stderr().contains(says), "{bad}: {}", r.stderr());
+    }
+    assert_same_tree(&fx.artifact("1"), &fx.target);
+}

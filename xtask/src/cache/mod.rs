@@ -10,7 +10,7 @@
 //! The restore half: `branch` reads and cross-checks a fetched branch,
 //! `prefetch` fetches its chunks by id while they are read (`direct` reads
 //! them straight from the server's pack stream where it can), `verify` streams it (no unverified byte reaches the decoder), `restore`
-//! installs it, `stamp` makes the next run warm, `compare` checks an
+//! installs it (`fallback` picks a stand-in key on an exact miss), `stamp` makes the next run warm, `compare` checks an
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
 //! `cache status`.
 
@@ -18,6 +18,7 @@ pub mod branch;
 pub mod check;
 pub mod compare;
 pub mod direct;
+pub mod fallback;
 pub mod format;
 pub mod git;
 pub mod manifest;

@@ -94,6 +94,25 @@ pub enum State {
     Verified,
     /// `--verify`: the installed copy differed and was replaced.
     Repaired,
+    /// The branch lacks the exact key; a `[[restore.fallback]]` key stands
+    /// in for it (installed now, or earlier and still within
+    /// `restore.recheck`). `RestoreOutcome::partial` says which and how.
+    Partial,
+}
+
+/// What a `partial` install stands in for (`--json`'s `partial`).
+#[derive(Clone, Debug, Serialize)]
+pub struct PartialInfo {
+    /// The exact key today's pins give.
+    pub wanted: String,
+    /// The key installed in its place.
+    pub used: String,
+    /// The fallback that matched (`drop src`, `prefix vc-`).
+    pub fallback: String,
+    /// The key parts that differ.
+    pub differs: Vec<crate::cache::fallback::PartDiff>,
+    /// When the next run looks for the exact key again (RFC 3339).
+    pub recheck_after: String,
 }
 
 /// Time spent in each phase of a cold restore, in milliseconds.
@@ -160,6 +179,9 @@ pub struct RestoreOutcome {
     /// or with `--verify`), e.g. `installed key tc-1 differs: v 1 -> 2`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// With state `partial`: the exact key, the one used, what differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial: Option<PartialInfo>,
 }
 
 /// `cargo xtask cache restore NAME`.
@@ -241,6 +263,18 @@ impl RestoreOutcome {
                 self.key,
                 self.difference.as_deref().unwrap_or("?")
             ),
+            State::Partial => {
+                let p = self.partial.as_ref();
+                format!(
+                    "cache {}: {} stands in for {} at {t} (partial: {}; fallback {}; the exact key is looked for again after {}) ({secs})",
+                    self.name,
+                    self.key,
+                    p.map_or("?", |p| &p.wanted),
+                    p.map_or_else(|| "?".to_string(), |p| describe_differs(&p.differs)),
+                    p.map_or("?", |p| &p.fallback),
+                    p.map_or("?", |p| &p.recheck_after),
+                )
+            }
         }
     }
 }
@@ -337,10 +371,55 @@ fn warm_check(
         }
         Loaded::Found(s) => *s,
     };
+    if let Some(p) = &s.partial
+        && p.wanted == key.value
+    {
+        // A stand-in for today's key: warm until the recheck is due (a
+        // clock read, no network), then the cold path looks again.
+        if let Err(miss) = s.matches(&s.key, &s.key_parts, &m.restore_path, m.mode) {
+            return Ok(Err(miss));
+        }
+        let recheck = m.recheck.unwrap_or_default().as_millis() as u64;
+        if clock::now_ms().saturating_sub(p.checked_at_ms) >= recheck {
+            return Ok(Err(Miss::Recheck {
+                installed: s.key.clone(),
+                wanted: p.wanted.clone(),
+            }));
+        }
+        return Ok(ready(m).map(|()| s).map_err(Miss::NotReady));
+    }
     if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         return Ok(Err(miss));
     }
     Ok(ready(m).map(|()| s).map_err(Miss::NotReady))
+}
+
+/// `src 2 -> 1, platform ...`: how a stand-in differs from the exact key.
+fn describe_differs(d: &[crate::cache::fallback::PartDiff]) -> String {
+    d.iter()
+        .map(|p| {
+            format!(
+                "{} {} -> {}",
+                p.name,
+                p.wanted.as_deref().unwrap_or("(none)"),
+                p.used.as_deref().unwrap_or("(none)")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `partial` of an outcome, from its stamp.
+fn partial_info(m: &CacheManifest, s: &Stamp) -> Option<PartialInfo> {
+    let p = s.partial.as_ref()?;
+    let recheck = m.recheck.unwrap_or_default().as_millis() as u64;
+    Some(PartialInfo {
+        wanted: p.wanted.clone(),
+        used: s.key.clone(),
+        fallback: p.fallback.clone(),
+        differs: crate::cache::fallback::differs(&p.wanted_parts, &s.key_parts),
+        recheck_after: clock::rfc3339(p.checked_at_ms.saturating_add(recheck)),
+    })
 }
 
 /// The manifest's cheap ready-probe. `Err` says what is missing.
@@ -399,6 +478,11 @@ fn from_stamp(
     phases: Phases,
 ) -> RestoreOutcome {
     let duration = start.elapsed();
+    let partial = partial_info(m, s);
+    let state = match state {
+        State::Warm if partial.is_some() => State::Partial,
+        other => other,
+    };
     RestoreOutcome {
         name: m.name.clone(),
         state,
@@ -422,6 +506,7 @@ fn from_stamp(
         phases,
         difference: None,
         reason: None,
+        partial,
     }
 }
 
@@ -628,6 +713,104 @@ pub fn unpack_into(
     })
 }
 
+/// The key to install from `branch`: the exact one, or (on an exact miss,
+/// without `--key`) the newest key the first matching `[[restore.fallback]]`
+/// allows, with the `Partial` its stamp records. The returned key has the
+/// parts the branch recorded for it.
+fn choose_key(
+    m: &CacheManifest,
+    key: &Key,
+    opts: &RestoreOptions,
+    branch: &Branch,
+) -> Result<(KeyPlan, Key, Option<stamp::Partial>)> {
+    let fix = republish_fix(&m.name);
+    let recorded = |k: &str| match &branch.content {
+        Content::V1(bm) => bm.keys.get(k).map(|e| e.key_parts.clone()),
+        Content::Legacy { .. } => None,
+    };
+    match branch.plan(&key.value, &fix) {
+        Ok(kp) => {
+            // A key named by `--key` has the parts the branch recorded for it.
+            let parts = match &opts.key {
+                Some(_) => recorded(&key.value).unwrap_or_default(),
+                None => key.parts.clone(),
+            };
+            let value = key.value.clone();
+            Ok((kp, Key { value, parts }, None))
+        }
+        Err(e)
+            if opts.key.is_none()
+                && !m.fallbacks.is_empty()
+                && crate::exit::code_of(&e) == Code::NotFound =>
+        {
+            let Content::V1(bm) = &branch.content else {
+                return Err(e);
+            };
+            let Some(c) = crate::cache::fallback::choose(&m.fallbacks, key, bm) else {
+                return Err(fail(
+                    Code::NotFound,
+                    format!(
+                        "{e:#}; no [[restore.fallback]] of {} matches a key either",
+                        m.file.display()
+                    ),
+                ));
+            };
+            let kp = branch.plan(&c.key, &fix)?;
+            let parts = recorded(&c.key).unwrap_or_default();
+            let partial = stamp::Partial {
+                wanted: key.value.clone(),
+                wanted_parts: key.parts.clone(),
+                fallback: c.fallback.to_string(),
+                checked_at_ms: clock::now_ms(),
+            };
+            Ok((
+                kp,
+                Key {
+                    value: c.key,
+                    parts,
+                },
+                Some(partial),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// When the stand-in chosen again is the very install the stamp describes
+/// (same key and tar, here, ready), nothing is fetched or unpacked: only
+/// the stamp's `checked_at_ms` moves, so the next recheck is a full
+/// interval away.
+fn same_stand_in(
+    m: &CacheManifest,
+    stamp_file: &Path,
+    branch: &Branch,
+    key: &Key,
+    partial: &stamp::Partial,
+    start: Instant,
+    phases: &Phases,
+) -> Result<Option<RestoreOutcome>> {
+    let Loaded::Found(mut s) = stamp::load(stamp_file) else {
+        return Ok(None);
+    };
+    let tar = match &branch.content {
+        Content::V1(bm) => bm.keys.get(&key.value).map(|e| e.tar_sha256.as_str()),
+        Content::Legacy { .. } => None,
+    };
+    if s.key != key.value
+        || tar != Some(s.tar_sha256.as_str())
+        || s.matches(&key.value, &key.parts, &m.restore_path, m.mode)
+            .is_err()
+        || ready(m).is_err()
+    {
+        return Ok(None);
+    }
+    s.partial = Some(partial.clone());
+    stamp::store(stamp_file, &s)?;
+    let mut o = from_stamp(m, &s, State::Partial, start, phases.clone());
+    o.commit = branch.commit.clone();
+    Ok(Some(o))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn cold(
     sh: &Shell,
@@ -651,19 +834,13 @@ fn cold(
 
     let t = Instant::now();
     let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
-    let mut kp = branch.plan(&key.value, &republish_fix(&m.name))?;
-    // A key named by `--key` has the parts the branch recorded for it.
-    let key = &match (&opts.key, &branch.content) {
-        (Some(_), Content::V1(bm)) => Key {
-            value: key.value.clone(),
-            parts: bm
-                .keys
-                .get(&key.value)
-                .map(|e| e.key_parts.clone())
-                .unwrap_or_default(),
-        },
-        _ => key.clone(),
-    };
+    let (mut kp, key, partial) = choose_key(m, key, opts, &branch)?;
+    let key = &key;
+    if let Some(p) = &partial
+        && let Some(outcome) = same_stand_in(m, stamp_file, &branch, key, p, start, &phases)?
+    {
+        return Ok(outcome);
+    }
     // Every compressed byte of a v1 branch is authenticated by its chunk's
     // digest before it is decoded, and zstd checks its frames' content
     // checksums: hashing the whole tar again would only check the decoder
@@ -732,6 +909,7 @@ fn cold(
         files,
         restored_at: clock::rfc3339(now),
         restored_at_ms: now,
+        partial: partial.clone(),
     };
     stamp::store(stamp_file, &s)?;
     phases.install_ms = t.elapsed().as_millis() as u64;
@@ -747,6 +925,9 @@ fn cold(
         ));
     }
     let duration = start.elapsed();
+    if partial.is_some() && state == State::Restored {
+        state = State::Partial;
+    }
     Ok(RestoreOutcome {
         name: m.name.clone(),
         state,
@@ -770,6 +951,7 @@ fn cold(
         phases,
         difference,
         reason: None,
+        partial: partial_info(m, &s),
     })
 }
 

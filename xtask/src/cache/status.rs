@@ -337,6 +337,14 @@ fn local_state(repo: &Repo, m: &CacheManifest, key: Option<&manifest::Key>) -> L
         l.why = Some("the current key cannot be computed".into());
         return l;
     };
+    if let Some(p) = s.partial.as_ref().filter(|p| p.wanted == key.value) {
+        l.state = "partial".into();
+        l.why = Some(format!(
+            "{} stands in for {} (fallback {}); the first restore after restore.recheck looks for {} again",
+            s.key, p.wanted, p.fallback, p.wanted
+        ));
+        return l;
+    }
     match s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         Ok(()) => match restore::ready(m) {
             Ok(()) => l.state = "installed".into(),
