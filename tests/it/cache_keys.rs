@@ -78,6 +78,7 @@ path = "{}"
     fn write_artifact(dir: &std::path::Path, src: &str) {
         std::fs::create_dir_all(dir.join("results")).unwrap();
         std::fs::write(dir.join("results/a.checked"), format!("a of {src}\n")).unwrap();
+        std::fs::write(dir.join("results/b.checked"), format!("b of {src}\n")).unwrap();
         std::fs::write(dir.join(format!("results/{src}.checked")), src).unwrap();
     }
 

@@ -8,6 +8,7 @@ mod cache_fetch;
 mod cache_heal;
 mod cache_keys;
 mod cache_legacy;
+mod cache_overlay;
 mod cache_prune;
 mod cache_publish;
 mod cache_restore;

@@ -146,6 +146,9 @@ pub enum Mode {
     #[default]
     Replace,
     Merge,
+    /// Merge, but never replace a file the user changed since warmstart
+    /// installed it (`cache::overlay`).
+    Overlay,
 }
 
 /// One pin of the key.

@@ -22,6 +22,7 @@ pub mod fallback;
 pub mod format;
 pub mod git;
 pub mod manifest;
+pub mod overlay;
 pub mod pack;
 pub mod packed;
 pub mod prefetch;

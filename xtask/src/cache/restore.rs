@@ -27,6 +27,7 @@ use crate::cache::branch::{Branch, Content, KeyPlan};
 use crate::cache::compare;
 use crate::cache::git::CacheGit;
 use crate::cache::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
+use crate::cache::overlay;
 use crate::cache::prefetch;
 use crate::cache::stamp::{self, Loaded, Miss, Stamp};
 use crate::cache::verify;
@@ -182,6 +183,10 @@ pub struct RestoreOutcome {
     /// With state `partial`: the exact key, the one used, what differs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partial: Option<PartialInfo>,
+    /// Overlay mode, when something was unpacked: files kept because the
+    /// user changed them since warmstart installed them (or made them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<u64>,
 }
 
 /// `cargo xtask cache restore NAME`.
@@ -227,6 +232,18 @@ pub fn error_json(name: &str, err: &anyhow::Error) -> String {
 }
 
 impl RestoreOutcome {
+    /// `; kept 2 files the user changed` (overlay mode), else nothing.
+    fn kept_words(&self) -> String {
+        match self.kept {
+            Some(n) if n > 0 => format!(
+                "; kept {n} file{} the user changed since warmstart installed {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "it" } else { "them" }
+            ),
+            _ => String::new(),
+        }
+    }
+
     /// One line for people.
     pub fn summary(&self) -> String {
         let t = self.target.display();
@@ -247,21 +264,23 @@ impl RestoreOutcome {
                 self.name, self.key
             ),
             State::Restored => format!(
-                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}",
+                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}{}",
                 self.name,
                 self.key,
                 human_bytes(self.bytes),
-                self.files
+                self.files,
+                self.kept_words()
             ),
             State::Verified => format!(
                 "cache {}: the installed copy of {} at {t} matches {from} ({secs})",
                 self.name, self.key
             ),
             State::Repaired => format!(
-                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs}",
+                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs}{}",
                 self.name,
                 self.key,
-                self.difference.as_deref().unwrap_or("?")
+                self.difference.as_deref().unwrap_or("?"),
+                self.kept_words()
             ),
             State::Partial => {
                 let p = self.partial.as_ref();
@@ -507,6 +526,7 @@ fn from_stamp(
         difference: None,
         reason: None,
         partial,
+        kept: None,
     }
 }
 
@@ -829,7 +849,7 @@ fn cold(
     // even if the fetch below fails, the target is whole again.
     match m.mode {
         Mode::Replace => unpack::recover_swap(target)?,
-        Mode::Merge => unpack::recover(&journal)?,
+        Mode::Merge | Mode::Overlay => unpack::recover(&journal)?,
     }
 
     let t = Instant::now();
@@ -861,6 +881,18 @@ fn cold(
     unpack::kill_point("restore:unpacked");
 
     let bytes_hashed = vstats.bytes_hashed;
+    // Overlay: the files the user changed since they were installed leave
+    // staging here, so neither `--verify`'s comparison nor the merge sees
+    // them.
+    let overlay_file = overlay::path(&state_dir, &m.name);
+    let overlay_plan = match m.mode {
+        Mode::Overlay => Some(overlay::hold_back(
+            &dest,
+            target,
+            &overlay::load(&overlay_file, target),
+        )?),
+        _ => None,
+    };
     let mut difference = None;
     let mut state = State::Restored;
     if opts.verify && std::fs::symlink_metadata(target).is_ok() {
@@ -884,6 +916,14 @@ fn cold(
             Mode::Replace => unpack::swap_dir(&dest, target)?,
             Mode::Merge => {
                 unpack::merge_into(&dest, target, &journal)?;
+            }
+            Mode::Overlay => {
+                let plan = overlay_plan.as_ref().expect("overlay has a plan");
+                // Before the merge, so that a merge completed by the next
+                // run's journal replay leaves files the record knows.
+                overlay::save(&overlay_file, &plan.record)?;
+                unpack::merge_into(&dest, target, &journal)?;
+                overlay::save(&overlay_file, &overlay::settle(target, plan)?)?;
             }
         }
         staging.0 = None;
@@ -952,6 +992,7 @@ fn cold(
         difference,
         reason: None,
         partial: partial_info(m, &s),
+        kept: overlay_plan.map(|p| p.kept.len() as u64),
     })
 }
 

@@ -147,6 +147,7 @@ pub fn mode_name(mode: Mode) -> &'static str {
     match mode {
         Mode::Replace => "replace",
         Mode::Merge => "merge",
+        Mode::Overlay => "overlay",
     }
 }
 
