@@ -185,6 +185,20 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
     assert!(text.contains("vc-1-x stands in for vc-2-x"), "{text}");
     let st = fx.json(&["cache", "status", "vc", "--offline", "--json"]);
     assert_eq!(st[0]["local"]["state"], "partial", "{st}");
+    // The machine restore's table says so too (its warm probe is the
+    // same stat-only check).
+    std::fs::write(
+        fx.work.join("cache-manifests/restore.toml"),
+        "[[step]]\nname = \"vc\"\nkind = \"cache\"\ncache = \"vc\"\n",
+    )
+    .unwrap();
+    let table = fx.json(&["restore", "--json"]);
+    let row = &table["steps"][0];
+    assert_eq!(row["state"], "warm", "{table}");
+    let what = row["what"].as_str().unwrap();
+    assert!(what.contains("partial: stands in for vc-2-x"), "{table}");
+    let human = fx.xtask(&["restore"]).ok().stdout();
+    assert!(human.contains("partial"), "{human}");
     assert!(text.contains("src 2 -> 1"), "{text}");
 
     // Recheck due, the exact key still missing: the same stand-in is kept

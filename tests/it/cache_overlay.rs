@@ -194,3 +194,43 @@ fn cache_overlay_never_writes_through_a_link_that_leaves_the_target() {
     let names: Vec<_> = fs::read_dir(&outside).unwrap().collect();
     assert_eq!(names.len(), 1, "{names:?}");
 }
+
+#[test]
+fn cache_overlay_killed_mid_merge_is_completed_and_still_knows_its_files() {
+    use std::os::unix::process::ExitStatusExt;
+    for point in [
+        "merge:journal-written",
+        "merge:moved-one",
+        "restore:installed",
+    ] {
+        let fx = Fx::new("mode = \"overlay\"\n");
+        let res = fx.target.join("results");
+        fx.publish("1", "x");
+        fx.publish("2", "x");
+        fx.pins("1", "x");
+        fx.xtask(&["cache", "restore", "vc"]).ok();
+        fs::write(res.join("a.checked"), "a re-checked here\n").unwrap();
+        fx.pins("2", "x");
+        let r = crate::util::run(
+            fx.env
+                .xtask_in("work")
+                .args(["cache", "restore", "vc"])
+                .env("WARMSTART_TEST_KILL_AT", point),
+        );
+        assert_eq!(r.out.status.signal(), Some(9), "{point}: {}", r.stderr());
+        // The next run completes the merge, and the files it moved are
+        // known as warmstart's: replaced again, not kept as the user's.
+        let j = fx.json(&["cache", "restore", "vc", "--json"]);
+        assert_eq!(j["state"], "restored", "{point}: {j}");
+        assert_eq!(j["kept"], 1, "{point}: {j}");
+        assert_eq!(read(&res.join("a.checked")), "a re-checked here\n");
+        assert_eq!(read(&res.join("b.checked")), "b of 2\n");
+        assert_eq!(read(&res.join("2.checked")), "2");
+        let stray: Vec<String> = fs::read_dir(fx.target.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "vc")
+            .collect();
+        assert!(stray.is_empty(), "{point}: {stray:?}");
+    }
+}
