@@ -236,3 +236,46 @@ fn cache_prune_publish_keep_prunes_on_every_publish_but_never_the_new_key() {
     fx.xtask(&["cache", "publish", "vc"]).expect_code(10);
     assert_eq!(fx.branch_keys(), ["vc-5-y"]);
 }
+
+#[test]
+fn cache_prune_that_loses_its_lease_chooses_again_on_the_moved_branch() {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fx::new("");
+    for src in ["1", "2", "3"] {
+        fx.publish(src, "x");
+    }
+    let c3 = fx.env.git("origin.git", ["rev-parse", "vc-cache"]);
+    fx.publish("4", "x");
+    let c4 = fx.env.git("origin.git", ["rev-parse", "vc-cache"]);
+    fx.env.git(
+        "origin.git",
+        ["update-ref", "refs/heads/vc-cache", c3.trim()],
+    );
+    // Another publisher lands vc-4-x while the prune is pushing: the hook
+    // moves the branch once, before the server updates the ref.
+    let marker = fx.env.join("moved");
+    let hook = fx.env.join("origin.git/hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\nif [ ! -e '{m}' ]; then touch '{m}'; env -u GIT_QUARANTINE_PATH git update-ref refs/heads/vc-cache {c4}; fi\n",
+            m = marker.display(),
+            c4 = c4.trim()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fx.pins("1", "x");
+    let j = fx.json(&["cache", "prune", "vc", "--keep", "1", "--json"]);
+    assert!(marker.exists(), "the hook never ran");
+    assert_eq!(j["status"], "pruned", "{j}");
+    assert_eq!(j["retries"], 1, "{j}");
+    // Chosen again on what the branch held after the move: vc-4-x (newest)
+    // and vc-1-x (today's pins) stay, vc-2-x and vc-3-x go.
+    assert_eq!(keys_of(&j, "dropped"), ["vc-2-x", "vc-3-x"]);
+    assert_eq!(fx.branch_keys(), ["vc-1-x", "vc-4-x"]);
+    let count = fx
+        .env
+        .git("origin.git", ["rev-list", "--count", "vc-cache"]);
+    assert_eq!(count.trim(), "1");
+}
