@@ -199,6 +199,16 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
     assert!(what.contains("partial: stands in for vc-2-x"), "{table}");
     let human = fx.xtask(&["restore"]).ok().stdout();
     assert!(human.contains("partial"), "{human}");
+    // --verify checks the stand-in byte for byte (no short cut), and it
+    // stays the stand-in.
+    let v = fx.json(&["cache", "restore", "vc", "--verify", "--json"]);
+    assert_eq!(v["state"], "verified", "{v}");
+    assert!(v["bytes_hashed"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["partial"]["wanted"], "vc-2-x", "{v}");
+    assert_eq!(
+        fx.json(&["cache", "restore", "vc", "--json"])["state"],
+        "partial"
+    );
     assert!(text.contains("src 2 -> 1"), "{text}");
 
     // Recheck due, the exact key still missing: the same stand-in is kept

@@ -857,6 +857,7 @@ fn cold(
     let (mut kp, key, partial) = choose_key(m, key, opts, &branch)?;
     let key = &key;
     if let Some(p) = &partial
+        && !opts.verify
         && let Some(outcome) = same_stand_in(m, stamp_file, &branch, key, p, start, &phases)?
     {
         return Ok(outcome);
