@@ -995,12 +995,25 @@ mod tests {
             assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
             let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
             assert_eq!(plan.progress_total(), 2 * compressed);
-            // A flipped byte anywhere, even in the last part: refused, and
-            // the consumer never saw a byte.
-            for bad in 0..parts {
+            // A flipped byte anywhere, even in the last part or the gzip
+            // trailer: refused, and the consumer never saw a byte. Offsets
+            // from a small deterministic PRNG, plus both ends of each part.
+            let mut rng = 0x2545_f491_4f6c_dd1du64;
+            let mut flips: Vec<(usize, usize)> = Vec::new();
+            for (bad, c) in chunks.iter().enumerate() {
+                let n = c.len();
+                flips.extend([(bad, 0), (bad, n - 1), (bad, n / 2)]);
+            }
+            for _ in 0..40 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let bad = (rng % parts as u64) as usize;
+                flips.push((bad, (rng >> 20) as usize % chunks[bad].len()));
+            }
+            for (bad, at) in flips {
                 let (plan, mut chunks) = legacy(&tar, parts);
-                let n = chunks[bad].len();
-                chunks[bad][n / 2] ^= 0xff;
+                chunks[bad][at] ^= 0xff;
                 let seen = AtomicUsize::new(0);
                 let chunks2 = chunks.clone();
                 let mut open = move |i: usize| -> Result<Opened> {
