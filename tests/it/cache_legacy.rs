@@ -184,6 +184,11 @@ fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
         // `cache verify` reads the same shapes.
         let v = fx.xtask(&["cache", "verify", "vc"]);
         assert_eq!(v.code(), 0, "{}", show(&v.out));
+        // A legacy branch has no keys to prune: exit 4, branch untouched.
+        let p = fx
+            .xtask(&["cache", "prune", "vc", "--keep", "1"])
+            .expect_code(4);
+        assert!(p.stderr().contains("legacy branch"), "{}", p.stderr());
     }
 }
 
