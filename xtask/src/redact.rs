@@ -11,8 +11,22 @@
 /// `url` with any `user[:password]@` of a `scheme://` URL removed
 /// (`https://u:p@host/x` -> `https://host/x`). Paths and scp-like
 /// `user@host:path` locations carry no password and are kept as they are.
+///
+/// A whole URL is cut by git's own rule (`credential_from_url`): the
+/// authority runs to the first `/`, `?` or `#`, whatever else it holds.
+/// Git sends `"`, `\`, `<`, `` ` `` or a space in a userinfo as part of the
+/// password, so the free-text rule of `text`, which must stop at quotes,
+/// would print the rest of such a password.
 pub fn url(url: &str) -> String {
-    text(url)
+    let Some(i) = url.find("://") else {
+        return text(url);
+    };
+    let (head, tail) = url.split_at(i + 3);
+    let end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
+    match tail[..end].rfind('@') {
+        Some(at) => format!("{head}{}", text(&tail[at + 1..])),
+        None => text(url),
+    }
 }
 
 /// `s` with the userinfo of every `scheme://userinfo@host` in it removed,
@@ -92,6 +106,27 @@ mod tests {
         assert_eq!(url("git@github.com:o/r.git"), "git@github.com:o/r.git");
         assert_eq!(url("/srv/origin.git"), "/srv/origin.git");
         assert_eq!(url("ssh://git@host/r"), "ssh://host/r");
+    }
+
+    /// Git takes everything before the `@` of the authority as userinfo,
+    /// quotes and spaces included; so must a whole URL's redaction.
+    #[test]
+    fn a_password_with_a_quote_backslash_or_space_is_never_shown_in_a_url() {
+        for pass in [
+            "pa\"SECRET",
+            "pa\\SECRET",
+            "pa<SECRET",
+            "pa`SECRET",
+            "pa SECRET",
+            "pa'SECRET",
+        ] {
+            let u = format!("http://ci:{pass}@127.0.0.1:1/o.git");
+            assert_eq!(url(&u), "http://127.0.0.1:1/o.git", "{u}");
+        }
+        assert_eq!(
+            url("https://h/r?next=http://u:p@h2/x"),
+            "https://h/r?next=http://h2/x"
+        );
     }
 
     #[test]

@@ -1,0 +1,51 @@
+//! The attacker-reviewer's breaks: each test is named after a hole found by
+//! playing someone with push access to a cache remote, or control over a
+//! package, an index file or a remote URL, and fails without its fix.
+
+use crate::util::{TestEnv, run, show};
+
+/// Git takes everything before the authority's `@` as the userinfo, quotes,
+/// backslashes and spaces included (its own message shows the URL without
+/// it), so such a password is really sent; our free-text rule stopped at
+/// the quote and printed the rest of it, in plain and `--json` output.
+#[test]
+fn a_password_with_a_quote_or_backslash_was_printed() {
+    let env = TestEnv::new();
+    let work = env.work_repo("work");
+    let payload = env.join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    std::fs::write(payload.join("a"), "a\n").unwrap();
+    std::fs::create_dir_all(work.join("cache-manifests")).unwrap();
+    std::fs::write(
+        work.join("cache-manifests/art.toml"),
+        format!(
+            "[cache]\nbranch = \"art-cache\"\n\n[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"{}\"\n\n[restore]\npath = \"restored/art\"\n",
+            payload.display()
+        ),
+    )
+    .unwrap();
+    for (i, pass) in [
+        "pa\"SECRETq",
+        "pa\\SECRETb",
+        "pa`SECRETt",
+        "pa SECRETs",
+        "pa<SECRETl",
+    ]
+    .iter()
+    .enumerate()
+    {
+        // Port 1 on loopback: refused at once, so the failure paths print.
+        let url = format!("http://ci:{pass}@127.0.0.1:1/o{i}.git");
+        for args in [
+            &["cache", "publish", "art", "--dry-run"][..],
+            &["cache", "publish", "art", "--dry-run", "--json"],
+            &["cache", "restore", "art", "--json"],
+            &["cache", "verify", "art"],
+        ] {
+            let r = run(env.xtask_in("work").args(args).args(["--remote", &url]));
+            let all = format!("{}{}", r.stdout(), r.stderr());
+            assert!(!all.contains("SECRET"), "{args:?} {url}:\n{}", show(&r.out));
+            assert!(all.contains("127.0.0.1"), "{args:?}:\n{}", show(&r.out));
+        }
+    }
+}
