@@ -630,7 +630,7 @@ fn cold(
     // even if the fetch below fails, the target is whole again.
     match m.mode {
         Mode::Replace => unpack::recover_swap(target)?,
-        Mode::Merge => unpack::recover(&journal)?,
+        Mode::Merge => unpack::recover(&journal, target)?,
     }
 
     let t = Instant::now();
