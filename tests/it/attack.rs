@@ -2,6 +2,7 @@
 //! playing someone with push access to a cache remote, or control over a
 //! package, an index file or a remote URL, and fails without its fix.
 
+use crate::util::http_backend::HttpGit;
 use crate::util::{TestEnv, run, show};
 
 /// Git takes everything before the authority's `@` as the userinfo, quotes,
@@ -45,6 +46,54 @@ fn a_password_with_a_quote_or_backslash_was_printed() {
             let r = run(env.xtask_in("work").args(args).args(["--remote", &url]));
             let all = format!("{}{}", r.stdout(), r.stderr());
             assert!(!all.contains("SECRET"), "{args:?} {url}:\n{}", show(&r.out));
+            assert!(all.contains("127.0.0.1"), "{args:?}:\n{}", show(&r.out));
+        }
+    }
+}
+
+/// `gates push` and `gates fetch` with the remote given as a URL printed
+/// it as given, password and all, on success (plain and `--json`), and
+/// quoted it raw inside their error lines.
+#[test]
+fn gates_push_and_fetch_printed_the_password_of_a_remote_url() {
+    let env = TestEnv::new();
+    env.bare_remote("srv/origin.git");
+    let secret = "PwGatesS3cretq";
+    let server = HttpGit::start_with_auth(&env.join("srv"), Some(&format!("ci:{secret}")));
+    let work = env.work_repo("work");
+    std::fs::create_dir_all(work.join("cache-manifests")).unwrap();
+    std::fs::write(
+        work.join("cache-manifests/gates.toml"),
+        "[[gate]]\nname = \"ok\"\ncommand = \"true\"\n",
+    )
+    .unwrap();
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "gates"]);
+    run(env.xtask_in("work").args(["gates", "run"])).ok();
+    let url = server
+        .url("origin.git")
+        .replace("http://", &format!("http://ci:{secret}@"));
+    // A refused connection, with a backtick in the password: the error path.
+    let down = format!("http://ci:pa`{secret}@127.0.0.1:1/x.git");
+    for (args, ok) in [
+        (&["gates", "push"][..], true),
+        (&["gates", "push", "--json"], true),
+        (&["gates", "fetch"], true),
+        (&["gates", "fetch", "--json"], true),
+    ] {
+        for remote in [&url, &down] {
+            let r = run(env.xtask_in("work").args(args).arg(remote));
+            if remote == &url && ok {
+                assert_eq!(r.code(), 0, "{args:?}:\n{}", show(&r.out));
+            } else {
+                assert_ne!(r.code(), 0, "{args:?}:\n{}", show(&r.out));
+            }
+            let all = format!("{}{}", r.stdout(), r.stderr());
+            assert!(
+                !all.contains(secret),
+                "{args:?} {remote}:\n{}",
+                show(&r.out)
+            );
             assert!(all.contains("127.0.0.1"), "{args:?}:\n{}", show(&r.out));
         }
     }
