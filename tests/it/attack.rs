@@ -98,3 +98,38 @@ fn gates_push_and_fetch_printed_the_password_of_a_remote_url() {
         }
     }
 }
+
+/// A `remote` URL with a password on a cache or freshness step of
+/// restore.toml was printed as written by `restore --dry-run` (plain and
+/// `--json`) and, for freshness, in the `source` of `restore --json`.
+#[test]
+fn the_restore_plan_printed_a_step_remote_with_its_password() {
+    let env = TestEnv::new();
+    let work = env.work_repo("work");
+    let m = work.join("cache-manifests");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::write(
+        m.join("art.toml"),
+        "[cache]\nbranch = \"art-cache\"\n\n[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"p\"\n\n[restore]\npath = \"restored/art\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        m.join("restore.toml"),
+        "[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\nremote = \"http://ci:PwStepS3cretc@127.0.0.1:1/x.git\"\n\n[[step]]\nname = \"fresh\"\nkind = \"freshness\"\nremote = \"http://ci:PwStepS3cretf@127.0.0.1:1/x.git\"\n",
+    )
+    .unwrap();
+    for args in [
+        &["restore", "--dry-run"][..],
+        &["restore", "--dry-run", "--json"],
+        &["restore", "--json"],
+    ] {
+        let r = run(env.xtask_in("work").args(args));
+        let all = format!("{}{}", r.stdout(), r.stderr());
+        assert!(!all.contains("PwStepS3cret"), "{args:?}:\n{}", show(&r.out));
+        assert!(
+            all.contains("127.0.0.1:1/x.git"),
+            "{args:?}:\n{}",
+            show(&r.out)
+        );
+    }
+}
