@@ -90,9 +90,19 @@ impl Store {
         )
     }
 
-    /// The index for reading: empty when there is no file yet.
+    /// The index for reading: empty when there is no file yet. Reached by
+    /// the same links a write would take: another user's link is refused
+    /// here too, or `lookup` and `list` (run as root with a user's HOME, or
+    /// in a shared directory) would print whatever file that user aims it at.
     pub fn read(&self) -> Result<Index> {
-        match Self::find(&self.path) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        self.read_as(unsafe { libc::geteuid() })
+    }
+
+    /// `read` as the user `euid` (tests play another user with it).
+    fn read_as(&self, euid: u32) -> Result<Index> {
+        let target = target_of(&self.path, euid)?;
+        match Self::find(&target) {
             Found::Missing => Ok(Index::default()),
             Found::Good(index) => Ok(index),
             Found::Bad(reason) => Err(self.corrupt(&reason)),
@@ -292,7 +302,7 @@ fn target_of(path: &Path, euid: u32) -> Result<PathBuf> {
                     return Err(fail(
                         Code::Corrupt,
                         format!(
-                            "the crash-resume index {} is reached through the symbolic link {}, which belongs to uid {}, not to this user (uid {euid}) or root: refusing to write through it; remove the link, or make it as the user who writes the index",
+                            "the crash-resume index {} is reached through the symbolic link {}, which belongs to uid {}, not to this user (uid {euid}) or root: refusing to read or write through it; remove the link, or make it as the user who writes the index",
                             path.display(),
                             at.display(),
                             meta.uid()
@@ -463,7 +473,7 @@ mod tests {
         let err = target_of(&link, euid).unwrap_err();
         assert_eq!(code_of(&err), Code::Corrupt);
         assert!(
-            format!("{err:#}").contains("refusing to write through it"),
+            format!("{err:#}").contains("refusing to read or write through it"),
             "{err:#}"
         );
         if me == 0 {
@@ -527,5 +537,38 @@ mod tests {
             .collect();
         assert_eq!(aside.len(), 1);
         assert!(store.read().unwrap().get("s1").is_some());
+    }
+
+    /// `lookup` and `list` read through any link: one planted by another
+    /// user at the index path (a shared directory, or a user's HOME when
+    /// root runs the command) made them print the entries of a file that
+    /// user cannot read.
+    #[test]
+    fn another_users_link_is_never_read_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let private = tmp.path().join("private.json");
+        let mut index = Index::default();
+        index.record(&rec("root-only-surface"), 1);
+        fs::write(&private, index.to_bytes()).unwrap();
+        fs::set_permissions(&private, fs::Permissions::from_mode(0o600)).unwrap();
+        let link = tmp.path().join("index.json");
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        // As root, give the link to another user; otherwise play another
+        // user, since a link of our own is trusted.
+        let (owner, euid) = if me == 0 {
+            std::os::unix::fs::lchown(&link, Some(12345), None).unwrap();
+            (12345, me)
+        } else {
+            (me, 4242)
+        };
+        let err = Store::new(link.clone()).read_as(euid).unwrap_err();
+        assert_eq!(code_of(&err), Code::Corrupt, "{err:#}");
+        assert!(
+            format!("{err:#}").contains(&format!("uid {owner}")),
+            "{err:#}"
+        );
+        assert!(!format!("{err:#}").contains("root-only-surface"));
     }
 }
