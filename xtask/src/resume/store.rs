@@ -101,6 +101,7 @@ impl Store {
 
     /// `read` as the user `euid` (tests play another user with it).
     fn read_as(&self, euid: u32) -> Result<Index> {
+        check_links(&self.path, euid)?;
         let target = target_of(&self.path, euid)?;
         match Self::find(&target) {
             Found::Missing => Ok(Index::default()),
@@ -119,6 +120,10 @@ impl Store {
         reinit: bool,
         edit: impl FnOnce(&mut Index) -> Result<(T, bool)>,
     ) -> Result<T> {
+        // Before the directory or the lock is made: both go through the
+        // same links as the index.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        check_links(&self.path, unsafe { libc::geteuid() })?;
         let dir = parent_dir(&self.path);
         if create {
             fs::create_dir_all(dir)
@@ -320,6 +325,71 @@ fn target_of(path: &Path, euid: u32) -> Result<PathBuf> {
         }
     }
     Ok(path.to_path_buf())
+}
+
+/// Refuses a path to the index that passes through a symbolic link owned by
+/// anyone but `euid` or root, at any depth: a directory link as well as the
+/// last one (`~/.golems -> /etc/x` in a user's HOME, when root runs the
+/// hook, would put root's index, its lock and its temp files wherever that
+/// user chose). Resolves the path as the kernel does, one component at a
+/// time, splicing in each link's target, so links inside links are judged
+/// too. A loop or an unreadable link is left to the caller's own errors.
+fn check_links(path: &Path, euid: u32) -> Result<()> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    let abs = std::path::absolute(path)
+        .with_context(|| format!("resolving the index path {}", path.display()))?;
+    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
+        for c in p.components().rev() {
+            todo.push(match c {
+                Component::RootDir => OsString::from("/"),
+                Component::ParentDir => OsString::from(".."),
+                Component::CurDir | Component::Prefix(_) => continue,
+                Component::Normal(n) => n.to_os_string(),
+            });
+        }
+    };
+    let mut todo = Vec::new();
+    push_all(&mut todo, &abs);
+    // `at` never holds a link, so `..` may pop it as text.
+    let mut at = PathBuf::from("/");
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        if c == "/" {
+            at = PathBuf::from("/");
+            continue;
+        }
+        if c == ".." {
+            at.pop();
+            continue;
+        }
+        let next = at.join(&c);
+        match fs::symlink_metadata(&next) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                if meta.uid() != euid && meta.uid() != 0 {
+                    return Err(fail(
+                        Code::Corrupt,
+                        format!(
+                            "the crash-resume index {} is reached through the symbolic link {}, which belongs to uid {}, not to this user (uid {euid}) or root: refusing to read or write through it; remove the link, or make it as the user who writes the index",
+                            path.display(),
+                            next.display(),
+                            meta.uid()
+                        ),
+                    ));
+                }
+                hops += 1;
+                let Ok(target) = fs::read_link(&next) else {
+                    return Ok(());
+                };
+                if hops > 40 {
+                    return Ok(());
+                }
+                push_all(&mut todo, &target);
+            }
+            _ => at = next,
+        }
+    }
+    Ok(())
 }
 
 fn parent_dir(path: &Path) -> &Path {
@@ -570,5 +640,52 @@ mod tests {
             "{err:#}"
         );
         assert!(!format!("{err:#}").contains("root-only-surface"));
+    }
+
+    /// Only the last link of the path was judged: a directory link on the
+    /// way (`~/.golems -> /etc/x`, made by the user whose HOME root runs
+    /// with) put root's index, lock and temp files wherever it pointed.
+    #[test]
+    fn another_users_directory_link_on_the_way_is_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        fs::create_dir_all(&elsewhere).unwrap();
+        let home = tmp.path().join("home");
+        fs::create_dir_all(&home).unwrap();
+        let golems = home.join(".golems");
+        std::os::unix::fs::symlink("../elsewhere", &golems).unwrap();
+        // A link of this user's inside: judged too, with what it leads through.
+        std::os::unix::fs::symlink("home/.golems", tmp.path().join("via")).unwrap();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let euid = if me == 0 {
+            std::os::unix::fs::lchown(&golems, Some(12345), None).unwrap();
+            me
+        } else {
+            4242
+        };
+        for path in [golems.join("index.json"), tmp.path().join("via/index.json")] {
+            let err = check_links(&path, euid).unwrap_err();
+            assert_eq!(code_of(&err), Code::Corrupt, "{err:#}");
+            assert!(format!("{err:#}").contains(".golems"), "{err:#}");
+            if me == 0 {
+                let err = Store::new(path.clone())
+                    .update(true, false, |i| {
+                        i.record(&rec("s1"), 1);
+                        Ok(((), true))
+                    })
+                    .unwrap_err();
+                assert_eq!(code_of(&err), Code::Corrupt, "{err:#}");
+                assert!(Store::new(path).read().is_err());
+            }
+        }
+        assert!(names(&elsewhere).is_empty(), "{:?}", names(&elsewhere));
+        // This user's (or root's) own directory link is followed.
+        if me != 0 {
+            check_links(&golems.join("index.json"), me).unwrap();
+        } else {
+            std::os::unix::fs::lchown(&golems, Some(0), None).unwrap();
+            check_links(&golems.join("index.json"), 0).unwrap();
+        }
     }
 }
