@@ -207,4 +207,35 @@ mod tests {
             assert!(!url(&u).contains('@') || url(&u).contains("/a@b"), "{u}");
         }
     }
+
+    /// Never, for a whole URL: whatever bytes git would take as its
+    /// userinfo (quotes, backslashes, spaces, brackets, non-ASCII, `@`, `:`),
+    /// none of them is shown, and the host and path are.
+    #[test]
+    fn no_userinfo_git_would_send_survives_in_a_whole_url() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        const SET: &[char] = &[
+            'a', 'Z', '9', '"', '\\', '\'', '`', '<', '>', ' ', '{', '}', '|', '^', '[', ']', '@',
+            ':', '%', ';', ',', '(', ')', 'é', '漢', '\t', '!', '$', '&', '*', '+', '=',
+        ];
+        let hosts = ["127.0.0.1:9", "[::1]:22", "example.com", "h"];
+        let tails = ["", "/", "/o/r.git", "?x=1", "#f", "/a@b"];
+        for _ in 0..5000 {
+            let mut word = String::from("Q");
+            for _ in 0..(8 + rng.next() % 16) {
+                word.push(SET[(rng.next() % SET.len() as u64) as usize]);
+            }
+            let (host, tail) = (rng.pick(&hosts), rng.pick(&tails));
+            let u = format!(
+                "{}://{word}@{host}{tail}",
+                rng.pick(&["https", "ssh", "http"])
+            );
+            let shown = url(&u);
+            assert!(!shown.contains(&word), "{u:?} -> {shown:?}");
+            assert!(
+                shown.ends_with(&format!("{host}{tail}")),
+                "{u:?} -> {shown:?}"
+            );
+        }
+    }
 }
