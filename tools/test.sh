@@ -11,13 +11,32 @@ command -v zip >/dev/null || need_apt+=(zip)
 command -v unzip >/dev/null || need_apt+=(unzip)
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v curl >/dev/null || need_apt+=(curl)
+# ssh:// remotes in the network deadline tests (tests/it/net_deadline.rs).
+command -v ssh >/dev/null || need_apt+=(openssh-client)
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 [ -x "$(git --exec-path)/git-daemon" ] || need_apt+=(git-daemon-sysvinit)
 [ -x "$(git --exec-path)/git-http-backend" ] || need_apt+=(git)
+# The real servers of tests/it/transports.rs (tests/it/util/servers.rs starts
+# its own instances on 127.0.0.1; the packages' services are never used).
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
+command -v fcgiwrap >/dev/null || [ -x /usr/sbin/fcgiwrap ] || need_apt+=(fcgiwrap)
+command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need_apt+=(squid)
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "tools/test.sh: installing ${need_apt[*]}" >&2
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+    # No service of these packages may start on install (nginx on :80,
+    # squid on :3128, sshd on :22 of every address): policy-rc.d says no.
+    own_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+      own_policy=1
+    fi
+    status=0
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"; } || status=$?
+    [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+    [ "$status" = 0 ] || exit "$status"
   else
     echo "tools/test.sh: missing ${need_apt[*]}; run as root or install them" >&2
     exit 1

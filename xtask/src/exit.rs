@@ -38,6 +38,10 @@ pub enum Code {
     Config = 10,
     /// A gate or a restore step failed (gates run, restore --strict).
     StepFailed = 11,
+    /// The remote refused who we are: wrong password or token (HTTP 401),
+    /// wrong ssh key, a proxy's 407, a server certificate that does not
+    /// verify. Retrying will not help; the credentials must change.
+    AuthRefused = 13,
 }
 
 impl Code {
@@ -46,7 +50,7 @@ impl Code {
     }
 
     /// Every code with its one-line meaning, in order: the README's table.
-    pub const ALL: [(Code, &'static str); 12] = [
+    pub const ALL: [(Code, &'static str); 13] = [
         (Code::Ok, "success"),
         (
             Code::Failed,
@@ -73,13 +77,20 @@ impl Code {
             Code::Unsafe,
             "unsafe archive entry refused, or a size/count/window limit exceeded",
         ),
-        (Code::Remote, "remote unreachable: fetch or push failed"),
+        (
+            Code::Remote,
+            "remote unreachable or timed out: fetch or push failed",
+        ),
         (
             Code::NotGreen,
             "publish refused: required gates are not green for this tree",
         ),
         (Code::Config, "invalid manifest or configuration"),
         (Code::StepFailed, "a gate or a restore step failed"),
+        (
+            Code::AuthRefused,
+            "authentication refused: password, token, ssh key, proxy 407 or server certificate",
+        ),
     ];
 }
 
@@ -136,8 +147,10 @@ mod tests {
 
     #[test]
     fn table_is_in_order() {
-        for (i, (code, _)) in Code::ALL.iter().enumerate() {
-            assert_eq!(code.as_i32(), i as i32);
+        // Strictly increasing: a code waiting for its issue (12) may be a gap.
+        for w in Code::ALL.windows(2) {
+            assert!(w[0].0.as_i32() < w[1].0.as_i32(), "{:?}", w[1].0);
         }
+        assert_eq!(Code::ALL[0].0, Code::Ok);
     }
 }

@@ -19,6 +19,7 @@ pub mod demo;
 pub mod exit;
 pub mod gates;
 pub mod glob;
+pub mod net;
 pub mod redact;
 pub mod repo;
 pub mod restore;

@@ -9,6 +9,7 @@
 
 pub mod git_daemon;
 pub mod http_backend;
+pub mod servers;
 pub mod tree;
 
 use std::ffi::OsStr;

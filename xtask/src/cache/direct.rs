@@ -20,7 +20,8 @@
 //! repository on this machine (a path, a `file://` URL) by running
 //! `git upload-pack` on it; smart HTTP(S) through git's own remote helper
 //! in its `stateless-connect` mode, so credentials, proxies and `http.*`
-//! settings stay git's. ssh and anything else go through `git fetch`.
+//! settings stay git's; ssh by running the ssh program git would run, with
+//! git's arguments (`cache::ssh`). Anything else goes through `git fetch`.
 //!
 //! The pack's own trailing SHA-1 is not checked: the sha256 of the content
 //! is the check that matters, and it is stronger.
@@ -39,6 +40,7 @@ use std::process::{Command, Stdio};
 
 use crate::cache::git::{CacheGit, Remote};
 use crate::cache::manifest::hex;
+use crate::cache::ssh::{self, Ssh};
 
 /// Verified chunk files, named by their sha256, in `cache.git/chunks`.
 #[derive(Clone, Debug)]
@@ -149,37 +151,68 @@ pub enum Server {
     /// (`git remote-https`), in its `stateless-connect` mode, so that
     /// credentials, proxies, certificates and `http.*` settings are git's.
     Http(String),
+    /// ssh (`ssh://`, scp-like `host:path`): the ssh program git would
+    /// run, with git's arguments, running `git-upload-pack` on the server.
+    Ssh(Ssh),
 }
 
 /// The server `remote` names, if this reader can talk to it: an absolute
-/// path, a `file://` URL without escapes, or an `http(s)://` URL; and only
-/// when no git setting could change how git would reach it
-/// (`url.*.insteadOf`, `protocol.*` but `protocol.version=2`), in the
-/// system, global or forwarded configuration. Anything else (ssh,
-/// scp-like `host:path`) goes through `git fetch`.
+/// path, a `file://` URL without escapes, an `http(s)://` URL, or an ssh
+/// URL that `cache::ssh` reaches as git would; and only when no git
+/// setting could change how git would reach it (`url.*.insteadOf`,
+/// `protocol.*` but `protocol.version=2`), in the system, global or
+/// forwarded configuration. Anything else goes through `git fetch`.
 pub fn server_for(remote: &Remote, git: &CacheGit) -> Option<Server> {
+    choose_server(remote, git).ok()
+}
+
+/// Like `server_for`, but says why the direct reader is skipped (the
+/// restore's `direct_fallback`), e.g. `the remote is reached over git://`.
+pub fn choose_server(remote: &Remote, git: &CacheGit) -> Result<Server, String> {
     // What git itself would see: system, global and forwarded settings.
     // `protocol.version=2` is what this reader speaks anyway.
-    let settings = git.transport_settings().ok()?;
-    if settings
+    let settings = git
+        .transport_settings()
+        .map_err(|e| format!("git's transport settings could not be read ({e:#})"))?;
+    if let Some((k, _)) = settings
         .iter()
-        .any(|(k, v)| !(k == "protocol.version" && v.trim() == "2"))
+        .find(|(k, v)| !(k == "protocol.version" && v.trim() == "2"))
     {
-        return None;
+        return Err(format!(
+            "git setting {k} may change how git reaches the remote, so git fetch does it"
+        ));
     }
     let url = remote.url.as_str();
     if url.starts_with("http://") || url.starts_with("https://") {
-        return Some(Server::Http(url.to_string()));
+        return Ok(Server::Http(url.to_string()));
+    }
+    match ssh::target(url) {
+        Ok(Some(target)) => {
+            let settings = ssh::Settings::read(git)?;
+            // git's probe of an ssh program it cannot name (`-G`).
+            let mut probe = |s: &Ssh| s.probe_command().status().is_ok_and(|st| st.success());
+            return Ssh::new(target, &settings, &mut probe).map(Server::Ssh);
+        }
+        Ok(None) => {}
+        Err(why) => return Err(format!("{why} goes through git fetch")),
     }
     let path = match url.strip_prefix("file://") {
         Some(p) if !p.contains('%') => p,
-        Some(_) => return None,
-        None if url.contains("://") => return None,
+        Some(_) => return Err("a file:// URL with %-escapes goes through git fetch".into()),
+        None if url.contains("://") => {
+            let scheme = url.split("://").next().unwrap_or_default();
+            return Err(format!(
+                "the remote is reached over {scheme}://, which only git fetch speaks here"
+            ));
+        }
         None => url,
     };
     let path = Path::new(path);
-    path.is_absolute()
-        .then(|| Server::Local(path.to_path_buf()))
+    if path.is_absolute() {
+        Ok(Server::Local(path.to_path_buf()))
+    } else {
+        Err("a relative path goes through git fetch".into())
+    }
 }
 
 /// Why a chunk was not stored.
@@ -219,6 +252,8 @@ pub fn fetch(
 ) -> Result<(), Error> {
     std::fs::create_dir_all(&store.dir)?;
     let (tmp, file) = store.create_tmp(sha256)?;
+    // SIGTERM or Ctrl-C removes it at once, not 15 minutes on (`sweep`).
+    let _temp = crate::net::register_temp(&tmp);
     let r = fetch_to(git, server, oid, size, sha256, file, pid);
     match r {
         Ok(()) => std::fs::rename(&tmp, store.path(sha256)).map_err(|e| {
@@ -245,6 +280,7 @@ fn fetch_to(
     let mut cmd: Command = match server {
         Server::Local(repo) => git.upload_pack(repo),
         Server::Http(url) => git.remote_helper(url),
+        Server::Ssh(ssh) => ssh.upload_pack(),
     };
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -253,6 +289,9 @@ fn fetch_to(
         .process_group(0)
         .spawn()
         .map_err(|e| Error::Failed(anyhow!(e).context("running git upload-pack")))?;
+    // Bounded like every network operation: the stream's bytes are the
+    // progress the watchdog looks for (see `crate::net`).
+    let watch = crate::net::Watch::start(child.id(), git.network(), None, None);
     pid(Some(child.id()));
     let mut stderr = child.stderr.take().expect("piped");
     let errs = std::thread::spawn(move || {
@@ -261,7 +300,13 @@ fn fetch_to(
         s
     });
     let mut stdin = child.stdin.take().expect("piped");
-    let mut out = BufReader::with_capacity(1 << 17, child.stdout.take().expect("piped"));
+    let mut out = BufReader::with_capacity(
+        1 << 17,
+        crate::net::Counted {
+            inner: child.stdout.take().expect("piped"),
+            progress: watch.progress(),
+        },
+    );
     let r = (|| {
         if matches!(server, Server::Http(_)) {
             connect(&mut stdin, &mut out)?;
@@ -290,6 +335,16 @@ fn fetch_to(
     let status = child.wait();
     pid(None);
     let stderr = errs.join().unwrap_or_default();
+    if let Some(v) = watch.finish() {
+        return Err(Error::Failed(v.error("the direct read", "the server")));
+    }
+    if crate::net::auth_refused(&stderr).is_some() {
+        let who = match server {
+            Server::Ssh(_) => "ssh",
+            _ => "git's HTTP helper",
+        };
+        return Err(Error::Failed(crate::net::remote_failure(who, &stderr)));
+    }
     match (r, status) {
         (Ok(()), Ok(s)) if s.success() => Ok(()),
         (Ok(()), _) => Err(Error::Failed(anyhow!(
@@ -397,10 +452,18 @@ fn advertisement(r: &mut impl Read) -> Result<(), Error> {
             Pkt::Data(n) => {
                 let line = String::from_utf8_lossy(&buf[..n]);
                 let line = line.trim_end_matches('\n');
-                if first && line != "version 2" {
+                if first && line.starts_with("version ") && line != "version 2" {
                     return Err(Error::Unsupported(format!(
                         "the server speaks {line:?}, not protocol v2"
                     )));
+                }
+                if first && line != "version 2" {
+                    // A v0 ref advertisement: the server never saw
+                    // GIT_PROTOCOL (over ssh, sshd passes it only with
+                    // `AcceptEnv GIT_PROTOCOL`).
+                    return Err(Error::Unsupported(
+                        "the server answers protocol v0, not v2 (over ssh it needs `AcceptEnv GIT_PROTOCOL` in its sshd_config)".into(),
+                    ));
                 }
                 first = false;
                 if line == "fetch" || line.starts_with("fetch=") {

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
 use crate::exit::{Code, fail};
+use crate::net::{self, ManifestNetwork, NetworkSettings};
 use crate::repo::Repo;
 
 /// Settings written into `cache.git/config` when it is created, and passed
@@ -124,6 +125,8 @@ pub struct CacheGit {
     /// How long a fetch or ref update waits for the store's lock
     /// (`StoreLock`) before giving up busy (exit 3).
     lock_wait: Duration,
+    /// The deadlines of every fetch and push (`set_network`).
+    net: NetworkSettings,
 }
 
 /// How long a command waits for another process's fetch into the same
@@ -177,7 +180,72 @@ impl CacheGit {
             forwarded,
             root: repo.root.clone(),
             lock_wait: STORE_LOCK_WAIT,
+            net: net::settings(&ManifestNetwork::default())?,
         })
+    }
+
+    /// Takes the deadlines from this command's flags, the environment and
+    /// a manifest's `[network]` table (see `crate::net`).
+    pub fn set_network(&mut self, manifest: &ManifestNetwork) -> Result<()> {
+        self.net = net::settings(manifest)?;
+        Ok(())
+    }
+
+    /// The deadlines fetches and pushes run under.
+    pub fn network(&self) -> NetworkSettings {
+        self.net
+    }
+
+    /// Where `index-pack` grows a pack while git receives it: the
+    /// watchdog's sign of progress.
+    fn pack_dir(&self) -> net::PackDir {
+        net::PackDir(self.dir.join("objects").join("pack"))
+    }
+
+    /// git's and ssh's own timeouts, as belts under the watchdog (which
+    /// alone bounds a server that accepts and says nothing), a little
+    /// longer than the watchdog's so that its clearer message wins: curl's
+    /// low-speed limit for HTTP, and for ssh `BatchMode` (never a prompt),
+    /// `ConnectTimeout` and keep-alives, through `GIT_SSH_COMMAND` only
+    /// when the user has no ssh command of their own (`GIT_SSH_COMMAND`,
+    /// `GIT_SSH`, `core.sshCommand`, `ssh.variant`): theirs stays as it is.
+    /// Must be applied before the git subcommand.
+    pub(crate) fn belts(&self, c: &mut Command, url: &str) {
+        let slack = |d: std::time::Duration| d.as_secs() + 3;
+        if url.starts_with("http://") || url.starts_with("https://") {
+            c.args(["-c", "http.lowSpeedLimit=1"])
+                .arg("-c")
+                .arg(format!("http.lowSpeedTime={}", slack(self.net.stall)));
+        } else if is_ssh(url) && !self.user_has_ssh_command() {
+            let alive = (self.net.stall.as_secs() / 3).max(1);
+            c.env(
+                "GIT_SSH_COMMAND",
+                format!(
+                    "ssh -o BatchMode=yes -o ConnectTimeout={} -o ServerAliveInterval={alive} -o ServerAliveCountMax=3",
+                    slack(self.net.connect)
+                ),
+            );
+        }
+    }
+
+    fn user_has_ssh_command(&self) -> bool {
+        if ["GIT_SSH_COMMAND", "GIT_SSH", "GIT_SSH_VARIANT"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+        {
+            return true;
+        }
+        let out = self
+            .git()
+            .args([
+                "config",
+                "--get-regexp",
+                r"^(core\.sshcommand|ssh\.variant)$",
+            ])
+            .stdin(Stdio::null())
+            .output();
+        // Unknown is "theirs": better no belt than overriding a setting.
+        !matches!(out, Ok(o) if o.status.code() == Some(1))
     }
 
     /// The same store, waiting at most `wait` for its lock (a publisher
@@ -208,13 +276,17 @@ impl CacheGit {
     /// chunk). Quiet, no tags, no FETCH_HEAD, no auto-gc, no submodules.
     fn fetch_from(&self, remote: &Remote, no_negotiation: bool) -> Command {
         let mut c = self.git();
+        self.belts(&mut c, &remote.url);
         c.arg("-c")
             .arg(format!("remote.{PROMISOR}.url={}", remote.url));
         if no_negotiation {
             c.args(["-c", "fetch.negotiationAlgorithm=noop"]);
         }
+        // `--progress` despite `--quiet`: the server's progress is how the
+        // watchdog sees a fetch that is alive before the pack flows.
         c.args(["-c", "fetch.unpackLimit=1"]).arg("fetch").args([
             "--quiet",
+            "--progress",
             "--no-tags",
             "--no-write-fetch-head",
             "--no-auto-gc",
@@ -253,6 +325,7 @@ impl CacheGit {
         let scheme = url.split("://").next().unwrap_or("https");
         let mut c = Command::new("git");
         self.apply_env(&mut c);
+        self.belts(&mut c, url);
         c.env("GIT_DIR", &self.dir)
             .env("GIT_PROTOCOL", "version=2")
             .arg(format!("remote-{scheme}"))
@@ -281,6 +354,10 @@ impl CacheGit {
 
     fn apply_env(&self, c: &mut Command) {
         c.env("LC_ALL", "C").env("LANGUAGE", "C");
+        // A session-start hook has nobody to answer a username prompt: git
+        // fails instead (exit 13). An askpass helper the user set up is
+        // theirs, and the watchdog bounds it.
+        c.env("GIT_TERMINAL_PROMPT", "0");
         // Branch fetches leave big chunks out (see `try_fetch_branch`), which
         // makes the remote a promisor. Git would then download a missing
         // chunk on its own, one by one, from any command that touches it
@@ -324,16 +401,13 @@ impl CacheGit {
         check_branch(branch)?;
         let _lock = self.lock()?;
         let refspec = format!("+{}:{}", remote_ref(branch), local_ref(branch));
-        let out = self
-            .fetch_from(remote, false)
-            .args(["--depth", "1"])
+        let mut cmd = self.fetch_from(remote, false);
+        cmd.args(["--depth", "1"])
             .arg(format!("--filter=blob:limit={}", blob_limit()?))
             .arg("--")
             .arg(PROMISOR)
-            .arg(&refspec)
-            .stdin(Stdio::null())
-            .output()
-            .context("running git fetch")?;
+            .arg(&refspec);
+        let out = self.run_network(&mut cmd, &format!("fetch of {branch}"), remote, &mut |_| {})?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             if stderr.contains("couldn't find remote ref") {
@@ -345,13 +419,7 @@ impl CacheGit {
             return Err(damaged_or(
                 &self.dir,
                 &stderr,
-                fail(
-                    Code::Remote,
-                    format!(
-                        "cannot fetch {branch} from {remote}: {}",
-                        last_lines(&stderr)
-                    ),
-                ),
+                net::remote_failure(&format!("cannot fetch {branch} from {remote}"), &stderr),
             ));
         }
         self.rev_parse(&local_ref(branch))?
@@ -378,25 +446,28 @@ impl CacheGit {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let out = self
-            .git()
-            .env("GIT_TRACE_PACKET", &trace)
+        // Under the same deadlines as every fetch: a silent server must not
+        // hang `cache status`.
+        let mut cmd = self.git();
+        self.belts(&mut cmd, &remote.url);
+        cmd.env("GIT_TRACE_PACKET", &trace)
             .args(["ls-remote", "--"])
             .arg(&remote.url)
-            .arg(remote_ref(branch))
-            .stdin(Stdio::null())
-            .output()
-            .context("running git ls-remote");
+            .arg(remote_ref(branch));
+        let _trace_guard = net::register_temp(&trace);
+        let out = self.run_network(
+            &mut cmd,
+            &format!("look-up of {branch}"),
+            remote,
+            &mut |_| {},
+        );
         let traced = std::fs::read(&trace).unwrap_or_default();
         let _ = std::fs::remove_file(&trace);
         let out = out?;
         if !out.status.success() {
-            return Err(fail(
-                Code::Remote,
-                format!(
-                    "cannot reach {remote} to look up {branch}: {}",
-                    last_lines(&String::from_utf8_lossy(&out.stderr))
-                ),
+            return Err(net::remote_failure(
+                &format!("cannot reach {remote} to look up {branch}"),
+                &String::from_utf8_lossy(&out.stderr),
             ));
         }
         let want = remote_ref(branch);
@@ -422,6 +493,7 @@ impl CacheGit {
             forwarded: self.forwarded.clone(),
             root: self.root.clone(),
             lock_wait: self.lock_wait,
+            net: self.net,
         })
     }
 
@@ -453,8 +525,17 @@ impl CacheGit {
         // server leave the chunk out.
         let mut cmd = self.fetch_from(remote, true);
         cmd.args(["--no-filter", "--", PROMISOR]).arg(oid);
-        let out = run_stoppable(&mut cmd, pid)
-            .map_err(|e| BlobFetchError::Failed(format!("running git fetch: {e}")))?;
+        let short = &oid[..oid.len().min(12)];
+        let out = match self.run_network(&mut cmd, &format!("fetch of blob {short}"), remote, pid) {
+            Ok(out) => out,
+            Err(e) if crate::exit::code_of(&e) != Code::Failed => {
+                return Err(BlobFetchError::Network {
+                    code: crate::exit::code_of(&e),
+                    message: format!("{e:#}"),
+                });
+            }
+            Err(e) => return Err(BlobFetchError::Failed(format!("{e:#}"))),
+        };
         if out.status.success() {
             return Ok(());
         }
@@ -464,6 +545,11 @@ impl CacheGit {
                 BlobFetchError::Refused
             } else if stderr.contains("not our ref") {
                 BlobFetchError::NotOnRemote
+            } else if let Some((line, fix)) = net::auth_refused(&stderr) {
+                BlobFetchError::Network {
+                    code: Code::AuthRefused,
+                    message: format!("authentication refused: {line}: {fix}"),
+                }
             } else {
                 BlobFetchError::Failed(last_lines(&stderr))
             },
@@ -485,7 +571,7 @@ impl CacheGit {
         let mut cmd = self.fetch_from(remote, false);
         cmd.args(["--refetch", "--no-filter", "--depth", "1", "--", PROMISOR])
             .arg(&refspec);
-        let out = run_stoppable(&mut cmd, pid).context("running git fetch --refetch")?;
+        let out = self.run_network(&mut cmd, &format!("fetch of {branch}"), remote, pid)?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             if let Some(e) = self.lock_contention(&stderr, branch) {
@@ -494,13 +580,7 @@ impl CacheGit {
             return Err(damaged_or(
                 &self.dir,
                 &stderr,
-                fail(
-                    Code::Remote,
-                    format!(
-                        "cannot fetch {branch} from {remote}: {}",
-                        last_lines(&stderr)
-                    ),
-                ),
+                net::remote_failure(&format!("cannot fetch {branch} from {remote}"), &stderr),
             ));
         }
         self.rev_parse(&local_ref(branch))?
@@ -737,28 +817,29 @@ impl CacheGit {
         check_branch(branch)?;
         let dst = remote_ref(branch);
         let lease = format!("--force-with-lease={dst}:{}", expected.unwrap_or(""));
-        let mut child = self
-            .git()
-            .args(["push", "--porcelain", "--progress", "--no-verify"])
+        let mut cmd = self.git();
+        self.belts(&mut cmd, &remote.url);
+        cmd.args(["push", "--porcelain", "--progress", "--no-verify"])
             .arg(&lease)
             .arg("--")
             .arg(&remote.url)
-            .arg(format!("{commit}:{dst}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running git push")?;
-        let mut stdout = child.stdout.take().expect("piped stdout");
-        let out_thread = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stdout.read_to_string(&mut s);
-            s
-        });
-        let stderr = read_progress(child.stderr.take().expect("piped stderr"), progress);
-        let status = child.wait().context("waiting for git push")?;
-        let stdout = out_thread.join().unwrap_or_default();
-        if status.success() {
+            .arg(format!("{commit}:{dst}"));
+        let mut parser = ProgressParser::default();
+        let ran = net::run(
+            &mut cmd,
+            self.net,
+            None,
+            None,
+            &mut |bytes| parser.feed(bytes, progress),
+            &mut |_| {},
+        )
+        .context("running git push")?;
+        if let Some(v) = ran.stopped {
+            return Err(v.error(&format!("push of {branch}"), &remote.to_string()));
+        }
+        let stderr = final_lines(&ran.stderr);
+        let stdout = String::from_utf8_lossy(&ran.stdout).into_owned();
+        if ran.status.success() {
             return Ok(());
         }
         // The lease is checked twice: by us against the advertised value
@@ -770,6 +851,17 @@ impl CacheGit {
         // `!\t<src>:<dst>\t<why>` line per rejected ref: that line decides.
         // Only when git printed none (a transport that died early) is
         // stderr searched for the same words.
+        let said = format!("{stdout}\n{stderr}");
+        // Before the lease: a protected branch's refusal can read "fetch
+        // first" too, and retrying it would only be refused again.
+        if let Some(rule) = net::protected_refusal(&said) {
+            return Err(fail(
+                Code::Remote,
+                format!(
+                    "{remote} refuses to replace {dst} ({rule}): every publish force-pushes a new root commit, so a branch protection rule or ruleset on it (receive.denyNonFastForwards on a plain git server) stops every publish; allow force pushes to {dst} on the host, or set cache.branch in the manifest to a branch no rule covers"
+                ),
+            ));
+        }
         if let Some(git_said) = lease_lost(&stdout, &stderr, &dst) {
             return Err(anyhow::Error::new(StaleLease {
                 message: format!(
@@ -781,7 +873,6 @@ impl CacheGit {
                 },
             }));
         }
-        let said = format!("{stdout}\n{stderr}");
         if let Some(hint) = refusal_hint(&dst, &said) {
             let git_said = last_lines(&said);
             return Err(fail(
@@ -789,19 +880,15 @@ impl CacheGit {
                 format!("{remote} refused {dst} (git said: {git_said}): {hint}"),
             ));
         }
-        let mut why = last_lines(&stderr);
-        if why.is_empty() {
-            why = last_lines(&stdout);
-        }
+        let prefix = format!("cannot push {branch} to {remote}");
+        let failure =
+            if net::auth_refused(&stderr).is_some() || !net::cause_lines(&stderr).is_empty() {
+                net::remote_failure(&prefix, &stderr)
+            } else {
+                net::remote_failure(&prefix, &stdout)
+            };
         // `pack-objects` failing on an object cache.git lost says so.
-        Err(damaged_or(
-            &self.dir,
-            &stderr,
-            fail(
-                Code::Remote,
-                format!("cannot push {branch} to {remote}: {why}"),
-            ),
-        ))
+        Err(damaged_or(&self.dir, &stderr, failure))
     }
 
     /// A fetch that lost a race for one of the store's own ref locks (a
@@ -1025,6 +1112,9 @@ pub enum BlobFetchError {
     NotOnRemote,
     /// Anything else, with git's last lines.
     Failed(String),
+    /// Stopped past a deadline (exit 8), or refused our credentials
+    /// (exit 13): the message says which, and the code is kept.
+    Network { code: Code, message: String },
 }
 
 /// Words git prints when an object store lacks an object it should have or
@@ -1474,20 +1564,18 @@ pub fn parse_ls_tree(out: &[u8]) -> Result<Vec<TreeEntry>> {
     Ok(entries)
 }
 
-/// Reads git's progress output (lines ended by `\r` or `\n`), reports the
-/// "Writing objects" percentage, and returns everything it read.
-fn read_progress(mut stderr: impl Read, progress: &mut dyn FnMut(u64)) -> String {
-    let mut all = Vec::new();
-    let mut line = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = stderr.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        for &b in &buf[..n] {
-            all.push(b);
+/// Reads git's progress output (lines ended by `\r` or `\n`) as it
+/// comes, and reports the "Writing objects" percentage.
+#[derive(Default)]
+struct ProgressParser {
+    line: Vec<u8>,
+}
+
+impl ProgressParser {
+    fn feed(&mut self, bytes: &[u8], progress: &mut dyn FnMut(u64)) {
+        for &b in bytes {
             if b == b'\r' || b == b'\n' {
-                let l = String::from_utf8_lossy(&line);
+                let l = String::from_utf8_lossy(&self.line);
                 if let Some(rest) = l
                     .trim_start_matches("remote: ")
                     .strip_prefix("Writing objects:")
@@ -1496,40 +1584,56 @@ fn read_progress(mut stderr: impl Read, progress: &mut dyn FnMut(u64)) -> String
                 {
                     progress(p);
                 }
-                line.clear();
+                self.line.clear();
             } else {
-                line.push(b);
+                self.line.push(b);
             }
         }
     }
-    // Keep only whole lines of the final state, not every progress update.
-    String::from_utf8_lossy(&all)
+}
+
+/// git's stderr without its progress updates: whole lines of the final state.
+fn final_lines(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr)
         .split(['\r', '\n'])
         .filter(|l| !l.contains("objects:") && !l.contains("Delta compression"))
         .collect::<Vec<_>>()
         .join("\n")
 }
 
-/// Runs `cmd` (stdin closed, stdout discarded, stderr captured) as the
-/// leader of a new process group, telling `pid` its id while it runs and
-/// `None` once it has exited. Killing the group (`kill(-pid, ...)`) stops
-/// git's helpers too (index-pack, remote-https, ssh), which hold stderr
-/// open: killing only git would leave the wait for stderr's end hanging.
-fn run_stoppable(
-    cmd: &mut Command,
-    pid: &mut dyn FnMut(Option<u32>),
-) -> std::io::Result<std::process::Output> {
-    use std::os::unix::process::CommandExt;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()?;
-    pid(Some(child.id()));
-    let out = child.wait_with_output();
-    pid(None);
-    out
+impl CacheGit {
+    /// Runs a git command that talks to `remote` (`what`: `fetch of x`)
+    /// under the watchdog (`crate::net`), as the leader of a new process
+    /// group, telling `pid` its id while it runs and `None` once it has
+    /// exited. Killing the group (`kill(-pid, ...)`) stops git's helpers
+    /// too (index-pack, remote-https, ssh), which hold stderr open. Past a
+    /// deadline: exit 8 with one line saying which.
+    pub(crate) fn run_network(
+        &self,
+        cmd: &mut Command,
+        what: &str,
+        remote: &Remote,
+        pid: &mut dyn FnMut(Option<u32>),
+    ) -> Result<std::process::Output> {
+        let ran = net::run(cmd, self.net, None, Some(self.pack_dir()), &mut |_| {}, pid)
+            .with_context(|| format!("running git for the {what}"))?;
+        if let Some(v) = ran.stopped {
+            return Err(v.error(what, &remote.to_string()));
+        }
+        Ok(std::process::Output {
+            status: ran.status,
+            stdout: ran.stdout,
+            stderr: ran.stderr,
+        })
+    }
+}
+
+/// ssh URLs and scp-like `host:path` (what git reaches through ssh).
+fn is_ssh(url: &str) -> bool {
+    ["ssh://", "git+ssh://", "ssh+git://"]
+        .iter()
+        .any(|p| url.starts_with(p))
+        || (!url.contains("://") && is_scp_like(url) && !Path::new(url).is_absolute())
 }
 
 /// Runs `cmd` with `input` on its stdin and returns its stdout, or an error
@@ -1591,22 +1695,12 @@ fn parse_oid(out: &[u8]) -> Result<String> {
     Ok(s)
 }
 
-/// The last meaningful lines of a git error, joined on one line.
+/// The last meaningful lines of a git error, joined on one line, without
+/// progress, hints and boilerplate (`net::cause`).
 fn last_lines(stderr: &str) -> String {
-    let lines: Vec<&str> = stderr
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("hint:"))
-        .collect();
-    let start = lines.len().saturating_sub(2);
     // Git redacts URLs in its own messages, but not in every one (a hook's
     // output, a helper's), and this text is printed and put in JSON.
-    let s = crate::redact::text(&lines[start..].join("; "));
-    if s.is_empty() {
-        "no message from git".to_string()
-    } else {
-        s
-    }
+    crate::redact::text(&net::cause(stderr))
 }
 
 #[cfg(test)]
@@ -1651,7 +1745,11 @@ mod tests {
     fn progress_is_parsed_from_carriage_returns() {
         let text = b"Enumerating objects: 5, done.\rWriting objects:  40% (2/5)\rWriting objects: 100% (5/5), 1.00 MiB | 2 MiB/s, done.\nTotal 5\nerror: boom\n";
         let mut seen = Vec::new();
-        let rest = read_progress(&text[..], &mut |p| seen.push(p));
+        let mut parser = ProgressParser::default();
+        for piece in text.chunks(7) {
+            parser.feed(piece, &mut |p| seen.push(p));
+        }
+        let rest = final_lines(text);
         assert_eq!(seen, [40, 100]);
         assert!(rest.contains("error: boom"));
         assert!(!rest.contains("Writing objects"));
@@ -1951,6 +2049,75 @@ mod tests {
         // Reading a missing object is an error, not an empty blob.
         let mut r = git.read_blob(&"0".repeat(40)).unwrap();
         assert!(std::io::copy(&mut r, &mut std::io::sink()).is_err());
+    }
+
+    /// ssh gets BatchMode, a connect timeout and keep-alives only when the
+    /// user has no ssh command of their own; HTTP gets curl's low-speed
+    /// limit. (The machine's own ssh settings decide the first case.)
+    #[test]
+    fn ssh_and_http_belts_respect_the_users_own_ssh_command() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sh = Shell::new().unwrap();
+        let root = tmp.path().join("work");
+        cmd!(sh, "git init -q {root}").run().unwrap();
+        let repo = Repo::discover(&root).unwrap();
+        let ssh_of = |git: &CacheGit, url: &str| {
+            let mut c = Command::new("git");
+            git.belts(&mut c, url);
+            let args: Vec<String> = c
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            let env = c
+                .get_envs()
+                .find(|(k, _)| *k == "GIT_SSH_COMMAND")
+                .and_then(|(_, v)| v)
+                .map(|v| v.to_string_lossy().into_owned());
+            (env, args)
+        };
+        let machine_has_one = ["GIT_SSH_COMMAND", "GIT_SSH", "GIT_SSH_VARIANT"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+            || cmd!(
+                sh,
+                "git config --get-regexp ^(core\\.sshcommand|ssh\\.variant)$"
+            )
+            .quiet()
+            .ignore_status()
+            .output()
+            .unwrap()
+            .status
+            .success();
+        let git = CacheGit::open(&sh, &repo).unwrap();
+        for url in ["ssh://git@127.0.0.1/x.git", "git@127.0.0.1:x.git"] {
+            let (env, args) = ssh_of(&git, url);
+            assert!(args.is_empty(), "{args:?}");
+            if machine_has_one {
+                assert_eq!(env, None, "the machine's ssh command is left alone");
+            } else {
+                let env = env.expect("a GIT_SSH_COMMAND");
+                assert!(
+                    env.contains("BatchMode=yes") && env.contains("ConnectTimeout=13"),
+                    "{env}"
+                );
+            }
+        }
+        let (env, args) = ssh_of(&git, "https://127.0.0.1/x.git");
+        assert_eq!(env, None);
+        assert!(
+            args.contains(&"http.lowSpeedTime=33".to_string()),
+            "{args:?}"
+        );
+        assert_eq!(ssh_of(&git, "/srv/x.git"), (None, vec![]));
+        // The repository's own core.sshCommand (forwarded) wins.
+        cmd!(
+            sh,
+            "git -C {root} config core.sshCommand 'ssh -i /nonexistent'"
+        )
+        .run()
+        .unwrap();
+        let git = CacheGit::open(&sh, &repo).unwrap();
+        assert_eq!(ssh_of(&git, "ssh://git@127.0.0.1/x.git").0, None);
     }
 
     #[test]

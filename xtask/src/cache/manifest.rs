@@ -29,6 +29,9 @@ struct RawManifest {
     ready: Option<RawReady>,
     #[serde(default)]
     publish: RawPublish,
+    /// Deadlines of this cache's fetches and pushes (see `crate::net`).
+    #[serde(default)]
+    network: crate::net::RawNetwork,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -179,6 +182,8 @@ pub struct CacheManifest {
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
     pub lease_deadline: Option<std::time::Duration>,
+    /// The `[network]` table: connect and stall deadlines, if set.
+    pub network: crate::net::ManifestNetwork,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -331,6 +336,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         chunk_bytes,
         level,
         lease_deadline,
+        network: raw.network.resolve()?,
     })
 }
 

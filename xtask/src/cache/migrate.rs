@@ -9,9 +9,8 @@
 //! the old branch is only deleted while it still holds the commit that was
 //! copied. It never touches anything but those two refs.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
-use std::process::Stdio;
 use xshell::Shell;
 
 use crate::cache::git::{self, CacheGit, Remote};
@@ -59,7 +58,8 @@ pub fn run(sh: &Shell, args: MigrateArgs) -> Result<()> {
         ));
     }
     git::check_branch(&from)?;
-    let git = CacheGit::open(sh, &repo)?;
+    let mut git = CacheGit::open(sh, &repo)?;
+    git.set_network(&m.network)?;
     let remote = git.resolve_remote(sh, args.remote.as_deref().unwrap_or(&m.remote))?;
     let old = git.try_fetch_branch(&remote, &from)?;
     let new = git.try_fetch_branch(&remote, &m.branch)?;
@@ -156,18 +156,17 @@ fn push_moved(
     to_was: Option<&str>,
 ) -> Result<()> {
     let old = git::remote_ref(from);
-    let out = git
-        .git()
-        .args(["push", "--atomic", "--porcelain", "--no-verify"])
+    // Under the network deadlines, as every push.
+    let mut cmd = git.git();
+    git.belts(&mut cmd, &remote.url);
+    cmd.args(["push", "--atomic", "--porcelain", "--no-verify"])
         .arg(format!("--force-with-lease={to}:{}", to_was.unwrap_or("")))
         .arg(format!("--force-with-lease={old}:{commit}"))
         .arg("--")
         .arg(&remote.url)
         .arg(format!("{commit}:{to}"))
-        .arg(format!(":{old}"))
-        .stdin(Stdio::null())
-        .output()
-        .context("running git push")?;
+        .arg(format!(":{old}"));
+    let out = git.run_network(&mut cmd, &format!("push of {to}"), remote, &mut |_| {})?;
     if out.status.success() {
         return Ok(());
     }
@@ -186,7 +185,7 @@ fn push_moved(
     );
     if said.contains("stale info") {
         return Err(fail(
-            Code::Remote,
+            Code::Busy,
             format!(
                 "{from} or {to} on {remote} changed while migrating (a publish?): nothing was changed; run the migration again"
             ),

@@ -27,6 +27,7 @@ pub mod prefetch;
 pub mod publish;
 pub mod readme;
 pub mod restore;
+pub mod ssh;
 pub mod stamp;
 pub mod status;
 pub mod verify;
@@ -38,6 +39,13 @@ use crate::cli::cache::{CacheArgs, CacheCommand};
 
 /// `cargo xtask cache ...`.
 pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
+    match &args.command {
+        CacheCommand::Publish(a) => a.network.apply()?,
+        CacheCommand::Restore(a) => a.network.apply()?,
+        CacheCommand::Verify(a) => a.network.apply()?,
+        CacheCommand::List(a) | CacheCommand::Status(a) => a.network.apply()?,
+        CacheCommand::Migrate(a) => a.network.apply()?,
+    }
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
         CacheCommand::Restore(a) => restore::run(sh, a),

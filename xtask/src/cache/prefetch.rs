@@ -15,8 +15,9 @@
 //! `uploadpack.allow*SHA1InWant`) gets one whole fetch of the branch
 //! (`CacheGit::refetch_branch`), as before this module existed.
 //!
-//! When the remote is a repository on this machine or a smart HTTP(S)
-//! server, chunks are read straight from `git upload-pack`'s answer into
+//! When the remote is a repository on this machine, a smart HTTP(S)
+//! server or an ssh server, chunks are read straight from
+//! `git upload-pack`'s answer into
 //! the chunk store instead (`cache::direct`), `PARALLEL` at a time, hashed
 //! as they arrive; a chunk already in the store
 //! is hashed again before it is used, and one that does not match is
@@ -192,6 +193,10 @@ impl Prefetch {
     /// already there are checked for size now.
     pub fn start(git: &CacheGit, remote: &Remote, branch: &str, kp: &KeyPlan) -> Result<Prefetch> {
         let have = git.blob_sizes(&kp.oids)?;
+        let (server, skipped) = match direct::choose_server(remote, git) {
+            Ok(s) => (Some(s), None),
+            Err(why) => (None, Some(why)),
+        };
         let job = Job {
             git: git.clone(),
             remote: remote.clone(),
@@ -199,7 +204,7 @@ impl Prefetch {
             oids: kp.oids.clone(),
             pieces: kp.plan.pieces.clone(),
             store: Store::of(git),
-            server: direct::server_for(remote, git),
+            server,
             direct_on: AtomicBool::new(true),
             label: kp.plan.label.clone(),
             fix: kp.plan.fix.clone(),
@@ -226,7 +231,8 @@ impl Prefetch {
                 source: Source::Present,
                 fetched: 0,
                 direct: 0,
-                direct_fallback: None,
+                // Why the direct reader is not used, when it is needed.
+                direct_fallback: skipped.filter(|_| missing),
                 fetching: Duration::ZERO,
                 waiting: Duration::ZERO,
             }),
@@ -531,9 +537,16 @@ impl Job {
                         &digest,
                         &self.fix,
                     ))),
-                    Err(direct::Error::Failed(e)) => Slot::Failed(Some(
-                        self.fetch_error(j, BlobFetchError::Failed(format!("{e:#}"))),
-                    )),
+                    Err(direct::Error::Failed(e)) => Slot::Failed(Some(self.fetch_error(
+                        j,
+                        match crate::exit::code_of(&e) {
+                            Code::Failed => BlobFetchError::Failed(format!("{e:#}")),
+                            code => BlobFetchError::Network {
+                                code,
+                                message: format!("{e:#}"),
+                            },
+                        },
+                    ))),
                 }
             }
         };
@@ -584,9 +597,13 @@ impl Job {
             "cannot fetch chunk {} of {} (blob {short}) from {}",
             self.pieces[j].file, self.label, self.remote
         );
+        if let BlobFetchError::Network { code, message } = e {
+            return fail(code, format!("{what}: {message}"));
+        }
         fail(
             Code::Remote,
             match e {
+                BlobFetchError::Network { .. } => unreachable!("handled above"),
                 BlobFetchError::NotOnRemote => format!(
                     "{what}: the remote does not have it (the branch moved during the restore, or the remote repository is damaged): nothing was installed; run the restore again, and if this repeats, {}",
                     self.fix
@@ -628,6 +645,12 @@ pub fn fetch_all(git: &CacheGit, remote: &Remote, branch: &str, oids: &[String])
                 return Err(fail(
                     Code::Remote,
                     format!("cannot fetch blob {oid} of {branch} from {remote}: {why}"),
+                ));
+            }
+            Err(BlobFetchError::Network { code, message }) => {
+                return Err(fail(
+                    code,
+                    format!("cannot fetch blob {oid} of {branch} from {remote}: {message}"),
                 ));
             }
         }

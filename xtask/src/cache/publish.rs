@@ -213,7 +213,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         "publishing {} (key {}) to {} on {remote}",
         m.name, key.value, m.branch
     ));
-    let git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
+    let mut git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
+    git.set_network(&m.network)?;
     let t = Instant::now();
     let mut state = healing(|| BranchState::load(&git, &remote, &m.branch, &out))?;
     timings.insert("fetch", ms(t.elapsed()));

@@ -138,8 +138,9 @@ pub struct RestoreOutcome {
     /// machine sent, without `git fetch` (see `cache::direct`).
     pub chunks_direct: u64,
     /// Why the rest of the chunks went through `git fetch` after all
-    /// (the server's answer was not what the direct reader handles);
-    /// `null` when it did not give up.
+    /// (the server's answer was not what the direct reader handles), or
+    /// why it was skipped (an ssh remote, a `url.*` setting); `null` when
+    /// it read every chunk or none had to be fetched.
     pub direct_fallback: Option<String>,
     /// Entries installed (files, directories, links), as the stamp records.
     pub files: u64,
@@ -527,7 +528,8 @@ pub fn fetch(
     remote: Option<&str>,
     progress: bool,
 ) -> Result<(CacheGit, Branch)> {
-    let git = CacheGit::open(sh, repo)?;
+    let mut git = CacheGit::open(sh, repo)?;
+    git.set_network(&m.network)?;
     let remote = git.resolve_remote(sh, remote.unwrap_or(&m.remote))?;
     let spin = spinner(progress, format!("fetching {} from {remote}", m.branch));
     let commit = git.fetch_branch(&remote, &m.branch);

@@ -285,7 +285,8 @@ pub fn collect(
             if meta.is_none() {
                 meta = Some(CacheGit::open_meta(sh, repo)?);
             }
-            let git = meta.as_ref().expect("opened above");
+            let git = meta.as_mut().expect("opened above");
+            git.set_network(&m.network)?;
             let (r, e) = remote_state(sh, git, &m, key.as_ref());
             if let Some(e) = e {
                 err.get_or_insert(e);
@@ -433,10 +434,10 @@ fn remote_state(
             return (r, None);
         }
         Err(e) => {
-            r.state = if code_of(&e) == Code::Remote {
-                "unreachable"
-            } else {
-                "damaged"
+            r.state = match code_of(&e) {
+                Code::Remote => "unreachable",
+                Code::AuthRefused => "refused",
+                _ => "damaged",
             }
             .into();
             r.error = Some(format!("{e:#}"));

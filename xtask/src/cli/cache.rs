@@ -48,6 +48,8 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
     pub out: OutputArgs,
 }
 
@@ -68,6 +70,8 @@ pub struct PublishArgs {
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
     pub out: OutputArgs,
 }
 
@@ -82,6 +86,8 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
     pub out: OutputArgs,
 }
 
@@ -93,6 +99,8 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
     pub out: OutputArgs,
 }
 
@@ -103,6 +111,8 @@ pub struct ListArgs {
     /// Do not contact the remote; show local state only.
     #[arg(long)]
     pub offline: bool,
+    #[command(flatten)]
+    pub network: super::NetworkArgs,
     #[command(flatten)]
     pub out: OutputArgs,
 }

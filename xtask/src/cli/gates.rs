@@ -87,6 +87,8 @@ pub struct FetchFirst {
     /// Give up on that fetch after this long (e.g. 500ms, 20s, 1m30s)
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub fetch_timeout: Duration,
+    #[command(flatten)]
+    pub network: super::NetworkArgs,
 }
 
 #[derive(Debug, Args)]
@@ -97,6 +99,8 @@ pub struct RemoteArgs {
     /// Give up on each network step after this long (e.g. 20s, 2m, 1m30s)
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
+    #[command(flatten)]
+    pub network: super::NetworkArgs,
     /// Print JSON on stdout
     #[arg(long)]
     pub json: bool,

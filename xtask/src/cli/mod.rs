@@ -82,6 +82,31 @@ pub enum Command {
     Conda(conda::CondaArgs),
 }
 
+/// The deadlines of every network operation (fetch, push), shared by the
+/// commands that talk to a remote. Above `WARMSTART_CONNECT_TIMEOUT`,
+/// `WARMSTART_STALL_TIMEOUT` and a manifest's `[network]` table.
+#[derive(Debug, Default, clap::Args)]
+pub struct NetworkArgs {
+    /// Give up when the remote has not answered after this long (e.g. 500ms,
+    /// 10s, 2m) [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    pub connect_timeout: Option<String>,
+    /// Give up when a transfer made no progress for this long [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub stall_timeout: Option<String>,
+}
+
+impl NetworkArgs {
+    /// Records the flags for this command's network operations (exit 10
+    /// when one is not a duration).
+    pub fn apply(&self) -> anyhow::Result<()> {
+        crate::net::set_flags(crate::net::NetworkFlags {
+            connect: self.connect_timeout.clone(),
+            stall: self.stall_timeout.clone(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,6 +46,8 @@ pub struct RestoreArgs {
     /// Internal: this process is the detached worker that runs background steps.
     #[arg(long, hide = true)]
     pub worker: bool,
+    #[command(flatten)]
+    pub network: super::NetworkArgs,
 }
 
 #[derive(Debug, Subcommand)]

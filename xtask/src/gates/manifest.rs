@@ -46,6 +46,8 @@ pub struct Plan {
     pub gates: Vec<Gate>,
     /// Where records live on the remote (`records = "refs" | "branches"`).
     pub records: Records,
+    /// The `[network]` table: deadlines of record pushes and fetches.
+    pub network: crate::net::ManifestNetwork,
 }
 
 /// Where gate records live on the remote. `Refs` (the default) keeps them
@@ -179,6 +181,9 @@ struct RawPlan {
     #[serde(default)]
     ignore: Vec<String>,
     kill_grace: Option<DurationSpec>,
+    /// Deadlines of `gates push`/`fetch` (see `crate::net`).
+    #[serde(default)]
+    network: crate::net::RawNetwork,
     #[serde(default)]
     records: Records,
     #[serde(default)]
@@ -303,11 +308,16 @@ pub fn parse(text: &str) -> Result<Plan> {
             digest,
         });
     }
+    let network = raw
+        .network
+        .resolve()
+        .map_err(|e| fail(Code::Config, format!("{PATH}: {e:#}")))?;
     Ok(Plan {
         ignore: raw.ignore,
         kill_grace,
         gates,
         records: raw.records,
+        network,
     })
 }
 

@@ -31,6 +31,12 @@ use record::{Record, State};
 use store::Head;
 
 pub fn run(sh: &Shell, args: GatesArgs) -> Result<()> {
+    match &args.command {
+        GatesCommand::Run(_) => {}
+        GatesCommand::Status(a) => a.fetch.network.apply()?,
+        GatesCommand::Check(a) => a.fetch.network.apply()?,
+        GatesCommand::Fetch(a) | GatesCommand::Push(a) => a.network.apply()?,
+    }
     let repo = Repo::from_cwd()?;
     match args.command {
         GatesCommand::Run(a) => run::run_gates(sh, &repo, a),

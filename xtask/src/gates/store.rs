@@ -320,12 +320,27 @@ fn network_git(
     let remote = crate::redact::url(remote);
     // Messages in English so the porcelain and errors parse; never prompt.
     cmd.env("LC_ALL", "C").env("GIT_TERMINAL_PROMPT", "0");
-    let limits = runner::Limits {
-        timeout,
-        grace: Duration::from_secs(2),
-    };
-    let outcome = runner::run(cmd, limits, runner::Output::Capture { tail: 64 * 1024 })
+    let net = network_settings(root)?;
+    let start = std::time::Instant::now();
+    let ran = crate::net::run(&mut cmd, net, Some(timeout), None, &mut |_| {}, &mut |_| {})
         .with_context(|| format!("{what} `{remote}`"))?;
+    let mut output = ran.stdout;
+    output.extend_from_slice(&ran.stderr);
+    let end = match ran.stopped {
+        Some(crate::net::Verdict::Total(_)) => runner::End::TimedOut,
+        Some(crate::net::Verdict::Interrupted(sig)) => runner::End::Interrupted(sig),
+        Some(v) => return Err(v.error(what, &format!("`{remote}`"))),
+        None => match std::os::unix::process::ExitStatusExt::signal(&ran.status) {
+            Some(sig) => runner::End::Signaled(sig),
+            None => runner::End::Exited(ran.status.code().unwrap_or(1)),
+        },
+    };
+    let outcome = runner::Outcome {
+        end,
+        duration: start.elapsed(),
+        output,
+        killed_leftovers: false,
+    };
     match outcome.end {
         runner::End::TimedOut => Err(fail(
             Code::Remote,
@@ -346,12 +361,27 @@ fn network_git(
 }
 
 fn remote_error(what: &str, remote: &str, outcome: &runner::Outcome) -> anyhow::Error {
+    let text = String::from_utf8_lossy(&outcome.output);
+    if crate::net::auth_refused(&text).is_some() {
+        return crate::net::remote_failure(&format!("{what} `{remote}` failed"), &text);
+    }
     let said = runner::last_lines(&outcome.output, 3).replace('\n', " | ");
     let shown = crate::redact::text(&format!(
         "{what} `{}` failed: {said}",
         crate::redact::url(remote)
     ));
     fail(Code::Remote, shown)
+}
+
+/// The deadlines of record pushes and fetches: flags, environment, then
+/// gates.toml's `[network]` table when there is a gates.toml.
+fn network_settings(root: &Path) -> Result<crate::net::NetworkSettings> {
+    let manifest = if root.join(super::manifest::PATH).is_file() {
+        super::manifest::load(root)?.network
+    } else {
+        crate::net::ManifestNetwork::default()
+    };
+    crate::net::settings(&manifest)
 }
 
 fn is_ancestor(sh: &Shell, root: &Path, a: &str, b: &str) -> Result<bool> {

@@ -36,6 +36,7 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
     if let Some(RestoreCommand::Status(s)) = &args.command {
         return status(s.json);
     }
+    args.network.apply()?;
     let repo = Repo::from_cwd()?;
     let plan = plan::load(&repo)?;
     let selected = select(&plan, &args.only)?;
@@ -360,6 +361,7 @@ fn spawn_worker(repo: &Repo, paths: &Paths, names: &[String]) -> Result<u32> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let mut cmd = Command::new(exe);
     cmd.args(["restore", "--worker", "--only", &names.join(",")])
+        .envs(crate::net::flags_as_env())
         .current_dir(&repo.root)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

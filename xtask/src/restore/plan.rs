@@ -203,6 +203,8 @@ pub struct Freshness {
     pub timeout: Duration,
     /// A check younger than this is warm (no network).
     pub interval: Duration,
+    /// The step's `[network]` table (connect and stall deadlines).
+    pub network: crate::net::ManifestNetwork,
 }
 
 impl Step {
@@ -821,6 +823,8 @@ struct RawFreshness {
     branch: Option<String>,
     timeout: Option<DurationSpec>,
     interval: Option<DurationSpec>,
+    #[serde(default)]
+    network: crate::net::RawNetwork,
 }
 
 fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
@@ -836,6 +840,7 @@ fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
         branch: r.branch,
         timeout: timeout(&r.timeout, "timeout", Duration::from_secs(10))?,
         interval: dur(&r.interval, "interval", Duration::from_secs(600))?,
+        network: r.network.resolve()?,
     }))
 }
 

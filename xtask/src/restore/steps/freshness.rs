@@ -74,27 +74,57 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
     }
 
     let refspec = format!("refs/heads/{upstream}");
+    // `--progress` despite `--quiet`: the server's progress is how the
+    // watchdog sees a fetch that is alive (see `crate::net`).
     let mut fetch: std::process::Command = cmd!(
         sh,
-        "git -C {root} fetch --no-tags --quiet {remote} {refspec}"
+        "git -C {root} fetch --no-tags --quiet --progress {remote} {refspec}"
     )
     .into();
     fetch.env("GIT_TERMINAL_PROMPT", "0");
-    match proc::run_logged(&mut fetch, log, Some(f.timeout))? {
-        Exit::TimedOut(t) => {
-            return Ok(Outcome::failed(format!(
-                "offline or unreachable: {} did not answer within {}; {branch} not refreshed",
-                crate::redact::url(&remote),
-                fmt_duration(t)
-            )));
-        }
-        Exit::Status(s) if !s.success() => {
-            return Ok(Outcome::failed(format!(
-                "offline or unreachable: fetching {theirs_name} failed: {}; {branch} not refreshed",
-                crate::redact::text(&proc::last_log_line(log))
-            )));
-        }
-        Exit::Status(_) => {}
+    log.line(&format!("$ {}", proc::show(&fetch)));
+    let net = crate::net::settings(&f.network)?;
+    let pack_dir = crate::net::PackDir(ctx.repo.git_dir.join("objects").join("pack"));
+    let ran = crate::net::run(
+        &mut fetch,
+        net,
+        Some(f.timeout),
+        Some(pack_dir),
+        &mut |_| {},
+        &mut |_| {},
+    )
+    .context("running git fetch")?;
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    for l in crate::net::cause_lines(&stderr) {
+        log.line(&l);
+    }
+    if let Some(v) = ran.stopped {
+        let e = match v {
+            crate::net::Verdict::Total(t) => {
+                format!("{remote} did not answer within {}", fmt_duration(t))
+            }
+            v => v
+                .error(&format!("fetch of {theirs_name}"), &remote)
+                .to_string(),
+        };
+        let e = crate::redact::text(&e);
+        log.line(&format!("-> {e}"));
+        return Ok(Outcome::failed(format!(
+            "offline or unreachable: {e}; {branch} not refreshed"
+        )));
+    }
+    log.line(&format!("-> {}", Exit::Status(ran.status).describe()));
+    if !ran.status.success() {
+        let e = crate::net::remote_failure(&format!("fetching {theirs_name} failed"), &stderr);
+        let shown = crate::redact::text(&format!("{e:#}"));
+        let why = if crate::exit::code_of(&e) == crate::exit::Code::AuthRefused {
+            "refused"
+        } else {
+            "offline or unreachable"
+        };
+        return Ok(Outcome::failed(format!(
+            "{why}: {shown}; {branch} not refreshed"
+        )));
     }
     let theirs = git(&["rev-parse", "FETCH_HEAD"])?;
     let counts = git(&[

@@ -1,0 +1,354 @@
+//! Tests of `net`: settings precedence, git's error text (real samples,
+//! captured from git 2.47.3 and OpenSSH 9.2 against servers on 127.0.0.1),
+//! and the watchdog on real processes.
+
+use super::*;
+
+fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+    move |k| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
+#[test]
+fn flag_beats_env_beats_manifest_beats_default() {
+    let none = NetworkFlags::default();
+    let m = ManifestNetwork {
+        connect: Some(Duration::from_secs(4)),
+        stall: None,
+    };
+    let d = resolve(&none, &|_| None, &ManifestNetwork::default()).unwrap();
+    assert_eq!(d, NetworkSettings::default());
+    assert_eq!(d.connect, Duration::from_secs(10));
+    assert_eq!(d.stall, Duration::from_secs(30));
+    let r = resolve(&none, &|_| None, &m).unwrap();
+    assert_eq!(
+        (r.connect, r.stall),
+        (Duration::from_secs(4), DEFAULT_STALL)
+    );
+    let env = env_of(&[(CONNECT_ENV, "3s"), (STALL_ENV, "1m")]);
+    let r = resolve(&none, &env, &m).unwrap();
+    assert_eq!(
+        (r.connect, r.stall),
+        (Duration::from_secs(3), Duration::from_secs(60))
+    );
+    let flags = NetworkFlags {
+        connect: Some("500ms".into()),
+        stall: None,
+    };
+    let r = resolve(&flags, &env, &m).unwrap();
+    assert_eq!(
+        (r.connect, r.stall),
+        (Duration::from_millis(500), Duration::from_secs(60))
+    );
+}
+
+#[test]
+fn a_setting_that_does_not_parse_is_exit_10_naming_it() {
+    let m = ManifestNetwork::default();
+    for bad in ["", "0", "0s", "ten", "10 parsecs", "-1s", "1e3", "s", "NaN"] {
+        let flags = NetworkFlags {
+            connect: Some(bad.into()),
+            stall: None,
+        };
+        let err = resolve(&flags, &|_| None, &m).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Config, "{bad:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("--connect-timeout") && msg.contains("10s"),
+            "{msg}"
+        );
+        let env = move |k: &str| (k == STALL_ENV).then(|| bad.to_string());
+        let err = resolve(&NetworkFlags::default(), &env, &m).unwrap_err();
+        assert!(err.to_string().contains(STALL_ENV), "{err}");
+    }
+    // A bad layer is an error even when a higher one is set.
+    let flags = NetworkFlags {
+        connect: Some("2s".into()),
+        stall: None,
+    };
+    let env = env_of(&[(CONNECT_ENV, "soon")]);
+    assert!(resolve(&flags, &env, &m).is_err());
+    let raw: RawNetwork = toml::from_str("connect_timeout = \"x\"").unwrap();
+    let err = raw.resolve().unwrap_err();
+    assert!(
+        err.to_string().contains("[network] connect_timeout"),
+        "{err}"
+    );
+    let raw: RawNetwork = toml::from_str("stall_timeout = 5\nconnect_timeout = \"2s\"").unwrap();
+    assert_eq!(
+        raw.resolve().unwrap(),
+        ManifestNetwork {
+            connect: Some(Duration::from_secs(2)),
+            stall: Some(Duration::from_secs(5))
+        }
+    );
+    assert!(toml::from_str::<RawNetwork>("connect = \"2s\"").is_err());
+}
+
+/// (what git printed, the line that must be kept, whether it is exit 13)
+const SAMPLES: [(&str, &str, bool); 11] = [
+    // http, 401 without credentials (GIT_TERMINAL_PROMPT=0).
+    (
+        "fatal: could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled\n",
+        "could not read Username for 'http://127.0.0.1:18401': terminal prompts disabled",
+        true,
+    ),
+    // http, 401 with a wrong password.
+    (
+        "fatal: Authentication failed for 'http://127.0.0.1:18401/x.git/'\n",
+        "Authentication failed for 'http://127.0.0.1:18401/x.git/'",
+        true,
+    ),
+    (
+        "fatal: unable to access 'http://127.0.0.1:18403/x.git/': The requested URL returned error: 403\n",
+        "The requested URL returned error: 403",
+        true,
+    ),
+    // A proxy's 407, for http and for https (CONNECT), and with wrong
+    // proxy credentials.
+    (
+        "fatal: unable to access 'http://127.0.0.1:1/x.git/': The requested URL returned error: 407\n",
+        "The requested URL returned error: 407",
+        true,
+    ),
+    (
+        "fatal: unable to access 'https://127.0.0.1:1/x.git/': CONNECT tunnel failed, response 407\n",
+        "CONNECT tunnel failed, response 407",
+        true,
+    ),
+    (
+        "fatal: unable to access 'https://127.0.0.1:1/x.git/': Proxy CONNECT aborted\n",
+        "Proxy CONNECT aborted",
+        true,
+    ),
+    // An unknown CA (Debian's git is built on libcurl-gnutls).
+    (
+        "fatal: unable to access 'https://127.0.0.1:18443/x.git/': server certificate verification failed. CAfile: /etc/ssl/certs/ca-certificates.crt CRLfile: none\n",
+        "server certificate verification failed",
+        true,
+    ),
+    // OpenSSH: a key the server does not accept.
+    (
+        "Warning: Permanently added '[127.0.0.1]:18422' (ED25519) to the list of known hosts.\nroot@127.0.0.1: Permission denied (publickey).\nfatal: Could not read from remote repository.\n\nPlease make sure you have the correct access rights\nand the repository exists.\n",
+        "root@127.0.0.1: Permission denied (publickey).",
+        true,
+    ),
+    // OpenSSH: a host key that changed.
+    (
+        "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\nHost key for [127.0.0.1]:18422 has changed and you have requested strict checking.\nHost key verification failed.\nfatal: Could not read from remote repository.\n\nPlease make sure you have the correct access rights\nand the repository exists.\n",
+        "Host key verification failed.",
+        true,
+    ),
+    // Not authentication: a closed port, and a server that went away.
+    (
+        "ssh: connect to host 127.0.0.1 port 1: Connection refused\nfatal: Could not read from remote repository.\n\nPlease make sure you have the correct access rights\nand the repository exists.\n",
+        "ssh: connect to host 127.0.0.1 port 1: Connection refused",
+        false,
+    ),
+    (
+        "Receiving objects:  40% (2/5)\rReceiving objects:  40% (2/5), 1.00 MiB | 1.00 MiB/s\rerror: RPC failed; curl 18 transfer closed with outstanding read data remaining\nfatal: early EOF\nfatal: the remote end hung up unexpectedly\n",
+        "error: RPC failed; curl 18 transfer closed with outstanding read data remaining; fatal: early EOF",
+        false,
+    ),
+];
+
+#[test]
+fn git_errors_keep_the_cause_and_drop_the_boilerplate() {
+    for (stderr, kept, auth) in SAMPLES {
+        let line = cause(stderr);
+        assert!(line.contains(kept), "{line:?} lacks {kept:?}");
+        for gone in [
+            "Please make sure",
+            "repository exists",
+            "Could not read from",
+            "objects:",
+        ] {
+            assert!(!line.contains(gone), "{line:?} keeps {gone:?}");
+        }
+        let err = remote_failure("cannot fetch x-cache from origin", stderr);
+        let code = crate::exit::code_of(&err);
+        let msg = format!("{err:#}");
+        assert_eq!(code == Code::AuthRefused, auth, "{msg}");
+        if !auth {
+            assert_eq!(code, Code::Remote, "{msg}");
+        }
+        assert!(msg.contains(kept), "{msg}");
+        assert!(!msg.contains('\n'), "one line: {msg:?}");
+        assert!(
+            msg.starts_with("cannot fetch x-cache from origin: "),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        cause("fatal: the remote end hung up unexpectedly\n"),
+        "fatal: the remote end hung up unexpectedly"
+    );
+    assert_eq!(cause(""), "no message from git");
+}
+
+#[test]
+fn local_permission_errors_are_not_authentication() {
+    let s = "error: unable to create temporary file: Permission denied\nfatal: failed to write object\n";
+    assert!(auth_refused(s).is_none());
+}
+
+#[test]
+fn branch_protection_refusals_are_recognised() {
+    for said in [
+        "remote: error: GH006: Protected branch update failed for refs/heads/x-cache.\n",
+        "remote: error: GH013: Repository rule violations found for refs/heads/x-cache.\nremote: - Cannot force-push to this branch\n",
+        "remote: GitLab: You are not allowed to force push code to a protected branch on this project.\n! abc:refs/heads/x [remote rejected] (pre-receive hook declined)\n",
+        "! abc:refs/heads/x [remote rejected] (protected branch hook declined)\n",
+        "remote: error: denying non-fast-forward refs/heads/x-cache (you should fetch first)\n",
+    ] {
+        assert!(protected_refusal(said).is_some(), "{said}");
+    }
+    assert!(protected_refusal("! a:b [rejected] (stale info)\n").is_none());
+}
+
+#[test]
+fn durations_show_as_written() {
+    assert_eq!(show(Duration::from_secs(10)), "10s");
+    assert_eq!(show(Duration::from_millis(500)), "500ms");
+    assert_eq!(show(Duration::from_millis(1500)), "1.5s");
+}
+
+/// A silent child (a `sleep` that prints nothing) is stopped at the
+/// connect deadline, with its whole group.
+#[test]
+fn a_silent_child_is_stopped_at_the_connect_deadline() {
+    let net = NetworkSettings {
+        connect: Duration::from_millis(300),
+        stall: Duration::from_secs(60),
+    };
+    let mut c = Command::new("sh");
+    c.args(["-c", "sleep 30 & sleep 30; wait"]);
+    let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
+    assert_eq!(ran.stopped, Some(Verdict::Connect(net.connect)));
+    assert!(!ran.status.success());
+    let err = ran.stopped.unwrap().error("fetch of x", "origin");
+    assert!(!format!("{err:#}").contains("running git"), "{err:#}");
+    assert_eq!(crate::exit::code_of(&err), Code::Remote);
+    assert!(
+        err.to_string()
+            .starts_with("timed out connecting to origin after 300ms"),
+        "{err}"
+    );
+}
+
+/// A child that printed, then went quiet, stalls; one that keeps printing
+/// runs to its end.
+#[test]
+fn a_child_that_goes_quiet_stalls_and_a_busy_one_does_not() {
+    let net = NetworkSettings {
+        connect: Duration::from_secs(5),
+        stall: Duration::from_millis(400),
+    };
+    let mut c = Command::new("sh");
+    c.args(["-c", "printf 12345; sleep 30"]);
+    let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
+    match ran.stopped {
+        Some(Verdict::Stall { bytes: 5, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    // Busy: a line every 0.1 s, well inside a stall timeout of 1.5 s.
+    let net = NetworkSettings {
+        stall: Duration::from_millis(1500),
+        ..net
+    };
+    let mut c = Command::new("sh");
+    c.args([
+        "-c",
+        "for i in 1 2 3 4 5 6 7 8 9 10; do echo x >&2; sleep 0.1; done",
+    ]);
+    let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
+    assert_eq!(ran.stopped, None);
+    assert!(ran.status.success());
+}
+
+/// A leader that exits while a process it started holds the pipes: the
+/// command is over, its leftover is ended, and nothing is reported stopped.
+#[test]
+fn processes_left_by_a_finished_leader_are_ended_with_it() {
+    let net = NetworkSettings {
+        connect: Duration::from_secs(20),
+        stall: Duration::from_secs(20),
+    };
+    let mut c = Command::new("sh");
+    c.args(["-c", "echo started; sleep 60 & exit 0"]);
+    let ran = run(&mut c, net, None, None, &mut |_| {}, &mut |_| {}).unwrap();
+    assert!(ran.status.success());
+    assert_eq!(ran.stopped, None);
+    assert_eq!(ran.stdout, b"started\n");
+}
+
+/// Many hostile mixtures of git's output (progress with carriage returns,
+/// hints, boilerplate, blank lines, server lines, an auth line anywhere or
+/// nowhere): the cause is always one line without boilerplate, and exit 13
+/// exactly when an authentication line was in it.
+#[test]
+fn any_mixture_of_git_output_gives_one_clean_line_and_the_right_code() {
+    let noise = [
+        "Receiving objects:  12% (1/8)\r",
+        "remote: Counting objects: 100% (3/3), done.\r\n",
+        "hint: see 'git help config'\n",
+        "\n",
+        "   \n",
+        "Please make sure you have the correct access rights\n",
+        "and the repository exists.\n",
+        "fatal: Could not read from remote repository.\n",
+        "fatal: the remote end hung up unexpectedly\n",
+        "remote: warning: something happened\n",
+        "error: RPC failed; HTTP 502 curl 22 The requested URL returned error: 502\n",
+        "Warning: Permanently added '[127.0.0.1]:22' (ED25519) to the list of known hosts.\n",
+    ];
+    let auth: Vec<&str> = SAMPLES.iter().filter(|s| s.2).map(|s| s.0).collect();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    for _ in 0..2000 {
+        let mut text = String::new();
+        let with_auth = next(2) == 0;
+        let pieces = next(8);
+        let at = next(pieces + 1);
+        for i in 0..=pieces {
+            if with_auth && i == at {
+                text.push_str(auth[next(auth.len())]);
+            }
+            if i < pieces {
+                text.push_str(noise[next(noise.len())]);
+            }
+        }
+        let err = remote_failure("cannot fetch b from r", &text);
+        let msg = format!("{err:#}");
+        assert!(
+            !msg.contains('\n') && !msg.contains('\r'),
+            "{msg:?} from {text:?}"
+        );
+        for gone in [
+            "Please make sure",
+            "repository exists.",
+            "objects:",
+            "hint:",
+        ] {
+            assert!(!msg.contains(gone), "{msg:?} from {text:?}");
+        }
+        let code = crate::exit::code_of(&err);
+        assert_eq!(
+            code == Code::AuthRefused,
+            with_auth,
+            "{msg:?} from {text:?}"
+        );
+        if !with_auth {
+            assert_eq!(code, Code::Remote);
+        }
+    }
+}
