@@ -2,6 +2,7 @@
 
 mod util;
 
+mod attack;
 mod broken_pipe;
 mod cache_concurrency;
 mod cache_fetch;

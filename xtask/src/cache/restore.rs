@@ -851,7 +851,7 @@ fn cold(
     // even if the fetch below fails, the target is whole again.
     match m.mode {
         Mode::Replace => unpack::recover_swap(target)?,
-        Mode::Merge | Mode::Overlay => unpack::recover(&journal)?,
+        Mode::Merge | Mode::Overlay => unpack::recover(&journal, target)?,
     }
 
     let t = Instant::now();
