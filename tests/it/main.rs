@@ -2,11 +2,16 @@
 
 mod util;
 
+mod attack;
 mod broken_pipe;
 mod cache_concurrency;
 mod cache_fetch;
 mod cache_heal;
+mod cache_keys;
+mod cache_legacy;
 mod cache_nofilter;
+mod cache_overlay;
+mod cache_prune;
 mod cache_publish;
 mod cache_refs;
 mod cache_restore;

@@ -11,8 +11,22 @@
 /// `url` with any `user[:password]@` of a `scheme://` URL removed
 /// (`https://u:p@host/x` -> `https://host/x`). Paths and scp-like
 /// `user@host:path` locations carry no password and are kept as they are.
+///
+/// A whole URL is cut by git's own rule (`credential_from_url`): the
+/// authority runs to the first `/`, `?` or `#`, whatever else it holds.
+/// Git sends `"`, `\`, `<`, `` ` `` or a space in a userinfo as part of the
+/// password, so the free-text rule of `text`, which must stop at quotes,
+/// would print the rest of such a password.
 pub fn url(url: &str) -> String {
-    text(url)
+    let Some(i) = url.find("://") else {
+        return text(url);
+    };
+    let (head, tail) = url.split_at(i + 3);
+    let end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
+    match tail[..end].rfind('@') {
+        Some(at) => format!("{head}{}", text(&tail[at + 1..])),
+        None => text(url),
+    }
 }
 
 /// `s` with the userinfo of every `scheme://userinfo@host` in it removed,
@@ -94,6 +108,27 @@ mod tests {
         assert_eq!(url("ssh://git@host/r"), "ssh://host/r");
     }
 
+    /// Git takes everything before the `@` of the authority as userinfo,
+    /// quotes and spaces included; so must a whole URL's redaction.
+    #[test]
+    fn a_password_with_a_quote_backslash_or_space_is_never_shown_in_a_url() {
+        for pass in [
+            "pa\"SECRET",
+            "pa\\SECRET",
+            "pa<SECRET",
+            "pa`SECRET",
+            "pa SECRET",
+            "pa'SECRET",
+        ] {
+            let u = format!("http://ci:{pass}@127.0.0.1:1/o.git");
+            assert_eq!(url(&u), "http://127.0.0.1:1/o.git", "{u}");
+        }
+        assert_eq!(
+            url("https://h/r?next=http://u:p@h2/x"),
+            "https://h/r?next=http://h2/x"
+        );
+    }
+
     #[test]
     fn free_text_is_redacted_everywhere() {
         assert_eq!(
@@ -170,6 +205,37 @@ mod tests {
             );
             assert!(out.contains(host), "{msg:?} -> {out:?}");
             assert!(!url(&u).contains('@') || url(&u).contains("/a@b"), "{u}");
+        }
+    }
+
+    /// Never, for a whole URL: whatever bytes git would take as its
+    /// userinfo (quotes, backslashes, spaces, brackets, non-ASCII, `@`, `:`),
+    /// none of them is shown, and the host and path are.
+    #[test]
+    fn no_userinfo_git_would_send_survives_in_a_whole_url() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        const SET: &[char] = &[
+            'a', 'Z', '9', '"', '\\', '\'', '`', '<', '>', ' ', '{', '}', '|', '^', '[', ']', '@',
+            ':', '%', ';', ',', '(', ')', 'é', '漢', '\t', '!', '$', '&', '*', '+', '=',
+        ];
+        let hosts = ["127.0.0.1:9", "[::1]:22", "example.com", "h"];
+        let tails = ["", "/", "/o/r.git", "?x=1", "#f", "/a@b"];
+        for _ in 0..5000 {
+            let mut word = String::from("Q");
+            for _ in 0..(8 + rng.next() % 16) {
+                word.push(SET[(rng.next() % SET.len() as u64) as usize]);
+            }
+            let (host, tail) = (rng.pick(&hosts), rng.pick(&tails));
+            let u = format!(
+                "{}://{word}@{host}{tail}",
+                rng.pick(&["https", "ssh", "http"])
+            );
+            let shown = url(&u);
+            assert!(!shown.contains(&word), "{u:?} -> {shown:?}");
+            assert!(
+                shown.ends_with(&format!("{host}{tail}")),
+                "{u:?} -> {shown:?}"
+            );
         }
     }
 }

@@ -296,6 +296,16 @@ fn check_installed(
         });
     }
     let exact = m.mode == manifest::Mode::Replace;
+    if m.mode == manifest::Mode::Overlay {
+        // Files the user changed since they were installed are theirs, not
+        // a difference: they leave the scratch copy (inside cache.git), and
+        // the overlay record is only read.
+        let record = crate::cache::overlay::load(
+            &crate::cache::overlay::path(&repo.state_dir(), &m.name),
+            &target,
+        );
+        crate::cache::overlay::hold_back(verified, &target, &record)?;
+    }
     let (diff, _) = compare::first_difference(verified, &target, exact)?;
     Ok(InstalledReport {
         target,

@@ -247,8 +247,10 @@ pub fn parse_sums(text: &str) -> Result<Vec<SumLine>> {
 pub enum Layout {
     /// `warmstart.json` is present.
     V1,
-    /// SHA256SUMS names one whole archive absent from the tree, whose
-    /// `<archive>.partNN` pieces are present: concatenated, they are it.
+    /// SHA256SUMS names one archive (`.tar.gz`, `.tgz`, `.tar.zst`): either
+    /// absent from the tree, with `<archive>.partNN` pieces present whose
+    /// concatenation is it (`parts` lists them in order), or stored whole
+    /// (`parts` is just the archive).
     Legacy {
         archive: String,
         sha256: String,
@@ -275,12 +277,6 @@ pub fn detect_layout(files: &[String], sums: &str) -> Result<Layout> {
             "branch has no warmstart.json and SHA256SUMS names more than one file: not a legacy cache"
         );
     };
-    if files.contains(&line.file) {
-        bail!(
-            "branch has no warmstart.json and {} is a plain file: not a cache branch",
-            line.file
-        );
-    }
     let compression = if line.file.ends_with(".gz") || line.file.ends_with(".tgz") {
         Compression::Gzip
     } else if line.file.ends_with(".zst") {
@@ -289,6 +285,23 @@ pub fn detect_layout(files: &[String], sums: &str) -> Result<Layout> {
         bail!("legacy archive {} is neither .gz nor .zst", line.file);
     };
     let prefix = format!("{}.part", line.file);
+    if files.contains(&line.file) {
+        // Shape (b): the archive is small enough to be stored whole, and
+        // `sha256sum -c SHA256SUMS` works in the tree. Pieces beside it
+        // would leave it unclear which one is the cache.
+        if let Some(p) = files.iter().find(|f| f.starts_with(&prefix)) {
+            bail!(
+                "legacy branch holds both {} and a piece {p} of it: keep one shape",
+                line.file
+            );
+        }
+        return Ok(Layout::Legacy {
+            archive: line.file.clone(),
+            sha256: line.sha256.clone(),
+            compression,
+            parts: vec![line.file.clone()],
+        });
+    }
     let mut parts: Vec<String> = files
         .iter()
         .filter(|f| {
@@ -402,6 +415,30 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Stored whole: the archive itself is the one part.
+        let whole: Vec<String> = vec!["SHA256SUMS".into(), "checked-ab-fstar2.tar.gz".into()];
+        let sums_whole = format!("{}  checked-ab-fstar2.tar.gz\n", "d".repeat(64));
+        match detect_layout(&whole, &sums_whole).unwrap() {
+            Layout::Legacy {
+                archive,
+                parts,
+                compression,
+                ..
+            } => {
+                assert_eq!(archive, "checked-ab-fstar2.tar.gz");
+                assert_eq!(parts, std::slice::from_ref(&archive));
+                assert_eq!(compression, Compression::Gzip);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Both shapes at once, or a name that is no archive: refused.
+        let mut both = whole.clone();
+        both.push("checked-ab-fstar2.tar.gz.part00".into());
+        let e = detect_layout(&both, &sums_whole).unwrap_err();
+        assert!(e.to_string().contains("keep one shape"), "{e}");
+        let plain: Vec<String> = vec!["SHA256SUMS".into(), "notes.txt".into()];
+        let sums_plain = format!("{}  notes.txt\n", "d".repeat(64));
+        assert!(detect_layout(&plain, &sums_plain).is_err());
         let v1: Vec<String> = vec!["warmstart.json".into(), "SHA256SUMS".into()];
         assert_eq!(detect_layout(&v1, "").unwrap(), Layout::V1);
     }

@@ -90,6 +90,37 @@ struct RawRestore {
     path: String,
     #[serde(default)]
     mode: Mode,
+    /// On an exact miss, the keys that may stand in, in order.
+    #[serde(default)]
+    fallback: Vec<RawFallback>,
+    /// How long a stand-in (`partial`) install stays warm.
+    recheck: Option<crate::clock::DurationSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFallback {
+    drop: Option<Vec<String>>,
+    prefix: Option<String>,
+}
+
+/// One `[[restore.fallback]]`: which branch keys may stand in for an exact
+/// key the branch lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Keys whose parts equal today's except these (by pin name).
+    Drop(Vec<String>),
+    /// Keys that start with this text.
+    Prefix(String),
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fallback::Drop(parts) => write!(f, "drop {}", parts.join(", ")),
+            Fallback::Prefix(p) => write!(f, "prefix {p}"),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +140,9 @@ struct RawPublish {
     chunk_bytes: Option<crate::size::SizeSpec>,
     level: Option<i32>,
     lease_deadline: Option<crate::clock::DurationSpec>,
+    /// Prune on every publish: per platform value, the newest N keys (plus
+    /// the one today's pins give) stay.
+    keep: Option<u32>,
 }
 
 /// How a restore installs: replace a directory the cache owns, or merge
@@ -119,6 +153,9 @@ pub enum Mode {
     #[default]
     Replace,
     Merge,
+    /// Merge, but never replace a file the user changed since warmstart
+    /// installed it (`cache::overlay`).
+    Overlay,
 }
 
 /// One pin of the key.
@@ -184,6 +221,13 @@ pub struct CacheManifest {
     pub lease_deadline: Option<std::time::Duration>,
     /// The `[network]` table: connect and stall deadlines, if set.
     pub network: crate::net::ManifestNetwork,
+    /// `[publish] keep = N`: after each publish that pushes, keep per
+    /// platform value the key today's pins give plus the N newest.
+    pub keep: Option<usize>,
+    /// `[[restore.fallback]]`, in order, and `restore.recheck` (set exactly
+    /// when there are fallbacks).
+    pub fallbacks: Vec<Fallback>,
+    pub recheck: Option<std::time::Duration>,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -256,6 +300,8 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         }
     }
     let restore_path = expand_path(repo, &raw.restore.path)?;
+    let (fallbacks, recheck) =
+        resolve_fallbacks(raw.restore.fallback, raw.restore.recheck.as_ref(), &pins)?;
     let ready = match raw.ready {
         None => Ready::Exists,
         Some(RawReady {
@@ -337,7 +383,54 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         level,
         lease_deadline,
         network: raw.network.resolve()?,
+        keep: raw.publish.keep.map(|n| n as usize),
+        fallbacks,
+        recheck,
     })
+}
+
+/// `[[restore.fallback]]` and `restore.recheck`, checked against the pins.
+fn resolve_fallbacks(
+    raw: Vec<RawFallback>,
+    recheck: Option<&crate::clock::DurationSpec>,
+    pins: &[Pin],
+) -> Result<(Vec<Fallback>, Option<std::time::Duration>)> {
+    let mut out = Vec::new();
+    for (i, f) in raw.into_iter().enumerate() {
+        let n = i + 1;
+        out.push(match (f.drop, f.prefix) {
+            (Some(parts), None) => {
+                if parts.is_empty() {
+                    bail!("restore.fallback {n}: `drop` lists no key parts");
+                }
+                for p in &parts {
+                    if !pins.iter().any(|pin| &pin.name == p) {
+                        let names: Vec<&str> = pins.iter().map(|p| p.name.as_str()).collect();
+                        bail!(
+                            "restore.fallback {n}: `drop` names {p:?}, which is not a key pin (pins: {})",
+                            names.join(", ")
+                        );
+                    }
+                }
+                Fallback::Drop(parts)
+            }
+            (None, Some(prefix)) if !prefix.is_empty() => Fallback::Prefix(prefix),
+            (None, Some(_)) => bail!("restore.fallback {n}: `prefix` is empty"),
+            _ => bail!(
+                "restore.fallback {n} takes exactly one of `drop = [key parts]` or `prefix = \"...\"`"
+            ),
+        });
+    }
+    let recheck = recheck
+        .map(|d| d.resolve_positive("restore.recheck"))
+        .transpose()?;
+    match (out.is_empty(), recheck) {
+        (false, None) => bail!(
+            "restore.fallback needs restore.recheck (e.g. \"1h\"): how long a stand-in key stays warm before the exact key is looked for again"
+        ),
+        (true, Some(_)) => bail!("restore.recheck is set but there is no restore.fallback"),
+        _ => Ok((out, recheck)),
+    }
 }
 
 /// Where the cache lives: `cache.branch` (default `<name>-cache`, a branch

@@ -5,11 +5,12 @@
 //! both halves share (a private cache.git, shallow fetch, blobs, trees, push).
 //! The publish half: `pack` (deterministic tar -> zstd -> chunk files),
 //! `readme` (the branch README), `publish` (merge the key, root commit, push),
-//! `packed` (the local record that lets an unchanged re-publish skip zstd).
+//! `packed` (the local record that lets an unchanged re-publish skip zstd),
+//! `prune` (drop old keys in one root commit: `cache prune`, `[publish] keep`).
 //! The restore half: `branch` reads and cross-checks a fetched branch,
 //! `prefetch` fetches its chunks by id while they are read (`direct` reads
 //! them straight from the server's pack stream where it can), `verify` streams it (no unverified byte reaches the decoder), `restore`
-//! installs it, `stamp` makes the next run warm, `compare` checks an
+//! installs it (`fallback` picks a stand-in key on an exact miss), `stamp` makes the next run warm, `compare` checks an
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
 //! `cache status`, `migrate` moves a cache from a branch to a ref.
 
@@ -17,13 +18,16 @@ pub mod branch;
 pub mod check;
 pub mod compare;
 pub mod direct;
+pub mod fallback;
 pub mod format;
 pub mod git;
 pub mod manifest;
 pub mod migrate;
+pub mod overlay;
 pub mod pack;
 pub mod packed;
 pub mod prefetch;
+pub mod prune;
 pub mod publish;
 pub mod readme;
 pub mod restore;
@@ -45,6 +49,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Verify(a) => a.network.apply()?,
         CacheCommand::List(a) | CacheCommand::Status(a) => a.network.apply()?,
         CacheCommand::Migrate(a) => a.network.apply()?,
+        CacheCommand::Prune(a) => a.network.apply()?,
     }
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
@@ -53,6 +58,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::List(a) => status::list(sh, a),
         CacheCommand::Status(a) => status::status(sh, a),
         CacheCommand::Migrate(a) => migrate::run(sh, a),
+        CacheCommand::Prune(a) => prune::run(sh, a),
     }
 }
 

@@ -106,6 +106,8 @@ pub struct Summary {
     pub chunks: Vec<ChunkJson>,
     /// Every key on the branch after the publish.
     pub keys_on_branch: Vec<String>,
+    /// Keys this publish dropped (`[publish] keep`).
+    pub pruned: Vec<String>,
     pub gates_required: Vec<String>,
     pub ungated: bool,
     pub timings_ms: BTreeMap<&'static str, u64>,
@@ -166,6 +168,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         compressed_size: None,
         chunks: Vec::new(),
         keys_on_branch: Vec::new(),
+        pruned: Vec::new(),
         gates_required: m.gates.clone(),
         ungated: false,
         timings_ms: BTreeMap::new(),
@@ -379,6 +382,18 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             ));
             break;
         }
+        // `[publish] keep`: the keys to drop in this same commit, judged
+        // again on every attempt (another publisher may have added some).
+        let drops = match m.keep {
+            Some(n) => crate::cache::prune::after_publish(
+                &m,
+                &key,
+                state.as_ref().map(|s| &s.manifest),
+                &entry,
+                n,
+            ),
+            None => Vec::new(),
+        };
         let t = Instant::now();
         let (commit, keys) = build_commit(
             &git,
@@ -388,6 +403,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             &key.value,
             &entry,
             &packed.oids,
+            &drops,
         )?;
         timings.insert("commit", ms(t.elapsed()));
         let t = Instant::now();
@@ -416,6 +432,15 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 summary.status = "published";
                 summary.commit = Some(commit.clone());
                 summary.keys_on_branch = keys;
+                if !drops.is_empty() {
+                    out.say(format!(
+                        "pruned {} ([publish] keep = {}): {}",
+                        plural(drops.len(), "key", "keys"),
+                        m.keep.unwrap_or(0),
+                        drops.join(", ")
+                    ));
+                }
+                summary.pruned = drops;
                 out.say(format!(
                     "published {} to {} on {}: commit {} (one root commit), push {}",
                     key.value,
@@ -497,15 +522,15 @@ pub fn lease_deadline(m: &CacheManifest) -> Result<Duration> {
 /// The retry schedule of one publish's push: pauses that double from
 /// `LEASE_PAUSE.0` to `LEASE_PAUSE.1`, each between half and all of its
 /// nominal length, until the deadline.
-struct Lease {
-    start: Instant,
+pub(crate) struct Lease {
+    pub(crate) start: Instant,
     deadline: Duration,
-    lost: usize,
+    pub(crate) lost: usize,
     rng: u64,
 }
 
 impl Lease {
-    fn new(deadline: Duration) -> Lease {
+    pub(crate) fn new(deadline: Duration) -> Lease {
         // Publishers that start together must not draw the same pauses:
         // seed from the process id and the clock.
         let seed = (u64::from(std::process::id()) << 32) ^ clock::now_ns() as u64;
@@ -519,7 +544,7 @@ impl Lease {
 
     /// Records a lost lease; the pause before the next attempt, or `None`
     /// when that attempt would start past the deadline.
-    fn lost(&mut self) -> Option<Duration> {
+    pub(crate) fn lost(&mut self) -> Option<Duration> {
         self.lost += 1;
         let shift = (self.lost - 1).min(16) as u32;
         let nominal = LEASE_PAUSE.0.saturating_mul(1 << shift).min(LEASE_PAUSE.1);
@@ -533,7 +558,7 @@ impl Lease {
     }
 }
 
-fn plural(n: usize, one: &str, many: &str) -> String {
+pub(crate) fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
@@ -628,15 +653,15 @@ fn rev_parse(sh: &Shell, root: &Path, rev: &str) -> Option<String> {
 }
 
 /// The cache branch as fetched: its commit, files and manifest.
-struct BranchState {
-    commit: String,
-    entries: Vec<TreeEntry>,
-    manifest: BranchManifest,
+pub(crate) struct BranchState {
+    pub(crate) commit: String,
+    pub(crate) entries: Vec<TreeEntry>,
+    pub(crate) manifest: BranchManifest,
 }
 
 impl BranchState {
     /// Fetches the branch; `None` when the remote does not have it yet.
-    fn load(
+    pub(crate) fn load(
         git: &CacheGit,
         remote: &Remote,
         branch: &str,
@@ -918,29 +943,15 @@ impl Drop for Scratch {
     }
 }
 
-/// Merges this key into the branch state and writes the root commit.
-/// Returns the commit and the keys it holds.
-fn build_commit(
+/// The files every publish (and prune) writes anew from the branch's
+/// manifest: `README.md`, `warmstart.json`, `SHA256SUMS`, as blobs in
+/// cache.git.
+pub(crate) fn generated_files(
     git: &CacheGit,
     m: &CacheManifest,
     remote: &Remote,
-    state: Option<&BranchState>,
-    key: &str,
-    entry: &KeyEntry,
-    chunk_oids: &[String],
-) -> Result<(String, Vec<String>)> {
-    let mut manifest = state.map(|s| s.manifest.clone()).unwrap_or_default();
-    let replaced = manifest
-        .keys
-        .insert(key.to_string(), entry.clone())
-        .is_some();
-    let mut oids = state.map(|s| s.oids()).unwrap_or_default();
-    for (c, oid) in entry.chunks.iter().zip(chunk_oids) {
-        oids.insert(c.file.clone(), oid.clone());
-    }
-    for (k, e) in &manifest.keys {
-        e.validate(k)?;
-    }
+    manifest: &BranchManifest,
+) -> Result<Vec<TreeEntry>> {
     let readme = readme::render(
         &ReadmeContext {
             name: &m.name,
@@ -955,32 +966,70 @@ fn build_commit(
             },
             description: &m.description,
         },
-        &manifest,
+        manifest,
     );
-    let blob = |name: &str, oid: String| TreeEntry {
+    Ok(vec![
+        blob_entry("README.md", git.write_blob_bytes(readme.as_bytes())?),
+        blob_entry(
+            "warmstart.json",
+            git.write_blob_bytes(manifest.render().as_bytes())?,
+        ),
+        blob_entry(
+            "SHA256SUMS",
+            git.write_blob_bytes(render_sums(&manifest.sums()).as_bytes())?,
+        ),
+    ])
+}
+
+/// A plain file of a branch's root tree.
+pub(crate) fn blob_entry(name: &str, oid: String) -> TreeEntry {
+    TreeEntry {
         mode: "100644".into(),
         kind: "blob".into(),
         oid,
         size: None,
         name: name.to_string(),
-    };
-    let mut tree = vec![
-        blob("README.md", git.write_blob_bytes(readme.as_bytes())?),
-        blob(
-            "warmstart.json",
-            git.write_blob_bytes(manifest.render().as_bytes())?,
-        ),
-        blob(
-            "SHA256SUMS",
-            git.write_blob_bytes(render_sums(&manifest.sums()).as_bytes())?,
-        ),
-    ];
+    }
+}
+
+/// Merges this key into the branch state, drops the keys `drops` names
+/// (`[publish] keep`), and writes the root commit. Returns the commit and
+/// the keys it holds.
+#[allow(clippy::too_many_arguments)]
+fn build_commit(
+    git: &CacheGit,
+    m: &CacheManifest,
+    remote: &Remote,
+    state: Option<&BranchState>,
+    key: &str,
+    entry: &KeyEntry,
+    chunk_oids: &[String],
+    drops: &[String],
+) -> Result<(String, Vec<String>)> {
+    let mut manifest = state.map(|s| s.manifest.clone()).unwrap_or_default();
+    let replaced = manifest
+        .keys
+        .insert(key.to_string(), entry.clone())
+        .is_some();
+    for d in drops {
+        if d != key {
+            manifest.keys.remove(d);
+        }
+    }
+    let mut oids = state.map(|s| s.oids()).unwrap_or_default();
+    for (c, oid) in entry.chunks.iter().zip(chunk_oids) {
+        oids.insert(c.file.clone(), oid.clone());
+    }
+    for (k, e) in &manifest.keys {
+        e.validate(k)?;
+    }
+    let mut tree = generated_files(git, m, remote, &manifest)?;
     for e in manifest.keys.values() {
         for c in &e.chunks {
             let oid = oids
                 .get(&c.file)
                 .ok_or_else(|| anyhow!("chunk {} is not in cache.git", c.file))?;
-            tree.push(blob(&c.file, oid.clone()));
+            tree.push(blob_entry(&c.file, oid.clone()));
         }
     }
     let tree_oid = git.mktree(&tree)?;
@@ -1002,14 +1051,14 @@ fn build_commit(
 
 /// Where the words go: results on stdout, warnings on stderr, progress bars
 /// on stderr only when it is a terminal.
-struct Reporter {
+pub(crate) struct Reporter {
     quiet: bool,
     json: bool,
     tty: bool,
 }
 
 impl Reporter {
-    fn new(quiet: bool, json: bool) -> Reporter {
+    pub(crate) fn new(quiet: bool, json: bool) -> Reporter {
         Reporter {
             quiet,
             json,
@@ -1017,13 +1066,13 @@ impl Reporter {
         }
     }
 
-    fn say(&self, msg: impl AsRef<str>) {
+    pub(crate) fn say(&self, msg: impl AsRef<str>) {
         if !self.quiet && !self.json {
             println!("{}", msg.as_ref());
         }
     }
 
-    fn warn(&self, msg: impl AsRef<str>) {
+    pub(crate) fn warn(&self, msg: impl AsRef<str>) {
         if !self.quiet {
             eprintln!("warning: {}", msg.as_ref());
         }
@@ -1034,7 +1083,7 @@ impl Reporter {
         eprintln!("warning: {}", msg.as_ref());
     }
 
-    fn bar(&self, len: u64, what: &str) -> indicatif::ProgressBar {
+    pub(crate) fn bar(&self, len: u64, what: &str) -> indicatif::ProgressBar {
         if !self.tty || self.quiet {
             return indicatif::ProgressBar::hidden();
         }

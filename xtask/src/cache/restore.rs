@@ -27,6 +27,7 @@ use crate::cache::branch::{Branch, Content, KeyPlan};
 use crate::cache::compare;
 use crate::cache::git::CacheGit;
 use crate::cache::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
+use crate::cache::overlay;
 use crate::cache::prefetch;
 use crate::cache::stamp::{self, Loaded, Miss, Stamp};
 use crate::cache::verify;
@@ -50,6 +51,9 @@ pub struct RestoreOptions {
     pub verify: bool,
     /// Show progress bars (only ever on a terminal).
     pub progress: bool,
+    /// Restore this branch key instead of the one the manifest's pins give
+    /// (`cache restore --key`).
+    pub key: Option<String>,
     /// Give up waiting for another restorer of the same target after this.
     pub lock_timeout: Duration,
 }
@@ -60,6 +64,7 @@ impl Default for RestoreOptions {
             remote: None,
             verify: false,
             progress: false,
+            key: None,
             lock_timeout: lock_timeout_from_env(),
         }
     }
@@ -90,6 +95,25 @@ pub enum State {
     Verified,
     /// `--verify`: the installed copy differed and was replaced.
     Repaired,
+    /// The branch lacks the exact key; a `[[restore.fallback]]` key stands
+    /// in for it (installed now, or earlier and still within
+    /// `restore.recheck`). `RestoreOutcome::partial` says which and how.
+    Partial,
+}
+
+/// What a `partial` install stands in for (`--json`'s `partial`).
+#[derive(Clone, Debug, Serialize)]
+pub struct PartialInfo {
+    /// The exact key today's pins give.
+    pub wanted: String,
+    /// The key installed in its place.
+    pub used: String,
+    /// The fallback that matched (`drop src`, `prefix vc-`).
+    pub fallback: String,
+    /// The key parts that differ.
+    pub differs: Vec<crate::cache::fallback::PartDiff>,
+    /// When the next run looks for the exact key again (RFC 3339).
+    pub recheck_after: String,
 }
 
 /// Time spent in each phase of a cold restore, in milliseconds.
@@ -157,6 +181,13 @@ pub struct RestoreOutcome {
     /// or with `--verify`), e.g. `installed key tc-1 differs: v 1 -> 2`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// With state `partial`: the exact key, the one used, what differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial: Option<PartialInfo>,
+    /// Overlay mode, when something was unpacked: files kept because the
+    /// user changed them since warmstart installed them (or made them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<u64>,
 }
 
 /// `cargo xtask cache restore NAME`.
@@ -165,6 +196,7 @@ pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
     let opts = RestoreOptions {
         remote: args.remote,
         verify: args.verify,
+        key: args.key,
         progress: !args.out.quiet && !args.out.json && std::io::stderr().is_terminal(),
         ..RestoreOptions::default()
     };
@@ -201,6 +233,18 @@ pub fn error_json(name: &str, err: &anyhow::Error) -> String {
 }
 
 impl RestoreOutcome {
+    /// `; kept 2 files the user changed` (overlay mode), else nothing.
+    fn kept_words(&self) -> String {
+        match self.kept {
+            Some(n) if n > 0 => format!(
+                "; kept {n} file{} the user changed since warmstart installed {}",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "it" } else { "them" }
+            ),
+            _ => String::new(),
+        }
+    }
+
     /// One line for people.
     pub fn summary(&self) -> String {
         let t = self.target.display();
@@ -221,22 +265,36 @@ impl RestoreOutcome {
                 self.name, self.key
             ),
             State::Restored => format!(
-                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}",
+                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}{}",
                 self.name,
                 self.key,
                 human_bytes(self.bytes),
-                self.files
+                self.files,
+                self.kept_words()
             ),
             State::Verified => format!(
                 "cache {}: the installed copy of {} at {t} matches {from} ({secs})",
                 self.name, self.key
             ),
             State::Repaired => format!(
-                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs}",
+                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs}{}",
                 self.name,
                 self.key,
-                self.difference.as_deref().unwrap_or("?")
+                self.difference.as_deref().unwrap_or("?"),
+                self.kept_words()
             ),
+            State::Partial => {
+                let p = self.partial.as_ref();
+                format!(
+                    "cache {}: {} stands in for {} at {t} (partial: {}; fallback {}; the exact key is looked for again after {}) ({secs})",
+                    self.name,
+                    self.key,
+                    p.map_or("?", |p| &p.wanted),
+                    p.map_or_else(|| "?".to_string(), |p| describe_differs(&p.differs)),
+                    p.map_or("?", |p| &p.fallback),
+                    p.map_or("?", |p| &p.recheck_after),
+                )
+            }
         }
     }
 }
@@ -252,7 +310,18 @@ pub fn restore_named(
     let start = Instant::now();
     let started_ms = clock::now_ms();
     let m = manifest::load(repo, name)?;
-    let key = manifest::compute_key(sh, repo, &m)?;
+    let key = match &opts.key {
+        // Its parts are known once the branch is read (`cold`).
+        Some(k) => {
+            crate::cache::format::check_key(k)
+                .map_err(|e| fail(Code::Usage, format!("--key: {e:#}")))?;
+            Key {
+                value: k.clone(),
+                parts: Vec::new(),
+            }
+        }
+        None => manifest::compute_key(sh, repo, &m)?,
+    };
     let state_dir = repo.state_dir();
     let stamp_file = stamp::path(&state_dir, name);
 
@@ -322,10 +391,55 @@ fn warm_check(
         }
         Loaded::Found(s) => *s,
     };
+    if let Some(p) = &s.partial
+        && p.wanted == key.value
+    {
+        // A stand-in for today's key: warm until the recheck is due (a
+        // clock read, no network), then the cold path looks again.
+        if let Err(miss) = s.matches(&s.key, &s.key_parts, &m.restore_path, m.mode) {
+            return Ok(Err(miss));
+        }
+        let recheck = m.recheck.unwrap_or_default().as_millis() as u64;
+        if clock::now_ms().saturating_sub(p.checked_at_ms) >= recheck {
+            return Ok(Err(Miss::Recheck {
+                installed: s.key.clone(),
+                wanted: p.wanted.clone(),
+            }));
+        }
+        return Ok(ready(m).map(|()| s).map_err(Miss::NotReady));
+    }
     if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         return Ok(Err(miss));
     }
     Ok(ready(m).map(|()| s).map_err(Miss::NotReady))
+}
+
+/// `src 2 -> 1, platform ...`: how a stand-in differs from the exact key.
+fn describe_differs(d: &[crate::cache::fallback::PartDiff]) -> String {
+    d.iter()
+        .map(|p| {
+            format!(
+                "{} {} -> {}",
+                p.name,
+                p.wanted.as_deref().unwrap_or("(none)"),
+                p.used.as_deref().unwrap_or("(none)")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `partial` of an outcome, from its stamp.
+fn partial_info(m: &CacheManifest, s: &Stamp) -> Option<PartialInfo> {
+    let p = s.partial.as_ref()?;
+    let recheck = m.recheck.unwrap_or_default().as_millis() as u64;
+    Some(PartialInfo {
+        wanted: p.wanted.clone(),
+        used: s.key.clone(),
+        fallback: p.fallback.clone(),
+        differs: crate::cache::fallback::differs(&p.wanted_parts, &s.key_parts),
+        recheck_after: clock::rfc3339(p.checked_at_ms.saturating_add(recheck)),
+    })
 }
 
 /// The manifest's cheap ready-probe. `Err` says what is missing.
@@ -384,6 +498,11 @@ fn from_stamp(
     phases: Phases,
 ) -> RestoreOutcome {
     let duration = start.elapsed();
+    let partial = partial_info(m, s);
+    let state = match state {
+        State::Warm if partial.is_some() => State::Partial,
+        other => other,
+    };
     RestoreOutcome {
         name: m.name.clone(),
         state,
@@ -407,6 +526,8 @@ fn from_stamp(
         phases,
         difference: None,
         reason: None,
+        partial,
+        kept: None,
     }
 }
 
@@ -614,6 +735,104 @@ pub fn unpack_into(
     })
 }
 
+/// The key to install from `branch`: the exact one, or (on an exact miss,
+/// without `--key`) the newest key the first matching `[[restore.fallback]]`
+/// allows, with the `Partial` its stamp records. The returned key has the
+/// parts the branch recorded for it.
+fn choose_key(
+    m: &CacheManifest,
+    key: &Key,
+    opts: &RestoreOptions,
+    branch: &Branch,
+) -> Result<(KeyPlan, Key, Option<stamp::Partial>)> {
+    let fix = republish_fix(&m.name);
+    let recorded = |k: &str| match &branch.content {
+        Content::V1(bm) => bm.keys.get(k).map(|e| e.key_parts.clone()),
+        Content::Legacy { .. } => None,
+    };
+    match branch.plan(&key.value, &fix) {
+        Ok(kp) => {
+            // A key named by `--key` has the parts the branch recorded for it.
+            let parts = match &opts.key {
+                Some(_) => recorded(&key.value).unwrap_or_default(),
+                None => key.parts.clone(),
+            };
+            let value = key.value.clone();
+            Ok((kp, Key { value, parts }, None))
+        }
+        Err(e)
+            if opts.key.is_none()
+                && !m.fallbacks.is_empty()
+                && crate::exit::code_of(&e) == Code::NotFound =>
+        {
+            let Content::V1(bm) = &branch.content else {
+                return Err(e);
+            };
+            let Some(c) = crate::cache::fallback::choose(&m.fallbacks, key, bm) else {
+                return Err(fail(
+                    Code::NotFound,
+                    format!(
+                        "{e:#}; no [[restore.fallback]] of {} matches a key either",
+                        m.file.display()
+                    ),
+                ));
+            };
+            let kp = branch.plan(&c.key, &fix)?;
+            let parts = recorded(&c.key).unwrap_or_default();
+            let partial = stamp::Partial {
+                wanted: key.value.clone(),
+                wanted_parts: key.parts.clone(),
+                fallback: c.fallback.to_string(),
+                checked_at_ms: clock::now_ms(),
+            };
+            Ok((
+                kp,
+                Key {
+                    value: c.key,
+                    parts,
+                },
+                Some(partial),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// When the stand-in chosen again is the very install the stamp describes
+/// (same key and tar, here, ready), nothing is fetched or unpacked: only
+/// the stamp's `checked_at_ms` moves, so the next recheck is a full
+/// interval away.
+fn same_stand_in(
+    m: &CacheManifest,
+    stamp_file: &Path,
+    branch: &Branch,
+    key: &Key,
+    partial: &stamp::Partial,
+    start: Instant,
+    phases: &Phases,
+) -> Result<Option<RestoreOutcome>> {
+    let Loaded::Found(mut s) = stamp::load(stamp_file) else {
+        return Ok(None);
+    };
+    let tar = match &branch.content {
+        Content::V1(bm) => bm.keys.get(&key.value).map(|e| e.tar_sha256.as_str()),
+        Content::Legacy { .. } => None,
+    };
+    if s.key != key.value
+        || tar != Some(s.tar_sha256.as_str())
+        || s.matches(&key.value, &key.parts, &m.restore_path, m.mode)
+            .is_err()
+        || ready(m).is_err()
+    {
+        return Ok(None);
+    }
+    s.partial = Some(partial.clone());
+    stamp::store(stamp_file, &s)?;
+    let mut o = from_stamp(m, &s, State::Partial, start, phases.clone());
+    o.commit = branch.commit.clone();
+    Ok(Some(o))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn cold(
     sh: &Shell,
@@ -632,12 +851,19 @@ fn cold(
     // even if the fetch below fails, the target is whole again.
     match m.mode {
         Mode::Replace => unpack::recover_swap(target)?,
-        Mode::Merge => unpack::recover(&journal)?,
+        Mode::Merge | Mode::Overlay => unpack::recover(&journal, target)?,
     }
 
     let t = Instant::now();
     let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
-    let mut kp = branch.plan(&key.value, &republish_fix(&m.name))?;
+    let (mut kp, key, partial) = choose_key(m, key, opts, &branch)?;
+    let key = &key;
+    if let Some(p) = &partial
+        && !opts.verify
+        && let Some(outcome) = same_stand_in(m, stamp_file, &branch, key, p, start, &phases)?
+    {
+        return Ok(outcome);
+    }
     // Every compressed byte of a v1 branch is authenticated by its chunk's
     // digest before it is decoded, and zstd checks its frames' content
     // checksums: hashing the whole tar again would only check the decoder
@@ -658,6 +884,18 @@ fn cold(
     unpack::kill_point("restore:unpacked");
 
     let bytes_hashed = vstats.bytes_hashed;
+    // Overlay: the files the user changed since they were installed leave
+    // staging here, so neither `--verify`'s comparison nor the merge sees
+    // them.
+    let overlay_file = overlay::path(&state_dir, &m.name);
+    let overlay_plan = match m.mode {
+        Mode::Overlay => Some(overlay::hold_back(
+            &dest,
+            target,
+            &overlay::load(&overlay_file, target),
+        )?),
+        _ => None,
+    };
     let mut difference = None;
     let mut state = State::Restored;
     if opts.verify && std::fs::symlink_metadata(target).is_ok() {
@@ -681,6 +919,14 @@ fn cold(
             Mode::Replace => unpack::swap_dir(&dest, target)?,
             Mode::Merge => {
                 unpack::merge_into(&dest, target, &journal)?;
+            }
+            Mode::Overlay => {
+                let plan = overlay_plan.as_ref().expect("overlay has a plan");
+                // Before the merge, so that a merge completed by the next
+                // run's journal replay leaves files the record knows.
+                overlay::save(&overlay_file, &plan.record)?;
+                unpack::merge_into(&dest, target, &journal)?;
+                overlay::save(&overlay_file, &overlay::settle(target, plan)?)?;
             }
         }
         staging.0 = None;
@@ -706,6 +952,7 @@ fn cold(
         files,
         restored_at: clock::rfc3339(now),
         restored_at_ms: now,
+        partial: partial.clone(),
     };
     stamp::store(stamp_file, &s)?;
     phases.install_ms = t.elapsed().as_millis() as u64;
@@ -721,6 +968,9 @@ fn cold(
         ));
     }
     let duration = start.elapsed();
+    if partial.is_some() && state == State::Restored {
+        state = State::Partial;
+    }
     Ok(RestoreOutcome {
         name: m.name.clone(),
         state,
@@ -744,6 +994,8 @@ fn cold(
         phases,
         difference,
         reason: None,
+        partial: partial_info(m, &s),
+        kept: overlay_plan.map(|p| p.kept.len() as u64),
     })
 }
 

@@ -49,6 +49,23 @@ pub struct Stamp {
     /// When the install completed: RFC 3339 UTC and epoch milliseconds.
     pub restored_at: String,
     pub restored_at_ms: u64,
+    /// Set when `key` stands in for the exact key the branch lacked
+    /// (`[[restore.fallback]]`): warm only until `restore.recheck` after
+    /// `checked_at_ms`. Older stamps have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<Partial>,
+}
+
+/// What a fallback install stands in for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partial {
+    /// The exact key today's pins gave, and its parts.
+    pub wanted: String,
+    pub wanted_parts: Vec<KeyPart>,
+    /// The fallback that matched (`drop src`, `prefix vc-`).
+    pub fallback: String,
+    /// When the branch was last seen without `wanted` (epoch ms).
+    pub checked_at_ms: u64,
 }
 
 /// Why a stamp does not make the current restore warm.
@@ -70,6 +87,12 @@ pub enum Miss {
     },
     /// The stamp matches but the manifest's ready-probe fails.
     NotReady(String),
+    /// A stand-in key is installed and `restore.recheck` has passed since
+    /// the branch was last seen without the exact key.
+    Recheck {
+        installed: String,
+        wanted: String,
+    },
     /// The stamp cannot be read (the message says why).
     Corrupt(String),
 }
@@ -111,6 +134,10 @@ impl std::fmt::Display for Miss {
             }
             Miss::Mode { installed } => write!(f, "installed in {installed} mode instead"),
             Miss::NotReady(why) => write!(f, "installed, but the ready-probe fails: {why}"),
+            Miss::Recheck { installed, wanted } => write!(
+                f,
+                "{installed} stands in for {wanted} and restore.recheck has passed: looking for {wanted}"
+            ),
             Miss::Corrupt(why) => f.write_str(why),
         }
     }
@@ -120,6 +147,7 @@ pub fn mode_name(mode: Mode) -> &'static str {
     match mode {
         Mode::Replace => "replace",
         Mode::Merge => "merge",
+        Mode::Overlay => "overlay",
     }
 }
 
@@ -301,6 +329,7 @@ mod tests {
             files: 3,
             restored_at: "2026-11-30T02:26:20Z".into(),
             restored_at_ms: 1_796_005_580_123,
+            partial: None,
         }
     }
 

@@ -338,6 +338,14 @@ fn local_state(repo: &Repo, m: &CacheManifest, key: Option<&manifest::Key>) -> L
         l.why = Some("the current key cannot be computed".into());
         return l;
     };
+    if let Some(p) = s.partial.as_ref().filter(|p| p.wanted == key.value) {
+        l.state = "partial".into();
+        l.why = Some(format!(
+            "{} stands in for {} (fallback {}); the first restore after restore.recheck looks for {} again",
+            s.key, p.wanted, p.fallback, p.wanted
+        ));
+        return l;
+    }
     match s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         Ok(()) => match restore::ready(m) {
             Ok(()) => l.state = "installed".into(),
@@ -464,9 +472,13 @@ fn remote_state(
     match &b.content {
         Content::Legacy { archive, parts, .. } => {
             r.state = "legacy".into();
+            let shape = if parts.len() == 1 && parts[0] == *archive {
+                "stored whole".to_string()
+            } else {
+                format!("in {} parts", parts.len())
+            };
             r.error = Some(format!(
-                "made by the old shell recipe: one archive {archive} in {} parts, restored whatever the key",
-                parts.len()
+                "made by the old shell recipe: one archive {archive} {shape}, checked by SHA256SUMS, restored whatever the key"
             ));
         }
         Content::V1(bm) => {

@@ -10,8 +10,10 @@
 //!    (`Opened::checked`: `cache::direct` hashes each chunk as it writes it
 //!    to the chunk store) is only read that second time: if its file was
 //!    changed in between, the changed bytes reach the decoder and staging,
-//!    and the re-hash refuses the install at the chunk's end. Legacy branches only have a digest over the whole archive: there the
-//!    bytes are passed on as they are hashed, and the verdict comes at the end.
+//!    and the re-hash refuses the install at the chunk's end. Legacy
+//!    branches only have a digest over the whole archive: there the whole
+//!    archive is hashed and checked first, then read again, re-hashed,
+//!    and passed on.
 //! 2. *decode*: zstd (or gzip for legacy branches), refusing more bytes than
 //!    declared, and hashing the tar stream unless the plan says the decoder
 //!    is trusted (`Plan::hash_tar`: a plain restore of a v1 branch, whose
@@ -54,7 +56,8 @@ pub enum Check {
     /// bytes are passed on.
     PerPiece,
     /// One digest over the concatenation of all pieces (legacy), named
-    /// `archive` in SHA256SUMS: known only after the last byte.
+    /// `archive` in SHA256SUMS: checked over every piece before the first
+    /// byte is passed on, and again as they are passed on.
     Whole { archive: String, sha256: [u8; 32] },
 }
 
@@ -90,14 +93,11 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Bytes `stream` reports through `on_progress`: v1 reads every chunk
-    /// twice (verify, then decode), legacy once.
+    /// Bytes `stream` reports through `on_progress`: every piece is read
+    /// twice (verify, then decode), for v1 and legacy alike.
     pub fn progress_total(&self) -> u64 {
         let once: u64 = self.pieces.iter().map(|p| p.size).sum();
-        match self.check {
-            Check::PerPiece => once * 2,
-            Check::Whole { .. } => once,
-        }
+        once * 2
     }
 }
 
@@ -454,6 +454,14 @@ pub fn chunk_mismatch(
 /// by this process as it arrived, `cache::direct`) is read once: the read
 /// that decodes it, which still re-hashes it and refuses it at its end if
 /// it changed since.
+///
+/// Legacy (`Whole`) has one digest over the concatenation of all pieces, so
+/// the same two reads span the whole archive: every piece is hashed, in
+/// order, and the digest compared with `SHA256SUMS`; only then is every
+/// piece opened again, re-hashed and passed on, and the second digest must
+/// match too. No byte of a damaged legacy archive reaches the decoder. The
+/// caller fetched every part before (`restore::fetch`), so `open` is
+/// called `0..n`, then `0..n` again.
 fn read_stage(
     plan: &Plan,
     open: &mut Open<'_>,
@@ -462,6 +470,22 @@ fn read_stage(
     recycle: &Receiver<Vec<u8>>,
 ) -> Result<(u64, u64)> {
     let mut hashed = 0u64;
+    if let Check::Whole { archive, sha256 } = &plan.check {
+        let mut whole = Sha256::new();
+        for (i, piece) in plan.pieces.iter().enumerate() {
+            let mut src = open(i)?.reader;
+            stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
+                on_progress(buf.len() as u64);
+                whole.update(&buf);
+                Ok(Some(buf))
+            })?;
+            hashed += piece.size;
+        }
+        let got: [u8; 32] = whole.finalize().into();
+        if got != *sha256 {
+            return Err(whole_mismatch(plan, archive, &got, sha256, ""));
+        }
+    }
     let mut total = 0u64;
     let mut whole = Sha256::new();
     // Set when the next stage hung up (it failed): the current chunk (v1) or
@@ -500,13 +524,6 @@ fn read_stage(
         };
         // If the next stage hangs up mid-chunk, the chunk is still read to
         // its end: a chunk that changed is reported as such.
-        //
-        // Legacy branches carry one digest over the whole archive, so their
-        // bytes go to the decoder before they are known to be good. That is
-        // acceptable only because the consumer writes into a staging
-        // directory and the caller swaps it in after `stream` returned Ok,
-        // i.e. after the whole-archive digest below matched: unverified bytes
-        // reach the decoder, never the install.
         let whole_digest = matches!(plan.check, Check::Whole { .. });
         let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
             on_progress(buf.len() as u64);
@@ -536,17 +553,16 @@ fn read_stage(
         }
     }
     if let Check::Whole { archive, sha256 } = &plan.check {
+        // The second read must give the bytes the first one checked: the
+        // parts are still in staging only if they changed in between.
         let got: [u8; 32] = whole.finalize().into();
         if got != *sha256 {
-            return Err(fail(
-                Code::Verify,
-                format!(
-                    "the parts of {archive} on {} concatenate to sha256 {} but SHA256SUMS says {}: {}",
-                    plan.label,
-                    hex(&got),
-                    hex(sha256),
-                    plan.fix
-                ),
+            return Err(whole_mismatch(
+                plan,
+                archive,
+                &got,
+                sha256,
+                " (they changed while being read)",
             ));
         }
         if downstream_gone {
@@ -554,6 +570,31 @@ fn read_stage(
         }
     }
     Ok((total, hashed))
+}
+
+/// A legacy archive whose bytes do not have the digest SHA256SUMS gives
+/// (exit 6).
+fn whole_mismatch(
+    plan: &Plan,
+    archive: &str,
+    got: &[u8; 32],
+    expected: &[u8; 32],
+    when: &str,
+) -> anyhow::Error {
+    let what = if plan.pieces.len() == 1 && plan.pieces[0].file == archive {
+        format!("{archive} on {} has", plan.label)
+    } else {
+        format!("the parts of {archive} on {} concatenate to", plan.label)
+    };
+    fail(
+        Code::Verify,
+        format!(
+            "{what} sha256 {}{when} but SHA256SUMS says {}: {}",
+            hex(got),
+            hex(expected),
+            plan.fix
+        ),
+    )
 }
 
 /// Stage 2: decode, hash and cap the tar stream, pass it on.
@@ -945,20 +986,82 @@ mod tests {
     }
 
     #[test]
-    fn legacy_archives_check_the_whole_digest() {
+    fn legacy_archives_check_the_whole_digest_before_the_decoder_sees_a_byte() {
         let tar = big_tar();
-        let (plan, chunks) = legacy(&tar, 3);
-        let (out, stats) = run(&plan, &chunks).unwrap();
-        assert_eq!(out, tar);
-        assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
-        // A flipped byte in the last part: the verdict comes at the end, but
-        // it comes, and it is a verification failure.
-        let (plan, mut chunks) = legacy(&tar, 3);
-        let last = chunks.last_mut().unwrap();
-        last[0] ^= 0xff;
-        let err = run(&plan, &chunks).unwrap_err();
+        for parts in [1, 3] {
+            let (plan, chunks) = legacy(&tar, parts);
+            let (out, stats) = run(&plan, &chunks).unwrap();
+            assert_eq!(out, tar);
+            assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
+            let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+            assert_eq!(plan.progress_total(), 2 * compressed);
+            // A flipped byte anywhere, even in the last part or the gzip
+            // trailer: refused, and the consumer never saw a byte. Offsets
+            // from a small deterministic PRNG, plus both ends of each part.
+            let mut rng = 0x2545_f491_4f6c_dd1du64;
+            let mut flips: Vec<(usize, usize)> = Vec::new();
+            for (bad, c) in chunks.iter().enumerate() {
+                let n = c.len();
+                flips.extend([(bad, 0), (bad, n - 1), (bad, n / 2)]);
+            }
+            for _ in 0..40 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let bad = (rng % parts as u64) as usize;
+                flips.push((bad, (rng >> 20) as usize % chunks[bad].len()));
+            }
+            for (bad, at) in flips {
+                let (plan, mut chunks) = legacy(&tar, parts);
+                chunks[bad][at] ^= 0xff;
+                let seen = AtomicUsize::new(0);
+                let chunks2 = chunks.clone();
+                let mut open = move |i: usize| -> Result<Opened> {
+                    Ok(Opened::unchecked(io::Cursor::new(chunks2[i].clone())))
+                };
+                let err = stream(&plan, &mut open, &|_| {}, |r| {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let n = r.read(&mut buf)?;
+                        if n == 0 {
+                            return Ok(());
+                        }
+                        seen.fetch_add(n, Ordering::Relaxed);
+                    }
+                })
+                .unwrap_err();
+                assert_eq!(code_of(&err), Code::Verify, "{err:#}");
+                let msg = format!("{err:#}");
+                assert!(msg.contains("cache.tar.gz"), "{msg}");
+                assert!(msg.contains("SHA256SUMS"), "{msg}");
+                assert_eq!(seen.load(Ordering::Relaxed), 0, "the consumer saw bytes");
+            }
+        }
+    }
+
+    #[test]
+    fn a_legacy_part_that_changes_between_the_two_reads_is_refused() {
+        let tar = big_tar();
+        let (plan, chunks) = legacy(&tar, 2);
+        let opened = AtomicUsize::new(0);
+        let mut open = move |i: usize| -> Result<Opened> {
+            let mut c = chunks[i].clone();
+            if i == 1 && opened.fetch_add(1, Ordering::SeqCst) > 0 {
+                let n = c.len();
+                c[n - 1] ^= 1;
+            }
+            Ok(Opened::unchecked(io::Cursor::new(c)))
+        };
+        let err = stream(&plan, &mut open, &|_| {}, |r| {
+            io::copy(r, &mut io::sink())?;
+            Ok(())
+        })
+        .unwrap_err();
         assert_eq!(code_of(&err), Code::Verify, "{err:#}");
-        assert!(format!("{err:#}").contains("cache.tar.gz"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("changed while being read"),
+            "{err:#}"
+        );
     }
 
     #[test]

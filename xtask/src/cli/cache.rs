@@ -35,6 +35,13 @@ pub enum CacheCommand {
     /// `refs/warmstart/cache/<NAME>`, which plain clones never download) and
     /// the old branch is deleted. Set `ref` in the manifest first.
     Migrate(MigrateArgs),
+    /// Drop old keys from a cache branch, in one new root commit pushed with a lease.
+    ///
+    /// A key goes when every limit given selects it; the key today's pins
+    /// give (with each platform value on the branch) always stays. Hosting
+    /// servers keep unreachable blobs until they collect garbage, so this
+    /// shortens the branch at once but frees remote storage only later.
+    Prune(PruneArgs),
 }
 
 #[derive(Debug, Args)]
@@ -45,6 +52,28 @@ pub struct MigrateArgs {
     #[arg(long)]
     pub from: Option<String>,
     /// The remote (default: the manifest's, else `origin`).
+    #[arg(long)]
+    pub remote: Option<String>,
+    #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// The cache: `cache-manifests/<NAME>.toml`.
+    pub name: String,
+    /// Keep the N newest keys (by created_at) of each platform value.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Drop keys published longer ago than this (`30d`, `12h`, `1h30m`).
+    #[arg(long, value_name = "DURATION")]
+    pub older_than: Option<String>,
+    /// Say which keys would go, and push nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The remote to push to (default: the manifest's, else `origin`).
     #[arg(long)]
     pub remote: Option<String>,
     #[command(flatten)]
@@ -82,6 +111,11 @@ pub struct RestoreArgs {
     /// Re-verify the installed copy even when the stamp says it is current.
     #[arg(long)]
     pub verify: bool,
+    /// Restore this branch key instead of the one the pins give (for
+    /// debugging and scripts; exit 4 when the branch lacks it). The next
+    /// plain restore installs the pins' key again.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
     /// The remote to fetch from (default: the manifest's, else `origin`).
     #[arg(long)]
     pub remote: Option<String>,

@@ -410,7 +410,7 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
     let (prefix, journal) = prefix_and_journal(&args.into)?;
     // First finish any merge a killed run left, before anything else (it
     // needs that run's staging directory, which staging_dir_for would clear).
-    unpack::recover(&journal)?;
+    unpack::recover(&journal, &prefix)?;
     let limits = Limits {
         max_bytes: args.max_bytes,
         max_entries: args.max_entries,

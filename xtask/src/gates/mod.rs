@@ -289,23 +289,22 @@ fn fetch(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {
     let fetched = store::fetch(sh, &repo.root, &args.remote, &head.tree, args.timeout)?;
     let record = store::read_valid(sh, &repo.root, &head.tree)?;
     let gates: Vec<&String> = record.iter().flat_map(|r| r.gates.keys()).collect();
+    // A remote given as a URL is shown without its userinfo.
+    let remote = crate::redact::url(&args.remote);
     if args.json {
         print_json(&json!({
-            "remote": args.remote,
+            "remote": remote,
             "tree": head.tree,
             "result": fetched.as_str(),
             "gates": gates,
         }));
     } else if fetched == store::Fetched::NoneThere {
-        println!(
-            "`{}` has no gate record for tree {}",
-            args.remote, head.tree
-        );
+        println!("`{}` has no gate record for tree {}", remote, head.tree);
     } else {
         println!(
             "fetched the gate record for tree {} from `{}` ({}); green here now: {}",
             head.tree,
-            args.remote,
+            remote,
             fetched.as_str(),
             list_or_none(&gates)
         );
@@ -317,9 +316,10 @@ fn push(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {
     let head = store::head(sh, &repo.root)?;
     let (pushed, record) = store::push(sh, &repo.root, &args.remote, &head.tree, args.timeout)?;
     let gates: Vec<&String> = record.gates.keys().collect();
+    let remote = crate::redact::url(&args.remote);
     if args.json {
         print_json(&json!({
-            "remote": args.remote,
+            "remote": remote,
             "tree": head.tree,
             "ref": store::ref_name(&head.tree),
             "result": pushed.as_str(),
@@ -329,7 +329,7 @@ fn push(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {
         println!(
             "gate record for tree {} on `{}`: {} ({})",
             head.tree,
-            args.remote,
+            remote,
             pushed.as_str(),
             list_or_none(&gates)
         );

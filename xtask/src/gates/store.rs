@@ -149,6 +149,8 @@ pub fn corrupt(refname: &str, e: &ParseError) -> anyhow::Error {
 
 /// The error for a remote record that cannot be trusted; the local one is untouched.
 fn corrupt_remote(remote: &str, refname: &str, e: &ParseError) -> anyhow::Error {
+    // A remote given as a URL is shown without its userinfo.
+    let remote = crate::redact::url(remote);
     fail(
         Code::Corrupt,
         format!(
@@ -314,6 +316,8 @@ fn network_git(
         .arg(root)
         .args(options)
         .args(["--end-of-options", remote, refspec]);
+    // From here on `remote` is only shown: a URL loses its userinfo.
+    let remote = crate::redact::url(remote);
     // Messages in English so the porcelain and errors parse; never prompt.
     cmd.env("LC_ALL", "C").env("GIT_TERMINAL_PROMPT", "0");
     let net = network_settings(root)?;
@@ -357,6 +361,8 @@ fn network_git(
 }
 
 fn remote_error(what: &str, remote: &str, outcome: &runner::Outcome) -> anyhow::Error {
+    // A remote given as a URL is shown without its userinfo.
+    let remote = crate::redact::url(remote);
     let text = String::from_utf8_lossy(&outcome.output);
     if crate::net::auth_refused(&text).is_some() {
         return crate::net::remote_failure(&format!("{what} `{remote}` failed"), &text);
@@ -551,13 +557,14 @@ pub fn push(
     let dst = format!("{}{tree}", remote_prefix(root)?);
     let refspec = format!("{refname}:{dst}");
     let what = "pushing the gate record to";
+    let shown = crate::redact::url(remote);
     for _ in 0..3 {
         fetch(sh, root, remote, tree, timeout)?;
         let Some(record) = read_valid(sh, root, tree)? else {
             return Err(fail(
                 Code::NotFound,
                 format!(
-                    "no gate record for tree {tree} here or on `{remote}`: run `cargo xtask gates run` first"
+                    "no gate record for tree {tree} here or on `{shown}`: run `cargo xtask gates run` first"
                 ),
             ));
         };
@@ -583,7 +590,7 @@ pub fn push(
                     Some(hint) => fail(
                         Code::Remote,
                         crate::redact::text(&format!(
-                            "{what} `{remote}` was refused (host said: {}): {hint}",
+                            "{what} `{shown}` was refused (host said: {}): {hint}",
                             host_said(&outcome)
                         )),
                     ),
@@ -594,6 +601,6 @@ pub fn push(
     }
     Err(fail(
         Code::Busy,
-        format!("{refname} on `{remote}` kept changing while pushing; run the push again"),
+        format!("{refname} on `{shown}` kept changing while pushing; run the push again"),
     ))
 }

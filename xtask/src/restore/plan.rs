@@ -234,7 +234,8 @@ impl Step {
             Kind::Command(c) => c.run.display(),
             Kind::Download(d) => crate::redact::url(&d.url),
             Kind::Pin(p) => format!("{} {}", p.tool, p.args.join(" ")),
-            Kind::Freshness(f) => match (&f.remote, &f.branch) {
+            // A remote given as a URL is shown without its userinfo.
+            Kind::Freshness(f) => match (f.remote.as_deref().map(crate::redact::url), &f.branch) {
                 (Some(r), Some(b)) => format!("{r}/{b}"),
                 (Some(r), None) => format!("{r} (upstream)"),
                 (None, Some(b)) => format!("upstream/{b}"),
@@ -250,7 +251,7 @@ impl Step {
             Kind::Cache(c) => json!({
                 "cache": c.cache,
                 "manifest": crate::cache::manifest::path_of(repo, &c.cache),
-                "remote": c.remote,
+                "remote": c.remote.as_deref().map(crate::redact::url),
             }),
             Kind::Submodules(s) => json!({
                 "paths": s.paths,
@@ -288,7 +289,7 @@ impl Step {
                 },
             }),
             Kind::Freshness(f) => json!({
-                "remote": f.remote, "branch": f.branch,
+                "remote": f.remote.as_deref().map(crate::redact::url), "branch": f.branch,
                 "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
             }),
         };

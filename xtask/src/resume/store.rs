@@ -90,9 +90,20 @@ impl Store {
         )
     }
 
-    /// The index for reading: empty when there is no file yet.
+    /// The index for reading: empty when there is no file yet. Reached by
+    /// the same links a write would take: another user's link is refused
+    /// here too, or `lookup` and `list` (run as root with a user's HOME, or
+    /// in a shared directory) would print whatever file that user aims it at.
     pub fn read(&self) -> Result<Index> {
-        match Self::find(&self.path) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        self.read_as(unsafe { libc::geteuid() })
+    }
+
+    /// `read` as the user `euid` (tests play another user with it).
+    fn read_as(&self, euid: u32) -> Result<Index> {
+        check_links(&self.path, euid)?;
+        let target = target_of(&self.path, euid)?;
+        match Self::find(&target) {
             Found::Missing => Ok(Index::default()),
             Found::Good(index) => Ok(index),
             Found::Bad(reason) => Err(self.corrupt(&reason)),
@@ -109,6 +120,10 @@ impl Store {
         reinit: bool,
         edit: impl FnOnce(&mut Index) -> Result<(T, bool)>,
     ) -> Result<T> {
+        // Before the directory or the lock is made: both go through the
+        // same links as the index.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        check_links(&self.path, unsafe { libc::geteuid() })?;
         let dir = parent_dir(&self.path);
         if create {
             fs::create_dir_all(dir)
@@ -292,7 +307,7 @@ fn target_of(path: &Path, euid: u32) -> Result<PathBuf> {
                     return Err(fail(
                         Code::Corrupt,
                         format!(
-                            "the crash-resume index {} is reached through the symbolic link {}, which belongs to uid {}, not to this user (uid {euid}) or root: refusing to write through it; remove the link, or make it as the user who writes the index",
+                            "the crash-resume index {} is reached through the symbolic link {}, which belongs to uid {}, not to this user (uid {euid}) or root: refusing to read or write through it; remove the link, or make it as the user who writes the index",
                             path.display(),
                             at.display(),
                             meta.uid()
@@ -310,6 +325,71 @@ fn target_of(path: &Path, euid: u32) -> Result<PathBuf> {
         }
     }
     Ok(path.to_path_buf())
+}
+
+/// Refuses a path to the index that passes through a symbolic link owned by
+/// anyone but `euid` or root, at any depth: a directory link as well as the
+/// last one (`~/.golems -> /etc/x` in a user's HOME, when root runs the
+/// hook, would put root's index, its lock and its temp files wherever that
+/// user chose). Resolves the path as the kernel does, one component at a
+/// time, splicing in each link's target, so links inside links are judged
+/// too. A loop or an unreadable link is left to the caller's own errors.
+fn check_links(path: &Path, euid: u32) -> Result<()> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    let abs = std::path::absolute(path)
+        .with_context(|| format!("resolving the index path {}", path.display()))?;
+    let push_all = |todo: &mut Vec<OsString>, p: &Path| {
+        for c in p.components().rev() {
+            todo.push(match c {
+                Component::RootDir => OsString::from("/"),
+                Component::ParentDir => OsString::from(".."),
+                Component::CurDir | Component::Prefix(_) => continue,
+                Component::Normal(n) => n.to_os_string(),
+            });
+        }
+    };
+    let mut todo = Vec::new();
+    push_all(&mut todo, &abs);
+    // `at` never holds a link, so `..` may pop it as text.
+    let mut at = PathBuf::from("/");
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        if c == "/" {
+            at = PathBuf::from("/");
+            continue;
+        }
+        if c == ".." {
+            at.pop();
+            continue;
+        }
+        let next = at.join(&c);
+        match fs::symlink_metadata(&next) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                if meta.uid() != euid && meta.uid() != 0 {
+                    return Err(fail(
+                        Code::Corrupt,
+                        format!(
+                            "the crash-resume index {} is reached through the symbolic link {}, which belongs to uid {}, not to this user (uid {euid}) or root: refusing to read or write through it; remove the link, or make it as the user who writes the index",
+                            path.display(),
+                            next.display(),
+                            meta.uid()
+                        ),
+                    ));
+                }
+                hops += 1;
+                let Ok(target) = fs::read_link(&next) else {
+                    return Ok(());
+                };
+                if hops > 40 {
+                    return Ok(());
+                }
+                push_all(&mut todo, &target);
+            }
+            _ => at = next,
+        }
+    }
+    Ok(())
 }
 
 fn parent_dir(path: &Path) -> &Path {
@@ -463,7 +543,7 @@ mod tests {
         let err = target_of(&link, euid).unwrap_err();
         assert_eq!(code_of(&err), Code::Corrupt);
         assert!(
-            format!("{err:#}").contains("refusing to write through it"),
+            format!("{err:#}").contains("refusing to read or write through it"),
             "{err:#}"
         );
         if me == 0 {
@@ -527,5 +607,85 @@ mod tests {
             .collect();
         assert_eq!(aside.len(), 1);
         assert!(store.read().unwrap().get("s1").is_some());
+    }
+
+    /// `lookup` and `list` read through any link: one planted by another
+    /// user at the index path (a shared directory, or a user's HOME when
+    /// root runs the command) made them print the entries of a file that
+    /// user cannot read.
+    #[test]
+    fn another_users_link_is_never_read_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let private = tmp.path().join("private.json");
+        let mut index = Index::default();
+        index.record(&rec("root-only-surface"), 1);
+        fs::write(&private, index.to_bytes()).unwrap();
+        fs::set_permissions(&private, fs::Permissions::from_mode(0o600)).unwrap();
+        let link = tmp.path().join("index.json");
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        // As root, give the link to another user; otherwise play another
+        // user, since a link of our own is trusted.
+        let (owner, euid) = if me == 0 {
+            std::os::unix::fs::lchown(&link, Some(12345), None).unwrap();
+            (12345, me)
+        } else {
+            (me, 4242)
+        };
+        let err = Store::new(link.clone()).read_as(euid).unwrap_err();
+        assert_eq!(code_of(&err), Code::Corrupt, "{err:#}");
+        assert!(
+            format!("{err:#}").contains(&format!("uid {owner}")),
+            "{err:#}"
+        );
+        assert!(!format!("{err:#}").contains("root-only-surface"));
+    }
+
+    /// Only the last link of the path was judged: a directory link on the
+    /// way (`~/.golems -> /etc/x`, made by the user whose HOME root runs
+    /// with) put root's index, lock and temp files wherever it pointed.
+    #[test]
+    fn another_users_directory_link_on_the_way_is_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        fs::create_dir_all(&elsewhere).unwrap();
+        let home = tmp.path().join("home");
+        fs::create_dir_all(&home).unwrap();
+        let golems = home.join(".golems");
+        std::os::unix::fs::symlink("../elsewhere", &golems).unwrap();
+        // A link of this user's inside: judged too, with what it leads through.
+        std::os::unix::fs::symlink("home/.golems", tmp.path().join("via")).unwrap();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let euid = if me == 0 {
+            std::os::unix::fs::lchown(&golems, Some(12345), None).unwrap();
+            me
+        } else {
+            4242
+        };
+        for path in [golems.join("index.json"), tmp.path().join("via/index.json")] {
+            let err = check_links(&path, euid).unwrap_err();
+            assert_eq!(code_of(&err), Code::Corrupt, "{err:#}");
+            assert!(format!("{err:#}").contains(".golems"), "{err:#}");
+            if me == 0 {
+                let err = Store::new(path.clone())
+                    .update(true, false, |i| {
+                        i.record(&rec("s1"), 1);
+                        Ok(((), true))
+                    })
+                    .unwrap_err();
+                assert_eq!(code_of(&err), Code::Corrupt, "{err:#}");
+                assert!(Store::new(path).read().is_err());
+            }
+        }
+        assert!(names(&elsewhere).is_empty(), "{:?}", names(&elsewhere));
+        // This user's (or root's) own directory link is followed.
+        if me != 0 {
+            check_links(&golems.join("index.json"), me).unwrap();
+        } else {
+            std::os::unix::fs::lchown(&golems, Some(0), None).unwrap();
+            check_links(&golems.join("index.json"), 0).unwrap();
+        }
     }
 }

@@ -288,13 +288,27 @@ impl Dir {
         Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    /// Sets the permission bits of `name`, a directory just seen by
-    /// `lstat_at` in a tree warmstart made (staging): the one call here
-    /// that would follow a symlink, so it is never used in a target.
+    /// Sets the permission bits of the directory `name` in this one, never
+    /// through a symlink (`ELOOP`, `ENOTDIR`): a directory without read
+    /// permission cannot be opened to `fchmod` it, and `fchmodat` follows
+    /// a symlink, so another process swapping the directory for a link
+    /// (`x -> /etc`) between our look and the chmod would change the mode
+    /// of whatever it pointed to. An `O_PATH` handle pins the directory
+    /// itself; its `/proc/self/fd` entry names exactly that inode.
     pub fn chmod_dir_at(&self, name: &OsStr, mode: libc::mode_t) -> io::Result<()> {
         let c = single(name)?;
         // SAFETY: valid fd and NUL-terminated name.
-        check(unsafe { libc::fchmodat(self.fd(), c.as_ptr(), mode, 0) })
+        let fd = unsafe {
+            libc::openat(
+                self.fd(),
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        let pinned = self.owned(fd)?;
+        let at = cstr(OsStr::new(&format!("/proc/self/fd/{}", pinned.as_raw_fd())))?;
+        // SAFETY: a NUL-terminated path.
+        check(unsafe { libc::chmod(at.as_ptr(), mode) })
     }
 
     /// Sets this directory's permission bits (`fchmod`).
@@ -712,6 +726,41 @@ mod tests {
         let comps: Vec<&OsStr> = vec![OsStr::new("a"), OsStr::new(".."), OsStr::new("..")];
         assert_eq!(errno(walk(&root, &comps, Links::Beneath)), libc::EXDEV);
         assert!(open_beneath(&root, Path::new("../x"), Links::Beneath).is_err());
+    }
+
+    /// `chmod_dir_at` (used on a directory without read permission while
+    /// removing a tree) followed a symlink found at the name: swapped in by
+    /// another process, it changed the mode of a directory outside.
+    #[test]
+    fn chmod_dir_at_never_changes_what_a_symlink_points_to() {
+        let (t, root) = setup();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::set_permissions(
+            &outside,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        symlink(&outside, t.path().join("root/swapped")).unwrap();
+        let err = root.chmod_dir_at(OsStr::new("swapped"), 0o700).unwrap_err();
+        assert!(
+            matches!(err.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)),
+            "{err}"
+        );
+        let mode = std::fs::metadata(&outside).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o755
+        );
+        // A real directory still gets its mode.
+        root.chmod_dir_at(OsStr::new("lib"), 0o700).unwrap();
+        let mode = std::fs::metadata(t.path().join("root/lib"))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o700
+        );
     }
 
     #[test]

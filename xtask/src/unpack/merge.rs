@@ -55,7 +55,7 @@ pub fn merge_into(staging: &Path, prefix: &Path, journal: &Path) -> Result<Stats
 
 /// Merges every file of `staging` into `prefix`, each by rename, with a
 /// journal at `journal` so that an interrupted merge is completed by
-/// `recover(journal)`, which this function runs first.
+/// `recover(journal, prefix)`, which this function runs first.
 ///
 /// Holds an exclusive `flock` on the `prefix` directory itself while it
 /// works, so two merges into one prefix never overlap (and no lock file is
@@ -77,7 +77,7 @@ pub fn merge_into_with(
     opts: MergeOptions,
 ) -> Result<Stats> {
     beneath::check_setting()?;
-    recover(journal)?;
+    recover(journal, prefix)?;
     fs::create_dir_all(prefix).with_context(|| format!("creating {}", prefix.display()))?;
     let mut plan = Journal {
         staging: absolute(staging)?,
@@ -88,13 +88,7 @@ pub fn merge_into_with(
     let root = lock_root(&plan.prefix)?;
     // A merge into this prefix killed while we waited for the lock.
     if let Some(left) = read_journal(journal)? {
-        anyhow::ensure!(
-            left.prefix == plan.prefix,
-            "the merge journal {} belongs to {}, not {}: give each prefix its own journal",
-            journal.display(),
-            left.prefix.display(),
-            plan.prefix.display()
-        );
+        check_owner(journal, &left, &plan.prefix)?;
         complete(journal, &left, &root)?;
     }
     let src = Dir::open_path(&plan.staging)
@@ -108,15 +102,20 @@ pub fn merge_into_with(
     Ok(stats)
 }
 
-/// Completes a merge that was interrupted (by a crash or `kill -9`), if the
-/// journal at `journal` exists; a no-op otherwise. Locks the journal's
-/// prefix like `merge_into`. A journal that cannot be parsed is an error
-/// with `exit::Code::Corrupt` naming the file, and is left in place.
-pub fn recover(journal: &Path) -> Result<()> {
+/// Completes a merge into `prefix` that was interrupted (by a crash or
+/// `kill -9`), if the journal at `journal` exists; a no-op otherwise. Locks
+/// the prefix like `merge_into`. A journal that cannot be parsed is an error
+/// with `exit::Code::Corrupt` naming the file, and is left in place; one
+/// that names another prefix, or a staging directory that is not one of
+/// that prefix's, is refused (`exit::Code::Unsafe`) and left in place: a
+/// replay moves files out of the staging directory and removes it, so a
+/// planted journal could otherwise empty and delete any tree.
+pub fn recover(journal: &Path, prefix: &Path) -> Result<()> {
     beneath::check_setting()?;
     let Some(plan) = read_journal(journal)? else {
         return Ok(());
     };
+    check_owner(journal, &plan, &absolute(prefix)?)?;
     fs::create_dir_all(&plan.prefix)
         .with_context(|| format!("creating {}", plan.prefix.display()))?;
     let root = lock_root(&plan.prefix)?;
@@ -125,6 +124,50 @@ pub fn recover(journal: &Path) -> Result<()> {
         Some(plan) => complete(journal, &plan, &root),
         None => Ok(()),
     }
+}
+
+/// Refuses a journal that is not the record of a merge into `prefix` (an
+/// absolute path) from its own staging directory, `.<name>.staging-<pid>`
+/// beside it, as `staging_dir_for` makes them.
+fn check_owner(journal: &Path, plan: &Journal, prefix: &Path) -> Result<()> {
+    let refuse = |why: String| {
+        Err(fail(
+            Code::Unsafe,
+            format!(
+                "the merge journal {} {why}; nothing was replayed: inspect it, delete it, then run the install again (give each prefix its own journal)",
+                journal.display()
+            ),
+        ))
+    };
+    if plan.prefix != prefix {
+        return refuse(format!(
+            "belongs to {}, not {}",
+            plan.prefix.display(),
+            prefix.display()
+        ));
+    }
+    let ours = match (prefix.parent(), prefix.file_name()) {
+        (Some(parent), Some(name)) => {
+            let mut lead = OsString::from(".");
+            lead.push(name);
+            lead.push(".staging-");
+            plan.staging.parent() == Some(parent)
+                && plan.staging.file_name().is_some_and(|n| {
+                    n.as_bytes()
+                        .strip_prefix(lead.as_bytes())
+                        .is_some_and(|pid| !pid.is_empty() && pid.iter().all(u8::is_ascii_digit))
+                })
+        }
+        _ => false,
+    };
+    if !ours {
+        return refuse(format!(
+            "names {} as its staging directory, which is not one of {}'s",
+            plan.staging.display(),
+            prefix.display()
+        ));
+    }
+    Ok(())
 }
 
 /// A handle on the prefix root with an exclusive flock on it (released when
@@ -509,11 +552,19 @@ fn write_journal(journal: &Path, plan: &Journal) -> Result<()> {
     let mut tmp = journal.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
+    // Never through a symlink someone left at the temporary name: remove
+    // whatever is there (a link, not its target), then create afresh.
+    match fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing the stale {}", tmp.display()));
+        }
+        _ => {}
+    }
     let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .write(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .with_context(|| format!("writing the merge journal {}", tmp.display()))?;
     file.write_all(&plan.to_bytes())
@@ -801,7 +852,7 @@ mod tests {
                 &staging, &prefix, &journal
             )));
             assert!(journal.exists(), "{point}: journal must survive the kill");
-            recover(&journal).unwrap();
+            recover(&journal, &prefix).unwrap();
             assert_merged(&prefix, &staging, &journal);
         }
     }
@@ -834,7 +885,7 @@ mod tests {
         )));
         let stray = prefix.join("bin").join(tmp_name(OsStr::new("tool")));
         assert!(stray.exists(), "the kill point is after the copy");
-        recover(&journal).unwrap();
+        recover(&journal, &prefix).unwrap();
         FORCE_COPY.with(|f| f.set(false));
         assert_merged(&prefix, &staging, &journal);
     }
@@ -878,7 +929,7 @@ mod tests {
         assert!(run_killed_at("merge:journal-written", || merge_into_with(
             &staging, &prefix, &journal, opts
         )));
-        recover(&journal).unwrap();
+        recover(&journal, &prefix).unwrap();
         assert_eq!(
             fs::read_link(prefix.join("bin/env")).unwrap(),
             Path::new("/usr/bin/env")
@@ -900,7 +951,7 @@ mod tests {
             assert!(run_killed_at("merge:moved-one", || merge_into(
                 &staging, &prefix, &journal
             )));
-            recover(&journal).unwrap();
+            recover(&journal, &prefix).unwrap();
             assert_merged(&prefix, &staging, &journal);
             assert_eq!(
                 fs::read_to_string(prefix.join("lib/sub/c.so")).unwrap(),
@@ -921,9 +972,84 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let journal = tmp.path().join("merge.journal");
         fs::write(&journal, "garbage").unwrap();
-        let err = recover(&journal).unwrap_err();
+        let err = recover(&journal, tmp.path()).unwrap_err();
         assert_eq!(crate::exit::code_of(&err), Code::Corrupt);
         assert!(format!("{err:#}").contains("merge.journal"));
         assert!(journal.exists());
+    }
+
+    /// A journal someone else planted (beside a `conda unpack --into`
+    /// prefix, in a shared parent) names a staging directory of theirs or
+    /// a tree of the victim's: the replay moved its files into the prefix
+    /// and then removed that tree, wherever it was.
+    #[test]
+    fn a_planted_journal_never_moves_or_removes_a_tree_outside_the_prefix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_staging, prefix, journal) = setup(tmp.path());
+        let victim = tmp.path().join("victim");
+        fs::create_dir_all(victim.join("d")).unwrap();
+        fs::write(victim.join("d/keys"), "victim's\n").unwrap();
+        let plan = Journal {
+            staging: victim.clone(),
+            prefix: prefix.clone(),
+            external_symlinks: false,
+            entries: vec![(Kind::Dir, "d".into()), (Kind::File, "d/keys".into())],
+        };
+        fs::create_dir_all(journal.parent().unwrap()).unwrap();
+        fs::write(&journal, plan.to_bytes()).unwrap();
+        let err = recover(&journal, &prefix).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Unsafe, "{err:#}");
+        assert!(format!("{err:#}").contains("victim"), "{err:#}");
+        assert_eq!(
+            fs::read_to_string(victim.join("d/keys")).unwrap(),
+            "victim's\n"
+        );
+        assert!(!prefix.join("d").exists());
+        assert!(journal.exists(), "kept for inspection");
+    }
+
+    /// A journal naming another prefix than the one being installed (the
+    /// manifest's path changed between the crash and the replay, or the
+    /// journal was planted) was replayed into that other prefix.
+    #[test]
+    fn a_journal_for_another_prefix_is_never_replayed_into_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, prefix, journal) = setup(tmp.path());
+        assert!(run_killed_at("merge:journal-written", || merge_into(
+            &staging, &prefix, &journal
+        )));
+        let elsewhere = tmp.path().join("elsewhere");
+        let err = recover(&journal, &elsewhere).unwrap_err();
+        assert!(format!("{err:#}").contains("elsewhere"), "{err:#}");
+        let err = merge_into(&staging, &elsewhere, &journal).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("give each prefix its own journal"),
+            "{err:#}"
+        );
+        assert!(!elsewhere.join("bin").exists());
+        assert_eq!(
+            fs::read_to_string(prefix.join("bin/tool")).unwrap(),
+            "old tool\n"
+        );
+        recover(&journal, &prefix).unwrap();
+        assert_merged(&prefix, &staging, &journal);
+    }
+
+    /// Whoever can write the journal's directory plants a symlink at the
+    /// journal's temporary name: writing the journal followed it and
+    /// truncated its target.
+    #[test]
+    fn a_symlink_at_the_journal_temp_name_is_never_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, prefix, journal) = setup(tmp.path());
+        let precious = tmp.path().join("precious");
+        fs::write(&precious, "precious\n").unwrap();
+        fs::create_dir_all(journal.parent().unwrap()).unwrap();
+        let mut tmp_name = journal.as_os_str().to_owned();
+        tmp_name.push(".tmp");
+        std::os::unix::fs::symlink(&precious, &tmp_name).unwrap();
+        merge_into(&staging, &prefix, &journal).unwrap();
+        assert_eq!(fs::read_to_string(&precious).unwrap(), "precious\n");
+        assert_merged(&prefix, &staging, &journal);
     }
 }

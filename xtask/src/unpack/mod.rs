@@ -20,6 +20,7 @@
 
 mod beneath;
 mod extract;
+mod identity;
 mod journal;
 mod merge;
 mod swap;
@@ -27,6 +28,7 @@ mod writers;
 
 pub use beneath::{FORCE_WALK_ENV, force_walk, resolutions};
 pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
+pub use identity::{Ident, identities};
 pub use merge::{MergeOptions, merge_into, merge_into_with, recover};
 pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
 

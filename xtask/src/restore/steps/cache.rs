@@ -20,7 +20,11 @@ fn short(commit: &str) -> &str {
 pub fn probe(ctx: &Ctx, c: &CacheStep) -> Probe {
     match cache_restore::is_warm(ctx.sh, ctx.repo, &c.cache) {
         Ok(Ok(s)) => Probe::warm(format!(
-            "{} at {} ({}@{})",
+            "{}{} at {} ({}@{})",
+            s.partial
+                .as_ref()
+                .map(|p| format!("partial: stands in for {}: ", p.wanted))
+                .unwrap_or_default(),
             s.key,
             s.target.display(),
             s.branch,
@@ -53,6 +57,12 @@ pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
         State::Warm | State::Reused | State::Verified => {
             format!("{} at {} (from {from})", o.key, o.target.display())
         }
+        State::Partial => format!(
+            "partial: {} stands in for {} at {} (from {from})",
+            o.key,
+            o.partial.as_ref().map_or("?", |p| p.wanted.as_str()),
+            o.target.display()
+        ),
         State::Restored | State::Repaired => format!(
             "restored {} into {} from {from}: {} in {} entries",
             o.key,

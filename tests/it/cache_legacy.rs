@@ -1,0 +1,230 @@
+//! Both hand-made legacy branch shapes restore: an archive split into
+//! `X.partNN` pieces, and a whole archive stored in the tree, each named by
+//! `SHA256SUMS` and checked before a byte of it is decompressed.
+//!
+//! The branches are made here by shell (tar, gzip, split, sha256sum, git),
+//! as the bootstraps that warmstart replaces made them, and served by
+//! `git daemon` on 127.0.0.1.
+
+use crate::util::git_daemon::GitDaemon;
+use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
+use crate::util::{Run, TestEnv, run, show};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Makes a legacy branch by hand and pushes it as the one root commit of
+/// `BRANCH`. SHAPE `split`: `NAME.partNN` pieces of 1 MiB, SHA256SUMS names
+/// the (absent) whole; `whole`: NAME stored in the tree, `sha256sum -c` works.
+/// FLIP (optional): an offset whose byte is flipped in the stored archive
+/// after SHA256SUMS was written.
+const MAKE_LEGACY: &str = r#"set -euo pipefail
+src=$1; remote=$2; branch=$3; name=$4; shape=$5; flip=${6:-}
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+mkdir "$work/tree"; cd "$work/tree"
+tar -C "$src" -czf "$work/$name" .
+if [ "$shape" = split ]; then
+  split -b 1m -d -a 2 "$work/$name" "$name.part"
+  cat "$name".part* | sha256sum | sed "s/-\$/$name/" > SHA256SUMS
+  stored=$name.part00
+else
+  cp "$work/$name" .
+  sha256sum "$name" > SHA256SUMS
+  stored=$name
+fi
+if [ -n "$flip" ]; then
+  b=$(od -An -tu1 -j "$flip" -N1 "$stored" | tr -d ' ')
+  printf "$(printf '\\%03o' $(( b ^ 64 )))" | dd of="$stored" bs=1 seek="$flip" conv=notrunc status=none
+fi
+git init -q . && git checkout -q --orphan "$branch"
+git add -A && git commit -q -m "$branch snapshot"
+git push -q -f "$remote" "$branch:refs/heads/$branch"
+"#;
+
+struct Fx {
+    env: TestEnv,
+    work: PathBuf,
+    target: PathBuf,
+    daemon: GitDaemon,
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let env = TestEnv::new();
+        env.bare_remote("srv/origin.git");
+        let daemon = GitDaemon::start(&env.join("srv"));
+        let work = env.work_repo("work");
+        env.git(
+            "work",
+            ["remote", "add", "origin", &daemon.url("origin.git")],
+        );
+        let target = env.join("installed/vc");
+        let dir = work.join("cache-manifests");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("vc.toml"),
+            format!(
+                r#"[cache]
+branch = "vc-cache"
+description = "verification cache"
+
+[[key]]
+name = "v"
+regex = {{ file = "pin.txt", pattern = 'v=(\S+)' }}
+
+[pack]
+root = "src"
+
+[restore]
+path = "{}"
+"#,
+                target.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(env.join("make_legacy.sh"), MAKE_LEGACY).unwrap();
+        let fx = Fx {
+            env,
+            work,
+            target,
+            daemon,
+        };
+        fx.pin("1");
+        fx
+    }
+
+    fn pin(&self, v: &str) {
+        std::fs::write(self.work.join("pin.txt"), format!("v={v}\n")).unwrap();
+    }
+
+    /// A tree with every kind of entry and a 3 MiB file, so that the whole
+    /// archive is a blob the filtered branch fetch leaves out.
+    fn source(&self, name: &str, seed: u64) -> PathBuf {
+        let src = self.env.join(name);
+        make_tricky_tree(&src, false);
+        write_pseudo_random(&src.join("checked/big.bin"), 3 << 20, seed);
+        src
+    }
+
+    fn publish_legacy(&self, src: &Path, name: &str, shape: &str, flip: Option<u64>) {
+        let mut cmd = Command::new("bash");
+        cmd.arg(self.env.join("make_legacy.sh"))
+            .arg(src)
+            .arg(self.env.join("srv/origin.git"))
+            .arg("vc-cache")
+            .arg(name)
+            .arg(shape);
+        if let Some(f) = flip {
+            cmd.arg(f.to_string());
+        }
+        self.env.isolate(&mut cmd);
+        let r = run(&mut cmd);
+        assert_eq!(r.code(), 0, "make_legacy.sh\n{}", show(&r.out));
+    }
+
+    fn xtask(&self, args: &[&str]) -> Run {
+        run(self.env.xtask_in("work").args(args))
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let r = self.xtask(args).ok();
+        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+    }
+
+    fn assert_no_leftovers(&self) {
+        let stray: Vec<String> = std::fs::read_dir(self.target.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "vc")
+            .collect();
+        assert!(stray.is_empty(), "leftovers beside the target: {stray:?}");
+    }
+}
+
+#[test]
+fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
+    let fx = Fx::new();
+    let sha = "0123456789abcdef0123456789abcdef01234567";
+    let whole_name = format!("checked-{sha}-fstar2025.10.6.tar.gz");
+    for (i, (shape, name)) in [("split", "cache.tar.gz"), ("whole", whole_name.as_str())]
+        .into_iter()
+        .enumerate()
+    {
+        let src = fx.source(&format!("src-{shape}"), i as u64 + 1);
+        fx.publish_legacy(&src, name, shape, None);
+        fx.pin(shape);
+        let j = fx.json(&["cache", "restore", "vc", "--json"]);
+        assert_eq!(j["state"], "restored", "{j}");
+        assert_eq!(j["layout"], "legacy-gzip", "{j}");
+        // Read twice (checked whole, then decoded), and the tar hashed.
+        let compressed = j["compressed_bytes"].as_u64().unwrap();
+        assert!(compressed > 3 << 20, "{j}");
+        assert_eq!(
+            j["bytes_hashed"].as_u64().unwrap(),
+            2 * compressed + j["bytes"].as_u64().unwrap(),
+            "{j}"
+        );
+        assert_same_tree(&src, &fx.target);
+        assert_eq!(
+            fx.json(&["cache", "restore", "vc", "--json"])["state"],
+            "warm"
+        );
+        let st = fx.json(&["cache", "status", "vc", "--json"]);
+        let remote = &st[0]["remote"];
+        assert_eq!(remote["state"], "legacy", "{st}");
+        let said = remote["error"].as_str().unwrap();
+        let shape_words = if shape == "whole" {
+            "stored whole"
+        } else {
+            "in 4 parts"
+        };
+        assert!(said.contains(name) && said.contains(shape_words), "{said}");
+        let human = fx.xtask(&["cache", "status", "vc"]).ok().stdout();
+        assert!(human.contains("legacy"), "{human}");
+        // `cache verify` reads the same shapes.
+        let v = fx.xtask(&["cache", "verify", "vc"]);
+        assert_eq!(v.code(), 0, "{}", show(&v.out));
+        // A legacy branch has no keys to prune: exit 4, branch untouched.
+        let p = fx
+            .xtask(&["cache", "prune", "vc", "--keep", "1"])
+            .expect_code(4);
+        assert!(p.stderr().contains("legacy branch"), "{}", p.stderr());
+    }
+}
+
+#[test]
+fn cache_legacy_a_flipped_byte_in_the_whole_archive_is_refused_before_decoding() {
+    let fx = Fx::new();
+    let name = "checked-feed-fstar1.tar.gz";
+    let good = fx.source("src-good", 7);
+    fx.publish_legacy(&good, name, "whole", None);
+    fx.xtask(&["cache", "restore", "vc"]).ok();
+    assert_same_tree(&good, &fx.target);
+
+    let other = fx.source("src-other", 8);
+    // Offsets in the gzip header, the middle and the trailer.
+    for (n, flip) in [20u64, 1 << 20, 2 << 20].into_iter().enumerate() {
+        fx.publish_legacy(&other, name, "whole", Some(flip));
+        fx.pin(&format!("bad{n}"));
+        // The decode pass kills the process at its first piece: reaching
+        // exit 6 instead proves the decoder never started.
+        let r = run(fx
+            .env
+            .xtask_in("work")
+            .args(["cache", "restore", "vc"])
+            .env("WARMSTART_TEST_KILL_AT", "restore:first-chunk-decoding"))
+        .expect_code(6);
+        let e = r.stderr();
+        assert!(e.contains(name) && e.contains("SHA256SUMS"), "{e}");
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+        assert_same_tree(&good, &fx.target);
+        fx.assert_no_leftovers();
+    }
+    // The old install is still the warm one for its own key.
+    fx.pin("1");
+    assert_eq!(
+        fx.json(&["cache", "restore", "vc", "--json"])["state"],
+        "warm"
+    );
+    let _ = &fx.daemon;
+}
