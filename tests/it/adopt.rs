@@ -85,3 +85,23 @@ fn adopt_messages_follow_the_command_setting() {
     let out = run(&mut cmd).ok().stdout();
     assert!(out.contains("Usage: just ws <COMMAND>"), "{out}");
 }
+
+/// The tidy check of this repository: every file `init` generates is here
+/// and current (this repository runs the same bootstrap script and workflow).
+#[test]
+fn adopt_tidy_init_check_passes_on_this_repository() {
+    let env = TestEnv::new();
+    let mut cmd = std::process::Command::new(crate::util::bin());
+    cmd.args(["init", "--check"])
+        .current_dir(crate::util::source_root());
+    env.isolate(&mut cmd);
+    let r = run(&mut cmd).ok();
+    let out = r.stdout();
+    for f in [
+        "tools/warmstart-bootstrap.sh",
+        ".github/workflows/gates.yml",
+        "cache-manifests/example.toml.sample",
+    ] {
+        assert!(out.contains(&format!("current   {f}")), "{out}");
+    }
+}
