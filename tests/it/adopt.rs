@@ -105,3 +105,160 @@ fn adopt_tidy_init_check_passes_on_this_repository() {
         assert!(out.contains(&format!("current   {f}")), "{out}");
     }
 }
+
+// ------------------------------------------------------------------ init
+
+/// Runs the real binary in `cwd` (relative to the test directory).
+fn ws(env: &TestEnv, cwd: &str, args: &[&str]) -> crate::util::Run {
+    run(env.xtask_in(cwd).args(args))
+}
+
+#[test]
+fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    let generated = [
+        "cache-manifests/warmstart-bin.toml",
+        "cache-manifests/restore.toml",
+        "cache-manifests/example.toml.sample",
+        "tools/warmstart-bootstrap.sh",
+        ".github/workflows/gates.yml",
+    ];
+    for f in generated {
+        assert!(out.contains(&format!("created   {f}")), "{out}");
+    }
+    assert!(
+        out.contains("registry step"),
+        "says the registry step is omitted: {out}"
+    );
+    assert!(out.contains("postCreateCommand"), "{out}");
+    let snapshot = |files: &[&str]| -> Vec<Vec<u8>> {
+        files
+            .iter()
+            .map(|f| std::fs::read(repo.join(f)).unwrap())
+            .collect()
+    };
+    let before = snapshot(&generated);
+    let settings_before = std::fs::read(repo.join(".claude/settings.json")).unwrap();
+
+    // Idempotent: a second run changes no byte and says so.
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    for f in generated {
+        assert!(out.contains(&format!("current   {f}")), "{out}");
+    }
+    assert_eq!(snapshot(&generated), before);
+    assert_eq!(
+        std::fs::read(repo.join(".claude/settings.json")).unwrap(),
+        settings_before
+    );
+    ws(&env, "r", &["init", "--check"]).ok();
+
+    // An edited file is the user's: reported, never rewritten, not a failure.
+    let script = repo.join("tools/warmstart-bootstrap.sh");
+    let mut edited = std::fs::read_to_string(&script).unwrap();
+    edited.push_str("# my own line\n");
+    std::fs::write(&script, &edited).unwrap();
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(
+        out.contains("yours     (edited since init wrote it"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_to_string(&script).unwrap(), edited);
+    let out = ws(&env, "r", &["init", "--check"]).ok().stdout();
+    assert!(out.contains("yours"), "{out}");
+
+    // Stale: what an older generator wrote (its digest matches its body).
+    let sample = repo.join("cache-manifests/example.toml.sample");
+    std::fs::write(
+        &sample,
+        warmstart::init::generated::render("# an older example\n"),
+    )
+    .unwrap();
+    let r = ws(&env, "r", &["init", "--check"]).expect_code(6);
+    assert!(
+        r.stdout()
+            .contains("stale     cache-manifests/example.toml.sample")
+    );
+    assert!(
+        r.stderr()
+            .contains("cache-manifests/example.toml.sample; regenerate with `warmstart init`"),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&sample).unwrap(),
+        warmstart::init::generated::render("# an older example\n"),
+        "--check writes nothing"
+    );
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(
+        out.contains("updated   cache-manifests/example.toml.sample"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(&sample).unwrap(), before[2]);
+
+    // Missing is stale too.
+    std::fs::remove_file(repo.join(".github/workflows/gates.yml")).unwrap();
+    let r = ws(&env, "r", &["init", "--check"]).expect_code(6);
+    assert!(r.stdout().contains("missing   .github/workflows/gates.yml"));
+    ws(&env, "r", &["init"]).ok();
+    ws(&env, "r", &["init", "--check"]).ok();
+    // The workflow is this repository's own, byte for byte below its header.
+    let (_, body) = warmstart::init::generated::split(
+        &std::fs::read_to_string(repo.join(".github/workflows/gates.yml")).unwrap(),
+    );
+    assert_eq!(
+        body,
+        std::fs::read_to_string(crate::util::source_root().join(".github/workflows/gates.yml"))
+            .unwrap()
+    );
+}
+
+#[test]
+fn adopt_init_merges_the_session_hook_only_into_a_file_it_understands() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    let settings = repo.join(".claude/settings.json");
+    std::fs::create_dir_all(settings.parent().unwrap()).unwrap();
+    let theirs = r#"{
+  "permissions": {"allow": ["Bash(ls)"]},
+  "hooks": {"SessionStart": [{"matcher": "startup", "hooks": [{"type": "command", "command": "echo hi", "timeout": 5}]}]}
+}"#;
+    std::fs::write(&settings, theirs).unwrap();
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(out.contains("merged    .claude/settings.json"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&settings).unwrap()).unwrap();
+    assert_eq!(v["permissions"]["allow"][0], "Bash(ls)");
+    let starts = v["hooks"]["SessionStart"].as_array().unwrap();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[0]["hooks"][0]["command"], "echo hi");
+    assert!(
+        starts[1]["hooks"][0]["command"]
+            .as_str()
+            .unwrap()
+            .contains("tools/warmstart-bootstrap.sh --background")
+    );
+    let merged = std::fs::read(&settings).unwrap();
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(out.contains("current   .claude/settings.json"), "{out}");
+    assert_eq!(std::fs::read(&settings).unwrap(), merged, "merged once");
+
+    // Shapes init does not know: the file stays byte for byte, the entry is printed.
+    for odd in [
+        r#"{"hooks": {"SessionStart": [{"hooks": [{"type": "prompt", "prompt": "x"}]}]}}"#,
+        r#"{"hooks": {"SessionStart": {"not": "a list"}}}"#,
+        r#"{"hooks": []}"#,
+        r#"[1, 2]"#,
+        "{ not json",
+    ] {
+        std::fs::write(&settings, odd).unwrap();
+        let out = ws(&env, "r", &["init"]).ok().stdout();
+        assert!(
+            out.contains("add this entry to hooks.SessionStart by hand"),
+            "{odd}: {out}"
+        );
+        assert_eq!(std::fs::read_to_string(&settings).unwrap(), odd);
+    }
+}
