@@ -262,3 +262,122 @@ fn adopt_init_merges_the_session_hook_only_into_a_file_it_understands() {
         assert_eq!(std::fs::read_to_string(&settings).unwrap(), odd);
     }
 }
+
+// --------------------------------------------- the script's key = the binary's
+
+/// A small deterministic PRNG (xorshift64*): hostile cases without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Printable ASCII without `"` and `\` (what the subset allows in a string).
+    fn text(&mut self, max: usize) -> String {
+        let n = (self.next() % (max as u64 + 1)) as usize;
+        (0..n)
+            .map(|_| (b' ' + (self.next() % 95) as u8) as char)
+            .filter(|c| *c != '"' && *c != '\\')
+            .collect()
+    }
+}
+
+fn bootstrap_cmd(env: &TestEnv, repo: &Path, args: &[&str]) -> crate::util::Run {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(repo.join("tools/warmstart-bootstrap.sh"))
+        .args(args)
+        .current_dir(repo);
+    env.isolate(&mut cmd);
+    run(&mut cmd)
+}
+
+/// The key the binary computes for manifest `name` (`cache publish --key-only`).
+fn binary_key(env: &TestEnv, cwd: &str, name: &str) -> String {
+    let r = ws(env, cwd, &["cache", "publish", name, "--key-only"]).ok();
+    r.stdout().lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn adopt_the_script_and_the_binary_compute_the_same_key() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    ws(&env, "r", &["init"]).ok();
+    std::fs::create_dir_all(repo.join("xtask/src")).unwrap();
+    std::fs::write(repo.join("xtask/src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(repo.join("Cargo.lock"), "version = 4\n").unwrap();
+    env.git(&repo, ["add", "-A"]);
+    env.git(&repo, ["commit", "-q", "-m", "init"]);
+    // The standalone manifest as init wrote it: version plus platform.
+    let key = binary_key(&env, "r", "warmstart-bin");
+    assert!(key.starts_with("warmstart_bin-"), "{key}");
+    assert_eq!(
+        bootstrap_cmd(&env, &repo, &["--print-key"])
+            .ok()
+            .stdout()
+            .trim(),
+        key
+    );
+
+    // Hostile literals and one-line files, with git trees, many times over.
+    let manifest = repo.join("cache-manifests/warmstart-bin.toml");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    let mut rng = Rng(0x5eed_ad09);
+    for case in 0..40 {
+        let lit = rng.text(12);
+        let mut line = rng.text(20);
+        if case % 5 == 0 {
+            line = format!(".{line}");
+        }
+        let newline = if rng.next() % 2 == 0 { "\n" } else { "" };
+        std::fs::write(repo.join("pin.txt"), format!("{line}{newline}")).unwrap();
+        let pins = format!(
+            "[[key]]\nname = \"lit\"\nliteral = \"{lit}\"\n\n[[key]]\nname = \"line\"\nfile = \"pin.txt\"\n\n[[key]]\nname = \"src\"\ngit_tree = [\"xtask\", \"Cargo.lock\"]\n\n[pack]"
+        );
+        std::fs::write(&manifest, original.replacen("[pack]", &pins, 1)).unwrap();
+        let key = binary_key(&env, "r", "warmstart-bin");
+        let script = bootstrap_cmd(&env, &repo, &["--print-key"]).ok().stdout();
+        assert_eq!(
+            script.trim(),
+            key,
+            "literal {lit:?}, file {line:?}{newline:?}"
+        );
+    }
+
+    // What shell cannot compute is refused by both, not guessed.
+    let json_pin =
+        "[[key]]\nname = \"v\"\njson = { file = \"b.json\", pointer = \"/v\" }\n\n[pack]";
+    std::fs::write(&manifest, original.replacen("[pack]", json_pin, 1)).unwrap();
+    let r = ws(
+        &env,
+        "r",
+        &["cache", "publish", "warmstart-bin", "--key-only"],
+    )
+    .expect_code(10);
+    assert!(r.stderr().contains("pin kind `json`"), "{}", r.stderr());
+    let r = bootstrap_cmd(&env, &repo, &["--print-key"]).expect_code(1);
+    assert!(r.stderr().contains("bootstrap:"), "{}", r.stderr());
+    for (bad, why) in [
+        ("literal = \"caf\u{e9}\"", "printable ASCII"),
+        ("literal = 'single'", "TOML subset"),
+    ] {
+        let pins = format!("[[key]]\nname = \"v\"\n{bad}\n\n[pack]");
+        std::fs::write(&manifest, original.replacen("[pack]", &pins, 1)).unwrap();
+        let r = ws(&env, "r", &["init", "--check"]).expect_code(10);
+        assert!(r.stderr().contains(why), "{bad}: {}", r.stderr());
+        bootstrap_cmd(&env, &repo, &["--print-key"]).expect_code(1);
+    }
+    std::fs::write(repo.join("pin.txt"), "two\nlines\n").unwrap();
+    let pins = "[[key]]\nname = \"v\"\nfile = \"pin.txt\"\n\n[pack]";
+    std::fs::write(&manifest, original.replacen("[pack]", pins, 1)).unwrap();
+    let r = ws(
+        &env,
+        "r",
+        &["cache", "publish", "warmstart-bin", "--key-only"],
+    )
+    .expect_code(10);
+    assert!(r.stderr().contains("more than one line"), "{}", r.stderr());
+    let r = bootstrap_cmd(&env, &repo, &["--print-key"]).expect_code(1);
+    assert!(r.stderr().contains("more than one line"), "{}", r.stderr());
+}

@@ -54,7 +54,6 @@ pub fn resolve(
     kinds: &[&str],
     restore_path: &str,
 ) -> Result<Bootstrap> {
-    check_subset(text)?;
     for kind in kinds {
         if !SHELL_PINS.contains(kind) {
             bail!(
@@ -63,6 +62,7 @@ pub fn resolve(
             );
         }
     }
+    check_subset(text)?;
     plain_relative("restore.path", restore_path)?;
     plain_relative("bootstrap.exec", &raw.exec)?;
     if let Some(b) = &raw.built {

@@ -573,11 +573,24 @@ fn one_line(file: &Path) -> Result<String> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let line = text.strip_suffix('\n').unwrap_or(&text);
+    // A bad pin file is configuration, as a bad manifest is (exit 10).
     if line.contains('\n') {
-        bail!("{} has more than one line", file.display());
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} has more than one line: a `file` pin reads one line",
+                file.display()
+            ),
+        ));
     }
     if !line.bytes().all(|b| (b' '..=b'~').contains(&b)) {
-        bail!("{} holds more than printable ASCII", file.display());
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} holds more than printable ASCII: a `file` pin reads a plain line",
+                file.display()
+            ),
+        ));
     }
     Ok(line.to_string())
 }

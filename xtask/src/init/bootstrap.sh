@@ -48,8 +48,9 @@ name=$(basename "$manifest" .toml)
 # or `\`, comments. Prints one record per value: table, index, field, value
 # (array items separated by \037).
 records() {
-  awk '
+  LC_ALL=C awk '
     function fail(why) { printf "%s:%d: %s\n", FILENAME, NR, why > "/dev/stderr"; bad = 1; exit 1 }
+    /[^\t -~]/ { fail("not printable ASCII (the key is sanitised byte by byte here)") }
     /^[ \t]*(#.*)?$/ { next }
     /^\[\[key\]\][ \t]*(#.*)?$/ { table = "key"; n++; next }
     /^\[[A-Za-z_]+\][ \t]*(#.*)?$/ { table = $0; sub(/^\[/, "", table); sub(/\].*$/, "", table); next }

@@ -68,6 +68,7 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         };
         println!("{word:<9} {}", f.rel);
     }
+    check_bin_caches(&repo)?;
     claude::wire(&repo.root, args.check)?;
     if args.pip_hash.is_empty() {
         println!(
@@ -88,6 +89,31 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
             format!(
                 "generated file(s) missing or stale: {}; regenerate with `{cmd} init`",
                 stale.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Loads (so validates, exit 10) the manifests the bootstrap script may read:
+/// those with a `[bootstrap]` table. The script needs exactly one.
+fn check_bin_caches(repo: &Repo) -> Result<()> {
+    let mut found = Vec::new();
+    for name in crate::cache::manifest::names(repo)? {
+        let path = crate::cache::manifest::path_of(repo, &name);
+        let text = read_optional(&path)?.unwrap_or_default();
+        if text.lines().any(|l| l.trim_end() == "[bootstrap]") {
+            crate::cache::manifest::load(repo, &name)?;
+            found.push(name);
+        }
+    }
+    if found.len() != 1 {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} cache manifests have a [bootstrap] table ({}): {BOOTSTRAP_PATH} reads exactly one",
+                found.len(),
+                found.join(", ")
             ),
         ));
     }
