@@ -324,13 +324,17 @@ fn adopt_the_script_and_the_binary_compute_the_same_key() {
     let manifest = repo.join("cache-manifests/warmstart-bin.toml");
     let original = std::fs::read_to_string(&manifest).unwrap();
     let mut rng = Rng(0x5eed_ad09);
-    for case in 0..40 {
+    for case in 0..40u32 {
         let lit = rng.text(12);
         let mut line = rng.text(20);
-        if case % 5 == 0 {
+        if case.is_multiple_of(5) {
             line = format!(".{line}");
         }
-        let newline = if rng.next() % 2 == 0 { "\n" } else { "" };
+        let newline = if rng.next().is_multiple_of(2) {
+            "\n"
+        } else {
+            ""
+        };
         std::fs::write(repo.join("pin.txt"), format!("{line}{newline}")).unwrap();
         let pins = format!(
             "[[key]]\nname = \"lit\"\nliteral = \"{lit}\"\n\n[[key]]\nname = \"line\"\nfile = \"pin.txt\"\n\n[[key]]\nname = \"src\"\ngit_tree = [\"xtask\", \"Cargo.lock\"]\n\n[pack]"
