@@ -616,3 +616,62 @@ fn adopt_a_standalone_repository_restores_a_fresh_clone_with_no_compiler() {
     let err = run(&mut cmd).ok().stderr();
     assert!(err.contains("bootstrap: warm:"), "{err}");
 }
+
+/// No binary cache for the key, no registry pin: the script says so at each
+/// step and compiles with the manifest's build command (here a copy of the
+/// built binary, standing in for `cargo install`, which this test cannot
+/// reach offline), then restores with it.
+#[test]
+fn adopt_the_bootstrap_falls_back_step_by_step_to_the_build_command() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("adopter");
+    ws(&env, "adopter", &["init"]).ok();
+    let manifest = repo.join("cache-manifests/warmstart-bin.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let build_line = text.lines().find(|l| l.starts_with("build = ")).unwrap();
+    let bin = crate::util::bin();
+    let ours = format!(
+        "build = [\"cp\", \"{}\", \"target/warmstart-build/bin/warmstart\"]",
+        bin.display()
+    );
+    let text = text.replace(build_line, &ours);
+    std::fs::write(&manifest, text).unwrap();
+    std::fs::create_dir_all(repo.join("target/warmstart-build/bin")).unwrap();
+    write(&repo.join(".gitignore"), "/target\n");
+    let origin = env.bare_remote("origin.git");
+    env.git(&repo, ["add", "-A"]);
+    env.git(&repo, ["commit", "-q", "-m", "adopt"]);
+    env.git(&repo, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    env.git(&repo, ["push", "-q", "origin", "main"]);
+
+    // --prebuilt-only: every step says why it did not apply, nothing compiles.
+    let r = bootstrap_cmd(&env, &repo, &["--prebuilt-only"]).expect_code(1);
+    let err = r.stderr();
+    assert!(
+        err.contains("binary cache: no refs/heads/warmstart-bin-cache on origin"),
+        "{err}"
+    );
+    assert!(err.contains("compile: skipped (--prebuilt-only)"), "{err}");
+    assert!(!repo.join("target/warmstart-build/bin/warmstart").exists());
+
+    let r = bootstrap_cmd(&env, &repo, &[]);
+    let err = r.stderr();
+    assert!(
+        err.contains("binary cache: no refs/heads/warmstart-bin-cache"),
+        "{err}"
+    );
+    assert!(err.contains("registry: skipped"), "{err}");
+    assert!(err.contains("compile: cp "), "{err}");
+    assert!(
+        err.contains("target/warmstart-build/bin/warmstart restore"),
+        "{err}"
+    );
+    assert_eq!(r.code(), 0, "{}", crate::util::show(&r.out));
+    // The restore ran with the compiled binary: its cache step failed open
+    // (nothing published), one row in the table.
+    assert!(
+        r.stdout().contains("warmstart-bin"),
+        "{}",
+        crate::util::show(&r.out)
+    );
+}
