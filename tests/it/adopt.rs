@@ -100,6 +100,7 @@ fn adopt_tidy_init_check_passes_on_this_repository() {
     for f in [
         "tools/warmstart-bootstrap.sh",
         ".github/workflows/gates.yml",
+        "tools/ci-gates.sh",
         "cache-manifests/example.toml.sample",
     ] {
         assert!(out.contains(&format!("current   {f}")), "{out}");
@@ -117,6 +118,15 @@ fn ws(env: &TestEnv, cwd: &str, args: &[&str]) -> crate::util::Run {
 fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
     let env = TestEnv::new();
     let repo = env.work_repo("r");
+    // Nothing yet: --check lists every file as missing (exit 6), writes nothing.
+    let r = ws(&env, "r", &["init", "--check"]).expect_code(6);
+    assert!(
+        r.stdout()
+            .contains("missing   tools/warmstart-bootstrap.sh"),
+        "{}",
+        r.stdout()
+    );
+    assert!(!repo.join("cache-manifests").exists());
     let out = ws(&env, "r", &["init"]).ok().stdout();
     let generated = [
         "cache-manifests/warmstart-bin.toml",
@@ -124,6 +134,8 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
         "cache-manifests/example.toml.sample",
         "tools/warmstart-bootstrap.sh",
         ".github/workflows/gates.yml",
+        "tools/ci-gates.sh",
+        "cache-manifests/gates.toml",
     ];
     for f in generated {
         assert!(out.contains(&format!("created   {f}")), "{out}");

@@ -68,7 +68,10 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         };
         println!("{word:<9} {}", f.rel);
     }
-    check_bin_caches(&repo)?;
+    // A missing binary cache is already the failure --check reports.
+    if !(args.check && !stale.is_empty()) {
+        check_bin_caches(&repo)?;
+    }
     claude::wire(&repo.root, args.check)?;
     if args.pip_hash.is_empty() {
         println!(
@@ -159,6 +162,12 @@ fn plan(repo: &Repo, binary: Binary, pip_hashes: &[String]) -> Result<Vec<File>>
         file(
             ".github/workflows/gates.yml",
             templates::WORKFLOW.to_string(),
+            false,
+        ),
+        file("tools/ci-gates.sh", templates::CI_GATES.to_string(), true),
+        file(
+            "cache-manifests/gates.toml",
+            templates::GATES_TOML.to_string(),
             false,
         ),
     ])
