@@ -69,7 +69,7 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         println!("{word:<9} {}", f.rel);
     }
     // A missing binary cache is already the failure --check reports.
-    if !(args.check && !stale.is_empty()) {
+    if !args.check || stale.is_empty() {
         check_bin_caches(&repo)?;
     }
     claude::wire(&repo.root, args.check)?;
