@@ -228,6 +228,48 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
 }
 
 #[test]
+fn adopt_init_pins_the_registry_step_only_with_a_well_formed_hash() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    for bad in [
+        "abc",
+        "sha256:xyz",
+        "md5:0123",
+        &format!("sha256:{}", "a".repeat(63)),
+    ] {
+        let r = ws(&env, "r", &["init", "--pip-hash", bad]).expect_code(2);
+        assert!(r.stderr().contains("--pip-hash"), "{}", r.stderr());
+        assert!(
+            !repo.join("cache-manifests").exists(),
+            "nothing written for {bad:?}"
+        );
+    }
+    let hash = format!("sha256:{}", "0f".repeat(32));
+    let out = ws(&env, "r", &["init", "--pip-hash", &hash]).ok().stdout();
+    assert!(!out.contains("registry step"), "{out}");
+    let text = std::fs::read_to_string(repo.join("cache-manifests/warmstart-bin.toml")).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        text.contains(&format!("pip = \"warmstart=={version}\"")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("pip_hashes = [\"{hash}\"]")),
+        "{text}"
+    );
+    ws(&env, "r", &["init", "--check", "--pip-hash", &hash]).ok();
+    // A rerun without the flag keeps the committed pin.
+    ws(&env, "r", &["init", "--check"]).ok();
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(
+        out.contains("current   cache-manifests/warmstart-bin.toml"),
+        "{out}"
+    );
+    let again = std::fs::read_to_string(repo.join("cache-manifests/warmstart-bin.toml")).unwrap();
+    assert_eq!(again, text);
+}
+
+#[test]
 fn adopt_init_merges_the_session_hook_only_into_a_file_it_understands() {
     let env = TestEnv::new();
     let repo = env.work_repo("r");

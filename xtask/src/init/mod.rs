@@ -39,7 +39,24 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
             Binary::Standalone
         }
     });
-    let files = plan(&repo, binary, &args.pip_hash)?;
+    // Refused before anything is written, so a typo leaves no broken manifest.
+    for h in &args.pip_hash {
+        let hex = h.strip_prefix("sha256:").unwrap_or("");
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(fail(
+                Code::Usage,
+                format!("--pip-hash {h:?} is not `sha256:` and 64 hex digits (pip hash form)"),
+            ));
+        }
+    }
+    // Without --pip-hash, the pin already committed stays: a rerun of init
+    // must not drop the registry step.
+    let pip_hashes = if args.pip_hash.is_empty() {
+        committed_pip_hashes(&repo, binary)
+    } else {
+        args.pip_hash.clone()
+    };
+    let files = plan(&repo, binary, &pip_hashes)?;
     let cmd = crate::invocation::command();
     let mut stale = Vec::new();
     for f in &files {
@@ -73,7 +90,7 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         check_bin_caches(&repo)?;
     }
     claude::wire(&repo.root, args.check)?;
-    if args.pip_hash.is_empty() {
+    if pip_hashes.is_empty() {
         println!(
             "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
         );
@@ -96,6 +113,24 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The `[bootstrap] pip_hashes` of the binary-cache manifest as committed
+/// (none when it is missing or unreadable: the manifest's own load says why).
+fn committed_pip_hashes(repo: &Repo, binary: Binary) -> Vec<String> {
+    let name = templates::bin_cache_name(binary);
+    let path = crate::cache::manifest::path_of(repo, name);
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: toml::Value = toml::from_str(&text).unwrap_or(toml::Value::Boolean(false));
+    v.get("bootstrap")
+        .and_then(|b| b.get("pip_hashes"))
+        .and_then(|h| h.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|h| h.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Loads (so validates, exit 10) the manifests the bootstrap script may read:
