@@ -165,6 +165,12 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
         settings_before
     );
     ws(&env, "r", &["init", "--check"]).ok();
+    let json = ws(&env, "r", &["init", "--check", "--json"]).ok().stdout();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["files"][3]["path"], "tools/warmstart-bootstrap.sh");
+    assert_eq!(v["files"][3]["state"], "current");
+    assert_eq!(v["registry_step"], false);
+    assert_eq!(v["stale"].as_array().unwrap().len(), 0);
 
     // An edited file is the user's: reported, never rewritten, not a failure.
     let script = repo.join("tools/warmstart-bootstrap.sh");
@@ -173,7 +179,7 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
     std::fs::write(&script, &edited).unwrap();
     let out = ws(&env, "r", &["init"]).ok().stdout();
     assert!(
-        out.contains("yours     (edited since init wrote it"),
+        out.contains("yours     tools/warmstart-bootstrap.sh (edited since init wrote it"),
         "{out}"
     );
     assert_eq!(std::fs::read_to_string(&script).unwrap(), edited);
@@ -214,6 +220,9 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
     std::fs::remove_file(repo.join(".github/workflows/gates.yml")).unwrap();
     let r = ws(&env, "r", &["init", "--check"]).expect_code(6);
     assert!(r.stdout().contains("missing   .github/workflows/gates.yml"));
+    let r = ws(&env, "r", &["init", "--check", "--json"]).expect_code(6);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v["stale"][0], ".github/workflows/gates.yml");
     ws(&env, "r", &["init"]).ok();
     ws(&env, "r", &["init", "--check"]).ok();
     // The workflow is this repository's own, byte for byte below its header.

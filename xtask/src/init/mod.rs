@@ -23,6 +23,17 @@ use generated::State;
 /// The script's path, also named by the hook and the dev container snippet.
 pub const BOOTSTRAP_PATH: &str = "tools/warmstart-bootstrap.sh";
 
+/// What `init` did with one file: its line of text, or its `--json` object.
+#[derive(Debug, serde::Serialize)]
+pub struct Row {
+    pub path: String,
+    /// created, updated, current, missing, stale, yours; for the hook also
+    /// merged and unwired.
+    pub state: &'static str,
+    /// Why, for yours and the hook (empty otherwise).
+    pub detail: String,
+}
+
 /// One file `init` owns (until the user edits it).
 struct File {
     rel: String,
@@ -59,43 +70,68 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
     let files = plan(&repo, binary, &pip_hashes)?;
     let cmd = crate::invocation::command();
     let mut stale = Vec::new();
+    let mut rows = Vec::new();
     for f in &files {
         let path = repo.root.join(&f.rel);
         let existing = read_optional(&path)?;
         let state = generated::classify(existing.as_deref(), &f.body);
+        let mut detail = String::new();
         let word = match (&state, args.check) {
-            (State::Current, _) => "current".to_string(),
-            (State::Yours(why), _) => format!("yours     ({why}: left alone)"),
+            (State::Current, _) => "current",
+            (State::Yours(why), _) => {
+                detail = format!("{why}: left alone");
+                "yours"
+            }
             (State::Missing | State::Stale, true) => {
                 stale.push(f.rel.clone());
                 if state == State::Missing {
-                    "missing".into()
+                    "missing"
                 } else {
-                    "stale".into()
+                    "stale"
                 }
             }
             (State::Missing | State::Stale, false) => {
                 write(&path, &generated::render(&f.body), f.executable)?;
                 if state == State::Missing {
-                    "created".into()
+                    "created"
                 } else {
-                    "updated".into()
+                    "updated"
                 }
             }
         };
-        println!("{word:<9} {}", f.rel);
+        rows.push(Row {
+            path: f.rel.clone(),
+            state: word,
+            detail,
+        });
     }
     // A missing binary cache is already the failure --check reports.
     if !args.check || stale.is_empty() {
         check_bin_caches(&repo)?;
     }
-    claude::wire(&repo.root, args.check)?;
-    if pip_hashes.is_empty() {
+    rows.push(claude::wire(&repo.root, args.check)?);
+    if args.json {
+        let out = serde_json::json!({
+            "files": rows,
+            "registry_step": !pip_hashes.is_empty(),
+            "post_create_command": BOOTSTRAP_PATH,
+            "stale": stale,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for r in &rows {
+            match r.detail.as_str() {
+                "" => println!("{:<9} {}", r.state, r.path),
+                d => println!("{:<9} {} ({d})", r.state, r.path),
+            }
+        }
+    }
+    if pip_hashes.is_empty() && !args.json {
         println!(
             "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
         );
     }
-    if !args.check {
+    if !args.check && !args.json {
         println!(
             "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
         );
