@@ -25,8 +25,8 @@ done
 TIME=/usr/bin/time
 [ -x "$TIME" ] || TIME=""
 
-cargo build --quiet -p xtask
-XTASK=$(tools/target-dir.sh)/debug/xtask   # what `cargo xtask` runs
+cargo build --quiet -p warmstart
+XTASK=$(tools/target-dir.sh)/debug/warmstart   # what `cargo xtask` runs
 
 DIR=${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/bench-conda.XXXXXX")}
 mkdir -p "$DIR"

@@ -633,11 +633,13 @@ impl CacheGit {
                     Some(_) => {
                         let name = branch.rsplit('/').next().unwrap_or(branch);
                         format!(
-                            "{remote} has no ref {branch}: publish it first (`cargo xtask cache publish`), or, if it still lives on its old branch, move it (`cargo xtask cache migrate {name}`)"
+                            "{remote} has no ref {branch}: publish it first (`{cmd} cache publish`), or, if it still lives on its old branch, move it (`{cmd} cache migrate {name}`)",
+                            cmd = crate::invocation::command(),
                         )
                     }
                     None => format!(
-                        "{remote} has no branch {branch}: publish it first (`cargo xtask cache publish`), or check cache.branch and cache.remote in the manifest"
+                        "{remote} has no branch {branch}: publish it first (`{cmd} cache publish`), or check cache.branch and cache.remote in the manifest",
+                        cmd = crate::invocation::command(),
                     ),
                 },
             )
@@ -1039,7 +1041,8 @@ pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
     Some(if dst.starts_with("refs/heads/") {
         let name = last.strip_suffix("-cache").unwrap_or(last);
         format!(
-            "the host protects {dst} against force pushes or deletions, and every publish replaces the branch's one commit: exempt it from the rule, or move the cache off branches with cache.ref = \"refs/warmstart/cache/{name}\" in its manifest (`cargo xtask cache migrate {name}`)"
+            "the host protects {dst} against force pushes or deletions, and every publish replaces the branch's one commit: exempt it from the rule, or move the cache off branches with cache.ref = \"refs/warmstart/cache/{name}\" in its manifest (`{cmd} cache migrate {name}`)",
+            cmd = crate::invocation::command()
         )
     } else {
         format!(

@@ -14,6 +14,7 @@
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
 //! `cache status`, `migrate` moves a cache from a branch to a ref.
 
+pub mod bootstrap;
 pub mod branch;
 pub mod check;
 pub mod compare;

@@ -279,8 +279,10 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
             return Err(fail(
                 Code::NotFound,
                 format!(
-                    "{} on {remote} is a legacy branch (one archive, no keys): nothing to prune; `cargo xtask cache publish {}` replaces it with format v1",
-                    m.branch, m.name
+                    "{} on {remote} is a legacy branch (one archive, no keys): nothing to prune; `{} cache publish {}` replaces it with format v1",
+                    m.branch,
+                    crate::invocation::command(),
+                    m.name
                 ),
             ));
         }

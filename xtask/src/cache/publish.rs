@@ -965,6 +965,7 @@ pub(crate) fn generated_files(
                 remote.name.clone()
             },
             description: &m.description,
+            command: crate::invocation::command(),
         },
         manifest,
     );

@@ -16,6 +16,8 @@ pub struct ReadmeContext<'a> {
     /// How a clone usually calls the remote (`origin`), or its URL.
     pub remote: &'a str,
     pub description: &'a str,
+    /// The command that runs warmstart here (`crate::invocation::command`).
+    pub command: &'a str,
 }
 
 /// Renders the branch README.
@@ -25,6 +27,7 @@ pub fn render(cx: &ReadmeContext, m: &BranchManifest) -> String {
         branch,
         remote,
         description,
+        command,
     } = *cx;
     let mut s = String::new();
     s.push_str(&format!("# `{branch}`: a warmstart cache branch\n\n"));
@@ -42,7 +45,7 @@ repository never downloads it: only `git fetch {remote} {branch}` does."
             format!(
                 "It is a branch, so a plain `git clone` (and `git fetch`) of the repository \
 downloads it too; clone with `--single-branch`, or move it to a ref outside `refs/heads/` \
-(`ref = \"refs/warmstart/cache/{name}\"` under `[cache]`, then `cargo xtask cache migrate {name}`)."
+(`ref = \"refs/warmstart/cache/{name}\"` under `[cache]`, then `{command} cache migrate {name}`)."
             ),
         )
     };
@@ -50,7 +53,7 @@ downloads it too; clone with `--single-branch`, or move it to a ref outside `ref
         s.push_str(&format!("> {description}\n\n"));
     }
     s.push_str(&format!(
-        "This is a cache, not source code: {place}. `cargo xtask cache publish {name}` \
+        "This is a cache, not source code: {place}. `{command} cache publish {name}` \
 (warmstart) wrote it from `cache-manifests/{name}.toml`. It always holds exactly one \
 commit with no parent: every publish replaces that commit, so a fetch of it downloads \
 only the current artifacts (a clone that fetched an older one keeps those objects \
@@ -79,7 +82,7 @@ content is a tar of the artifact.\n\n",
     );
     s.push_str("## Restore with warmstart\n\n");
     s.push_str(&format!(
-        "```sh\ncargo xtask cache restore {name}\n```\n\n\
+        "```sh\n{command} cache restore {name}\n```\n\n\
 It fetches only this commit, checks every chunk before decompressing it, unpacks into a \
 staging directory and swaps it in atomically.\n\n"
     ));
@@ -158,6 +161,7 @@ mod tests {
                     branch,
                     remote: "origin",
                     description: "the Rust toolchain",
+                    command: "cargo xtask",
                 },
                 &manifest(),
             );

@@ -423,8 +423,10 @@ fn remote_state(
             None => {
                 r.state = "unread".into();
                 r.error = Some(format!(
-                    "{remote} does not filter fetches (uploadpack.allowFilter is off), so reading {} would download every chunk: not read; `cargo xtask cache restore {}` fetches it (status then reads that copy), or enable uploadpack.allowFilter on the server",
-                    m.branch, m.name
+                    "{remote} does not filter fetches (uploadpack.allowFilter is off), so reading {} would download every chunk: not read; `{} cache restore {}` fetches it (status then reads that copy), or enable uploadpack.allowFilter on the server",
+                    m.branch,
+                    crate::invocation::command(),
+                    m.name
                 ));
                 r.commit = Some(c);
                 return (r, None);
@@ -436,8 +438,9 @@ fn remote_state(
         Ok(None) => {
             r.state = "no branch".into();
             r.error = Some(format!(
-                "publish it with `cargo xtask cache publish {}`",
-                m.name
+                "publish it with `{cmd} cache publish {}`",
+                m.name,
+                cmd = crate::invocation::command(),
             ));
             return (r, None);
         }
