@@ -16,7 +16,7 @@ set -euo pipefail
 MB=${1:-150}
 ROUNDS=${2:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-XTASK=${XTASK:-$ROOT/target/debug/xtask}
+XTASK=${XTASK:-$ROOT/target/debug/warmstart}
 [ -x "$XTASK" ] || { echo "bench-clone: build xtask first (cargo build), or set XTASK" >&2; exit 1; }
 command -v git-daemon >/dev/null || [ -x "$(git --exec-path)/git-daemon" ] \
   || { echo "bench-clone: git daemon is missing (apt-get install git-daemon-sysvinit)" >&2; exit 1; }

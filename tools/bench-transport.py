@@ -18,7 +18,7 @@ from round to round, restore and fetch alternating which goes first), each
 contender starts after an untimed `sync`, and the ratio compared is
 restore / fetch of the same round: only ratios from one run compare.
 
-    nice tools/bench-transport.py --xtask target/debug/xtask --runs 5
+    nice tools/bench-transport.py --xtask target/debug/warmstart --runs 5
     tools/bench-transport.py --size-mb 20 --runs 1       # a quick look
 
 It needs root (sshd, squid's user) and the packages tools/test.sh installs.
@@ -284,8 +284,8 @@ def main():
     if args.xtask:
         xtask = Path(args.xtask).resolve()
     else:
-        run(["cargo", "build", "-q", "-p", "xtask"], cwd=ROOT)
-        xtask = ROOT / "target/debug/xtask"
+        run(["cargo", "build", "-q", "-p", "warmstart"], cwd=ROOT)
+        xtask = ROOT / "target/debug/warmstart"
 
     base = Path(tempfile.mkdtemp(prefix="warmstart-bench-transport-"))
     os.chmod(base, 0o755)
