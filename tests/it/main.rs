@@ -19,4 +19,5 @@ mod resume;
 mod resume_interop;
 mod strict;
 mod tidy;
+mod trust;
 mod unpack;

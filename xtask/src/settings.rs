@@ -55,6 +55,11 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "how long `cache publish` keeps retrying a push whose lease went stale",
     ),
     (
+        "WARMSTART_SIGNING_KEY",
+        Kind::Text,
+        "the ssh private key `cache publish` and `cache resign` sign with (`--signing-key` wins)",
+    ),
+    (
         "WARMSTART_BOOTSTRAP_REMOTE",
         Kind::Text,
         "tools/bootstrap.sh: the remote to fetch the prebuilt binary from (default origin)",

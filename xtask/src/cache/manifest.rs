@@ -14,7 +14,7 @@ use crate::exit::{Code, fail};
 use crate::repo::Repo;
 
 /// Files in `cache-manifests/` that are not cache manifests.
-pub const RESERVED: [&str; 2] = ["restore", "gates"];
+pub const RESERVED: [&str; 3] = ["restore", "gates", "trust"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +29,8 @@ struct RawManifest {
     ready: Option<RawReady>,
     #[serde(default)]
     publish: RawPublish,
+    #[serde(default)]
+    trust: crate::trust::policy::CacheTrust,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -172,6 +174,8 @@ pub struct CacheManifest {
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
     pub lease_deadline: Option<std::time::Duration>,
+    /// `[trust]`: this cache's policy override, principals and ungated opt-in.
+    pub trust: crate::trust::policy::CacheTrust,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -328,6 +332,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         chunk_bytes,
         level,
         lease_deadline,
+        trust: raw.trust,
     })
 }
 

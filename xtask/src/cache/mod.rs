@@ -43,6 +43,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Verify(a) => check::run(sh, a),
         CacheCommand::List(a) => status::list(sh, a),
         CacheCommand::Status(a) => status::status(sh, a),
+        CacheCommand::Resign(a) => publish::resign_run(sh, a),
     }
 }
 

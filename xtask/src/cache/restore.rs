@@ -145,6 +145,10 @@ pub struct RestoreOutcome {
     pub files: u64,
     /// Bytes that went through sha256 in this run: 0 on the warm path.
     pub bytes_hashed: u64,
+    /// `ssh-keygen` signature checks in this run: 0 on the warm path.
+    pub signature_checks: u64,
+    /// The trust policy and this key's verdict (null when warm or reused).
+    pub trust: Option<crate::trust::Checked>,
     pub duration_ms: u64,
     #[serde(skip)]
     pub duration: Duration,
@@ -182,6 +186,9 @@ pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
             serde_json::to_string_pretty(&outcome).expect("outcome serializes")
         );
     } else if !args.out.quiet {
+        if let Some(note) = outcome.trust.as_ref().and_then(|t| t.note.as_ref()) {
+            println!("{note}");
+        }
         println!("{}", outcome.summary());
     }
     Ok(())
@@ -401,6 +408,8 @@ fn from_stamp(
         direct_fallback: None,
         files: s.files,
         bytes_hashed: 0,
+        signature_checks: 0,
+        trust: None,
         duration_ms: duration.as_millis() as u64,
         duration,
         phases,
@@ -635,6 +644,9 @@ fn cold(
 
     let t = Instant::now();
     let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
+    // Trusted before read (DESIGN.md invariant 9): exit 12 here leaves
+    // the install as it is and fetches no chunk.
+    let trust = crate::trust::check_before_fetch(sh, repo, m, &git, &branch, &key.value)?;
     let mut kp = branch.plan(&key.value, &republish_fix(&m.name))?;
     // Every compressed byte of a v1 branch is authenticated by its chunk's
     // digest before it is decoded, and zstd checks its frames' content
@@ -737,6 +749,8 @@ fn cold(
         direct_fallback: fetched.direct_fallback.clone(),
         files,
         bytes_hashed,
+        signature_checks: crate::trust::sshsig::checks(),
+        trust: Some(trust),
         duration_ms: duration.as_millis() as u64,
         duration,
         phases,
