@@ -269,7 +269,8 @@ fn a_trusted_publish_restores_and_the_warm_path_checks_nothing() {
         .current_dir(&dir)
         .arg("-c")
         .arg(format!(
-            "ssh-keygen -Y verify -f {} -I ci -n warmstart-cache -s art-1.statement.sig < art-1.statement && grep -E '^[0-9a-f]{{64}}  ' art-1.statement | sha256sum -c --quiet",
+            // The branch README's lines, with its variables set.
+            "cp {} allowed_signers && KEY=art-1 && mkdir tmp && cp art-1.* tmp/ && WHO=$(ssh-keygen -Y find-principals -f allowed_signers -s tmp/$KEY.statement.sig) && ssh-keygen -Y verify -f allowed_signers -I \"$WHO\" -n warmstart-cache -s tmp/$KEY.statement.sig < tmp/$KEY.statement && (cd tmp && grep -E '^[0-9a-f]{{64}}  ' $KEY.statement | sha256sum -c --quiet) && test \"$WHO\" = ci",
             allowed.display()
         ))
         .output()
@@ -297,6 +298,9 @@ fn every_attack_by_a_pusher_is_refused_and_the_install_stays() {
         line.contains("(untrusted)") && line.contains("signer seen: SHA256:"),
         "{line}"
     );
+    // `cache verify` refuses it the same way, before reading a chunk.
+    let v = fx.xtask("work", &["cache", "verify", CACHE]);
+    assert_eq!(v.code(), 12, "{}", show(&v.out));
 
     // An unsigned branch (the attacker's own bytes, its statement removed).
     fx.tamper(|d| {
