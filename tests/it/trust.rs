@@ -656,3 +656,89 @@ fn status_and_list_show_signer_and_verdict_of_every_key() {
         assert!(text.contains("\"verdict\":\"untrusted\""), "{cmd}: {text}");
     }
 }
+
+/// Gate records: a green record anyone pushed as a ref is worth nothing to
+/// `gates check --require-signed` and to a publish whose manifest sets
+/// `[trust] signed_gates = true`; entries signed by CI (`gates run --sign`)
+/// are accepted.
+#[test]
+fn a_signed_gate_record_is_required_and_a_forged_one_is_refused() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    std::fs::write(
+        fx.work.join("cache-manifests/gates.toml"),
+        "[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
+    )
+    .unwrap();
+    let src = fx.env.join("src-work");
+    std::fs::write(
+        fx.work.join("cache-manifests/art.toml"),
+        format!(
+            "[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\ngates = [\"check\"]\n\n[restore]\npath = \"restored/art\"\n\n[trust]\nsigned_gates = true\n",
+            src.display()
+        ),
+    )
+    .unwrap();
+    fx.env.git("work", ["add", "-A"]);
+    fx.env
+        .git("work", ["commit", "-q", "-m", "gated, signed gates"]);
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    fx.env
+        .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), "forger"]);
+
+    // A forged record: green, unsigned, pushed as a ref by someone else.
+    fx.xtask("forger", &["gates", "run"]).ok();
+    fx.xtask("forger", &["gates", "push"]).ok();
+    fx.xtask("work", &["gates", "check", "--fetch"]).ok();
+    let r = fx
+        .xtask("work", &["gates", "check", "--require-signed"])
+        .expect_code(12);
+    assert!(
+        r.stderr().contains("gate check") && r.stderr().contains("not signed"),
+        "{}",
+        r.stderr()
+    );
+    let p = fx.publish("work", Some("ci"), &[]).expect_code(12);
+    assert!(p.stderr().contains("signed_gates"), "{}", p.stderr());
+
+    // Signed, but by a key the repository does not allow.
+    let evil = fx.key_path("evil");
+    fx.xtask(
+        "forger",
+        &["gates", "run", "--signing-key", evil.to_str().unwrap()],
+    )
+    .ok();
+    fx.xtask("forger", &["gates", "push"]).ok();
+    let r = fx
+        .xtask("work", &["gates", "check", "--fetch", "--require-signed"])
+        .expect_code(12);
+    assert!(
+        r.stderr().contains("signer seen: SHA256:"),
+        "{}",
+        r.stderr()
+    );
+    fx.publish("work", Some("ci"), &[]).expect_code(12);
+    assert_eq!(
+        Command::new("git")
+            .args(["-C", fx.env.join("srv/origin.git").to_str().unwrap()])
+            .args(["rev-parse", "--verify", "-q", "refs/heads/art-cache"])
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(1),
+        "a cache was published on a forged record"
+    );
+
+    // CI runs the gates and signs: accepted, and the publish goes through.
+    let ci = fx.key_path("ci");
+    let mut gates = fx.env.xtask_in("work");
+    gates
+        .env("WARMSTART_SIGNING_KEY", &ci)
+        .args(["gates", "run", "--sign"]);
+    run(&mut gates).ok();
+    fx.xtask("work", &["gates", "check", "--require-signed"])
+        .ok();
+    let p = json(&fx.publish("work", Some("ci"), &[]).ok());
+    assert_eq!(p["status"], "published");
+    assert_eq!(p["ungated"], false);
+}

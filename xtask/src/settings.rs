@@ -57,7 +57,7 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
     (
         "WARMSTART_SIGNING_KEY",
         Kind::Text,
-        "the ssh private key `cache publish` and `cache resign` sign with (`--signing-key` wins)",
+        "the ssh private key `cache publish`, `cache resign` and `gates run --sign` sign with (`--signing-key` wins)",
     ),
     (
         "WARMSTART_BOOTSTRAP_REMOTE",

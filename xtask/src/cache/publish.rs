@@ -829,6 +829,17 @@ fn gate_record(
             m.gates.join(", ")
         )
     });
+    // `[trust] signed_gates`: a green record anyone could push is not enough.
+    let green = green.and_then(|record| {
+        if m.trust.signed_gates {
+            let parsed: crate::gates::record::Record =
+                serde_json::from_value(record.clone()).context("reading the gate record again")?;
+            crate::trust::gatesig::require_signed(sh, repo, &parsed, &m.gates).with_context(
+                || format!("{} sets [trust] signed_gates = true", m.file.display()),
+            )?;
+        }
+        Ok(record)
+    });
     match green {
         Ok(record) => Ok((record, false)),
         // Green anyway: nothing was bypassed, so nothing is flagged.

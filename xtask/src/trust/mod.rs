@@ -10,6 +10,7 @@
 //! trust root from a cache branch or the work tree, fetch a chunk before the
 //! verdict, or sign another publisher's key.
 
+pub mod gatesig;
 pub mod policy;
 pub mod seen;
 pub mod sign;

@@ -53,6 +53,9 @@ pub struct CacheTrust {
     /// With `require`, accept keys published `--allow-ungated`.
     #[serde(default)]
     pub allow_ungated: bool,
+    /// A publish accepts only gate entries signed by an allowed signer.
+    #[serde(default)]
+    pub signed_gates: bool,
 }
 
 #[derive(Debug, Deserialize)]
