@@ -402,14 +402,21 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         }
         if let Some(s) = &state {
             let t = Instant::now();
-            let read = |k: &str| s.key_files(&git, k);
+            let kept: Vec<String> = s
+                .manifest
+                .keys
+                .keys()
+                .filter(|k| **k != key.value)
+                .cloned()
+                .collect();
+            let files = crate::trust::files_of_keys(&git, &s.entries, &kept)?;
             crate::trust::sign::check_kept(
                 sh,
                 &mut checker,
                 &m,
                 &s.manifest,
                 Some(&key.value),
-                &read,
+                &files,
                 &warn,
             )?;
             timings.insert("check_kept", ms(t.elapsed()));
@@ -935,20 +942,8 @@ impl BranchState {
 
     /// The statement and signature of `key` on the branch.
     fn key_files(&self, git: &CacheGit, key: &str) -> Result<crate::trust::KeyFiles> {
-        let read = |name: String| -> Result<Option<Vec<u8>>> {
-            match self
-                .entries
-                .iter()
-                .find(|e| e.name == name && e.kind == "blob")
-            {
-                None => Ok(None),
-                Some(e) => git.read_blob_bytes(&e.oid).map(Some),
-            }
-        };
-        Ok(crate::trust::KeyFiles {
-            statement: read(statement::file_name(key))?,
-            sig: read(statement::sig_name(key))?,
-        })
+        let mut all = crate::trust::files_of_keys(git, &self.entries, &[key.to_string()])?;
+        Ok(all.remove(key).expect("asked for"))
     }
 
     /// Blob ids by file name.

@@ -102,6 +102,9 @@ pub enum State {
 pub struct Phases {
     pub lock_wait_ms: u64,
     pub fetch_ms: u64,
+    /// The trust check between the branch fetch and the first chunk
+    /// (reading the trust root, `ssh-keygen` verify); 0 with policy off.
+    pub trust_us: u64,
     pub unpack_ms: u64,
     pub chunk_fetch_ms: u64,
     pub chunk_wait_ms: u64,
@@ -646,7 +649,9 @@ fn cold(
     let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
     // Trusted before read (DESIGN.md invariant 9): exit 12 here leaves
     // the install as it is and fetches no chunk.
+    let t_trust = Instant::now();
     let trust = crate::trust::check_before_fetch(sh, repo, m, &git, &branch, &key.value)?;
+    let trust_us = t_trust.elapsed().as_micros() as u64;
     let mut kp = branch.plan(&key.value, &republish_fix(&m.name))?;
     // Every compressed byte of a v1 branch is authenticated by its chunk's
     // digest before it is decoded, and zstd checks its frames' content
@@ -655,7 +660,8 @@ fn cold(
     if kp.plan.check == verify::Check::PerPiece && !opts.verify {
         kp.plan.hash_tar = false;
     }
-    phases.fetch_ms = t.elapsed().as_millis() as u64;
+    phases.fetch_ms = (t.elapsed().as_millis() as u64).saturating_sub(trust_us / 1000);
+    phases.trust_us = trust_us;
     unpack::kill_point("restore:fetched");
 
     let t = Instant::now();

@@ -490,9 +490,13 @@ fn remote_state(
             // Read-only: the rollback record is read, never written here.
             let seen = crate::trust::seen::load(&crate::trust::seen::path(&repo.state_dir()))
                 .unwrap_or_default();
+            let names: Vec<String> = bm.keys.keys().cloned().collect();
+            let all = crate::trust::files_of_keys(git, &b.entries, &names);
             for (k, e) in &bm.keys {
-                let trust = crate::trust::key_files(git, &b, k)
-                    .and_then(|files| checker.judge(sh, m, k, e, &files, seen.get(&m.name, k)));
+                let trust = match &all {
+                    Ok(all) => checker.judge(sh, m, k, e, &all[k], seen.get(&m.name, k)),
+                    Err(e) => Err(anyhow::anyhow!("{e:#}")),
+                };
                 let trust = match trust {
                     Ok(t) => Some(t),
                     Err(e) => {

@@ -88,6 +88,7 @@ pub fn require_signed(sh: &Shell, repo: &Repo, record: &Record, names: &[String]
             ));
         };
         let text = attestation(&record.tree, name, &entry.digest);
+        sshsig::count_check();
         match verifier.verify(sh, sig.as_bytes(), text.as_bytes(), &[])? {
             Verdict::Trusted { .. } => {}
             Verdict::Untrusted { fingerprint, .. } => {

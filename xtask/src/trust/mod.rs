@@ -10,6 +10,7 @@
 //! trust root from a cache branch or the work tree, fetch a chunk before the
 //! verdict, or sign another publisher's key.
 
+pub mod armor;
 pub mod gatesig;
 pub mod policy;
 pub mod seen;
@@ -17,13 +18,14 @@ pub mod sign;
 pub mod sshsig;
 pub mod statement;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use xshell::Shell;
 
 use crate::cache::branch::{Branch, Content};
 use crate::cache::format::KeyEntry;
-use crate::cache::git::CacheGit;
+use crate::cache::git::{CacheGit, TreeEntry};
 use crate::cache::manifest::CacheManifest;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
@@ -138,7 +140,31 @@ impl Checker {
             self.verifier = Some(Verifier::new(dir, allowed)?);
         }
         let verifier = self.verifier.as_mut().expect("set above");
-        let signer = match verifier.verify(sh, sig, text, &trust.principals)? {
+        // A signature this clone already verified against these very
+        // signers is not verified again (`seen::verified`): a publish that
+        // keeps three other keys, or `cache status`, costs no process for
+        // them. Only trusted results are remembered.
+        sshsig::count_check();
+        let memo = seen::verified_digest(allowed, &trust.principals, text, sig);
+        let memo_file = seen::verified_path(&self.state_dir);
+        let verdict = match seen::verified(&memo_file, &memo) {
+            Some((principal, fingerprint)) => Verdict::Trusted {
+                principal,
+                fingerprint,
+            },
+            None => {
+                let v = verifier.verify(sh, sig, text, &trust.principals)?;
+                if let Verdict::Trusted {
+                    principal,
+                    fingerprint,
+                } = &v
+                {
+                    seen::remember_verified(&memo_file, &memo, principal, fingerprint);
+                }
+                v
+            }
+        };
+        let signer = match verdict {
             Verdict::Trusted {
                 principal,
                 fingerprint,
@@ -234,26 +260,101 @@ pub fn refusal_line(cache: &str, branch: &Branch, v: &KeyTrust, root: &Root) -> 
     )
 }
 
-/// The files of `key` on `branch`, read from cache.git (the branch fetch
-/// brings small blobs; an oversized statement is treated as absent bytes).
+/// The files of `key` on `branch`, read from cache.git.
 pub fn key_files(git: &CacheGit, branch: &Branch, key: &str) -> Result<KeyFiles> {
-    let read = |name: String| -> Result<Option<Vec<u8>>> {
-        match branch
-            .entries
+    let mut all = files_of_keys(git, &branch.entries, &[key.to_string()])?;
+    Ok(all.remove(key).expect("asked for"))
+}
+
+/// The statement and signature of each of `keys`, from a branch's tree
+/// `entries`, read with one `git cat-file --batch` (the branch fetch
+/// brings small blobs; an oversized one is not read and cannot match).
+pub fn files_of_keys(
+    git: &CacheGit,
+    entries: &[TreeEntry],
+    keys: &[String],
+) -> Result<BTreeMap<String, KeyFiles>> {
+    let find = |name: String| {
+        entries
             .iter()
             .find(|e| e.name == name && e.kind == "blob")
-        {
-            None => Ok(None),
-            Some(e) if e.size.is_none_or(|s| s > MAX_STATEMENT_BYTES) => {
-                Ok(Some(b"(too large to be a statement)".to_vec()))
-            }
-            Some(e) => git.read_blob_bytes(&e.oid).map(Some),
-        }
+            .cloned()
     };
-    Ok(KeyFiles {
-        statement: read(statement::file_name(key))?,
-        sig: read(statement::sig_name(key))?,
-    })
+    let mut wanted = Vec::new();
+    for k in keys {
+        wanted.push(find(statement::file_name(k)));
+        wanted.push(find(statement::sig_name(k)));
+    }
+    let to_read: Vec<&TreeEntry> = wanted
+        .iter()
+        .flatten()
+        .filter(|e| e.size.is_some_and(|s| s <= MAX_STATEMENT_BYTES))
+        .collect();
+    let mut bytes: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    if !to_read.is_empty() {
+        let input: String = to_read.iter().map(|e| format!("{}\n", e.oid)).collect();
+        let mut cmd = git.git();
+        cmd.args(["cat-file", "--batch"]);
+        let out = run_with_stdin(cmd, input.as_bytes())
+            .with_context(|| format!("reading statements in {}", git.dir.display()))?;
+        let answers = policy::parse_batch(&out, to_read.len())
+            .with_context(|| format!("reading statements in {}", git.dir.display()))?;
+        for (e, a) in to_read.iter().zip(answers) {
+            if let Some((_, b)) = a {
+                bytes.insert(e.oid.clone(), b);
+            }
+        }
+    }
+    let get = |e: &Option<TreeEntry>| -> Option<Vec<u8>> {
+        e.as_ref().map(|e| {
+            bytes
+                .get(&e.oid)
+                .cloned()
+                .unwrap_or_else(|| b"(too large to be a statement)".to_vec())
+        })
+    };
+    Ok(keys
+        .iter()
+        .zip(wanted.chunks(2))
+        .map(|(k, pair)| {
+            (
+                k.clone(),
+                KeyFiles {
+                    statement: get(&pair[0]),
+                    sig: get(&pair[1]),
+                },
+            )
+        })
+        .collect())
+}
+
+/// Runs `cmd` with `input` on stdin; its stdout, or an error with its stderr.
+fn run_with_stdin(mut cmd: std::process::Command, input: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running git cat-file")?;
+    // Small input (a line per blob): written whole before reading.
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(input)
+        .context("writing to git cat-file")?;
+    let out = child
+        .wait_with_output()
+        .context("waiting for git cat-file")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "git cat-file failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out.stdout)
 }
 
 /// What a cold restore or `cache verify` checked, for `--json`.

@@ -70,6 +70,57 @@ pub fn record(file: &Path, cache: &str, key: &str, created_at: &str) -> Result<(
     Ok(())
 }
 
+/// The memo of signatures verified as trusted: `<state>/trust/verified`,
+/// one `<digest> <principal> <fingerprint>` line each.
+pub fn verified_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("trust").join("verified")
+}
+
+/// What a verification depends on: the allowed signers' bytes, the
+/// cache's principals, the signed bytes and the signature.
+pub fn verified_digest(allowed: &[u8], principals: &[String], text: &[u8], sig: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [allowed, principals.join(",").as_bytes(), text, sig] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    crate::cache::manifest::hex(&h.finalize())
+}
+
+/// The principal and fingerprint a digest was verified as, if it was.
+pub fn verified(file: &Path, digest: &str) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(' ');
+        (f.next() == Some(digest)).then(|| {
+            let p = f.next().unwrap_or_default().to_string();
+            (p, f.next().unwrap_or_default().to_string())
+        })
+    })
+}
+
+/// Remembers a trusted verification. Best effort: losing it costs only a
+/// process next time. Kept to the last 256 lines.
+pub fn remember_verified(file: &Path, digest: &str, principal: &str, fingerprint: &str) {
+    if principal.contains([' ', '\n']) || fingerprint.contains([' ', '\n']) {
+        return;
+    }
+    let old = std::fs::read_to_string(file).unwrap_or_default();
+    let mut lines: Vec<&str> = old.lines().collect();
+    let new = format!("{digest} {principal} {fingerprint}");
+    lines.push(&new);
+    let keep = &lines[lines.len().saturating_sub(256)..];
+    let Some(dir) = file.parent() else { return };
+    let tmp = dir.join(format!("verified.tmp-{}", std::process::id()));
+    let ok = std::fs::create_dir_all(dir).is_ok()
+        && std::fs::write(&tmp, keep.join("\n") + "\n").is_ok()
+        && std::fs::rename(&tmp, file).is_ok();
+    if !ok {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +138,27 @@ mod tests {
         assert_eq!(s.get("c", "j"), Some("2026-12-01T09:00:00Z"));
         std::fs::write(&f, "{").unwrap();
         assert_eq!(crate::exit::code_of(&load(&f).unwrap_err()), Code::Corrupt);
+    }
+
+    #[test]
+    fn verified_memo_depends_on_every_input() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = verified_path(tmp.path());
+        let p = vec!["ci".to_string()];
+        let d = verified_digest(b"ci key", &p, b"stmt", b"sig");
+        assert_eq!(verified(&f, &d), None);
+        remember_verified(&f, &d, "ci", "SHA256:x");
+        assert_eq!(verified(&f, &d), Some(("ci".into(), "SHA256:x".into())));
+        for other in [
+            verified_digest(b"ci key2", &p, b"stmt", b"sig"),
+            verified_digest(b"ci key", &[], b"stmt", b"sig"),
+            verified_digest(b"ci key", &p, b"stmt2", b"sig"),
+            verified_digest(b"ci key", &p, b"stmt", b"sig2"),
+            // Boundaries are length-prefixed: moving a byte across is another input.
+            verified_digest(b"ci ke", &p, b"ystmt", b"sig"),
+        ] {
+            assert_ne!(other, d);
+            assert_eq!(verified(&f, &other), None);
+        }
     }
 }

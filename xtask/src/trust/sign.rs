@@ -100,15 +100,15 @@ pub fn sign_key(
     }))
 }
 
-/// The verdicts on the keys of `manifest` other than `except`, reading each
-/// key's files with `read`; a warning for each one that does not hold.
+/// The verdicts on the keys of `manifest` other than `except` (their
+/// statements and signatures in `files`); a warning for each one that does not hold.
 pub fn check_kept(
     sh: &Shell,
     checker: &mut Checker,
     m: &CacheManifest,
     manifest: &BranchManifest,
     except: Option<&str>,
-    read: &dyn Fn(&str) -> Result<KeyFiles>,
+    files: &std::collections::BTreeMap<String, KeyFiles>,
     warn: &dyn Fn(String),
 ) -> Result<Vec<KeyTrust>> {
     let mut out = Vec::new();
@@ -119,7 +119,8 @@ pub fn check_kept(
         if Some(k.as_str()) == except {
             continue;
         }
-        let v = checker.judge(sh, m, k, e, &read(k)?, None)?;
+        let Some(f) = files.get(k) else { continue };
+        let v = checker.judge(sh, m, k, e, f, None)?;
         if !v.trusted() {
             warn(format!(
                 "kept key {k} of {} as it is, but restores will refuse it ({}: {}; signer seen: {})",
