@@ -15,7 +15,7 @@ use crate::cache::manifest::CacheManifest;
 use crate::exit::{Code, fail};
 use crate::trust::policy::Policy;
 use crate::trust::statement::Statement;
-use crate::trust::{Checker, KeyFiles, KeyTrust, sshsig};
+use crate::trust::{Checker, KeyFiles, KeyTrust, armor, sshsig};
 
 /// The variable that names the signing key when `--signing-key` is not given.
 pub const KEY_VAR: &str = "WARMSTART_SIGNING_KEY";
@@ -78,6 +78,16 @@ pub fn sign_key(
         statement: Some(statement.clone()),
         sig: Some(sig.clone()),
     };
+    // The signature was just made here: whether its key is an allowed
+    // signer of this cache is a lookup, no process. Anything the lookup
+    // cannot settle goes through the full check, which also words the refusal.
+    if let Some(signer) = listed_signer(checker, m, &sig) {
+        return Ok(Some(Signed {
+            statement,
+            sig,
+            signer: Some(signer),
+        }));
+    }
     let verdict = checker.judge(sh, m, key, entry, &files, None)?;
     if !verdict.trusted() && verdict.verdict != "ungated" {
         let line = format!(
@@ -98,6 +108,19 @@ pub fn sign_key(
         sig,
         signer: verdict.signer,
     }))
+}
+
+/// `principal (SHA256:...)` when the key of `sig` is listed in the allowed
+/// signers under a principal this cache accepts.
+fn listed_signer(checker: &Checker, m: &CacheManifest, sig: &[u8]) -> Option<String> {
+    let key = armor::sig_public_key(sig)?;
+    let keys = armor::allowed_keys(checker.root.allowed_signers.as_ref()?)?;
+    let principal = keys
+        .iter()
+        .filter(|(_, k)| *k == key)
+        .flat_map(|(p, _)| p.iter())
+        .find(|p| m.trust.principals.is_empty() || m.trust.principals.contains(p))?;
+    Some(format!("{principal} ({})", armor::fingerprint(&key)))
 }
 
 /// The verdicts on the keys of `manifest` other than `except` (their
