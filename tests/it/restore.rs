@@ -1113,7 +1113,7 @@ fn restore_bad_input_has_its_own_exit_codes() {
     assert_eq!(state(&status_json(&env, "r"), "c"), "done");
 }
 
-// ------------------------------------------------------- tools/bootstrap.sh
+// ------------------------------- tools/bootstrap.sh (tools/warmstart-bootstrap.sh)
 
 /// A repository shaped like this one (the paths the xtask-bin key covers, the
 /// real bootstrap script and xtask-bin manifest), pushed to origin.git.
@@ -1124,7 +1124,11 @@ fn bootstrap_world(env: &TestEnv) -> PathBuf {
     write(src.join("xtask/src/main.rs"), "fn main() {}\n");
     write(src.join("Cargo.toml"), "[workspace]\n");
     write(src.join("Cargo.lock"), "version = 4\n");
-    for f in ["tools/bootstrap.sh", "cache-manifests/xtask-bin.toml"] {
+    for f in [
+        "tools/bootstrap.sh",
+        "tools/warmstart-bootstrap.sh",
+        "cache-manifests/xtask-bin.toml",
+    ] {
         std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
         std::fs::copy(real.join(f), src.join(f)).unwrap();
     }
@@ -1160,13 +1164,13 @@ fn sh(env: &TestEnv, cwd: &Path, script: &str) {
 fn publish_xtask_bin(env: &TestEnv, key: &str, tamper: bool) {
     let stage = env.join(format!("publish-{tamper}"));
     std::fs::create_dir_all(stage.join("payload")).unwrap();
-    std::fs::copy(crate::util::bin(), stage.join("payload/xtask")).unwrap();
+    std::fs::copy(crate::util::bin(), stage.join("payload/warmstart")).unwrap();
     env.git(&stage, ["init", "-q", "-b", "xtask-bin-cache"]);
     sh(
         env,
         &stage,
         &format!(
-            "tar -C payload -cf - xtask | zstd -q -1 | split -b 2M -d -a 3 - {key}.tar.zst.part
+            "tar -C payload -cf - warmstart | zstd -q -1 | split -b 2M -d -a 3 - {key}.tar.zst.part
              sha256sum {key}.tar.zst.part* > SHA256SUMS
              rm -r payload"
         ),
@@ -1227,11 +1231,12 @@ fn restore_bootstrap_uses_the_verified_prebuilt_binary_then_stays_warm() {
 
     let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
     assert!(
-        r.stderr().contains(&format!("installed prebuilt {key}")),
+        r.stderr()
+            .contains(&format!("binary cache: installed {key}")),
         "{}",
         r.stderr()
     );
-    let installed = env.join("box/target/warmstart-bin/xtask");
+    let installed = env.join("box/target/warmstart-bin/warmstart");
     assert_eq!(
         crate::util::sha256sum(&installed),
         crate::util::sha256sum(&crate::util::bin())
@@ -1252,7 +1257,11 @@ fn restore_bootstrap_uses_the_verified_prebuilt_binary_then_stays_warm() {
         ["remote", "set-url", "origin", "/nonexistent/origin.git"],
     );
     let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
-    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    assert!(
+        !r.stderr().contains("binary cache: installed"),
+        "{}",
+        r.stderr()
+    );
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
     assert_eq!(state(&v, "marker"), "warm");
 
@@ -1294,7 +1303,7 @@ fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
     let src = bootstrap_world(&env);
     let release = src.join("target/release");
     std::fs::create_dir_all(&release).unwrap();
-    std::fs::copy(crate::util::bin(), release.join("xtask")).unwrap();
+    std::fs::copy(crate::util::bin(), release.join("warmstart")).unwrap();
     write(src.join(".git/info/exclude"), "target/\n");
     let origin = env.join("origin.git");
     env.git(&src, ["remote", "add", "origin", origin.to_str().unwrap()]);
@@ -1316,11 +1325,15 @@ fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
     );
     let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
     assert!(
-        r.stderr().contains("running") && r.stderr().contains("warmstart-bin/xtask restore"),
+        r.stderr().contains("running") && r.stderr().contains("warmstart-bin/warmstart restore"),
         "{}",
         r.stderr()
     );
-    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    assert!(
+        !r.stderr().contains("binary cache: installed"),
+        "{}",
+        r.stderr()
+    );
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
     assert_eq!(state(&v, "marker"), "done");
     assert!(

@@ -60,14 +60,19 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "the ssh private key `cache publish`, `cache resign` and `gates run --sign` sign with (`--signing-key` wins)",
     ),
     (
+        "WARMSTART_COMMAND",
+        Kind::Text,
+        "the command messages name (default: `cargo xtask` under `cargo run`, else the binary's name)",
+    ),
+    (
         "WARMSTART_BOOTSTRAP_REMOTE",
         Kind::Text,
-        "tools/bootstrap.sh: the remote to fetch the prebuilt binary from (default origin)",
+        "tools/warmstart-bootstrap.sh: the remote to fetch the prebuilt binary from (default origin)",
     ),
     (
         "WARMSTART_BOOTSTRAP_FETCH_TIMEOUT",
         Kind::Text,
-        "tools/bootstrap.sh: seconds (as `timeout` reads them) to fetch the prebuilt binary (default 60)",
+        "tools/warmstart-bootstrap.sh: seconds (as `timeout` reads them) to fetch the prebuilt binary (default 60)",
     ),
     (
         "WARMSTART_REMOTE",

@@ -1237,6 +1237,7 @@ fn write_root_commit(
                 &remote.name
             },
             description: &m.description,
+            command: crate::invocation::command(),
         },
         manifest,
     );

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod conda;
 pub mod demo;
 pub mod gates;
+pub mod init;
 pub mod restore;
 pub mod resume;
 
@@ -16,15 +17,11 @@ use clap::{Parser, Subcommand};
 /// warmstart: make a fresh or recycled machine fully working again in
 /// seconds, from caches kept in the git repository itself.
 ///
-/// Run it as `cargo xtask <COMMAND>` inside any repository that has a
-/// `cache-manifests/` folder. Exit codes are listed in README.md.
+/// Run it as `warmstart <COMMAND>` (or `cargo xtask <COMMAND>` from an xtask
+/// crate) inside any repository that has a `cache-manifests/` folder. Exit codes are listed in README.md.
 #[derive(Debug, Parser)]
-#[command(
-    name = "cargo xtask",
-    bin_name = "cargo xtask",
-    version,
-    propagate_version = true
-)]
+// `name` and `bin_name` are set at run time to `crate::invocation::command()`.
+#[command(name = "warmstart", version, propagate_version = true)]
 #[command(max_term_width = 100)]
 pub struct Cli {
     #[command(subcommand)]
@@ -80,6 +77,19 @@ pub enum Command {
     /// Example: `cargo xtask conda unpack binaryen-118-h59595ed_0.conda
     /// --into /usr/local --only bin/ --only lib/`.
     Conda(conda::CondaArgs),
+    /// Set up warmstart in this repository: cache manifests, the bootstrap
+    /// script, the CI workflow, the session-start hook.
+    ///
+    /// Writes what is missing: `cache-manifests/` (the binary cache that the
+    /// bootstrap reads, `restore.toml`, a commented example cache,
+    /// `gates.toml`), `tools/warmstart-bootstrap.sh`, the CI workflow
+    /// (`.github/workflows/gates.yml`, `tools/ci-gates.sh`), and a
+    /// `SessionStart` hook in `.claude/settings.json`; prints a dev container
+    /// `postCreateCommand`. Each generated file carries a header with the
+    /// generator's version and a digest of its body: one whose body no longer
+    /// matches the digest is yours, and is reported and left alone. Rerunning
+    /// is safe, and updates the files it generated.
+    Init(init::InitArgs),
 }
 
 #[cfg(test)]
