@@ -21,4 +21,5 @@ mod resume_interop;
 mod strict;
 mod tidy;
 mod trust;
+mod trust_bootstrap;
 mod unpack;

@@ -205,7 +205,7 @@ fn json(r: &Run) -> Value {
 
 /// Edits warmstart.json's entry of `key` and rewrites SHA256SUMS to agree,
 /// as an attacker who knows the format would.
-fn edit_manifest(dir: &Path, key: &str, edit: impl FnOnce(&mut Value)) {
+pub fn edit_manifest(dir: &Path, key: &str, edit: impl FnOnce(&mut Value)) {
     let file = dir.join("warmstart.json");
     let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     edit(&mut m["keys"][key]);
@@ -228,7 +228,7 @@ fn rewrite_sums(dir: &Path, m: &Value) {
     std::fs::write(dir.join("SHA256SUMS"), lines.concat()).unwrap();
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(bytes)
         .iter()
