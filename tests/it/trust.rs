@@ -742,3 +742,71 @@ fn a_signed_gate_record_is_required_and_a_forged_one_is_refused() {
     assert_eq!(p["status"], "published");
     assert_eq!(p["ungated"], false);
 }
+
+/// `init` writes `require` only together with a signer (`--signer
+/// ci=KEY.pub`); without one it writes no policy and prints the steps;
+/// a private key or a malformed spec is refused (exit 2) before anything is
+/// written.
+#[test]
+fn init_writes_require_only_with_a_first_signer() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let key = env.join("ci");
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "ci", "-f"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let init = |args: &[&str]| {
+        run(env
+            .xtask_in("r")
+            .args(["init", "--binary", "standalone"])
+            .args(args))
+    };
+    let trust = env.join("r/cache-manifests/trust.toml");
+    let signers = env.join("r/cache-manifests/allowed_signers");
+
+    for bad in [
+        format!("ci={}", key.display()),
+        "ci".into(),
+        format!("two words={}.pub", key.display()),
+    ] {
+        let r = init(&["--signer", &bad]).expect_code(2);
+        assert!(r.stderr().contains("--signer"), "{}", r.stderr());
+        assert!(
+            !env.join("r/cache-manifests").exists(),
+            "{bad}: wrote something"
+        );
+    }
+    let r = init(&[]).ok();
+    assert!(!trust.exists() && !signers.exists());
+    assert!(
+        r.stdout().contains("init --signer ci=ci_signing_key.pub"),
+        "{}",
+        r.stdout()
+    );
+    assert!(
+        r.stdout().contains("WARMSTART_SIGNING_KEY="),
+        "{}",
+        r.stdout()
+    );
+
+    let spec = format!("ci={}.pub", key.display());
+    init(&["--signer", &spec]).ok();
+    assert_eq!(
+        std::fs::read_to_string(&trust).unwrap().lines().last(),
+        Some("policy = \"require\"")
+    );
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&signers).unwrap(),
+        format!("ci {}\n", public.trim())
+    );
+    // Idempotent: the same signer is not added twice.
+    init(&["--signer", &spec]).ok();
+    assert_eq!(
+        std::fs::read_to_string(&signers).unwrap().lines().count(),
+        1
+    );
+}
