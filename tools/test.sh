@@ -42,6 +42,8 @@ command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 # Debian and Ubuntu split `python3 -m venv` (ensurepip) into python3-venv.
 ! command -v python3 >/dev/null || python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
+# ssh-keygen -Y signs and verifies cache statements (tests/it/trust.rs).
+command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 [ -x "$(git --exec-path)/git-daemon" ] || need_apt+=(git-daemon-sysvinit)
 [ -x "$(git --exec-path)/git-http-backend" ] || need_apt+=(git)
 # ssh:// remotes in the network deadline tests (tests/it/net_deadline.rs).

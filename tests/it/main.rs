@@ -33,4 +33,6 @@ mod test_tools;
 mod tidy;
 mod transports;
 mod transports_faults;
+mod trust;
+mod trust_bootstrap;
 mod unpack;

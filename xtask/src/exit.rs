@@ -38,6 +38,10 @@ pub enum Code {
     Config = 10,
     /// A gate or a restore step failed (gates run, restore --strict).
     StepFailed = 11,
+    /// A cache key was refused by the trust policy: unsigned, signed by a
+    /// signer the repository does not allow, not matching its statement,
+    /// a rollback, or ungated.
+    Untrusted = 12,
     /// The remote refused who we are: wrong password or token (HTTP 401),
     /// wrong ssh key, a proxy's 407, a server certificate that does not
     /// verify. Retrying will not help; the credentials must change.
@@ -50,7 +54,7 @@ impl Code {
     }
 
     /// Every code with its one-line meaning, in order: the README's table.
-    pub const ALL: [(Code, &'static str); 13] = [
+    pub const ALL: [(Code, &'static str); 14] = [
         (Code::Ok, "success"),
         (
             Code::Failed,
@@ -87,6 +91,10 @@ impl Code {
         ),
         (Code::Config, "invalid manifest or configuration"),
         (Code::StepFailed, "a gate or a restore step failed"),
+        (
+            Code::Untrusted,
+            "untrusted: a cache key's signature is missing, not allowed or does not match",
+        ),
         (
             Code::AuthRefused,
             "authentication refused: password, token, ssh key, proxy 407 or server certificate",

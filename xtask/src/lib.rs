@@ -29,6 +29,7 @@ pub mod restore;
 pub mod resume;
 pub mod settings;
 pub mod size;
+pub mod trust;
 pub mod unpack;
 
 use anyhow::Result;

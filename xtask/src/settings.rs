@@ -55,6 +55,11 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "how long `cache publish` keeps retrying a push whose lease went stale",
     ),
     (
+        "WARMSTART_SIGNING_KEY",
+        Kind::Text,
+        "the ssh private key `cache publish`, `cache resign` and `gates run --sign` sign with (`--signing-key` wins)",
+    ),
+    (
         "WARMSTART_COMMAND",
         Kind::Text,
         "the command messages name (default: `cargo xtask` under `cargo run`, else the binary's name)",

@@ -190,6 +190,8 @@ pub fn verify_named(
         // The scratch tree lives in cache.git, so each attempt makes it anew.
         let result = crate::cache::git::healing(|| {
             unpack::staging_dir_for(&scratch)?;
+            // Trusted before read, as in a restore: exit 12 fetches no chunk.
+            crate::trust::check_before_fetch(sh, repo, &m, &git, &branch, &k)?;
             let kp = branch.plan(&k, &fix)?;
             let (u, v, _) = restore::unpack_into(&git, &branch, &kp, &dest, progress)?;
             Ok((kp.plan.pieces.len(), u, v))

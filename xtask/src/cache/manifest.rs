@@ -14,7 +14,7 @@ use crate::exit::{Code, fail};
 use crate::repo::Repo;
 
 /// Files in `cache-manifests/` that are not cache manifests.
-pub const RESERVED: [&str; 2] = ["restore", "gates"];
+pub const RESERVED: [&str; 3] = ["restore", "gates", "trust"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +32,8 @@ struct RawManifest {
     /// Deadlines of this cache's fetches and pushes (see `crate::net`).
     #[serde(default)]
     network: crate::net::RawNetwork,
+    #[serde(default)]
+    trust: crate::trust::policy::CacheTrust,
     /// Only in the binary cache that tools/warmstart-bootstrap.sh reads.
     #[serde(default)]
     bootstrap: Option<crate::cache::bootstrap::RawBootstrap>,
@@ -234,6 +236,8 @@ pub struct CacheManifest {
     /// when there are fallbacks).
     pub fallbacks: Vec<Fallback>,
     pub recheck: Option<std::time::Duration>,
+    /// `[trust]`: this cache's policy override, principals and ungated opt-in.
+    pub trust: crate::trust::policy::CacheTrust,
     /// `[bootstrap]`: this is the binary cache the bootstrap script reads.
     pub bootstrap: Option<crate::cache::bootstrap::Bootstrap>,
 }
@@ -407,6 +411,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         keep: raw.publish.keep.map(|n| n as usize),
         fallbacks,
         recheck,
+        trust: raw.trust,
         bootstrap,
     })
 }

@@ -51,6 +51,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::List(a) | CacheCommand::Status(a) => a.network.apply()?,
         CacheCommand::Migrate(a) => a.network.apply()?,
         CacheCommand::Prune(a) => a.network.apply()?,
+        CacheCommand::Resign(a) => a.network.apply()?,
     }
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
@@ -60,6 +61,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Status(a) => status::status(sh, a),
         CacheCommand::Migrate(a) => migrate::run(sh, a),
         CacheCommand::Prune(a) => prune::run(sh, a),
+        CacheCommand::Resign(a) => publish::resign_run(sh, a),
     }
 }
 

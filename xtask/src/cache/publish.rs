@@ -36,6 +36,7 @@ use crate::cli::cache::PublishArgs;
 use crate::clock;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
+use crate::trust::statement;
 
 /// How long a publish keeps rebuilding its commit after other publishers
 /// moved the branch between its fetch and its push (and how long it waits
@@ -58,6 +59,8 @@ pub struct Request {
     pub dry_run: bool,
     pub allow_ungated: bool,
     pub remote: Option<String>,
+    /// `--signing-key` (else `WARMSTART_SIGNING_KEY`, else unsigned).
+    pub signing_key: Option<PathBuf>,
     pub json: bool,
     pub quiet: bool,
 }
@@ -70,6 +73,7 @@ impl From<PublishArgs> for Request {
             dry_run: a.dry_run,
             allow_ungated: a.allow_ungated,
             remote: a.remote,
+            signing_key: a.signing_key,
             json: a.out.json,
             quiet: a.out.quiet,
         }
@@ -110,6 +114,9 @@ pub struct Summary {
     pub pruned: Vec<String>,
     pub gates_required: Vec<String>,
     pub ungated: bool,
+    /// Who signed this key's statement (principal and fingerprint, or the
+    /// fingerprint of a key the allowed signers do not list); null when unsigned.
+    pub signed_by: Option<String>,
     pub timings_ms: BTreeMap<&'static str, u64>,
 }
 
@@ -171,6 +178,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         pruned: Vec::new(),
         gates_required: m.gates.clone(),
         ungated: false,
+        signed_by: None,
         timings_ms: BTreeMap::new(),
     };
     if req.key_only {
@@ -361,6 +369,20 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         ..packed.entry
     };
     entry.created_at = clock::rfc3339(clock::now_ms());
+    let t = Instant::now();
+    let mut checker = crate::trust::Checker::new(sh, repo)?;
+    let warn = |line: String| out.warn(line);
+    let signed = crate::trust::sign::sign_key(
+        sh,
+        &mut checker,
+        &m,
+        &key.value,
+        &entry,
+        req.signing_key.as_deref(),
+        &warn,
+    )?;
+    summary.signed_by = signed.as_ref().and_then(|s| s.signer.clone());
+    timings.insert("sign", ms(t.elapsed()));
 
     let mut lease = Lease::new(deadline);
     loop {
@@ -394,6 +416,27 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             ),
             None => Vec::new(),
         };
+        if let Some(s) = &state {
+            let t = Instant::now();
+            let kept: Vec<String> = s
+                .manifest
+                .keys
+                .keys()
+                .filter(|k| **k != key.value && !drops.contains(*k))
+                .cloned()
+                .collect();
+            let files = crate::trust::files_of_keys(&git, &s.entries, &kept)?;
+            crate::trust::sign::check_kept(
+                sh,
+                &mut checker,
+                &m,
+                &s.manifest,
+                Some(&key.value),
+                &files,
+                &warn,
+            )?;
+            timings.insert("check_kept", ms(t.elapsed()));
+        }
         let t = Instant::now();
         let (commit, keys) = build_commit(
             &git,
@@ -404,6 +447,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             &entry,
             &packed.oids,
             &drops,
+            signed.as_ref(),
         )?;
         timings.insert("commit", ms(t.elapsed()));
         let t = Instant::now();
@@ -495,6 +539,194 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     timings.insert("total", ms(started.elapsed()));
     summary.timings_ms = timings;
     Ok(summary)
+}
+
+/// What `cache resign` did: the `--json` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResignSummary {
+    pub name: String,
+    pub branch: String,
+    /// The branch's commit after (null when nothing was re-signed).
+    pub commit: Option<String>,
+    pub signed_by: Option<String>,
+    pub resigned: Vec<String>,
+    /// Keys left as they were, each with why.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// `cargo xtask cache resign`.
+pub fn resign_run(sh: &Shell, args: crate::cli::cache::ResignArgs) -> Result<()> {
+    let repo = Repo::from_cwd()?;
+    let out = Reporter::new(args.out.quiet, args.out.json);
+    let s = resign(sh, &repo, &args, &out)?;
+    if args.out.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&s).expect("summary serializes")
+        );
+    }
+    Ok(())
+}
+
+/// Re-signs the keys of cache `args.name` that are trusted at HEAD with
+/// the given signing key: same statements, new signatures, one new root
+/// commit pushed with a lease. Chunks and warmstart.json stay as they are.
+fn resign(
+    sh: &Shell,
+    repo: &Repo,
+    args: &crate::cli::cache::ResignArgs,
+    out: &Reporter,
+) -> Result<ResignSummary> {
+    use crate::trust::sign::{Signed, signing_key};
+    let m = manifest::load(repo, &args.name)?;
+    let deadline = lease_deadline(&m)?;
+    let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
+    let remote = crate::cache::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    let Some(key_file) = signing_key(args.signing_key.as_deref()) else {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "cache resign {} needs a signing key: give --signing-key or {}",
+                m.name,
+                crate::trust::sign::KEY_VAR
+            ),
+        ));
+    };
+    let git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
+    let mut checker = crate::trust::Checker::new(sh, repo)?;
+    let mut lease = Lease::new(deadline);
+    loop {
+        let state =
+            healing(|| BranchState::load(&git, &remote, &m.branch, out))?.ok_or_else(|| {
+                fail(
+                    Code::NotFound,
+                    format!(
+                        "{} does not exist on {remote}: nothing to re-sign",
+                        m.branch
+                    ),
+                )
+            })?;
+        let mut summary = ResignSummary {
+            name: m.name.clone(),
+            branch: m.branch.clone(),
+            commit: None,
+            signed_by: None,
+            resigned: Vec::new(),
+            skipped: Vec::new(),
+        };
+        let mut signatures: BTreeMap<String, Signed> = BTreeMap::new();
+        for (k, e) in &state.manifest.keys {
+            if !args.keys.is_empty() && !args.keys.contains(k) {
+                continue;
+            }
+            let files = state.key_files(&git, k)?;
+            let old = checker.judge(sh, &m, k, e, &files, None)?;
+            if !old.trusted() && old.verdict != "ungated" {
+                let why = format!(
+                    "{}: {}; only keys trusted at HEAD are re-signed (republish it instead)",
+                    old.verdict,
+                    old.reason.as_deref().unwrap_or("not trusted")
+                );
+                out.warn(format!("not re-signing key {k}: {why}"));
+                summary.skipped.push((k.clone(), why));
+                continue;
+            }
+            let statement = statement::Statement::from_entry(&m.name, k, e)
+                .render()
+                .into_bytes();
+            let sig = crate::trust::sshsig::sign(sh, &key_file, &statement)?;
+            let new = crate::trust::KeyFiles {
+                statement: Some(statement.clone()),
+                sig: Some(sig.clone()),
+            };
+            let v = checker.judge(sh, &m, k, e, &new, None)?;
+            if !v.trusted() && v.verdict != "ungated" {
+                return Err(fail(
+                    Code::Untrusted,
+                    format!(
+                        "the signing key {} is not trusted for cache {} ({}; signer seen: {}): add its public key to {} first; nothing was pushed",
+                        key_file.display(),
+                        m.name,
+                        v.reason.as_deref().unwrap_or("not trusted"),
+                        v.signer.as_deref().unwrap_or("none"),
+                        checker.root.signers_where()
+                    ),
+                ));
+            }
+            summary.signed_by = v.signer.clone();
+            summary.resigned.push(k.clone());
+            signatures.insert(
+                k.clone(),
+                Signed {
+                    statement,
+                    sig,
+                    signer: v.signer,
+                },
+            );
+        }
+        for k in &args.keys {
+            if !state.manifest.keys.contains_key(k) {
+                return Err(fail(
+                    Code::NotFound,
+                    format!("{} on {remote} has no key {k}", m.branch),
+                ));
+            }
+        }
+        if signatures.is_empty() {
+            out.say(format!("nothing re-signed on {}", m.branch));
+            return Ok(summary);
+        }
+        let refs: BTreeMap<String, &Signed> =
+            signatures.iter().map(|(k, s)| (k.clone(), s)).collect();
+        let message = format!(
+            "warmstart cache {}: re-sign {}\n\nRe-signed by warmstart {} (no chunk changed).\n",
+            m.name,
+            summary.resigned.join(", "),
+            env!("CARGO_PKG_VERSION")
+        );
+        let commit = write_root_commit(
+            &git,
+            &m,
+            &remote,
+            &state.manifest,
+            &state.oids(),
+            &refs,
+            &message,
+        )?;
+        match git.push_branch(
+            &remote,
+            &m.branch,
+            &commit,
+            Some(&state.commit),
+            &mut |_| {},
+        ) {
+            Ok(()) => {
+                git.set_local_branch(&m.branch, &commit)?;
+                out.say(format!(
+                    "re-signed {} on {} as {}: commit {}",
+                    summary.resigned.join(", "),
+                    m.branch,
+                    summary.signed_by.as_deref().unwrap_or("?"),
+                    &commit[..12]
+                ));
+                summary.commit = Some(commit);
+                return Ok(summary);
+            }
+            Err(e) if is_stale_lease(&e) => match lease.lost() {
+                Some(pause) => std::thread::sleep(pause),
+                None => {
+                    return Err(fail(
+                        Code::Busy,
+                        format!(
+                            "lease on {} lost {} times: re-sign again",
+                            m.branch, lease.lost
+                        ),
+                    ));
+                }
+            },
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// `WARMSTART_PUBLISH_LEASE_DEADLINE`, else `[publish] lease_deadline`,
@@ -630,6 +862,17 @@ fn gate_record(
             m.gates.join(", ")
         )
     });
+    // `[trust] signed_gates`: a green record anyone could push is not enough.
+    let green = green.and_then(|record| {
+        if m.trust.signed_gates {
+            let parsed: crate::gates::record::Record =
+                serde_json::from_value(record.clone()).context("reading the gate record again")?;
+            crate::trust::gatesig::require_signed(sh, repo, &parsed, &m.gates).with_context(
+                || format!("{} sets [trust] signed_gates = true", m.file.display()),
+            )?;
+        }
+        Ok(record)
+    });
     match green {
         Ok(record) => Ok((record, false)),
         // Green anyway: nothing was bypassed, so nothing is flagged.
@@ -721,6 +964,12 @@ impl BranchState {
             entries,
             manifest,
         }))
+    }
+
+    /// The statement and signature of `key` on the branch.
+    fn key_files(&self, git: &CacheGit, key: &str) -> Result<crate::trust::KeyFiles> {
+        let mut all = crate::trust::files_of_keys(git, &self.entries, &[key.to_string()])?;
+        Ok(all.remove(key).expect("asked for"))
     }
 
     /// Blob ids by file name.
@@ -995,7 +1244,8 @@ pub(crate) fn blob_entry(name: &str, oid: String) -> TreeEntry {
 
 /// Merges this key into the branch state, drops the keys `drops` names
 /// (`[publish] keep`), and writes the root commit. Returns the commit and
-/// the keys it holds.
+/// the keys it holds. This key's statement is `signed` (none when
+/// unsigned); the other keys keep theirs as they are.
 #[allow(clippy::too_many_arguments)]
 fn build_commit(
     git: &CacheGit,
@@ -1006,6 +1256,7 @@ fn build_commit(
     entry: &KeyEntry,
     chunk_oids: &[String],
     drops: &[String],
+    signed: Option<&crate::trust::sign::Signed>,
 ) -> Result<(String, Vec<String>)> {
     let mut manifest = state.map(|s| s.manifest.clone()).unwrap_or_default();
     let replaced = manifest
@@ -1021,19 +1272,13 @@ fn build_commit(
     for (c, oid) in entry.chunks.iter().zip(chunk_oids) {
         oids.insert(c.file.clone(), oid.clone());
     }
-    for (k, e) in &manifest.keys {
-        e.validate(k)?;
+    // The old statement of this key vouched for other bytes.
+    oids.remove(&statement::file_name(key));
+    oids.remove(&statement::sig_name(key));
+    let mut signatures = BTreeMap::new();
+    if let Some(s) = signed {
+        signatures.insert(key.to_string(), s);
     }
-    let mut tree = generated_files(git, m, remote, &manifest)?;
-    for e in manifest.keys.values() {
-        for c in &e.chunks {
-            let oid = oids
-                .get(&c.file)
-                .ok_or_else(|| anyhow!("chunk {} is not in cache.git", c.file))?;
-            tree.push(blob_entry(&c.file, oid.clone()));
-        }
-    }
-    let tree_oid = git.mktree(&tree)?;
     let message = format!(
         "warmstart cache {}: {} key {key}\n\nPublished by warmstart {}{}.\nKeys on this branch: {}.\n",
         m.name,
@@ -1046,8 +1291,47 @@ fn build_commit(
             .unwrap_or_default(),
         manifest.keys.keys().cloned().collect::<Vec<_>>().join(", ")
     );
-    let commit = git.commit_tree(&tree_oid, &message)?;
+    let commit = write_root_commit(git, m, remote, &manifest, &oids, &signatures, &message)?;
     Ok((commit, manifest.keys.keys().cloned().collect()))
+}
+
+/// Writes the tree of `manifest` (README, warmstart.json, SHA256SUMS, the
+/// chunks and the statements) and one root commit of it. A key's statement
+/// is `signatures`' new one, else the one in `oids` (kept byte for byte).
+fn write_root_commit(
+    git: &CacheGit,
+    m: &CacheManifest,
+    remote: &Remote,
+    manifest: &BranchManifest,
+    oids: &BTreeMap<String, String>,
+    signatures: &BTreeMap<String, &crate::trust::sign::Signed>,
+    message: &str,
+) -> Result<String> {
+    for (k, e) in &manifest.keys {
+        e.validate(k)?;
+    }
+    let mut tree = generated_files(git, m, remote, manifest)?;
+    for (k, e) in &manifest.keys {
+        for c in &e.chunks {
+            let oid = oids
+                .get(&c.file)
+                .ok_or_else(|| anyhow!("chunk {} is not in cache.git", c.file))?;
+            tree.push(blob_entry(&c.file, oid.clone()));
+        }
+        let (stmt, sig) = (statement::file_name(k), statement::sig_name(k));
+        if let Some(s) = signatures.get(k) {
+            tree.push(blob_entry(&stmt, git.write_blob_bytes(&s.statement)?));
+            tree.push(blob_entry(&sig, git.write_blob_bytes(&s.sig)?));
+        } else {
+            for name in [stmt, sig] {
+                if let Some(oid) = oids.get(&name) {
+                    tree.push(blob_entry(&name, oid.clone()));
+                }
+            }
+        }
+    }
+    let tree_oid = git.mktree(&tree)?;
+    git.commit_tree(&tree_oid, message)
 }
 
 /// Where the words go: results on stdout, warnings on stderr, progress bars

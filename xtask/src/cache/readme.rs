@@ -99,8 +99,21 @@ git fetch {remote} {branch} && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp
     s.push_str(
         "`sha256sum -c` must print `OK` for every chunk before anything is unpacked. To \
 check the unpacked tar too, compare `cat tmp/$KEY.tar.zst.part* | zstd -d | sha256sum` \
-with the key's `tar_sha256` in `warmstart.json`.\n",
+with the key's `tar_sha256` in `warmstart.json`.\n\n",
     );
+    s.push_str("## Check who published it\n\n");
+    s.push_str(&format!(
+        "A signed key has `<key>.statement` (what was signed: its chunks' sha256 lines, its tar \
+digest and size, source commit, gate record digest, `ungated`, `created_at`) and \
+`<key>.statement.sig`. Check it against the signers the repository allows (from its main \
+branch, never from this one) before unpacking, with ssh-keygen and coreutils alone:\n\n\
+```sh\ngit show {remote}/HEAD:cache-manifests/allowed_signers > allowed_signers\n\
+WHO=$(ssh-keygen -Y find-principals -f allowed_signers -s tmp/$KEY.statement.sig)\n\
+ssh-keygen -Y verify -f allowed_signers -I \"$WHO\" -n warmstart-cache -s tmp/$KEY.statement.sig < tmp/$KEY.statement \
+&& (cd tmp && grep -E '^[0-9a-f]{{64}}  ' $KEY.statement | sha256sum -c)\n```\n\n\
+Unpack only when both succeed: the chunk lines of the signed statement, not `SHA256SUMS`, \
+are then what `sha256sum -c` checked.\n"
+    ));
     s
 }
 
@@ -180,6 +193,8 @@ mod tests {
             );
             // The coreutils path of DESIGN.md, verbatim apart from the variables.
             assert!(text.contains(&format!("git fetch origin {branch} && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/$KEY.tar.zst.part* | zstd -d | tar -x -C \"$DEST\"")));
+            // And the signature check of README "Trust".
+            assert!(text.contains("ssh-keygen -Y verify -f allowed_signers -I \"$WHO\" -n warmstart-cache -s tmp/$KEY.statement.sig < tmp/$KEY.statement"));
         }
     }
 }

@@ -126,6 +126,9 @@ pub struct PartialInfo {
 pub struct Phases {
     pub lock_wait_ms: u64,
     pub fetch_ms: u64,
+    /// The trust check between the branch fetch and the first chunk
+    /// (reading the trust root, `ssh-keygen` verify); 0 with policy off.
+    pub trust_us: u64,
     pub unpack_ms: u64,
     pub chunk_fetch_ms: u64,
     pub chunk_wait_ms: u64,
@@ -170,6 +173,10 @@ pub struct RestoreOutcome {
     pub files: u64,
     /// Bytes that went through sha256 in this run: 0 on the warm path.
     pub bytes_hashed: u64,
+    /// `ssh-keygen` signature checks in this run: 0 on the warm path.
+    pub signature_checks: u64,
+    /// The trust policy and this key's verdict (null when warm or reused).
+    pub trust: Option<crate::trust::Checked>,
     pub duration_ms: u64,
     #[serde(skip)]
     pub duration: Duration,
@@ -215,6 +222,9 @@ pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
             serde_json::to_string_pretty(&outcome).expect("outcome serializes")
         );
     } else if !args.out.quiet {
+        if let Some(note) = outcome.trust.as_ref().and_then(|t| t.note.as_ref()) {
+            println!("{note}");
+        }
         println!("{}", outcome.summary());
     }
     Ok(())
@@ -521,6 +531,8 @@ fn from_stamp(
         direct_fallback: None,
         files: s.files,
         bytes_hashed: 0,
+        signature_checks: 0,
+        trust: None,
         duration_ms: duration.as_millis() as u64,
         duration,
         phases,
@@ -859,6 +871,12 @@ fn cold(
     let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
     let (mut kp, key, partial) = choose_key(m, key, opts, &branch)?;
     let key = &key;
+    // Trusted before read (DESIGN.md invariant 9), for the key chosen (the
+    // exact one or a fallback's stand-in): exit 12 here leaves the install
+    // as it is and fetches no chunk.
+    let t_trust = Instant::now();
+    let trust = crate::trust::check_before_fetch(sh, repo, m, &git, &branch, &key.value)?;
+    let trust_us = t_trust.elapsed().as_micros() as u64;
     if let Some(p) = &partial
         && !opts.verify
         && let Some(outcome) = same_stand_in(m, stamp_file, &branch, key, p, start, &phases)?
@@ -872,7 +890,8 @@ fn cold(
     if kp.plan.check == verify::Check::PerPiece && !opts.verify {
         kp.plan.hash_tar = false;
     }
-    phases.fetch_ms = t.elapsed().as_millis() as u64;
+    phases.fetch_ms = (t.elapsed().as_millis() as u64).saturating_sub(trust_us / 1000);
+    phases.trust_us = trust_us;
     unpack::kill_point("restore:fetched");
 
     let t = Instant::now();
@@ -990,6 +1009,8 @@ fn cold(
         direct_fallback: fetched.direct_fallback.clone(),
         files,
         bytes_hashed,
+        signature_checks: crate::trust::sshsig::checks(),
+        trust: Some(trust),
         duration_ms: duration.as_millis() as u64,
         duration,
         phases,

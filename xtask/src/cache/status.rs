@@ -62,6 +62,9 @@ pub struct BranchKey {
     pub tar_size: u64,
     pub chunks: usize,
     pub parts: Vec<KeyPart>,
+    /// Signer and verdict (always checked, whatever the policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trust: Option<crate::trust::KeyTrust>,
 }
 
 /// What the branch holds.
@@ -81,6 +84,9 @@ pub struct Remote {
     pub differs: Vec<BranchPartChange>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The policy restores apply to this cache (`require`, `warn`, `off`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<&'static str>,
 }
 
 /// The state of one cache.
@@ -145,9 +151,38 @@ pub fn list(sh: &Shell, args: ListArgs) -> Result<()> {
                 remote,
                 c.key.as_deref().unwrap_or("(cannot compute)")
             );
+            if let Some(r) = &c.remote {
+                for k in &r.keys {
+                    println!("{:<20}   {}", "", trust_words(k, r.policy));
+                }
+            }
         }
     }
     err.map_or(Ok(()), Err)
+}
+
+/// `art-1: signed by ci (SHA256:..): trusted`, and what `require` does.
+fn trust_words(k: &BranchKey, policy: Option<&'static str>) -> String {
+    let Some(t) = &k.trust else {
+        return format!("{}: trust not checked", k.key);
+    };
+    let signer = t
+        .signer
+        .as_deref()
+        .map(|s| format!("signed by {s}"))
+        .unwrap_or_else(|| "no signature".into());
+    let mut line = format!("{}: {signer}: {}", k.key, t.verdict);
+    if let Some(why) = &t.reason {
+        line.push_str(&format!(" ({why})"));
+    }
+    if !t.trusted() {
+        line.push_str(match policy {
+            Some("require") => "; refused by policy require",
+            Some("warn") => "; restored with a warning (policy warn); require would refuse it",
+            _ => "; policy off restores it; require would refuse it",
+        });
+    }
+    line
 }
 
 /// `cargo xtask cache status`.
@@ -219,6 +254,9 @@ fn print_status(c: &CacheStatus) {
             if let Some(e) = &r.error {
                 println!("    {e}");
             }
+            if let Some(p) = r.policy {
+                println!("    trust policy: {p}");
+            }
             for k in &r.keys {
                 println!(
                     "    {} ({} chunks, {} tar, published {})",
@@ -227,6 +265,7 @@ fn print_status(c: &CacheStatus) {
                     crate::cache::human_bytes(k.tar_size),
                     k.created_at
                 );
+                println!("      {}", trust_words(k, r.policy));
             }
             if let Some(n) = &r.nearest {
                 println!("    nearest key on the branch: {n}; it differs in:");
@@ -260,6 +299,7 @@ pub fn collect(
         names.to_vec()
     };
     let mut meta = None;
+    let mut checker = None;
     let mut out = Vec::new();
     let mut err = None;
     for name in &names {
@@ -285,9 +325,13 @@ pub fn collect(
             if meta.is_none() {
                 meta = Some(CacheGit::open_meta(sh, repo)?);
             }
+            if checker.is_none() {
+                checker = Some(crate::trust::Checker::new(sh, repo)?);
+            }
             let git = meta.as_mut().expect("opened above");
             git.set_network(&m.network)?;
-            let (r, e) = remote_state(sh, git, &m, key.as_ref());
+            let trust = (checker.as_mut().expect("made above"), repo);
+            let (r, e) = remote_state(sh, git, &m, key.as_ref(), trust);
             if let Some(e) = e {
                 err.get_or_insert(e);
             }
@@ -372,6 +416,7 @@ fn remote_state(
     git: &CacheGit,
     m: &CacheManifest,
     key: Option<&manifest::Key>,
+    (checker, repo): (&mut crate::trust::Checker, &Repo),
 ) -> (Remote, Option<anyhow::Error>) {
     let mut r = Remote {
         state: String::new(),
@@ -381,6 +426,7 @@ fn remote_state(
         nearest: None,
         differs: Vec::new(),
         error: None,
+        policy: Some(checker.root.effective(&m.trust).0.name()),
     };
     let remote = match git.resolve_remote(sh, &m.remote) {
         Ok(remote) => remote,
@@ -485,13 +531,30 @@ fn remote_state(
             ));
         }
         Content::V1(bm) => {
+            // Read-only: the rollback record is read, never written here.
+            let seen = crate::trust::seen::load(&crate::trust::seen::path(&repo.state_dir()))
+                .unwrap_or_default();
+            let names: Vec<String> = bm.keys.keys().cloned().collect();
+            let all = crate::trust::files_of_keys(git, &b.entries, &names);
             for (k, e) in &bm.keys {
+                let trust = match &all {
+                    Ok(all) => checker.judge(sh, m, k, e, &all[k], seen.get(&m.name, k)),
+                    Err(e) => Err(anyhow::anyhow!("{e:#}")),
+                };
+                let trust = match trust {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        r.error = Some(format!("checking the signature of {k}: {e:#}"));
+                        None
+                    }
+                };
                 r.keys.push(BranchKey {
                     key: k.clone(),
                     created_at: e.created_at.clone(),
                     tar_size: e.tar_size,
                     chunks: e.chunks.len(),
                     parts: e.key_parts.clone(),
+                    trust,
                 });
             }
             match key {
@@ -545,6 +608,7 @@ mod tests {
             tar_size: 0,
             chunks: 1,
             parts,
+            trust: None,
         }
     }
 

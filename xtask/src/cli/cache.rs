@@ -42,6 +42,11 @@ pub enum CacheCommand {
     /// servers keep unreachable blobs until they collect garbage, so this
     /// shortens the branch at once but frees remote storage only later.
     Prune(PruneArgs),
+    /// Re-sign the keys of a cache branch with a new signing key, without repacking.
+    ///
+    /// Only keys whose signature is trusted at HEAD are re-signed (rotate by
+    /// adding the new signer, re-signing, then removing the old one).
+    Resign(ResignArgs),
 }
 
 #[derive(Debug, Args)]
@@ -83,6 +88,25 @@ pub struct PruneArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ResignArgs {
+    /// The cache: `cache-manifests/<NAME>.toml`.
+    pub name: String,
+    /// Only these keys (default: every key on the branch).
+    #[arg(long = "key", value_name = "KEY")]
+    pub keys: Vec<String>,
+    /// The ssh private key to sign with (default: `WARMSTART_SIGNING_KEY`).
+    #[arg(long, value_name = "FILE")]
+    pub signing_key: Option<std::path::PathBuf>,
+    /// The remote to push to (default: the manifest's, else `origin`).
+    #[arg(long)]
+    pub remote: Option<String>,
+    #[command(flatten)]
+    pub network: super::NetworkArgs,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(Debug, Args)]
 pub struct PublishArgs {
     /// The cache: `cache-manifests/<NAME>.toml`.
     pub name: String,
@@ -98,6 +122,9 @@ pub struct PublishArgs {
     /// The remote to push to (default: the manifest's, else `origin`).
     #[arg(long)]
     pub remote: Option<String>,
+    /// Sign the key's statement with this ssh private key (default: `WARMSTART_SIGNING_KEY`).
+    #[arg(long, value_name = "FILE")]
+    pub signing_key: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub network: super::NetworkArgs,
     #[command(flatten)]

@@ -54,6 +54,12 @@ pub struct RunArgs {
     /// Print the summary as JSON on stdout (gate output still goes to stderr)
     #[arg(long)]
     pub json: bool,
+    /// Sign each recorded entry with the signing key (`--signing-key`, else `WARMSTART_SIGNING_KEY`)
+    #[arg(long)]
+    pub sign: bool,
+    /// The ssh private key to sign entries with (implies --sign)
+    #[arg(long, value_name = "FILE")]
+    pub signing_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +80,9 @@ pub struct CheckArgs {
     /// Print the verdict (and the record when green) as JSON on stdout
     #[arg(long)]
     pub json: bool,
+    /// Accept only entries signed by an allowed signer of HEAD (exit 12 otherwise)
+    #[arg(long)]
+    pub require_signed: bool,
 }
 
 /// Reading commands are local by default (fast, no network); these flags

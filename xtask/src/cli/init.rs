@@ -19,6 +19,12 @@ pub struct InitArgs {
     /// warmstart==<this version>`. Without it the step is omitted.
     #[arg(long, value_name = "HASH")]
     pub pip_hash: Vec<String>,
+    /// A signer allowed to publish caches, as `PRINCIPAL=PUBLIC_KEY_FILE`
+    /// (repeatable, e.g. `ci=ci_signing_key.pub`): written to
+    /// cache-manifests/allowed_signers, and then cache-manifests/trust.toml
+    /// with `policy = "require"`. Without it no policy is written (off).
+    #[arg(long, value_name = "PRINCIPAL=FILE")]
+    pub signer: Vec<String>,
     /// Print one JSON object: `files` (each `path`, `state`, `detail`),
     /// `registry_step`, `post_create_command`, `stale`.
     #[arg(long)]

@@ -201,7 +201,14 @@ fn check(sh: &Shell, repo: &Repo, args: CheckArgs) -> Result<()> {
     };
     fetch_first(sh, repo, &args.fetch);
     let v = verdict(sh, repo, &plan, &names)?;
-    let result = v.require();
+    let mut result = v.require();
+    if args.require_signed
+        && result.is_ok()
+        && let Some(record) = &v.record
+        && let Err(e) = crate::trust::gatesig::require_signed(sh, repo, record, &names)
+    {
+        result = Err(e);
+    }
     if args.json {
         print_json(&json!({
             "green": result.is_ok(),

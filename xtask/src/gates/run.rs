@@ -101,6 +101,10 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
     };
     let host = host_name();
     let tool = format!("warmstart {}", env!("CARGO_PKG_VERSION"));
+    // Found before any gate runs: a missing key must not waste a test run.
+    let signing_key = (args.sign || args.signing_key.is_some())
+        .then(|| crate::trust::gatesig::key_for_run(args.signing_key.as_deref()))
+        .transpose()?;
 
     let mut runs: Vec<GateRun> = Vec::new();
     for gate in &gates {
@@ -138,7 +142,8 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
         }
         run_one(repo, &plan, gate, &mut run)?;
         if run.result == Ended::Passed && record_it {
-            record_pass(sh, repo, &plan, gate, &head, &host, &tool, &mut run)?;
+            let who = (host.as_str(), tool.as_str(), signing_key.as_deref());
+            record_pass(sh, repo, &plan, gate, &head, who, &mut run)?;
         }
         runs.push(run);
     }
@@ -222,16 +227,15 @@ fn run_one(repo: &Repo, plan: &Plan, gate: &Gate, run: &mut GateRun) -> Result<(
     Ok(())
 }
 
-/// Records a passed gate, if HEAD and the worktree are still what it ran on.
-#[allow(clippy::too_many_arguments)]
+/// Records a passed gate, if HEAD and the worktree are still what it ran
+/// on; `(host, tool, signing key)` say who ran it and who signs the entry.
 fn record_pass(
     sh: &Shell,
     repo: &Repo,
     plan: &Plan,
     gate: &Gate,
     head: &Head,
-    host: &str,
-    tool: &str,
+    (host, tool, signing_key): (&str, &str, Option<&std::path::Path>),
     run: &mut GateRun,
 ) -> Result<()> {
     let now = store::head(sh, &repo.root)?;
@@ -261,6 +265,10 @@ fn record_pass(
         commit: head.commit.clone(),
         extra: Default::default(),
     };
+    let mut entry = entry;
+    if let Some(key) = signing_key {
+        crate::trust::gatesig::sign_entry(sh, key, &head.tree, &gate.name, &mut entry)?;
+    }
     store::update(sh, &repo.root, &head.tree, |old| {
         let mut r = old.unwrap_or_else(|| Record::new(&head.tree));
         r.insert(&gate.name, entry.clone());

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session-start entry point: get this repository's warmstart binary with no
 # compiler when possible, then bring the machine back with `<binary> restore`.
-# Needs git, coreutils and zstd (python3 for the registry step only).
+# Needs git, coreutils and zstd (python3 for the registry step only, ssh-keygen
+# where the trust policy asks for signed caches).
 #
 #   tools/warmstart-bootstrap.sh [RESTORE-ARGS...]    e.g. --background
 #   tools/warmstart-bootstrap.sh --print-key          the binary cache key of this checkout
@@ -16,9 +17,11 @@
 # The order, each step saying which happened:
 # 0. warm: the executable was installed for this exact key (by this script, or
 #    by `cache restore` of that manifest): exec it, no network;
-# 1. binary cache: fetch the key from the cache branch with git alone, check
-#    every part with `sha256sum -c` before a byte is decompressed, install by
-#    rename;
+# 1. binary cache: fetch the key from the cache branch with git alone; where
+#    the trust policy asks, check its signed statement with `ssh-keygen -Y
+#    verify` (no ssh-keygen and policy require: refused, on to the next
+#    step); check every part with `sha256sum -c` before a byte is
+#    decompressed, install by rename;
 # 2. registry: `pip install --require-hashes` of the exact version and hashes
 #    the manifest pins (omitted until a version is published);
 # 3. compile: the manifest's build command.
@@ -80,6 +83,7 @@ records() {
 
 branch=$name-cache remote="" restore_path="" exec_name="" built="" pip_req=""
 build=() pip_hashes=() pin_names=() pin_kinds=() pin_values=()
+trust_policy="" trust_allow_ungated=false trust_principals=()
 rows=$(records "$manifest") || die "$manifest cannot be read by this script (see above)"
 while IFS=$'\t' read -r table idx field value; do
   case "$table.$field" in
@@ -91,6 +95,9 @@ while IFS=$'\t' read -r table idx field value; do
     bootstrap.build) IFS=$'\037' read -r -a build <<<"$value" ;;
     bootstrap.pip) pip_req=$value ;;
     bootstrap.pip_hashes) IFS=$'\037' read -r -a pip_hashes <<<"$value" ;;
+    trust.policy) trust_policy=$value ;;
+    trust.principals) IFS=$'\037' read -r -a trust_principals <<<"$value" ;;
+    trust.allow_ungated) trust_allow_ungated=$value ;;
     key.name) pin_names[idx]=$value ;;
     key.literal | key.platform | key.git_tree | key.file)
       pin_kinds[idx]=$field pin_values[idx]=$value ;;
@@ -104,6 +111,19 @@ install_dir=$root/$restore_path
 stamp=$git_dir/warmstart/bootstrap/$name.key
 cache_stamp=$git_dir/warmstart/cache/stamps/$name.json # warmstart::cache::stamp::path
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
+
+# ---- the trust policy: the manifest's [trust] policy, else
+# cache-manifests/trust.toml at HEAD (never the work tree, never a cache
+# branch), else off. README.md "Trust".
+if [ -z "$trust_policy" ]; then
+  trust_policy=off
+  if trust_toml=$(git show HEAD:cache-manifests/trust.toml 2>/dev/null); then
+    trust_rows=$(records <(printf '%s\n' "$trust_toml")) || die "cache-manifests/trust.toml at HEAD cannot be read by this script (see above)"
+    # Top-level fields have an empty table column: split on every tab.
+    trust_policy=$(printf '%s\n' "$trust_rows" | awk -F'\t' '$3 == "policy" { v = $4 } END { print (v == "" ? "off" : v) }')
+  fi
+fi
+case "$trust_policy" in require | warn | off) ;; *) die "trust policy \"$trust_policy\" is not require, warn or off" ;; esac
 
 # ---- the key: warmstart::cache::manifest::compute_key, in shell
 # (tests/it/adopt.rs checks that both agree). Key = sanitize(name), then
@@ -192,6 +212,42 @@ if [ -x "$install_dir/$exec_name" ] && { [ "$(cat "$stamp" 2>/dev/null)" = "$key
   run_restore "$install_dir/$exec_name" "$@"
 fi
 
+# The signed statement of $key on the fetched commit: signed by a principal
+# of allowed_signers at HEAD (and of the manifest's [trust] principals),
+# naming this cache and key, and not ungated unless the manifest opts in.
+# Each refusal says why, naming the signer seen.
+trusted_statement() {
+  local commit=$1 st sig who p ok="" seen
+  command -v ssh-keygen >/dev/null ||
+    { say "binary cache: policy $trust_policy needs ssh-keygen to check $key.statement, and it is not installed: refusing the binary cache"; return 1; }
+  st=$tmp/branch/$key.statement sig=$tmp/branch/$key.statement.sig
+  git archive "$commit" "$key.statement" "$key.statement.sig" 2>/dev/null | tar -x -C "$tmp/branch" 2>/dev/null &&
+    [ -f "$st" ] && [ -f "$sig" ] ||
+    { say "binary cache: untrusted: $key on $ref is unsigned (no $key.statement with its .sig): refusing it"; return 1; }
+  git show HEAD:cache-manifests/allowed_signers >"$tmp/allowed_signers" 2>/dev/null ||
+    { say "binary cache: untrusted: cache-manifests/allowed_signers is not in HEAD, so nobody may sign $key: refusing it"; return 1; }
+  who=$(ssh-keygen -Y find-principals -f "$tmp/allowed_signers" -s "$sig" 2>/dev/null) || who=""
+  for p in $who; do
+    if [ ${#trust_principals[@]} -gt 0 ] && ! printf '%s\n' "${trust_principals[@]}" | grep -qxF -- "$p"; then continue; fi
+    if ssh-keygen -Y verify -f "$tmp/allowed_signers" -I "$p" -n warmstart-cache -s "$sig" <"$st" >/dev/null 2>&1; then
+      ok=$p
+      break
+    fi
+  done
+  if [ -z "$ok" ]; then
+    seen=$(ssh-keygen -Y check-novalidate -n warmstart-cache -s "$sig" <"$st" 2>&1 | sed -n 's/.* key \(SHA256:[^ ]*\).*/\1/p')
+    say "binary cache: untrusted: $key on $ref is not signed by an allowed signer (signer seen: ${seen:-none}; who may sign is listed in cache-manifests/allowed_signers at HEAD): refusing it"
+    return 1
+  fi
+  grep -qxF "cache $name" "$st" && grep -qxF "key $key" "$st" ||
+    { say "binary cache: untrusted: the statement signed by $ok is not for cache $name key $key: refusing it"; return 1; }
+  if [ "$trust_allow_ungated" != true ] && grep -qxF "ungated true" "$st"; then
+    say "binary cache: untrusted: $key was published --allow-ungated and $manifest does not set [trust] allow_ungated = true: refusing it"
+    return 1
+  fi
+  say "binary cache: $key is signed by $ok"
+}
+
 # ---- 1. binary cache. Called in an `if`, where bash ignores `set -e`:
 # every step checks its own status.
 binary_cache() {
@@ -211,17 +267,28 @@ binary_cache() {
   mkdir -p "$tmp/branch" "$tmp/stage" || return 1
   git archive "$commit" SHA256SUMS "${parts[@]}" | tar -x -C "$tmp/branch" || return 1
 
-  # ---- trust: where the repository's policy asks for signed caches, the
-  # signature over warmstart.json is checked here (`ssh-keygen -Y verify`
-  # against cache-manifests/allowed_signers of this checkout), before any
-  # sum is trusted and before a byte is decompressed.
+  # ---- trust: where the policy asks for signed caches, the key's signed
+  # statement is checked (`ssh-keygen -Y verify` against
+  # cache-manifests/allowed_signers at HEAD) before any sum is trusted and
+  # before a byte is decompressed; then its own chunk lines, not
+  # SHA256SUMS, are what `sha256sum -c` checks.
+  local sums=$tmp/branch/SHA256SUMS
+  if [ "$trust_policy" != off ]; then
+    if trusted_statement "$commit"; then
+      sums=$tmp/branch/$key.statement
+    elif [ "$trust_policy" = require ]; then
+      return 1
+    else
+      say "binary cache: policy warn: installing $key anyway"
+    fi
+  fi
 
-  # Every part needs its own line in SHA256SUMS, and every line must check,
+  # Every part needs its own line in the sums, and every line must check,
   # before a single byte reaches zstd.
   awk -v p="$prefix" 'length($1) == 64 && index($2, p) == 1 && substr($2, length(p) + 1) ~ /^[0-9]+$/' \
-    "$tmp/branch/SHA256SUMS" >"$tmp/key.sums" || return 1
+    "$sums" >"$tmp/key.sums" || return 1
   [ "$(wc -l <"$tmp/key.sums")" -eq ${#parts[@]} ] ||
-    { say "binary cache: SHA256SUMS on $ref does not list every part of $key: not installing"; return 1; }
+    { say "binary cache: $(basename "$sums") on $ref does not list every part of $key: not installing"; return 1; }
   (cd "$tmp/branch" && sha256sum --quiet -c "$tmp/key.sums" >&2) ||
     { say "binary cache: sha256sum -c failed for $key on $ref: not installing"; return 1; }
   (cd "$tmp/branch" && cat "${parts[@]}") | zstd -d -q | tar -x -C "$tmp/stage" --no-same-owner ||

@@ -67,6 +67,8 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
     } else {
         args.pip_hash.clone()
     };
+    // Refused before anything is written too: each signer's key is read now.
+    let signers = trust_signers(&args.signer)?;
     let files = plan(&repo, binary, &pip_hashes)?;
     let cmd = crate::invocation::command();
     let mut stale = Vec::new();
@@ -109,6 +111,7 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
     if !args.check || stale.is_empty() {
         check_bin_caches(&repo)?;
     }
+    rows.extend(trust_files(&repo, &signers, args.check)?);
     rows.push(claude::wire(&repo.root, args.check)?);
     if args.json {
         let out = serde_json::json!({
@@ -132,6 +135,7 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         );
     }
     if !args.check && !args.json {
+        print_trust_steps(&repo, cmd);
         println!(
             "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
         );
@@ -149,6 +153,118 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// `--signer PRINCIPAL=FILE`, each read into an allowed_signers line
+/// (`principal keytype base64 comment`). Exit 2 naming the bad one.
+fn trust_signers(specs: &[String]) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for spec in specs {
+        let bad = |why: String| fail(Code::Usage, format!("--signer {spec:?}: {why}"));
+        let Some((principal, file)) = spec.split_once('=') else {
+            return Err(bad(
+                "give PRINCIPAL=PUBLIC_KEY_FILE, e.g. ci=ci_signing_key.pub".into(),
+            ));
+        };
+        if principal.is_empty() || principal.contains([' ', '\t', '"', '#']) {
+            return Err(bad(
+                "the principal must be one word (e.g. ci or alice@example.com)".into(),
+            ));
+        }
+        let text =
+            std::fs::read_to_string(file).map_err(|e| bad(format!("cannot read {file}: {e}")))?;
+        let key = text.trim();
+        let fields: Vec<&str> = key.split_whitespace().collect();
+        let understood =
+            crate::trust::armor::allowed_keys(format!("{principal} {key}\n").as_bytes())
+                .is_some_and(|k| k.len() == 1);
+        if key.contains('\n') || fields.len() < 2 || !understood {
+            return Err(bad(format!(
+                "{file} is not one ssh public key line (the .pub file of `ssh-keygen -t ed25519`; never the private key)"
+            )));
+        }
+        lines.push(format!("{principal} {key}\n"));
+    }
+    Ok(lines)
+}
+
+/// With signers: cache-manifests/allowed_signers (created, or the new
+/// lines appended) and trust.toml `policy = "require"` (when missing).
+/// `require` is never written without a signer to satisfy it.
+fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>> {
+    use crate::trust::policy::{SIGNERS_FILE, TRUST_FILE};
+    if signers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut rows = Vec::new();
+    let allowed = repo.root.join(SIGNERS_FILE);
+    let old = read_optional(&allowed)?.unwrap_or_default();
+    let new: String = signers
+        .iter()
+        .filter(|l| !old.lines().any(|o| o.trim() == l.trim()))
+        .cloned()
+        .collect();
+    let state = match (old.is_empty(), new.is_empty(), check) {
+        (_, true, _) => "current",
+        (_, false, true) => "missing",
+        (true, false, false) => "created",
+        (false, false, false) => "updated",
+    };
+    if !check && !new.is_empty() {
+        let mut text = old.clone();
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&new);
+        write(&allowed, &text, false)?;
+    }
+    rows.push(Row {
+        path: SIGNERS_FILE.into(),
+        state,
+        detail: String::new(),
+    });
+    let trust = repo.root.join(TRUST_FILE);
+    let row = if read_optional(&trust)?.is_some() {
+        Row {
+            path: TRUST_FILE.into(),
+            state: "yours",
+            detail: "exists: left alone".into(),
+        }
+    } else {
+        if !check {
+            write(
+                &trust,
+                "# Who may publish caches: cache-manifests/allowed_signers. README.md \"Trust\".\npolicy = \"require\"\n",
+                false,
+            )?;
+        }
+        Row {
+            path: TRUST_FILE.into(),
+            state: if check { "missing" } else { "created" },
+            detail: String::new(),
+        }
+    };
+    rows.push(row);
+    Ok(rows)
+}
+
+/// How to get the first signing key in, and how CI signs.
+fn print_trust_steps(repo: &Repo, cmd: &str) {
+    use crate::trust::policy::{SIGNERS_FILE, TRUST_FILE};
+    if repo.root.join(TRUST_FILE).is_file() {
+        println!(
+            "trust: {TRUST_FILE} sets the policy; add a signer with `echo \"NAME $(cat KEY.pub)\" >> {SIGNERS_FILE}` and commit it"
+        );
+        return;
+    }
+    println!(
+        "trust: no policy, so restores check no signature (off). To require signed caches:\n  \
+ssh-keygen -t ed25519 -N '' -C warmstart-ci -f ci_signing_key   # or a maintainer's ed25519 key\n  \
+{cmd} init --signer ci=ci_signing_key.pub                     # writes {SIGNERS_FILE} and {TRUST_FILE} (require)\n  \
+CI signs with the private key kept as a secret (e.g. CI_SIGNING_KEY):\n    \
+umask 077 && printf '%s\\n' \"$CI_SIGNING_KEY\" > \"$RUNNER_TEMP/signing_key\"\n    \
+WARMSTART_SIGNING_KEY=\"$RUNNER_TEMP/signing_key\" {cmd} cache publish NAME"
+    );
 }
 
 /// The `[bootstrap] pip_hashes` of the binary-cache manifest as committed

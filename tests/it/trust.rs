@@ -1,0 +1,812 @@
+//! Trust (issue 16): signed cache keys and restores that refuse what the
+//! repository does not trust, with real ssh-keygen keys made at run time and
+//! a real `git daemon` on 127.0.0.1 as the hosting server.
+//!
+//! The machine under attack (`work`) has installed a trusted key, then
+//! moves to a new key (a pin moved). An attacker with push access (its own
+//! clone, `att`, and plain git) makes the branch hold something else; each
+//! attempt must be exit 12, with nothing fetched into the target and the old
+//! install byte for byte as it was.
+
+use crate::unpack::snapshot;
+use crate::util::git_daemon::GitDaemon;
+use crate::util::{Run, TestEnv, run, show};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CACHE: &str = "art";
+
+struct Fx {
+    env: TestEnv,
+    daemon: GitDaemon,
+    work: PathBuf,
+    target: PathBuf,
+}
+
+impl Fx {
+    /// `work` (the trusted publisher and the restoring machine) and `att`
+    /// (the attacker's clone), both cloned from `origin.git` served by git
+    /// daemon; signing keys `ci`, `alice` and `evil`; `work` commits
+    /// allowed_signers with `signers` and trust.toml with `policy`.
+    fn new(policy: Option<&str>, signers: &[&str]) -> Fx {
+        let env = TestEnv::new();
+        std::fs::create_dir_all(env.join("srv")).unwrap();
+        env.bare_remote("srv/origin.git");
+        let daemon = GitDaemon::start(&env.join("srv"));
+        let url = daemon.url("origin.git");
+        for repo in ["work", "att"] {
+            env.work_repo(repo);
+            env.git(repo, ["remote", "add", "origin", &url]);
+        }
+        for name in ["ci", "alice", "evil"] {
+            let f = env.join(format!("keys/{name}"));
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            let out = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+                .arg(&f)
+                .output()
+                .expect("ssh-keygen (tools/test.sh installs openssh-client)");
+            assert!(out.status.success(), "{}", show(&out));
+        }
+        let fx = Fx {
+            target: env.join("work/restored/art"),
+            env,
+            daemon,
+            work: PathBuf::new(),
+        };
+        let fx = Fx {
+            work: fx.env.join("work"),
+            ..fx
+        };
+        fx.set_trust(policy, signers, "");
+        for repo in ["work", "att"] {
+            fx.manifest(repo, "1", "");
+            fx.content(repo, "v1");
+        }
+        fx.env.git("work", ["add", "-A"]);
+        fx.env.git("work", ["commit", "-q", "-m", "cache manifest"]);
+        fx
+    }
+
+    fn key_path(&self, name: &str) -> PathBuf {
+        self.env.join(format!("keys/{name}"))
+    }
+
+    /// Commits trust.toml and allowed_signers (principal = key name) in `work`.
+    fn set_trust(&self, policy: Option<&str>, signers: &[&str], extra: &str) {
+        let dir = self.work.join("cache-manifests");
+        std::fs::create_dir_all(&dir).unwrap();
+        let trust = dir.join("trust.toml");
+        match policy {
+            Some(p) => std::fs::write(&trust, format!("policy = \"{p}\"\n")).unwrap(),
+            None => drop(std::fs::remove_file(&trust)),
+        }
+        let mut allowed = String::from(extra);
+        for s in signers {
+            let public = std::fs::read_to_string(self.key_path(s).with_extension("pub")).unwrap();
+            allowed.push_str(&format!("{s} {public}"));
+        }
+        std::fs::write(dir.join("allowed_signers"), allowed).unwrap();
+        self.env.git("work", ["add", "-A"]);
+        self.env.git(
+            "work",
+            ["commit", "-q", "--allow-empty", "-m", "trust root"],
+        );
+    }
+
+    /// The manifest of cache `art` in `repo`, key literal `literal`.
+    fn manifest(&self, repo: &str, literal: &str, extra: &str) {
+        let dir = self.env.join(repo).join("cache-manifests");
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = self.env.join(format!("src-{repo}"));
+        std::fs::write(
+            dir.join("art.toml"),
+            format!(
+                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n\n[restore]\npath = \"restored/art\"\n{extra}",
+                src.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    /// What `repo` packs: a few files and ~70 kB of noise (four chunks).
+    fn content(&self, repo: &str, tag: &str) {
+        let src = self.env.join(format!("src-{repo}"));
+        let _ = std::fs::remove_dir_all(&src);
+        std::fs::create_dir_all(src.join("bin")).unwrap();
+        std::fs::write(src.join("bin/tool"), format!("#!/bin/sh\necho {tag}\n")).unwrap();
+        crate::util::tree::write_pseudo_random(
+            &src.join("noise.bin"),
+            70_000,
+            tag.len() as u64 + 7,
+        );
+    }
+
+    fn xtask(&self, repo: &str, args: &[&str]) -> Run {
+        let mut cmd = self.env.xtask_in(repo);
+        cmd.args(args);
+        run(&mut cmd)
+    }
+
+    /// Publishes from `repo` signed with key `signer` (none: unsigned).
+    fn publish(&self, repo: &str, signer: Option<&str>, more: &[&str]) -> Run {
+        let key = signer.map(|s| self.key_path(s));
+        let mut args = vec!["cache", "publish", CACHE, "--json"];
+        if let Some(k) = &key {
+            args.extend(["--signing-key", k.to_str().unwrap()]);
+        }
+        args.extend(more);
+        self.xtask(repo, &args)
+    }
+
+    fn restore(&self) -> Run {
+        self.xtask("work", &["cache", "restore", CACHE, "--json"])
+    }
+
+    /// `work` moves to key `literal` (as when a version pin moves).
+    fn pin(&self, literal: &str) {
+        self.manifest("work", literal, "");
+    }
+
+    /// The attacker rewrites the branch: its tree, edited by `edit`, as a
+    /// fresh root commit force-pushed with plain git.
+    fn tamper(&self, edit: impl FnOnce(&Path)) {
+        let dir = self.env.join("tamper");
+        let _ = std::fs::remove_dir_all(&dir);
+        self.env.git(".", ["init", "-q", "tamper"]);
+        let url = self.daemon.url("origin.git");
+        self.env.git("tamper", ["fetch", "-q", &url, "art-cache"]);
+        self.env
+            .git("tamper", ["checkout", "-q", "--orphan", "x", "FETCH_HEAD"]);
+        edit(&dir);
+        self.env.git("tamper", ["add", "-A"]);
+        self.env.git("tamper", ["commit", "-q", "-m", "tampered"]);
+        self.env.git(
+            "tamper",
+            ["push", "-q", "-f", &url, "HEAD:refs/heads/art-cache"],
+        );
+    }
+
+    /// The installed files and the stamp, to show they did not change.
+    fn installed(&self) -> (std::collections::BTreeMap<String, String>, Vec<u8>) {
+        let stamp = std::fs::read(self.work.join(".git/warmstart/cache/stamps/art.json"))
+            .expect("a stamp of the old install");
+        (snapshot(&self.target), stamp)
+    }
+
+    /// A refusal: exit 12, one line naming the key, the signer and the file.
+    fn refused(
+        &self,
+        what: &str,
+        before: &(std::collections::BTreeMap<String, String>, Vec<u8>),
+    ) -> String {
+        let r = self.restore();
+        assert_eq!(r.code(), 12, "{what}: not refused\n{}", show(&r.out));
+        let err = r.stderr();
+        let line = err
+            .lines()
+            .find(|l| l.contains("untrusted: key"))
+            .unwrap_or_else(|| panic!("{what}: no refusal line\n{err}"));
+        assert!(line.contains("art-2"), "{what}: names the key: {line}");
+        assert!(line.contains("signer seen: "), "{what}: {line}");
+        assert!(
+            line.contains("cache-manifests/allowed_signers at HEAD"),
+            "{what}: {line}"
+        );
+        assert_eq!(&self.installed(), before, "{what}: the install changed");
+        line.to_string()
+    }
+}
+
+fn json(r: &Run) -> Value {
+    serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+}
+
+/// Edits warmstart.json's entry of `key` and rewrites SHA256SUMS to agree,
+/// as an attacker who knows the format would.
+pub fn edit_manifest(dir: &Path, key: &str, edit: impl FnOnce(&mut Value)) {
+    let file = dir.join("warmstart.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    edit(&mut m["keys"][key]);
+    std::fs::write(&file, serde_json::to_string_pretty(&m).unwrap() + "\n").unwrap();
+    rewrite_sums(dir, &m);
+}
+
+fn rewrite_sums(dir: &Path, m: &Value) {
+    let mut lines = Vec::new();
+    for e in m["keys"].as_object().unwrap().values() {
+        for c in e["chunks"].as_array().unwrap() {
+            lines.push(format!(
+                "{}  {}\n",
+                c["sha256"].as_str().unwrap(),
+                c["file"].as_str().unwrap()
+            ));
+        }
+    }
+    lines.sort_by(|a, b| a[66..].cmp(&b[66..]));
+    std::fs::write(dir.join("SHA256SUMS"), lines.concat()).unwrap();
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Trusted: a publish signed by an allowed signer restores, and reports
+/// its signer; the warm run after it checks no signature.
+#[test]
+fn a_trusted_publish_restores_and_the_warm_path_checks_nothing() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    let p = json(&fx.publish("work", Some("ci"), &[]).ok());
+    assert!(
+        p["signed_by"].as_str().unwrap().starts_with("ci (SHA256:"),
+        "{p}"
+    );
+    let r = json(&fx.restore().ok());
+    assert_eq!(r["state"], "restored");
+    assert_eq!(r["trust"]["policy"], "require");
+    assert_eq!(r["trust"]["key"]["verdict"], "trusted");
+    assert!(r["signature_checks"].as_u64().unwrap() >= 1, "{r}");
+    assert!(fx.target.join("bin/tool").exists());
+    let w = json(&fx.restore().ok());
+    assert_eq!(w["state"], "warm");
+    assert_eq!(w["signature_checks"], 0);
+    // The bytes a shell needs: the statement and its signature verify with
+    // ssh-keygen alone, and the statement's chunk lines with sha256sum.
+    let dir = fx.env.join("coreutils");
+    fx.env.git(".", ["init", "-q", "coreutils"]);
+    fx.env.git(
+        "coreutils",
+        ["fetch", "-q", &fx.daemon.url("origin.git"), "art-cache"],
+    );
+    fx.env.git("coreutils", ["checkout", "-q", "FETCH_HEAD"]);
+    let allowed = fx.work.join("cache-manifests/allowed_signers");
+    let out = Command::new("sh")
+        .current_dir(&dir)
+        .arg("-c")
+        .arg(format!(
+            // The branch README's lines, with its variables set.
+            "cp {} allowed_signers && KEY=art-1 && mkdir tmp && cp art-1.* tmp/ && WHO=$(ssh-keygen -Y find-principals -f allowed_signers -s tmp/$KEY.statement.sig) && ssh-keygen -Y verify -f allowed_signers -I \"$WHO\" -n warmstart-cache -s tmp/$KEY.statement.sig < tmp/$KEY.statement && (cd tmp && grep -E '^[0-9a-f]{{64}}  ' $KEY.statement | sha256sum -c --quiet) && test \"$WHO\" = ci",
+            allowed.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+}
+
+/// Every attack of the issue, one after the other against one machine that
+/// holds a trusted install of key art-1: each is exit 12 and changes nothing.
+#[test]
+fn every_attack_by_a_pusher_is_refused_and_the_install_stays() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.restore().ok();
+    let before = fx.installed();
+    assert!(!before.0.is_empty());
+    fx.pin("2");
+    fx.manifest("att", "2", "");
+    fx.content("att", "evil");
+
+    // Re-signed under an untrusted signing key.
+    fx.publish("att", Some("evil"), &[]).ok();
+    let line = fx.refused("untrusted signer", &before);
+    assert!(
+        line.contains("(untrusted)") && line.contains("signer seen: SHA256:"),
+        "{line}"
+    );
+    // `cache verify` refuses it the same way, before reading a chunk.
+    let v = fx.xtask("work", &["cache", "verify", CACHE]);
+    assert_eq!(v.code(), 12, "{}", show(&v.out));
+
+    // An unsigned branch (the attacker's own bytes, its statement removed).
+    fx.tamper(|d| {
+        std::fs::remove_file(d.join("art-2.statement")).unwrap();
+        std::fs::remove_file(d.join("art-2.statement.sig")).unwrap();
+    });
+    let line = fx.refused("unsigned", &before);
+    assert!(
+        line.contains("(unsigned)") && line.contains("signer seen: none"),
+        "{line}"
+    );
+
+    // An allowed_signers (naming the attacker) placed on the cache branch.
+    fx.publish("att", Some("evil"), &[]).ok();
+    let evil_pub = std::fs::read_to_string(fx.key_path("evil").with_extension("pub")).unwrap();
+    fx.tamper(|d| std::fs::write(d.join("allowed_signers"), format!("ci {evil_pub}")).unwrap());
+    let line = fx.refused("allowed_signers on the branch", &before);
+    assert!(
+        line.contains("allowed_signers on branch art-cache is ignored"),
+        "{line}"
+    );
+
+    // A signed statement with a swapped chunk and correct checksums.
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.tamper(|d| {
+        let (a, b) = (
+            d.join("art-2.tar.zst.part000"),
+            d.join("art-2.tar.zst.part001"),
+        );
+        let (ba, bb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        std::fs::write(&a, &bb).unwrap();
+        std::fs::write(&b, &ba).unwrap();
+        edit_manifest(d, "art-2", |e| {
+            let c = e["chunks"].as_array_mut().unwrap();
+            c[0]["sha256"] = sha256_hex(&bb).into();
+            c[0]["size"] = bb.len().into();
+            c[1]["sha256"] = sha256_hex(&ba).into();
+            c[1]["size"] = ba.len().into();
+        });
+    });
+    let line = fx.refused("swapped chunk", &before);
+    assert!(
+        line.contains("(mismatch)") && line.contains("`chunks`"),
+        "{line}"
+    );
+    assert!(line.contains("signer seen: ci (SHA256:"), "{line}");
+
+    // A valid old signature replayed onto a new tree.
+    fx.publish("work", Some("ci"), &[]).ok();
+    let old = fx.env.join("old");
+    fx.tamper(|d| {
+        std::fs::create_dir_all(&old).unwrap();
+        for f in ["art-2.statement", "art-2.statement.sig"] {
+            std::fs::copy(d.join(f), old.join(f)).unwrap();
+        }
+    });
+    fx.publish("att", None, &[]).ok();
+    fx.tamper(|d| {
+        for f in ["art-2.statement", "art-2.statement.sig"] {
+            std::fs::copy(old.join(f), d.join(f)).unwrap();
+        }
+    });
+    let line = fx.refused("replayed signature", &before);
+    assert!(line.contains("(mismatch)"), "{line}");
+
+    // Nothing the attacker pushed reached the target's parent either.
+    let stray: Vec<_> = std::fs::read_dir(fx.target.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(stray, ["art"], "staging left behind");
+}
+
+/// An ungated key, validly signed: refused under `require` unless its
+/// manifest opts in with `[trust] allow_ungated = true`.
+#[test]
+fn an_ungated_key_is_refused_unless_its_manifest_opts_in() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.restore().ok();
+    let before = fx.installed();
+    std::fs::write(
+        fx.work.join("cache-manifests/gates.toml"),
+        "[[gate]]\nname = \"check\"\ncommand = [\"false\"]\ntimeout = \"30s\"\n",
+    )
+    .unwrap();
+    let src = fx.env.join("src-work");
+    let m = |extra: &str| {
+        format!(
+            "[[key]]\nname = \"v\"\nliteral = \"2\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\ngates = [\"check\"]\n\n[restore]\npath = \"restored/art\"\n{extra}",
+            src.display()
+        )
+    };
+    std::fs::write(fx.work.join("cache-manifests/art.toml"), m("")).unwrap();
+    fx.env.git("work", ["add", "-A"]);
+    fx.env.git("work", ["commit", "-q", "-m", "gated"]);
+    let p = json(&fx.publish("work", Some("ci"), &["--allow-ungated"]).ok());
+    assert_eq!(p["ungated"], true);
+    let line = fx.refused("ungated", &before);
+    assert!(
+        line.contains("(ungated)") && line.contains("allow_ungated"),
+        "{line}"
+    );
+    std::fs::write(
+        fx.work.join("cache-manifests/art.toml"),
+        m("\n[trust]\nallow_ungated = true\n"),
+    )
+    .unwrap();
+    let r = json(&fx.restore().ok());
+    assert_eq!(r["state"], "restored");
+}
+
+/// Rotation: a key signed by a signer removed from allowed_signers is
+/// refused from the next restore on; `cache resign` re-signs the current
+/// keys with the new signer without repacking, and they restore again.
+#[test]
+fn a_rotated_out_signer_is_refused_and_resign_brings_keys_back() {
+    let fx = Fx::new(Some("require"), &["ci", "alice"]);
+    let p = json(&fx.publish("work", Some("alice"), &[]).ok());
+    let chunks_before = p["chunks"].clone();
+    fx.set_trust(Some("require"), &["ci"], "");
+    let r = fx.restore().expect_code(12);
+    assert!(
+        r.stderr().contains("signer seen: SHA256:"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!fx.target.exists(), "installed anyway");
+
+    // Rotation as documented: resign while the old signer is still allowed.
+    fx.set_trust(Some("require"), &["ci", "alice"], "");
+    let ci = fx.key_path("ci");
+    let s = json(
+        &fx.xtask(
+            "work",
+            &[
+                "cache",
+                "resign",
+                CACHE,
+                "--signing-key",
+                ci.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .ok(),
+    );
+    assert_eq!(s["resigned"], serde_json::json!(["art-1"]), "{s}");
+    fx.set_trust(Some("require"), &["ci"], "");
+    let r = json(&fx.restore().ok());
+    assert!(
+        r["trust"]["key"]["signer"]
+            .as_str()
+            .unwrap()
+            .starts_with("ci "),
+        "{r}"
+    );
+    // Same chunks: nothing was repacked.
+    let m: Value = serde_json::from_str(
+        &fx.env
+            .git("srv/origin.git", ["show", "art-cache:warmstart.json"]),
+    )
+    .unwrap();
+    let files: Vec<&Value> = m["keys"]["art-1"]["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    assert_eq!(files.len(), chunks_before.as_array().unwrap().len());
+    for (a, b) in files.iter().zip(chunks_before.as_array().unwrap()) {
+        assert_eq!(a["sha256"], b["sha256"]);
+    }
+}
+
+/// Rollback: once this machine saw a newer signed statement of a key, an
+/// older one (validly signed) is refused; a fresh machine accepts it.
+#[test]
+fn a_rollback_to_an_older_signed_statement_is_refused() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("work", Some("ci"), &[]).ok();
+    let old = fx.env.git("srv/origin.git", ["rev-parse", "art-cache"]);
+    // created_at has second precision: the newer statement is a second later.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    fx.content("work", "v2");
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.restore().ok();
+    assert!(
+        std::fs::read_to_string(fx.target.join("bin/tool"))
+            .unwrap()
+            .contains("v2")
+    );
+    let before = fx.installed();
+    fx.env.git(
+        "srv/origin.git",
+        ["update-ref", "refs/heads/art-cache", old.trim()],
+    );
+    let r = fx.xtask("work", &["cache", "restore", CACHE, "--verify"]);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert!(r.stderr().contains("(rollback)"), "{}", r.stderr());
+    assert_eq!(fx.installed(), before);
+    // A fresh machine has no history: the newest it sees is the old one.
+    std::fs::remove_dir_all(fx.work.join(".git/warmstart")).unwrap();
+    std::fs::remove_dir_all(fx.work.join("restored")).unwrap();
+    let r = json(&fx.restore().ok());
+    assert_eq!(r["trust"]["key"]["verdict"], "trusted");
+    assert!(
+        std::fs::read_to_string(fx.target.join("bin/tool"))
+            .unwrap()
+            .contains("v1")
+    );
+}
+
+/// No policy: `off`, one line naming trust.toml, and unsigned keys restore.
+/// `warn` restores an untrusted key with a warning.
+#[test]
+fn no_policy_is_off_with_one_line_and_warn_restores_loudly() {
+    let fx = Fx::new(None, &["ci"]);
+    fx.publish("work", None, &[]).ok();
+    let r = fx.xtask("work", &["cache", "restore", CACHE]).ok();
+    let out = r.stdout();
+    let notes: Vec<&str> = out.lines().filter(|l| l.contains("trust.toml")).collect();
+    assert_eq!(notes.len(), 1, "{out}");
+    assert!(notes[0].contains("policy off"), "{}", notes[0]);
+    let r = json(
+        &fx.xtask("work", &["cache", "restore", CACHE, "--verify", "--json"])
+            .ok(),
+    );
+    assert_eq!(r["signature_checks"], 0);
+    assert_eq!(r["trust"]["policy"], "off");
+    fx.set_trust(Some("warn"), &["ci"], "");
+    let r = fx
+        .xtask("work", &["cache", "restore", CACHE, "--verify", "--json"])
+        .ok();
+    assert!(
+        r.stderr().contains("policy warn: restoring anyway"),
+        "{}",
+        r.stderr()
+    );
+    assert_eq!(json(&r)["trust"]["key"]["verdict"], "unsigned");
+}
+
+/// Never: a random single-field edit of a signed branch (a statement field
+/// without re-signing, or warmstart.json's entry with SHA256SUMS made to
+/// agree) restores. Each of the generated edits is exit 12, nothing installed.
+#[test]
+fn random_single_field_tampering_is_always_refused() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.restore().ok();
+    let before = fx.installed();
+    fx.pin("2");
+    fx.publish("work", Some("ci"), &[]).ok();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let fields = [
+        "created_at",
+        "source_commit",
+        "source_tree",
+        "ungated",
+        "tar_sha256",
+        "tar_size",
+        "files",
+        "gates",
+        "chunk_sha",
+        "chunk_order",
+    ];
+    let rounds = 12;
+    for round in 0..rounds {
+        let pick = next();
+        let in_statement = pick % 3 == 0;
+        let field = fields[(pick / 3 % fields.len() as u64) as usize];
+        let seed = next();
+        fx.tamper(|d| {
+            if in_statement {
+                let f = d.join("art-2.statement");
+                let text = std::fs::read_to_string(&f).unwrap();
+                let lines: Vec<&str> = text.lines().collect();
+                let at = 1 + (seed % (lines.len() as u64 - 1)) as usize;
+                let mut edited: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+                // Flip one character of the value (or the digest) on that line.
+                let line = &mut edited[at];
+                let back = (seed as usize >> 8) % line.len().min(8);
+                let pos = line.len() - 1 - back;
+                let c = line.as_bytes()[pos];
+                let new = if c == b'0' { '1' } else { '0' };
+                line.replace_range(pos..=pos, &new.to_string());
+                std::fs::write(&f, edited.join("\n") + "\n").unwrap();
+                return;
+            }
+            edit_manifest(d, "art-2", |e| match field {
+                "created_at" => e["created_at"] = "2099-01-01T00:00:00Z".into(),
+                "source_commit" => e["source_commit"] = "0".repeat(40).into(),
+                "source_tree" => e["source_tree"] = Value::Null,
+                "ungated" => e["ungated"] = true.into(),
+                "tar_sha256" => e["tar_sha256"] = format!("{:064x}", seed as u128).into(),
+                "tar_size" => e["tar_size"] = (e["tar_size"].as_u64().unwrap() + 512).into(),
+                "files" => e["files"] = (e["files"].as_u64().unwrap() + 1 + seed % 5).into(),
+                "gates" => e["gates"] = serde_json::json!({"forged": "green"}),
+                "chunk_sha" => {
+                    let c = &mut e["chunks"][0];
+                    let file = d.join(c["file"].as_str().unwrap());
+                    let mut bytes = std::fs::read(&file).unwrap();
+                    let at = (seed as usize) % bytes.len();
+                    bytes[at] ^= 1;
+                    std::fs::write(&file, &bytes).unwrap();
+                    c["sha256"] = sha256_hex(&bytes).into();
+                }
+                _ => e["chunks"].as_array_mut().unwrap().swap(1, 2),
+            });
+        });
+        let r = fx.restore();
+        assert_eq!(
+            r.code(),
+            12,
+            "round {round}: {} edit of {field} was not refused\n{}",
+            if in_statement {
+                "statement"
+            } else {
+                "warmstart.json"
+            },
+            show(&r.out)
+        );
+        assert_eq!(fx.installed(), before, "round {round}: the install changed");
+    }
+}
+
+/// `cache status` and `cache list` show the signer and verdict of every
+/// key, and say what `require` would refuse when the policy is off.
+#[test]
+fn status_and_list_show_signer_and_verdict_of_every_key() {
+    let fx = Fx::new(None, &["ci"]);
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.manifest("att", "2", "");
+    fx.publish("att", Some("evil"), &[]).ok();
+    for cmd in ["status", "list"] {
+        let r = fx.xtask("work", &["cache", cmd]).ok();
+        let out = r.stdout();
+        assert!(
+            out.contains("art-1") && out.contains("trusted") && out.contains("ci (SHA256:"),
+            "{cmd}: {out}"
+        );
+        assert!(
+            out.contains("art-2") && out.contains("untrusted"),
+            "{cmd}: {out}"
+        );
+        assert!(out.contains("require would refuse"), "{cmd}: {out}");
+        let j = json(&fx.xtask("work", &["cache", cmd, "--json"]).ok());
+        let text = j.to_string();
+        assert!(text.contains("\"verdict\":\"untrusted\""), "{cmd}: {text}");
+    }
+}
+
+/// Gate records: a green record anyone pushed as a ref is worth nothing to
+/// `gates check --require-signed` and to a publish whose manifest sets
+/// `[trust] signed_gates = true`; entries signed by CI (`gates run --sign`)
+/// are accepted.
+#[test]
+fn a_signed_gate_record_is_required_and_a_forged_one_is_refused() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    std::fs::write(
+        fx.work.join("cache-manifests/gates.toml"),
+        "[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
+    )
+    .unwrap();
+    let src = fx.env.join("src-work");
+    std::fs::write(
+        fx.work.join("cache-manifests/art.toml"),
+        format!(
+            "[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\ngates = [\"check\"]\n\n[restore]\npath = \"restored/art\"\n\n[trust]\nsigned_gates = true\n",
+            src.display()
+        ),
+    )
+    .unwrap();
+    fx.env.git("work", ["add", "-A"]);
+    fx.env
+        .git("work", ["commit", "-q", "-m", "gated, signed gates"]);
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    fx.env
+        .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), "forger"]);
+
+    // A forged record: green, unsigned, pushed as a ref by someone else.
+    fx.xtask("forger", &["gates", "run"]).ok();
+    fx.xtask("forger", &["gates", "push"]).ok();
+    fx.xtask("work", &["gates", "check", "--fetch"]).ok();
+    let r = fx
+        .xtask("work", &["gates", "check", "--require-signed"])
+        .expect_code(12);
+    assert!(
+        r.stderr().contains("gate check") && r.stderr().contains("not signed"),
+        "{}",
+        r.stderr()
+    );
+    let p = fx.publish("work", Some("ci"), &[]).expect_code(12);
+    assert!(p.stderr().contains("signed_gates"), "{}", p.stderr());
+
+    // Signed, but by a key the repository does not allow.
+    let evil = fx.key_path("evil");
+    fx.xtask(
+        "forger",
+        &["gates", "run", "--signing-key", evil.to_str().unwrap()],
+    )
+    .ok();
+    fx.xtask("forger", &["gates", "push"]).ok();
+    let r = fx
+        .xtask("work", &["gates", "check", "--fetch", "--require-signed"])
+        .expect_code(12);
+    assert!(
+        r.stderr().contains("signer seen: SHA256:"),
+        "{}",
+        r.stderr()
+    );
+    fx.publish("work", Some("ci"), &[]).expect_code(12);
+    assert_eq!(
+        Command::new("git")
+            .args(["-C", fx.env.join("srv/origin.git").to_str().unwrap()])
+            .args(["rev-parse", "--verify", "-q", "refs/heads/art-cache"])
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(1),
+        "a cache was published on a forged record"
+    );
+
+    // CI runs the gates and signs: accepted, and the publish goes through.
+    let ci = fx.key_path("ci");
+    let mut gates = fx.env.xtask_in("work");
+    gates
+        .env("WARMSTART_SIGNING_KEY", &ci)
+        .args(["gates", "run", "--sign"]);
+    run(&mut gates).ok();
+    fx.xtask("work", &["gates", "check", "--require-signed"])
+        .ok();
+    let p = json(&fx.publish("work", Some("ci"), &[]).ok());
+    assert_eq!(p["status"], "published");
+    assert_eq!(p["ungated"], false);
+}
+
+/// `init` writes `require` only together with a signer (`--signer
+/// ci=KEY.pub`); without one it writes no policy and prints the steps;
+/// a private key or a malformed spec is refused (exit 2) before anything is
+/// written.
+#[test]
+fn init_writes_require_only_with_a_first_signer() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let key = env.join("ci");
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "ci", "-f"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let init = |args: &[&str]| {
+        run(env
+            .xtask_in("r")
+            .args(["init", "--binary", "standalone"])
+            .args(args))
+    };
+    let trust = env.join("r/cache-manifests/trust.toml");
+    let signers = env.join("r/cache-manifests/allowed_signers");
+
+    for bad in [
+        format!("ci={}", key.display()),
+        "ci".into(),
+        format!("two words={}.pub", key.display()),
+    ] {
+        let r = init(&["--signer", &bad]).expect_code(2);
+        assert!(r.stderr().contains("--signer"), "{}", r.stderr());
+        assert!(
+            !env.join("r/cache-manifests").exists(),
+            "{bad}: wrote something"
+        );
+    }
+    let r = init(&[]).ok();
+    assert!(!trust.exists() && !signers.exists());
+    assert!(
+        r.stdout().contains("init --signer ci=ci_signing_key.pub"),
+        "{}",
+        r.stdout()
+    );
+    assert!(
+        r.stdout().contains("WARMSTART_SIGNING_KEY="),
+        "{}",
+        r.stdout()
+    );
+
+    let spec = format!("ci={}.pub", key.display());
+    init(&["--signer", &spec]).ok();
+    assert_eq!(
+        std::fs::read_to_string(&trust).unwrap().lines().last(),
+        Some("policy = \"require\"")
+    );
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&signers).unwrap(),
+        format!("ci {}\n", public.trim())
+    );
+    // Idempotent: the same signer is not added twice.
+    init(&["--signer", &spec]).ok();
+    assert_eq!(
+        std::fs::read_to_string(&signers).unwrap().lines().count(),
+        1
+    );
+}

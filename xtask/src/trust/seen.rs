@@ -1,0 +1,164 @@
+//! The per-clone record of the newest signed statement seen per cache key:
+//! `<state>/trust/seen.json`, `{"format": 1, "seen": {"<cache> <key>": created_at}}`.
+//!
+//! A restore refuses a validly signed statement older than the one recorded
+//! here (a rollback). A fresh clone has no record and accepts the newest.
+//! Only ever moves forward; written to a temp file and renamed.
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::exit::{Code, fail};
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seen {
+    format: u32,
+    seen: BTreeMap<String, String>,
+}
+
+impl Seen {
+    /// The newest created_at seen for `key` of `cache`.
+    pub fn get(&self, cache: &str, key: &str) -> Option<&str> {
+        self.seen.get(&format!("{cache} {key}")).map(String::as_str)
+    }
+}
+
+pub fn path(state_dir: &Path) -> PathBuf {
+    state_dir.join("trust").join("seen.json")
+}
+
+/// Loads the record (empty when absent). A corrupt one is exit 5, left in
+/// place: forgetting it silently would re-open rollbacks.
+pub fn load(file: &Path) -> Result<Seen> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Seen::default()),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {}", file.display()))),
+    };
+    serde_json::from_str::<Seen>(&text)
+        .ok()
+        .filter(|s| s.format == 1)
+        .ok_or_else(|| {
+            fail(
+                Code::Corrupt,
+                format!(
+                    "{} is corrupt: it records the newest signed statement seen per cache key; delete it to trust the newest on the branch again",
+                    file.display()
+                ),
+            )
+        })
+}
+
+/// Records `created_at` for `key` of `cache` if it is newer than the record.
+pub fn record(file: &Path, cache: &str, key: &str, created_at: &str) -> Result<()> {
+    let mut s = load(file)?;
+    s.format = 1;
+    let slot = s.seen.entry(format!("{cache} {key}")).or_default();
+    if slot.as_str() >= created_at {
+        return Ok(());
+    }
+    *slot = created_at.to_string();
+    let dir = file.parent().expect("seen.json has a parent");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!("seen.json.tmp-{}", std::process::id()));
+    let text = serde_json::to_string_pretty(&s).expect("seen serializes") + "\n";
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, file).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
+}
+
+/// The memo of signatures verified as trusted: `<state>/trust/verified`,
+/// one `<digest> <principal> <fingerprint>` line each.
+pub fn verified_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("trust").join("verified")
+}
+
+/// What a verification depends on: the allowed signers' bytes, the
+/// cache's principals, the signed bytes and the signature.
+pub fn verified_digest(allowed: &[u8], principals: &[String], text: &[u8], sig: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [allowed, principals.join(",").as_bytes(), text, sig] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    crate::cache::manifest::hex(&h.finalize())
+}
+
+/// The principal and fingerprint a digest was verified as, if it was.
+pub fn verified(file: &Path, digest: &str) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(' ');
+        (f.next() == Some(digest)).then(|| {
+            let p = f.next().unwrap_or_default().to_string();
+            (p, f.next().unwrap_or_default().to_string())
+        })
+    })
+}
+
+/// Remembers a trusted verification. Best effort: losing it costs only a
+/// process next time. Kept to the last 256 lines.
+pub fn remember_verified(file: &Path, digest: &str, principal: &str, fingerprint: &str) {
+    if principal.contains([' ', '\n']) || fingerprint.contains([' ', '\n']) {
+        return;
+    }
+    let old = std::fs::read_to_string(file).unwrap_or_default();
+    let mut lines: Vec<&str> = old.lines().collect();
+    let new = format!("{digest} {principal} {fingerprint}");
+    lines.push(&new);
+    let keep = &lines[lines.len().saturating_sub(256)..];
+    let Some(dir) = file.parent() else { return };
+    let tmp = dir.join(format!("verified.tmp-{}", std::process::id()));
+    let ok = std::fs::create_dir_all(dir).is_ok()
+        && std::fs::write(&tmp, keep.join("\n") + "\n").is_ok()
+        && std::fs::rename(&tmp, file).is_ok();
+    if !ok {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_moves_forward_and_corrupt_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = path(tmp.path());
+        assert_eq!(load(&f).unwrap().get("c", "k"), None);
+        record(&f, "c", "k", "2026-12-01T10:00:05Z").unwrap();
+        record(&f, "c", "k", "2026-12-01T10:00:01Z").unwrap();
+        record(&f, "c", "j", "2026-12-01T09:00:00Z").unwrap();
+        let s = load(&f).unwrap();
+        assert_eq!(s.get("c", "k"), Some("2026-12-01T10:00:05Z"));
+        assert_eq!(s.get("c", "j"), Some("2026-12-01T09:00:00Z"));
+        std::fs::write(&f, "{").unwrap();
+        assert_eq!(crate::exit::code_of(&load(&f).unwrap_err()), Code::Corrupt);
+    }
+
+    #[test]
+    fn verified_memo_depends_on_every_input() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = verified_path(tmp.path());
+        let p = vec!["ci".to_string()];
+        let d = verified_digest(b"ci key", &p, b"stmt", b"sig");
+        assert_eq!(verified(&f, &d), None);
+        remember_verified(&f, &d, "ci", "SHA256:x");
+        assert_eq!(verified(&f, &d), Some(("ci".into(), "SHA256:x".into())));
+        for other in [
+            verified_digest(b"ci key2", &p, b"stmt", b"sig"),
+            verified_digest(b"ci key", &[], b"stmt", b"sig"),
+            verified_digest(b"ci key", &p, b"stmt2", b"sig"),
+            verified_digest(b"ci key", &p, b"stmt", b"sig2"),
+            // Boundaries are length-prefixed: moving a byte across is another input.
+            verified_digest(b"ci ke", &p, b"ystmt", b"sig"),
+        ] {
+            assert_ne!(other, d);
+            assert_eq!(verified(&f, &other), None);
+        }
+    }
+}
