@@ -221,9 +221,11 @@ trusted_statement() {
   command -v ssh-keygen >/dev/null ||
     { say "binary cache: policy $trust_policy needs ssh-keygen to check $key.statement, and it is not installed: refusing the binary cache"; return 1; }
   st=$tmp/branch/$key.statement sig=$tmp/branch/$key.statement.sig
-  git archive "$commit" "$key.statement" "$key.statement.sig" 2>/dev/null | tar -x -C "$tmp/branch" 2>/dev/null &&
-    [ -f "$st" ] && [ -f "$sig" ] ||
-    { say "binary cache: untrusted: $key on $ref is unsigned (no $key.statement with its .sig): refusing it"; return 1; }
+  if ! { git archive "$commit" "$key.statement" "$key.statement.sig" 2>/dev/null | tar -x -C "$tmp/branch" 2>/dev/null &&
+    [ -f "$st" ] && [ -f "$sig" ]; }; then
+    say "binary cache: untrusted: $key on $ref is unsigned (no $key.statement with its .sig): refusing it"
+    return 1
+  fi
   git show HEAD:cache-manifests/allowed_signers >"$tmp/allowed_signers" 2>/dev/null ||
     { say "binary cache: untrusted: cache-manifests/allowed_signers is not in HEAD, so nobody may sign $key: refusing it"; return 1; }
   who=$(ssh-keygen -Y find-principals -f "$tmp/allowed_signers" -s "$sig" 2>/dev/null) || who=""
@@ -239,8 +241,10 @@ trusted_statement() {
     say "binary cache: untrusted: $key on $ref is not signed by an allowed signer (signer seen: ${seen:-none}; who may sign is listed in cache-manifests/allowed_signers at HEAD): refusing it"
     return 1
   fi
-  grep -qxF "cache $name" "$st" && grep -qxF "key $key" "$st" ||
-    { say "binary cache: untrusted: the statement signed by $ok is not for cache $name key $key: refusing it"; return 1; }
+  if ! { grep -qxF "cache $name" "$st" && grep -qxF "key $key" "$st"; }; then
+    say "binary cache: untrusted: the statement signed by $ok is not for cache $name key $key: refusing it"
+    return 1
+  fi
   if [ "$trust_allow_ungated" != true ] && grep -qxF "ungated true" "$st"; then
     say "binary cache: untrusted: $key was published --allow-ungated and $manifest does not set [trust] allow_ungated = true: refusing it"
     return 1
