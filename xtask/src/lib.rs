@@ -25,6 +25,7 @@ pub mod resume;
 pub mod settings;
 pub mod size;
 pub mod unpack;
+pub mod wheel;
 
 use anyhow::Result;
 
