@@ -11,7 +11,9 @@ command -v zip >/dev/null || need_apt+=(zip)
 command -v unzip >/dev/null || need_apt+=(unzip)
 command -v node >/dev/null || need_apt+=(nodejs)
 command -v curl >/dev/null || need_apt+=(curl)
+command -v objdump >/dev/null || need_apt+=(binutils)
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
+python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 [ -x "$(git --exec-path)/git-daemon" ] || need_apt+=(git-daemon-sysvinit)
 [ -x "$(git --exec-path)/git-http-backend" ] || need_apt+=(git)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -38,6 +40,12 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
+# The run's one release build: the warmstart wheel (tools/build-wheel.sh,
+# maturin --zig, checked manylinux_2_17). tests/it/wheel.rs installs it, and
+# the release binary inside it serves the adopter test and
+# tools/bench-bootstrap-paths.sh.
+WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)
+export WARMSTART_TEST_WHEEL
 # Smoke test of the cache benchmark on a small generated tree (~20 s): it
 # must run end to end; it never asserts a time. Before nextest, so that
 # nextest's summary stays the last thing printed.

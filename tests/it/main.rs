@@ -20,3 +20,4 @@ mod resume_interop;
 mod strict;
 mod tidy;
 mod unpack;
+mod wheel;

@@ -10,6 +10,7 @@
 pub mod git_daemon;
 pub mod http_backend;
 pub mod tree;
+pub mod wheel;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
