@@ -5,7 +5,7 @@
 #
 #   tools/bench-bootstrap.sh                  # RUNS=3 prebuilt runs, 1 build run
 #   RUNS=5 BUILD_RUNS=0 tools/bench-bootstrap.sh   # skip the (minutes-long) build
-#   XTASK=target/release/xtask tools/bench-bootstrap.sh   # publish this binary
+#   XTASK=target/release/warmstart tools/bench-bootstrap.sh   # publish this binary
 #   SHARED_TARGET=1 tools/bench-bootstrap.sh  # build into this checkout's target/
 #                                             # (warm cargo cache) instead of a cold one
 #
@@ -13,7 +13,7 @@
 #             `xtask cache publish xtask-bin --allow-ungated` with the release
 #             binary); time `git clone origin fresh && cd fresh && tools/bootstrap.sh`.
 # 2. without: an origin without the branch: bootstrap.sh compiles
-#             (`cargo build --release -p xtask`), by default into the fresh
+#             (`cargo build --release -p warmstart`), by default into the fresh
 #             clone's own empty target/ (crates already in ~/.cargo/registry).
 # Floor: `git clone` alone. Background restore steps are started, not awaited
 # (that is what bootstrap does); their worker is waited for before cleanup.
@@ -27,8 +27,8 @@ if [ -n "$(git status --porcelain -- xtask Cargo.toml Cargo.lock)" ]; then
   exit 1
 fi
 if [ -z "${XTASK:-}" ]; then
-  cargo build --release --quiet -p xtask
-  XTASK=$src_root/target/release/xtask
+  cargo build --release --quiet -p warmstart
+  XTASK=$src_root/target/release/warmstart
 fi
 XTASK=$(realpath "$XTASK")
 work=$(mktemp -d /tmp/bench-bootstrap-XXXXXX)
@@ -56,7 +56,7 @@ origin_like_a_host "$work/with.git"
 origin_like_a_host "$work/without.git"
 git clone -q "$work/with.git" "$work/publisher"
 mkdir -p "$work/publisher/target/release"
-cp "$XTASK" "$work/publisher/target/release/xtask"
+cp "$XTASK" "$work/publisher/target/release/warmstart"
 (cd "$work/publisher" && "$XTASK" cache publish xtask-bin --allow-ungated --quiet)
 key=$(cd "$work/publisher" && tools/bootstrap.sh --print-key)
 echo "published $key ($(du -h "$XTASK" | cut -f1) binary) to $work/with.git"

@@ -15,7 +15,7 @@ process of the contender's tree, which is what bounds memory).
 
 It also measures peak RSS of publish and restore at a second, small size (a
 generated ~40 MB tree), the warm `cache restore` (median of 15 runs), and with
---cold-build a truly cold `cargo build -p xtask` (fresh CARGO_TARGET_DIR,
+--cold-build a truly cold `cargo build -p warmstart` (fresh CARGO_TARGET_DIR,
 --timings; wall, user and sys CPU seconds).
 
 It measures the DEV build of xtask by default, because that is what users run
@@ -239,7 +239,7 @@ def main():
     ap.add_argument("--no-gzip", action="store_true", help="skip the seed recipe's gzip variant")
     ap.add_argument("--release", action="store_true", help="measure the release build instead of the dev build")
     ap.add_argument("--xtask", help="measure this xtask binary (no build)")
-    ap.add_argument("--cold-build", action="store_true", help="also time a cold `cargo build -p xtask`")
+    ap.add_argument("--cold-build", action="store_true", help="also time a cold `cargo build -p warmstart`")
     ap.add_argument("--json", help="also write the JSON result to this file")
     args = ap.parse_args()
     runs = args.runs or (1 if args.quick else 3)
@@ -369,7 +369,7 @@ def main():
             ("warm restore, ms", med["warm restore: warmstart"] * 1000 if "warm restore: warmstart" in med else None, 50),
         ]
         if build_result:
-            targets.append(("cold cargo build -p xtask, s (wall)", build_result["wall_s"], 60))
+            targets.append(("cold cargo build -p warmstart, s (wall)", build_result["wall_s"], 60))
         result = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cores": os.cpu_count(),

@@ -25,8 +25,8 @@ done
 TIME=/usr/bin/time
 [ -x "$TIME" ] || TIME=""
 
-cargo build --quiet -p xtask
-XTASK=$(pwd)/target/debug/xtask   # what `cargo xtask` runs
+cargo build --quiet -p warmstart
+XTASK=$(pwd)/target/debug/warmstart   # what `cargo xtask` runs
 
 DIR=${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/bench-conda.XXXXXX")}
 mkdir -p "$DIR"

@@ -2,7 +2,7 @@
 # Benchmark: a warm `xtask restore` of 10 steps, against baselines in the same run.
 #
 #   tools/bench-restore.sh                 # release build of xtask (what bootstrap.sh runs)
-#   XTASK=target/debug/xtask tools/bench-restore.sh   # any other binary
+#   XTASK=target/debug/warmstart tools/bench-restore.sh   # any other binary
 #   RUNS=100 tools/bench-restore.sh
 #
 # Builds a throwaway repository (origin + clone) with ten steps, one or more of
@@ -35,8 +35,8 @@ for tool in python3 git jq; do
 done
 
 if [ -z "${XTASK:-}" ]; then
-  cargo build --release --quiet -p xtask
-  XTASK=$src_root/target/release/xtask
+  cargo build --release --quiet -p warmstart
+  XTASK=$src_root/target/release/warmstart
 fi
 XTASK=$(realpath "$XTASK")
 

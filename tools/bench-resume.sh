@@ -25,8 +25,8 @@ for tool in node python3; do
   command -v "$tool" >/dev/null || { echo "bench-resume.sh: $tool is missing (tools/test.sh installs it)" >&2; exit 1; }
 done
 
-cargo build -q -p xtask
-bin=$PWD/target/debug/xtask
+cargo build -q -p warmstart
+bin=$PWD/target/debug/warmstart
 js=$PWD/tests/fixtures/crash-resume-index.js
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -7,14 +7,14 @@
 #   tools/bootstrap.sh --prebuilt-only ...    fail (exit 1) instead of compiling
 #   tools/bootstrap.sh --no-prebuilt ...      always compile
 #
-# 1. If target/warmstart-bin/xtask was installed for this exact source (the
+# 1. If target/warmstart-bin/warmstart was installed for this exact source (the
 #    key below; by this script or by the cache module's xtask-bin restore),
 #    exec it: no network, no compiler.
 # 2. Else, if origin's `xtask-bin-cache` branch holds the key, fetch it with git
 #    and coreutils only (DESIGN.md "Coreutils path"): git fetch --depth 1,
 #    git archive | tar -x, sha256sum -c, cat parts | zstd -d | tar -x. Nothing
 #    unverified is decompressed; the install is a rename.
-# 3. Else compile: cargo build --release -p xtask.
+# 3. Else compile: cargo build --release -p warmstart.
 # Then: exec xtask restore "$@".
 set -euo pipefail
 
@@ -70,12 +70,12 @@ run_restore() {
 
 build() {
   if [ "$prebuilt" = only ]; then
-    say "no prebuilt xtask for this source, and --prebuilt-only was given"
+    say "no prebuilt warmstart for this source, and --prebuilt-only was given"
     exit 1
   fi
-  say "compiling xtask (cargo build --release -p xtask)"
-  cargo build --release --quiet -p xtask
-  run_restore "$root/target/release/xtask" "$@"
+  say "compiling warmstart (cargo build --release -p warmstart)"
+  cargo build --release --quiet -p warmstart
+  run_restore "$root/target/release/warmstart" "$@"
 }
 
 [ "$prebuilt" = never ] && build "$@"
@@ -91,9 +91,9 @@ key=$(xtask_bin_key)
 # Warm: installed for this key already, by this script (its key file) or by
 # `xtask cache restore xtask-bin` / restore.toml's xtask-bin step (the cache
 # module's stamp, a JSON file that names the installed key).
-if [ -x "$install_dir/xtask" ] && { [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] ||
+if [ -x "$install_dir/warmstart" ] && { [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] ||
   grep -qF "\"key\": \"$key\"," "$cache_stamp" 2>/dev/null; }; then
-  run_restore "$install_dir/xtask" "$@"
+  run_restore "$install_dir/warmstart" "$@"
 fi
 
 # Fetches and installs the prebuilt binary for $key. Called in an `if`, where
@@ -126,7 +126,7 @@ fetch_prebuilt() {
     { say "sha256sum -c failed for $key on $branch: not installing"; return 1; }
   (cd "$tmp/branch" && cat "${parts[@]}") | zstd -d -q | tar -x -C "$tmp/stage" --no-same-owner ||
     { say "unpacking $key failed: not installing"; return 1; }
-  [ -x "$tmp/stage/xtask" ] || { say "$key does not hold an executable xtask"; return 1; }
+  [ -x "$tmp/stage/warmstart" ] || { say "$key does not hold an executable warmstart"; return 1; }
   # Swap in by rename; the old copy goes only once the new one is in place.
   mkdir -p "$(dirname "$install_dir")" "$(dirname "$stamp")" || return 1
   if [ -e "$install_dir" ]; then mv "$install_dir" "$tmp/old" || return 1; fi
@@ -136,6 +136,6 @@ fetch_prebuilt() {
 }
 
 if fetch_prebuilt; then
-  run_restore "$install_dir/xtask" "$@"
+  run_restore "$install_dir/warmstart" "$@"
 fi
 build "$@"

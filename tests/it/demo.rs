@@ -19,7 +19,7 @@ fn demo_runs_with_no_setup() {
         "(warm,",
         "equal: ",
         "| restore again (warm) |",
-        "cargo xtask cache publish <name>",
+        "warmstart cache publish <name>",
     ] {
         assert!(out.contains(want), "demo output lacks {want:?}:\n{out}");
     }

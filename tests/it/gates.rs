@@ -91,7 +91,7 @@ fn gate_refs(env: &TestEnv, dir: &str) -> String {
 
 fn not_green_message(tree: &str, missing: &[&str]) -> String {
     format!(
-        "error: gates not green for tree {tree}: missing {}; run `cargo xtask gates run {}`",
+        "error: gates not green for tree {tree}: missing {}; run `warmstart gates run {}`",
         missing.join(", "),
         missing.join(" ")
     )
@@ -714,7 +714,7 @@ fn bad_inputs_get_one_line_errors_and_distinct_codes() {
     env.bare_remote("origin.git");
     let r = xt(&env, "work", &["gates", "push", "../origin.git"]).expect_code(4);
     assert!(
-        r.stderr().contains("run `cargo xtask gates run` first"),
+        r.stderr().contains("run `warmstart gates run` first"),
         "{}",
         r.stderr()
     );
@@ -846,7 +846,7 @@ fn an_unreadable_record_on_the_remote_is_exit_5_and_the_local_one_is_kept() {
     assert_eq!(
         r.stderr().trim(),
         format!(
-            "error: gate record {refname} on `origin` is unreadable: format `warmstart-gates/99` is not `warmstart-gates/1` (written by a newer warmstart?); the local record was left as is: delete the remote one with `git push origin :{refname}`, then push a good one with `cargo xtask gates push origin`"
+            "error: gate record {refname} on `origin` is unreadable: format `warmstart-gates/99` is not `warmstart-gates/1` (written by a newer warmstart?); the local record was left as is: delete the remote one with `git push origin :{refname}`, then push a good one with `warmstart gates push origin`"
         )
     );
     assert_eq!(stored(&env, "work", &tree).unwrap(), good);

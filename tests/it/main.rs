@@ -1,7 +1,8 @@
-//! The one integration-test binary: each module tests one capability through the real `xtask` binary.
+//! The one integration-test binary: each module tests one capability through the real `warmstart` binary.
 
 mod util;
 
+mod adopt;
 mod broken_pipe;
 mod cache_concurrency;
 mod cache_fetch;

@@ -1160,13 +1160,13 @@ fn sh(env: &TestEnv, cwd: &Path, script: &str) {
 fn publish_xtask_bin(env: &TestEnv, key: &str, tamper: bool) {
     let stage = env.join(format!("publish-{tamper}"));
     std::fs::create_dir_all(stage.join("payload")).unwrap();
-    std::fs::copy(crate::util::bin(), stage.join("payload/xtask")).unwrap();
+    std::fs::copy(crate::util::bin(), stage.join("payload/warmstart")).unwrap();
     env.git(&stage, ["init", "-q", "-b", "xtask-bin-cache"]);
     sh(
         env,
         &stage,
         &format!(
-            "tar -C payload -cf - xtask | zstd -q -1 | split -b 2M -d -a 3 - {key}.tar.zst.part
+            "tar -C payload -cf - warmstart | zstd -q -1 | split -b 2M -d -a 3 - {key}.tar.zst.part
              sha256sum {key}.tar.zst.part* > SHA256SUMS
              rm -r payload"
         ),
@@ -1231,7 +1231,7 @@ fn restore_bootstrap_uses_the_verified_prebuilt_binary_then_stays_warm() {
         "{}",
         r.stderr()
     );
-    let installed = env.join("box/target/warmstart-bin/xtask");
+    let installed = env.join("box/target/warmstart-bin/warmstart");
     assert_eq!(
         crate::util::sha256sum(&installed),
         crate::util::sha256sum(&crate::util::bin())
@@ -1294,7 +1294,7 @@ fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
     let src = bootstrap_world(&env);
     let release = src.join("target/release");
     std::fs::create_dir_all(&release).unwrap();
-    std::fs::copy(crate::util::bin(), release.join("xtask")).unwrap();
+    std::fs::copy(crate::util::bin(), release.join("warmstart")).unwrap();
     write(src.join(".git/info/exclude"), "target/\n");
     let origin = env.join("origin.git");
     env.git(&src, ["remote", "add", "origin", origin.to_str().unwrap()]);
@@ -1316,7 +1316,7 @@ fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
     );
     let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
     assert!(
-        r.stderr().contains("running") && r.stderr().contains("warmstart-bin/xtask restore"),
+        r.stderr().contains("running") && r.stderr().contains("warmstart-bin/warmstart restore"),
         "{}",
         r.stderr()
     );

@@ -1,5 +1,5 @@
 //! Times the checked tar extractor alone (for A/B runs of `unpack`):
-//! `cargo run -p xtask --example extract -- TAR DEST` extracts TAR (a plain
+//! `cargo run -p warmstart --example extract -- TAR DEST` extracts TAR (a plain
 //! tar, or a `.zst` decoded on a second thread as `cache restore` does) into
 //! DEST, which must not exist, and prints one JSON line: wall and CPU seconds
 //! and the extractor's `Stats`. `EXTRACT_WRITERS=N` sets `Options::writers`

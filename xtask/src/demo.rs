@@ -212,7 +212,10 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
         say.line(format!("     | {line}"));
     }
 
-    say.line("3. cargo xtask cache publish demo");
+    say.line(format!(
+        "3. {cmd} cache publish demo",
+        cmd = crate::invocation::command()
+    ));
     let work_repo = Repo::discover(&work)?;
     let req = Request {
         name: "demo".into(),
@@ -224,7 +227,10 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     let published = spaced(&say, || publish::publish(sh, &work_repo, &req))?;
     timings.insert("publish", t.elapsed().as_millis() as u64);
 
-    say.line("4. cargo xtask cache publish demo, again: nothing changed");
+    say.line(format!(
+        "4. {cmd} cache publish demo, again: nothing changed",
+        cmd = crate::invocation::command()
+    ));
     let t = Instant::now();
     let again = spaced(&say, || publish::publish(sh, &work_repo, &req))?;
     timings.insert("publish_unchanged", t.elapsed().as_millis() as u64);
@@ -238,7 +244,10 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
         ));
     }
 
-    say.line("5. git clone origin clone/, then cargo xtask cache restore demo");
+    say.line(format!(
+        "5. git clone origin clone/, then {cmd} cache restore demo",
+        cmd = crate::invocation::command()
+    ));
     cmd!(sh, "git clone -q {origin} {clone}").quiet().run()?;
     let clone_repo = Repo::discover(&clone)?;
     let opts = RestoreOptions {
@@ -250,7 +259,10 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     timings.insert("restore", t.elapsed().as_millis() as u64);
     say.line(format!("   {}", restored.summary()));
 
-    say.line("6. cargo xtask cache restore demo, again: warm");
+    say.line(format!(
+        "6. {cmd} cache restore demo, again: warm",
+        cmd = crate::invocation::command()
+    ));
     let t = Instant::now();
     let warm = restore::restore_named(sh, &clone_repo, "demo", &opts)?;
     timings.insert("restore_warm", t.elapsed().as_millis() as u64);
@@ -302,8 +314,14 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     say.line("");
     say.line("Real use, in your repository (see README.md, \"Adopting warmstart\"):");
     say.line("  1. describe each cache in cache-manifests/<name>.toml (like the one above: key pins, pack root, restore path, gates)");
-    say.line("  2. cargo xtask cache publish <name>     # from CI, once the gates are green");
-    say.line("  3. cargo xtask cache restore <name>     # at session start; a warm run is a no-op");
+    say.line(format!(
+        "  2. {cmd} cache publish <name>     # from CI, once the gates are green",
+        cmd = crate::invocation::command()
+    ));
+    say.line(format!(
+        "  3. {cmd} cache restore <name>     # at session start; a warm run is a no-op",
+        cmd = crate::invocation::command()
+    ));
     say.line("  4. no warmstart at hand? the cache branch's README.md restores it with git and coreutils alone");
 
     Ok(DemoSummary {

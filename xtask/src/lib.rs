@@ -1,5 +1,6 @@
-//! warmstart's library: every capability lives here; the `xtask` binary only
-//! parses arguments and dispatches to `run`.
+//! warmstart's library: every capability lives here; a binary is one line,
+//! `fn main() { warmstart::main() }`, whether it is the `warmstart` binary
+//! of this package or an adopter's own xtask crate.
 //!
 //! Modules are one per capability (see ARCHITECTURE.md for the map). Shared
 //! pieces: `exit` (exit codes), `repo` (finding the repository and its state
@@ -19,6 +20,7 @@ pub mod demo;
 pub mod exit;
 pub mod gates;
 pub mod glob;
+pub mod invocation;
 pub mod repo;
 pub mod restore;
 pub mod resume;
@@ -28,6 +30,46 @@ pub mod unpack;
 pub mod wheel;
 
 use anyhow::Result;
+use clap::{CommandFactory, FromArgMatches};
+
+/// The whole program: parse the command line, run it, exit with the code of
+/// `exit::code_of` (2 for usage errors, 0 for `--help` and `--version`).
+/// Help and usage name the command as `invocation::command` decides.
+pub fn main() -> ! {
+    let code = main_code();
+    // process::exit runs no destructors: flush what print! left buffered.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    std::process::exit(code)
+}
+
+fn main_code() -> i32 {
+    let name = invocation::command();
+    let parsed = cli::Cli::command()
+        .name(name)
+        .bin_name(name)
+        .try_get_matches()
+        .and_then(|m| cli::Cli::from_arg_matches(&m));
+    let cli = match parsed {
+        Ok(cli) => cli,
+        Err(err) => {
+            // clap prints help and version to stdout with exit 0, and usage
+            // errors to stderr; usage errors take our code 2.
+            let _ = err.print();
+            return if err.use_stderr() {
+                exit::Code::Usage.as_i32()
+            } else {
+                0
+            };
+        }
+    };
+    match run(cli) {
+        Ok(()) => 0,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            exit::code_of(&err).as_i32()
+        }
+    }
+}
 
 /// Runs one parsed command line: refuses unknown or unparsable `WARMSTART_*`
 /// variables first (exit 10), and ends quietly with `Ok` when stdout closes.

@@ -1,28 +1,6 @@
-//! The `cargo xtask` entry point: parse, dispatch, map errors to exit codes.
+//! The `warmstart` binary: all of it is the library's `main` (an adopter's
+//! xtask crate has the same one line).
 
-use clap::Parser;
-use std::process::ExitCode;
-use warmstart::exit::{Code, code_of};
-
-fn main() -> ExitCode {
-    let cli = match warmstart::cli::Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(err) => {
-            // clap prints help and version to stdout with exit 0, and usage
-            // errors to stderr; usage errors take our code 2.
-            let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(Code::Usage.as_i32() as u8)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
-    };
-    match warmstart::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::from(code_of(&err).as_i32() as u8)
-        }
-    }
+fn main() {
+    warmstart::main()
 }

@@ -55,6 +55,11 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "how long `cache publish` keeps retrying a push whose lease went stale",
     ),
     (
+        "WARMSTART_COMMAND",
+        Kind::Text,
+        "the command messages name (default: `cargo xtask` under `cargo run`, else the binary's name)",
+    ),
+    (
         "WARMSTART_BOOTSTRAP_REMOTE",
         Kind::Text,
         "tools/bootstrap.sh: the remote to fetch the prebuilt binary from (default origin)",

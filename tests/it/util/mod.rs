@@ -1,6 +1,6 @@
 //! Test harness: a fresh temporary directory per test, the real built binary, real git.
 //!
-//! Nothing here mocks a part: `xtask` is the binary cargo built, `git` is the
+//! Nothing here mocks a part: `warmstart` is the binary cargo built, `git` is the
 //! system git, remotes are bare repositories on disk or served by `git daemon`
 //! on 127.0.0.1. Helpers panic with the full output when a setup step fails,
 //! so a broken fixture never looks like a passing test.
@@ -16,9 +16,9 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// The xtask binary under test.
+/// The warmstart binary under test.
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_xtask"))
+    PathBuf::from(env!("CARGO_BIN_EXE_warmstart"))
 }
 
 /// The top of this source tree (where README.md and cache-manifests/ live).

@@ -82,7 +82,7 @@ impl Branch {
             corrupt(
                 branch,
                 &commit,
-                "has no SHA256SUMS, so it is not a cache branch: publish it with `cargo xtask cache publish`",
+                format!("has no SHA256SUMS, so it is not a cache branch: publish it with `{cmd} cache publish`", cmd = crate::invocation::command()),
             )
         })?;
         let sums_bytes = git
@@ -106,7 +106,10 @@ impl Branch {
                     corrupt(
                         branch,
                         &commit,
-                        format!("{e:#}: republish with `cargo xtask cache publish`"),
+                        format!(
+                            "{e:#}: republish with `{} cache publish`",
+                            crate::invocation::command()
+                        ),
                     )
                 })?;
                 check_sums_agree(&manifest, &sums).map_err(|e| {
@@ -176,8 +179,10 @@ impl Branch {
                     return Err(fail(
                         Code::NotFound,
                         format!(
-                            "branch {} from {} has no key {key} (it has {have}): publish it, or see which pin differs with `cargo xtask cache status`",
-                            self.name, self.remote
+                            "branch {} from {} has no key {key} (it has {have}): publish it, or see which pin differs with `{cmd} cache status`",
+                            self.name,
+                            self.remote,
+                            cmd = crate::invocation::command(),
                         ),
                     ));
                 };

@@ -127,10 +127,11 @@ fn print_text(r: &Report) {
         match &i.difference {
             None => println!("  installed copy at {}: {}", i.target.display(), i.state),
             Some(d) => println!(
-                "  installed copy at {}: {} ({d}): repair it with `cargo xtask cache restore {} --verify`",
+                "  installed copy at {}: {} ({d}): repair it with `{cmd} cache restore {} --verify`",
                 i.target.display(),
                 i.state,
-                r.name
+                r.name,
+                cmd = crate::invocation::command(),
             ),
         }
     }
@@ -237,8 +238,10 @@ pub fn verify_named(
         first_err = Some(fail(
             Code::NotFound,
             format!(
-                "branch {} holds no key {} (this machine's key): the other keys verified; publish this one with `cargo xtask cache publish {name}`",
-                branch.name, key.value
+                "branch {} holds no key {} (this machine's key): the other keys verified; publish this one with `{cmd} cache publish {name}`",
+                branch.name,
+                key.value,
+                cmd = crate::invocation::command(),
             ),
         ));
     }
@@ -249,9 +252,10 @@ pub fn verify_named(
         first_err = Some(fail(
             Code::Verify,
             format!(
-                "the installed copy of cache {name} at {} differs from the branch ({}): repair it with `cargo xtask cache restore {name} --verify`",
+                "the installed copy of cache {name} at {} differs from the branch ({}): repair it with `{cmd} cache restore {name} --verify`",
                 i.target.display(),
-                i.difference.as_deref().unwrap_or("?")
+                i.difference.as_deref().unwrap_or("?"),
+                cmd = crate::invocation::command(),
             ),
         ));
     }

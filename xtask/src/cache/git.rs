@@ -443,7 +443,8 @@ impl CacheGit {
             fail(
                 Code::NotFound,
                 format!(
-                    "{remote} has no branch {branch}: publish it first (`cargo xtask cache publish`), or check cache.branch and cache.remote in the manifest"
+                    "{remote} has no branch {branch}: publish it first (`{cmd} cache publish`), or check cache.branch and cache.remote in the manifest",
+                    cmd = crate::invocation::command(),
                 ),
             )
         })

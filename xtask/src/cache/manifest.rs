@@ -197,8 +197,9 @@ pub fn load(repo: &Repo, name: &str) -> Result<CacheManifest> {
             return Err(fail(
                 Code::NotFound,
                 format!(
-                    "no cache manifest {}: create it, or see `cargo xtask cache list` for the caches this repository has",
-                    file.display()
+                    "no cache manifest {}: create it, or see `{cmd} cache list` for the caches this repository has",
+                    file.display(),
+                    cmd = crate::invocation::command(),
                 ),
             ));
         }

@@ -950,6 +950,7 @@ fn build_commit(
                 &remote.name
             },
             description: &m.description,
+            command: crate::invocation::command(),
         },
         &manifest,
     );

@@ -16,6 +16,8 @@ pub struct ReadmeContext<'a> {
     /// How a clone usually calls the remote (`origin`), or its URL.
     pub remote: &'a str,
     pub description: &'a str,
+    /// The command that runs warmstart here (`crate::invocation::command`).
+    pub command: &'a str,
 }
 
 /// Renders the branch README.
@@ -25,6 +27,7 @@ pub fn render(cx: &ReadmeContext, m: &BranchManifest) -> String {
         branch,
         remote,
         description,
+        command,
     } = *cx;
     let mut s = String::new();
     s.push_str(&format!("# `{branch}`: a warmstart cache branch\n\n"));
@@ -32,7 +35,7 @@ pub fn render(cx: &ReadmeContext, m: &BranchManifest) -> String {
         s.push_str(&format!("> {description}\n\n"));
     }
     s.push_str(&format!(
-        "This branch is a cache, not source code. `cargo xtask cache publish {name}` \
+        "This branch is a cache, not source code. `{command} cache publish {name}` \
 (warmstart) wrote it from `cache-manifests/{name}.toml`. It always holds exactly one \
 commit with no parent: every publish replaces that commit, so fetching it never \
 drags old artifacts along.\n\n"
@@ -60,7 +63,7 @@ content is a tar of the artifact.\n\n",
     );
     s.push_str("## Restore with warmstart\n\n");
     s.push_str(&format!(
-        "```sh\ncargo xtask cache restore {name}\n```\n\n\
+        "```sh\n{command} cache restore {name}\n```\n\n\
 It fetches only this branch, checks every chunk before decompressing it, unpacks into a \
 staging directory and swaps it in atomically.\n\n"
     ));
@@ -134,6 +137,7 @@ mod tests {
                 branch: "rust-cache",
                 remote: "origin",
                 description: "the Rust toolchain",
+                command: "cargo xtask",
             },
             &manifest(),
         );

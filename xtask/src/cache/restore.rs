@@ -556,7 +556,8 @@ pub fn fetch(
 /// The advice on a damaged branch.
 pub fn republish_fix(name: &str) -> String {
     format!(
-        "the branch is damaged or was edited by hand; republish it with `cargo xtask cache publish {name}`"
+        "the branch is damaged or was edited by hand; republish it with `{cmd} cache publish {name}`",
+        cmd = crate::invocation::command(),
     )
 }
 

@@ -399,8 +399,9 @@ fn remote_state(
         Ok(None) => {
             r.state = "no branch".into();
             r.error = Some(format!(
-                "publish it with `cargo xtask cache publish {}`",
-                m.name
+                "publish it with `{cmd} cache publish {}`",
+                m.name,
+                cmd = crate::invocation::command(),
             ));
             return (r, None);
         }

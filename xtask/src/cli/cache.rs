@@ -18,7 +18,7 @@ pub enum CacheCommand {
     /// Pack, compress, chunk and push the artifact as the single commit of its branch.
     ///
     /// Refused unless the manifest's required gates are green for the current
-    /// tree (see `cargo xtask gates`). An unchanged artifact makes no commit
+    /// tree (see `gates --help`). An unchanged artifact makes no commit
     /// and no push.
     Publish(PublishArgs),
     /// Fetch, verify every chunk, and install atomically (a warm run is a no-op).

@@ -16,15 +16,11 @@ use clap::{Parser, Subcommand};
 /// warmstart: make a fresh or recycled machine fully working again in
 /// seconds, from caches kept in the git repository itself.
 ///
-/// Run it as `cargo xtask <COMMAND>` inside any repository that has a
-/// `cache-manifests/` folder. Exit codes are listed in README.md.
+/// Run it as `warmstart <COMMAND>` (or `cargo xtask <COMMAND>` from an xtask
+/// crate) inside any repository that has a `cache-manifests/` folder. Exit codes are listed in README.md.
 #[derive(Debug, Parser)]
-#[command(
-    name = "cargo xtask",
-    bin_name = "cargo xtask",
-    version,
-    propagate_version = true
-)]
+// `name` and `bin_name` are set at run time to `crate::invocation::command()`.
+#[command(name = "warmstart", version, propagate_version = true)]
 #[command(max_term_width = 100)]
 pub struct Cli {
     #[command(subcommand)]

@@ -17,11 +17,11 @@ use clap::{Args, Subcommand};
 /// last cold time.
 ///
 /// Examples:
-///   cargo xtask restore                   # the whole bootstrap
-///   cargo xtask restore --only links      # one step
-///   cargo xtask restore --dry-run         # print the validated plan only
-///   cargo xtask restore --strict --json   # CI: any failure is fatal (exit 11)
-///   cargo xtask restore --background      # return at once, work continues
+///   restore                     # the whole bootstrap
+///   restore --only links        # one step
+///   restore --dry-run           # print the validated plan only
+///   restore --strict --json     # CI: any failure is fatal (exit 11)
+///   restore --background        # return at once, work continues
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct RestoreArgs {

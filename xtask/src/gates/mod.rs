@@ -131,9 +131,10 @@ impl Verdict {
             return Err(fail(
                 Code::NotGreen,
                 format!(
-                    "gates not green for tree {tree}: missing {}; run `cargo xtask gates run {}`",
+                    "gates not green for tree {tree}: missing {}; run `{cmd} gates run {}`",
                     missing.join(", "),
-                    missing.join(" ")
+                    missing.join(" "),
+                    cmd = crate::invocation::command(),
                 ),
             ));
         }

@@ -152,7 +152,8 @@ fn corrupt_remote(remote: &str, refname: &str, e: &ParseError) -> anyhow::Error 
     fail(
         Code::Corrupt,
         format!(
-            "gate record {refname} on `{remote}` is unreadable: {e}; the local record was left as is: delete the remote one with `git push {remote} :{refname}`, then push a good one with `cargo xtask gates push {remote}`"
+            "gate record {refname} on `{remote}` is unreadable: {e}; the local record was left as is: delete the remote one with `git push {remote} :{refname}`, then push a good one with `{cmd} gates push {remote}`",
+            cmd = crate::invocation::command(),
         ),
     )
 }
@@ -480,7 +481,8 @@ pub fn push(
             return Err(fail(
                 Code::NotFound,
                 format!(
-                    "no gate record for tree {tree} here or on `{remote}`: run `cargo xtask gates run` first"
+                    "no gate record for tree {tree} here or on `{remote}`: run `{cmd} gates run` first",
+                    cmd = crate::invocation::command(),
                 ),
             ));
         };

@@ -229,7 +229,8 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
         print!("{}", report::table(&rows, "THIS RUN"));
         if let Some(pid) = worker_pid {
             println!(
-                "background steps continue in pid {pid}: `cargo xtask restore status` shows progress"
+                "background steps continue in pid {pid}: `{cmd} restore status` shows progress",
+                cmd = crate::invocation::command(),
             );
         }
     }
@@ -402,9 +403,10 @@ fn hand_off_everything(
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "restore of {} step(s) continues in the background (pid {pid}); `cargo xtask restore status` shows progress; log: {}",
+            "restore of {} step(s) continues in the background (pid {pid}); `{cmd} restore status` shows progress; log: {}",
             names.len(),
-            paths.worker_log().display()
+            paths.worker_log().display(),
+            cmd = crate::invocation::command(),
         );
     }
     Ok(())

@@ -160,8 +160,9 @@ pub fn read(paths: &Paths) -> Result<StateFile> {
             fail(
                 Code::Corrupt,
                 format!(
-                    "{} is corrupt ({why}): run `cargo xtask restore`, which sets it aside and starts a new one",
-                    paths.state.display()
+                    "{} is corrupt ({why}): run `{cmd} restore`, which sets it aside and starts a new one",
+                    paths.state.display(),
+                    cmd = crate::invocation::command(),
                 ),
             )
         }),

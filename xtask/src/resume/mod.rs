@@ -240,8 +240,9 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
                 Err(fail(
                     Code::NotFound,
                     format!(
-                        "no entry for surface {surface:?} in {}: record it first with `cargo xtask resume record`",
-                        store.path.display()
+                        "no entry for surface {surface:?} in {}: record it first with `{cmd} resume record`",
+                        store.path.display(),
+                        cmd = crate::invocation::command(),
                     ),
                 ))
             }

@@ -84,8 +84,9 @@ impl Store {
         fail(
             Code::Corrupt,
             format!(
-                "the crash-resume index {} {reason}; it was left untouched: repair or remove it, or run `cargo xtask resume record ... --reinit` to move it aside and start a new index",
-                self.path.display()
+                "the crash-resume index {} {reason}; it was left untouched: repair or remove it, or run `{cmd} resume record ... --reinit` to move it aside and start a new index",
+                self.path.display(),
+                cmd = crate::invocation::command(),
             ),
         )
     }
