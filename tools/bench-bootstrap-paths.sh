@@ -50,7 +50,7 @@ export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@invalid GIT_COMMITTER_NAME=b
 for v in $(env | sed -n 's/^\(PIP_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
 export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
-# The wheel's executable (xtask before the package rename, warmstart after).
+# The wheel's executable (the crate's bin target).
 exe=$(unzip -Z1 "$WHEEL" | sed -n "s|^warmstart-$version.data/scripts/||p")
 [ -n "$exe" ] || { say "$WHEEL holds no executable under warmstart-$version.data/scripts/"; exit 1; }
 mkdir -p "$work/bin"

@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 /// The variable tools/test.sh sets to the built wheel's path.
 pub const VAR: &str = "WARMSTART_TEST_WHEEL";
-/// The executable the wheel installs: the crate's bin target (`xtask` until
-/// the package is renamed `warmstart`).
-pub const EXE: &str = "xtask";
+/// The executable the wheel installs (the crate's bin target).
+pub const EXE: &str = "warmstart";
 
 /// The built wheel. Fails the test (never skips it) when the variable is
 /// missing or names no file.
