@@ -150,14 +150,15 @@ done
 
 m() { printf '%s\n' "$@" | median; }
 binary=$(m "${binary_s[@]}") fetch=$(m "${fetch_s[@]}") net=$(m "${net_s[@]}") wheel=$(m "${wheel_s[@]}")
+row() { printf '  %-44s %7.2f  %s\n' "$1" "$2" "$3"; }
 echo "fresh clone -> restored machine (median of runs, seconds)"
-printf '  binary cache (%s)            %7.2f  (%d runs)\n' "$bootstrap" "$binary" "$runs"
-printf '    git fetch --depth 1 of %s alone  %7.2f\n' "$branch" "$fetch"
-printf '    binary cache minus that fetch      %7.2f  (median of per-run differences; goal <= 0.5)\n' "$net"
-printf '  wheel (venv + pip from 127.0.0.1)   %7.2f  (%d runs; goal <= 5)\n' "$wheel" "$runs"
+row "binary cache ($bootstrap)" "$binary" "($runs runs)"
+row "  git fetch --depth 1 of $branch alone" "$fetch" ""
+row "  binary cache minus that fetch" "$net" "(median of per-run differences; goal <= 0.5)"
+row "wheel (fresh venv + pip from 127.0.0.1)" "$wheel" "($runs runs; goal <= 5)"
 if [ "$compile_runs" -gt 0 ]; then
   compile=$(m "${compile_s[@]}")
-  printf '  compile (cargo build --release)     %7.2f  (%d runs, empty target/, warm registry)\n' "$compile" "$compile_runs"
+  row "compile (cargo build --release)" "$compile" "($compile_runs runs, empty target/, warm registry)"
   printf '  ratio to compile: binary cache %.4f, wheel %.4f\n' \
     "$(echo "$binary / $compile" | bc -l)" "$(echo "$wheel / $compile" | bc -l)"
 fi
