@@ -156,6 +156,7 @@ row "binary cache ($bootstrap)" "$binary" "($runs runs)"
 row "  git fetch --depth 1 of $branch alone" "$fetch" ""
 row "  binary cache minus that fetch" "$net" "(median of per-run differences; goal <= 0.5)"
 row "wheel (fresh venv + pip from 127.0.0.1)" "$wheel" "($runs runs; goal <= 5)"
+echo "  each run: binary ${binary_s[*]}; fetch ${fetch_s[*]}; wheel ${wheel_s[*]}${compile_s:+; compile ${compile_s[*]}}"
 if [ "$compile_runs" -gt 0 ]; then
   compile=$(m "${compile_s[@]}")
   row "compile (cargo build --release)" "$compile" "($compile_runs runs, empty target/, warm registry)"
