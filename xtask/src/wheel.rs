@@ -13,9 +13,23 @@ use std::path::Path;
 /// The distribution name of the wheel (tools/wheel/pyproject.toml).
 pub const DIST: &str = "warmstart";
 
+/// A wheel's pin in its two parts, as a manifest keeps them: the
+/// requirement (`warmstart==0.1.0`) and the hash (`sha256:HEX`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub requirement: String,
+    pub hash: String,
+}
+
 /// `warmstart==VERSION --hash=sha256:HEX` for the wheel at `path`, with the
 /// version read from its PEP 427 file name.
 pub fn requirement_line(path: &Path) -> Result<String> {
+    let p = pin(path)?;
+    Ok(format!("{} --hash={}", p.requirement, p.hash))
+}
+
+/// The pin of the wheel at `path`.
+pub fn pin(path: &Path) -> Result<Pin> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -39,7 +53,10 @@ pub fn requirement_line(path: &Path) -> Result<String> {
         hasher.update(&buf[..n]);
     }
     let digest = crate::cache::manifest::hex(&hasher.finalize());
-    Ok(format!("{DIST}=={version} --hash=sha256:{digest}"))
+    Ok(Pin {
+        requirement: format!("{DIST}=={version}"),
+        hash: format!("sha256:{digest}"),
+    })
 }
 
 /// The version field of `warmstart-VERSION-PY-ABI-PLATFORM.whl`.
