@@ -1113,7 +1113,7 @@ fn restore_bad_input_has_its_own_exit_codes() {
     assert_eq!(state(&status_json(&env, "r"), "c"), "done");
 }
 
-// ------------------------------------------------------- tools/bootstrap.sh
+// ------------------------------- tools/bootstrap.sh (tools/warmstart-bootstrap.sh)
 
 /// A repository shaped like this one (the paths the xtask-bin key covers, the
 /// real bootstrap script and xtask-bin manifest), pushed to origin.git.
@@ -1124,7 +1124,11 @@ fn bootstrap_world(env: &TestEnv) -> PathBuf {
     write(src.join("xtask/src/main.rs"), "fn main() {}\n");
     write(src.join("Cargo.toml"), "[workspace]\n");
     write(src.join("Cargo.lock"), "version = 4\n");
-    for f in ["tools/bootstrap.sh", "cache-manifests/xtask-bin.toml"] {
+    for f in [
+        "tools/bootstrap.sh",
+        "tools/warmstart-bootstrap.sh",
+        "cache-manifests/xtask-bin.toml",
+    ] {
         std::fs::create_dir_all(src.join(f).parent().unwrap()).unwrap();
         std::fs::copy(real.join(f), src.join(f)).unwrap();
     }
@@ -1227,7 +1231,8 @@ fn restore_bootstrap_uses_the_verified_prebuilt_binary_then_stays_warm() {
 
     let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
     assert!(
-        r.stderr().contains(&format!("installed prebuilt {key}")),
+        r.stderr()
+            .contains(&format!("binary cache: installed {key}")),
         "{}",
         r.stderr()
     );
@@ -1252,7 +1257,11 @@ fn restore_bootstrap_uses_the_verified_prebuilt_binary_then_stays_warm() {
         ["remote", "set-url", "origin", "/nonexistent/origin.git"],
     );
     let r = bootstrap(&env, "box", &["--prebuilt-only", "--json"]).ok();
-    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    assert!(
+        !r.stderr().contains("binary cache: installed"),
+        "{}",
+        r.stderr()
+    );
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
     assert_eq!(state(&v, "marker"), "warm");
 
@@ -1320,7 +1329,11 @@ fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
         "{}",
         r.stderr()
     );
-    assert!(!r.stderr().contains("installed prebuilt"), "{}", r.stderr());
+    assert!(
+        !r.stderr().contains("binary cache: installed"),
+        "{}",
+        r.stderr()
+    );
     let v: Value = serde_json::from_str(&r.stdout()).unwrap();
     assert_eq!(state(&v, "marker"), "done");
     assert!(

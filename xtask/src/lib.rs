@@ -20,6 +20,7 @@ pub mod demo;
 pub mod exit;
 pub mod gates;
 pub mod glob;
+pub mod init;
 pub mod invocation;
 pub mod repo;
 pub mod restore;
@@ -88,5 +89,6 @@ fn dispatch(cli: cli::Cli) -> Result<()> {
         cli::Command::Gates(args) => gates::run(&sh, args),
         cli::Command::Resume(args) => resume::run(&sh, args),
         cli::Command::Conda(args) => conda::run(&sh, args),
+        cli::Command::Init(args) => init::run(&sh, args),
     }
 }

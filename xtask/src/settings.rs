@@ -62,12 +62,12 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
     (
         "WARMSTART_BOOTSTRAP_REMOTE",
         Kind::Text,
-        "tools/bootstrap.sh: the remote to fetch the prebuilt binary from (default origin)",
+        "tools/warmstart-bootstrap.sh: the remote to fetch the prebuilt binary from (default origin)",
     ),
     (
         "WARMSTART_BOOTSTRAP_FETCH_TIMEOUT",
         Kind::Text,
-        "tools/bootstrap.sh: seconds (as `timeout` reads them) to fetch the prebuilt binary (default 60)",
+        "tools/warmstart-bootstrap.sh: seconds (as `timeout` reads them) to fetch the prebuilt binary (default 60)",
     ),
     (
         "WARMSTART_REMOTE",

@@ -29,6 +29,9 @@ struct RawManifest {
     ready: Option<RawReady>,
     #[serde(default)]
     publish: RawPublish,
+    /// Only in the binary cache that tools/warmstart-bootstrap.sh reads.
+    #[serde(default)]
+    bootstrap: Option<crate::cache::bootstrap::RawBootstrap>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -49,6 +52,7 @@ struct RawPin {
     json: Option<RawJsonPin>,
     regex: Option<RawRegexPin>,
     git_tree: Option<Vec<String>>,
+    file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,6 +132,8 @@ pub enum PinSource {
         pattern: regex_lite::Regex,
     },
     GitTree(Vec<String>),
+    /// A one-line file: its text without the trailing newline.
+    File(PathBuf),
 }
 
 #[derive(Clone, Debug)]
@@ -172,6 +178,8 @@ pub struct CacheManifest {
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
     pub lease_deadline: Option<std::time::Duration>,
+    /// `[bootstrap]`: this is the binary cache the bootstrap script reads.
+    pub bootstrap: Option<crate::cache::bootstrap::Bootstrap>,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -234,6 +242,18 @@ pub fn names(repo: &Repo) -> Result<Vec<String>> {
 fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManifest> {
     let raw: RawManifest = toml::from_str(text)
         .map_err(|e| anyhow!("{}", crate::settings::toml_error_line(text, &e)))?;
+    let bootstrap = match raw.bootstrap {
+        None => None,
+        Some(b) => {
+            let kinds: Vec<&str> = raw.key.iter().map(RawPin::kind).collect();
+            Some(crate::cache::bootstrap::resolve(
+                b,
+                text,
+                &kinds,
+                &raw.restore.path,
+            )?)
+        }
+    };
     let mut pins = Vec::new();
     for p in raw.key {
         pins.push(resolve_pin(repo, p)?);
@@ -329,7 +349,27 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         chunk_bytes,
         level,
         lease_deadline,
+        bootstrap,
     })
+}
+
+impl RawPin {
+    /// The field that gives this pin its value (the first one set).
+    fn kind(&self) -> &'static str {
+        if self.literal.is_some() {
+            "literal"
+        } else if self.platform {
+            "platform"
+        } else if self.json.is_some() {
+            "json"
+        } else if self.regex.is_some() {
+            "regex"
+        } else if self.git_tree.is_some() {
+            "git_tree"
+        } else {
+            "file"
+        }
+    }
 }
 
 fn resolve_pin(repo: &Repo, p: RawPin) -> Result<Pin> {
@@ -337,10 +377,11 @@ fn resolve_pin(repo: &Repo, p: RawPin) -> Result<Pin> {
         + usize::from(p.platform)
         + usize::from(p.json.is_some())
         + usize::from(p.regex.is_some())
-        + usize::from(p.git_tree.is_some());
+        + usize::from(p.git_tree.is_some())
+        + usize::from(p.file.is_some());
     if kinds != 1 {
         bail!(
-            "key pin {:?} must have exactly one of `literal`, `platform = true`, `json`, `regex`, `git_tree`",
+            "key pin {:?} must have exactly one of `literal`, `platform = true`, `json`, `regex`, `git_tree`, `file`",
             p.name
         );
     }
@@ -369,6 +410,8 @@ fn resolve_pin(repo: &Repo, p: RawPin) -> Result<Pin> {
             file: expand_path(repo, &r.file)?,
             pattern,
         }
+    } else if let Some(f) = p.file {
+        PinSource::File(expand_path(repo, &f)?)
     } else {
         let paths = p.git_tree.unwrap_or_default();
         if paths.is_empty() {
@@ -519,11 +562,41 @@ fn pin_value(sh: &xshell::Shell, repo: &Repo, pin: &Pin) -> Result<String> {
                 .unwrap_or_default())
         }
         PinSource::GitTree(paths) => git_tree_digest(sh, repo, paths),
+        PinSource::File(file) => one_line(file),
     }
 }
 
+/// A `file` pin: the file's one line, without its newline. More lines, or
+/// bytes outside printable ASCII, are refused, as the bootstrap script
+/// refuses them (its `tr` works on bytes, not characters).
+fn one_line(file: &Path) -> Result<String> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let line = text.strip_suffix('\n').unwrap_or(&text);
+    // A bad pin file is configuration, as a bad manifest is (exit 10).
+    if line.contains('\n') {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} has more than one line: a `file` pin reads one line",
+                file.display()
+            ),
+        ));
+    }
+    if !line.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} holds more than printable ASCII: a `file` pin reads a plain line",
+                file.display()
+            ),
+        ));
+    }
+    Ok(line.to_string())
+}
+
 /// The first 16 hex digits of sha256 over `git rev-parse HEAD:<path>` lines
-/// (each with its newline). tools/bootstrap.sh computes the same with git and
+/// (each with its newline). tools/warmstart-bootstrap.sh computes the same with git and
 /// coreutils: `git rev-parse HEAD:a HEAD:b | sha256sum | cut -c1-16`.
 pub fn git_tree_digest(sh: &xshell::Shell, repo: &Repo, paths: &[String]) -> Result<String> {
     use sha2::{Digest, Sha256};

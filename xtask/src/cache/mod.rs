@@ -13,6 +13,7 @@
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
 //! `cache status`.
 
+pub mod bootstrap;
 pub mod branch;
 pub mod check;
 pub mod compare;

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod conda;
 pub mod demo;
 pub mod gates;
+pub mod init;
 pub mod restore;
 pub mod resume;
 
@@ -76,6 +77,18 @@ pub enum Command {
     /// Example: `cargo xtask conda unpack binaryen-118-h59595ed_0.conda
     /// --into /usr/local --only bin/ --only lib/`.
     Conda(conda::CondaArgs),
+    /// Set up warmstart in this repository: cache manifests, the bootstrap
+    /// script, the CI workflow, the session-start hook.
+    ///
+    /// Writes what is missing: `cache-manifests/` (the binary cache that the
+    /// bootstrap reads, `restore.toml`, a commented example cache),
+    /// `tools/warmstart-bootstrap.sh`, `.github/workflows/gates.yml`, and a
+    /// `SessionStart` hook in `.claude/settings.json`; prints a dev container
+    /// `postCreateCommand`. Each generated file carries a header with the
+    /// generator's version and a digest of its body: one whose body no longer
+    /// matches the digest is yours, and is reported and left alone. Rerunning
+    /// is safe, and updates the files it generated.
+    Init(init::InitArgs),
 }
 
 #[cfg(test)]

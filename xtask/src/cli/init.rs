@@ -1,0 +1,31 @@
+//! Arguments of `init`: set up warmstart in a repository.
+
+use clap::{Args, ValueEnum};
+
+/// `init` (its help text is the `Command::Init` doc comment).
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Write nothing: report each file, and exit 6 when a generated file is
+    /// missing or stale (a file you changed is reported, and does not fail).
+    #[arg(long)]
+    pub check: bool,
+    /// Which binary the bootstrap script fetches: the repository's own xtask
+    /// crate (the default when `xtask/Cargo.toml` exists), or the standalone
+    /// `warmstart` binary.
+    #[arg(long, value_enum)]
+    pub binary: Option<Binary>,
+    /// A published wheel's hash (`sha256:<hex>`, repeatable) for the
+    /// bootstrap's registry step, `pip install --require-hashes
+    /// warmstart==<this version>`. Without it the step is omitted.
+    #[arg(long, value_name = "HASH")]
+    pub pip_hash: Vec<String>,
+}
+
+/// The binary the bootstrap script gets for this repository.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Binary {
+    /// The repository's own xtask crate (depends on the warmstart library).
+    Xtask,
+    /// The standalone warmstart binary, keyed by its version.
+    Standalone,
+}

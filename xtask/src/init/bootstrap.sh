@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# Session-start entry point: get this repository's warmstart binary with no
+# compiler when possible, then bring the machine back with `<binary> restore`.
+# Needs git, coreutils and zstd (python3 for the registry step only).
+#
+#   tools/warmstart-bootstrap.sh [RESTORE-ARGS...]    e.g. --background
+#   tools/warmstart-bootstrap.sh --print-key          the binary cache key of this checkout
+#   tools/warmstart-bootstrap.sh --prebuilt-only ...  fail (exit 1) rather than compile
+#   tools/warmstart-bootstrap.sh --no-prebuilt ...    always compile
+#
+# Everything it knows comes from the one cache manifest with a [bootstrap]
+# table (cache-manifests/*.toml): the branch, the key pins, the restore path,
+# the executable, the registry pin and the compile command. `warmstart init`
+# wrote this file; README.md "Adopting warmstart in another repository".
+#
+# The order, each step saying which happened:
+# 0. warm: the executable was installed for this exact key (by this script, or
+#    by `cache restore` of that manifest): exec it, no network;
+# 1. binary cache: fetch the key from the cache branch with git alone, check
+#    every part with `sha256sum -c` before a byte is decompressed, install by
+#    rename;
+# 2. registry: `pip install --require-hashes` of the exact version and hashes
+#    the manifest pins (omitted until a version is published);
+# 3. compile: the manifest's build command.
+# Then: exec <binary> restore "$@".
+set -euo pipefail
+
+say() { echo "bootstrap: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+root=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
+cd "$root"
+git_dir=$(git rev-parse --absolute-git-dir)
+
+# ---- the manifest
+found=()
+for f in cache-manifests/*.toml; do
+  if grep -q '^\[bootstrap\]' "$f"; then found+=("$f"); fi
+done
+[ ${#found[@]} -eq 1 ] ||
+  die "need exactly one cache manifest with a [bootstrap] table in cache-manifests/, found ${#found[@]}: run \`warmstart init\`"
+manifest=${found[0]}
+name=$(basename "$manifest" .toml)
+
+# The TOML subset the binary allows in this manifest (warmstart refuses any
+# other form there with exit 10): `[table]`, `[[key]]`, and `name = "text"`,
+# `= true|false`, `= 123` or `= ["a", "b"]` on one line, strings without `"`
+# or `\`, comments. Prints one record per value: table, index, field, value
+# (array items separated by \037).
+records() {
+  LC_ALL=C awk '
+    function fail(why) { printf "%s:%d: %s\n", FILENAME, NR, why > "/dev/stderr"; bad = 1; exit 1 }
+    /[^\t -~]/ { fail("not printable ASCII (the key is sanitised byte by byte here)") }
+    /^[ \t]*(#.*)?$/ { next }
+    /^\[\[key\]\][ \t]*(#.*)?$/ { table = "key"; n++; next }
+    /^\[[A-Za-z_]+\][ \t]*(#.*)?$/ { table = $0; sub(/^\[/, "", table); sub(/\].*$/, "", table); next }
+    /^[A-Za-z_]+[ \t]*=/ {
+      field = $0; sub(/[ \t]*=.*$/, "", field)
+      rest = $0; sub(/^[A-Za-z_]+[ \t]*=[ \t]*/, "", rest)
+      tail = "[ \t]*(#.*)?$"
+      str = "\"[^\"\\\\]*\""
+      arr = "\\[[ \t]*(" str "[ \t]*,[ \t]*)*(" str "[ \t]*)?\\]"
+      if (match(rest, "^" str tail)) {
+        match(rest, "^" str); v = substr(rest, 2, RLENGTH - 2)
+      } else if (match(rest, "^(true|false|-?[0-9]+)" tail)) {
+        v = rest; sub(/[ \t#].*$/, "", v)
+      } else if (match(rest, "^" arr tail)) {
+        match(rest, "^" arr); s = substr(rest, 1, RLENGTH); v = ""; k = 0
+        while (match(s, /"[^"]*"/)) {
+          item = substr(s, RSTART + 1, RLENGTH - 2); s = substr(s, RSTART + RLENGTH)
+          v = (k++ ? v "\037" : "") item
+        }
+      } else fail("outside the TOML subset the bootstrap reads (one-line values, no escapes)")
+      printf "%s\t%d\t%s\t%s\n", table, (table == "key" ? n : 0), field, v
+      next
+    }
+    { fail("outside the TOML subset the bootstrap reads") }
+  ' "$1"
+}
+
+branch=$name-cache remote="" restore_path="" exec_name="" built="" pip_req=""
+build=() pip_hashes=() pin_names=() pin_kinds=() pin_values=()
+rows=$(records "$manifest") || die "$manifest cannot be read by this script (see above)"
+while IFS=$'\t' read -r table idx field value; do
+  case "$table.$field" in
+    cache.branch) branch=$value ;;
+    cache.remote) remote=$value ;;
+    restore.path) restore_path=$value ;;
+    bootstrap.exec) exec_name=$value ;;
+    bootstrap.built) built=$value ;;
+    bootstrap.build) IFS=$'\037' read -r -a build <<<"$value" ;;
+    bootstrap.pip) pip_req=$value ;;
+    bootstrap.pip_hashes) IFS=$'\037' read -r -a pip_hashes <<<"$value" ;;
+    key.name) pin_names[idx]=$value ;;
+    key.literal | key.platform | key.git_tree | key.file)
+      pin_kinds[idx]=$field pin_values[idx]=$value ;;
+    key.*) die "$manifest: key pin field \`$field\` cannot be computed in shell (literal, platform, git_tree and file can)" ;;
+  esac
+done <<<"$rows"
+if [ -z "$exec_name" ] || [ -z "$restore_path" ]; then die "$manifest needs [bootstrap] exec and [restore] path"; fi
+remote=${WARMSTART_BOOTSTRAP_REMOTE:-${remote:-origin}}
+case "$branch" in refs/*) ref=$branch ;; *) ref=refs/heads/$branch ;; esac
+install_dir=$root/$restore_path
+stamp=$git_dir/warmstart/bootstrap/$name.key
+cache_stamp=$git_dir/warmstart/cache/stamps/$name.json # warmstart::cache::stamp::path
+fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
+
+# ---- the key: warmstart::cache::manifest::compute_key, in shell
+# (tests/it/adopt.rs checks that both agree). Key = sanitize(name), then
+# "-" sanitize(value) per pin, where sanitize turns every character outside
+# [A-Za-z0-9._+] into `_` and prefixes `_` to an empty or dot-led result.
+sanitize() {
+  local s
+  s=$(printf '%s' "$1" | LC_ALL=C tr -c 'A-Za-z0-9._+' '_')
+  case "$s" in "" | .*) s=_$s ;; esac
+  printf '%s' "$s"
+}
+platform() {
+  local arch os
+  arch=$(uname -m)
+  case "$arch" in arm64) arch=aarch64 ;; esac
+  case "$(uname -s)" in
+    Linux) os=linux ;;
+    Darwin) os=macos ;;
+    FreeBSD) os=freebsd ;;
+    *) os=$(uname -s | tr '[:upper:]' '[:lower:]') ;;
+  esac
+  printf '%s-%s' "$arch" "$os"
+}
+tree_paths=()
+pin_value() {
+  local kind=$1 value=$2 paths=()
+  case "$kind" in
+    literal) printf '%s' "$value" ;;
+    platform) [ "$value" = true ] || die "$manifest: platform = $value (only true is a pin)"; platform ;;
+    git_tree)
+      IFS=$'\037' read -r -a paths <<<"$value"
+      git rev-parse "${paths[@]/#/HEAD:}" | sha256sum | cut -c1-16 ;;
+    file)
+      local text
+      text=$(cat "$value") || die "$manifest: cannot read pin file $value"
+      case "$text" in *$'\n'*) die "$manifest: pin file $value has more than one line" ;; esac
+      [ "$(wc -l <"$value")" -le 1 ] || die "$manifest: pin file $value has more than one line"
+      if LC_ALL=C grep -q '[^ -~]' "$value"; then die "$manifest: pin file $value holds more than printable ASCII"; fi
+      printf '%s' "$text" ;;
+  esac
+}
+key=$(sanitize "$name")
+for i in "${!pin_names[@]}"; do
+  [ -n "${pin_kinds[i]:-}" ] || die "$manifest: key pin ${pin_names[i]} has no value kind"
+  if [ "${pin_kinds[i]}" = git_tree ]; then IFS=$'\037' read -r -a more <<<"${pin_values[i]}"; tree_paths+=("${more[@]}"); fi
+  v=$(pin_value "${pin_kinds[i]}" "${pin_values[i]}") || die "$manifest: key pin ${pin_names[i]} failed"
+  key=$key-$(sanitize "$v")
+done
+
+mode=auto
+case "${1:-}" in
+  --print-key) printf '%s\n' "$key"; exit 0 ;;
+  --prebuilt-only) mode=prebuilt; shift ;;
+  --no-prebuilt) mode=compile; shift ;;
+esac
+
+tmp=""
+trap '[ -z "$tmp" ] || rm -rf "$tmp"' EXIT
+run_restore() {
+  local bin=$1; shift
+  [ -z "$tmp" ] || rm -rf "$tmp" # exec skips the EXIT trap
+  say "running $bin restore $*"
+  exec "$bin" restore "$@"
+}
+
+# ---- 3. compile
+compile() {
+  [ "$mode" != prebuilt ] || die "compile: skipped (--prebuilt-only): no prebuilt binary for $key"
+  if [ ${#build[@]} -eq 0 ] || [ -z "$built" ]; then die "compile: $manifest has no [bootstrap] build and built"; fi
+  say "compile: ${build[*]}"
+  "${build[@]}" || die "compile: \`${build[*]}\` failed"
+  run_restore "$root/$built" "$@"
+}
+[ "$mode" = compile ] && compile "$@"
+# A prebuilt binary is only right for the committed source: local edits to
+# what the key's git trees cover mean compiling.
+if [ ${#tree_paths[@]} -gt 0 ] && [ -n "$(git status --porcelain -- "${tree_paths[@]}")" ]; then
+  say "${tree_paths[*]} has local changes, so no prebuilt binary matches"
+  compile "$@"
+fi
+
+# ---- 0. warm
+if [ -x "$install_dir/$exec_name" ] && { [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] ||
+  grep -qF "\"key\": \"$key\"," "$cache_stamp" 2>/dev/null; }; then
+  say "warm: $key is installed"
+  run_restore "$install_dir/$exec_name" "$@"
+fi
+
+# ---- 1. binary cache. Called in an `if`, where bash ignores `set -e`:
+# every step checks its own status.
+binary_cache() {
+  command -v zstd >/dev/null || { say "binary cache: zstd is not installed"; return 1; }
+  timeout "$fetch_timeout" git fetch --quiet --depth 1 --no-tags "$remote" "$ref" 2>/dev/null ||
+    { say "binary cache: no $ref on $remote (or $remote unreachable within ${fetch_timeout}s)"; return 1; }
+  local commit f prefix="$key.tar.zst.part"
+  local parts=()
+  commit=$(git rev-parse FETCH_HEAD) || return 1
+  while IFS= read -r f; do
+    case "$f" in "$prefix"*) [[ ${f#"$prefix"} =~ ^[0-9]+$ ]] && parts+=("$f") ;; esac
+  done < <(git ls-tree --name-only "$commit" | LC_ALL=C sort)
+  [ ${#parts[@]} -gt 0 ] || { say "binary cache: $ref has no $key (published for another source or platform)"; return 1; }
+
+  mkdir -p "$(dirname "$install_dir")" || return 1
+  tmp=$(mktemp -d "$(dirname "$install_dir")/.bootstrap-XXXXXX") || return 1
+  mkdir -p "$tmp/branch" "$tmp/stage" || return 1
+  git archive "$commit" SHA256SUMS "${parts[@]}" | tar -x -C "$tmp/branch" || return 1
+
+  # ---- trust: where the repository's policy asks for signed caches, the
+  # signature over warmstart.json is checked here (`ssh-keygen -Y verify`
+  # against cache-manifests/allowed_signers of this checkout), before any
+  # sum is trusted and before a byte is decompressed.
+
+  # Every part needs its own line in SHA256SUMS, and every line must check,
+  # before a single byte reaches zstd.
+  awk -v p="$prefix" 'length($1) == 64 && index($2, p) == 1 && substr($2, length(p) + 1) ~ /^[0-9]+$/' \
+    "$tmp/branch/SHA256SUMS" >"$tmp/key.sums" || return 1
+  [ "$(wc -l <"$tmp/key.sums")" -eq ${#parts[@]} ] ||
+    { say "binary cache: SHA256SUMS on $ref does not list every part of $key: not installing"; return 1; }
+  (cd "$tmp/branch" && sha256sum --quiet -c "$tmp/key.sums" >&2) ||
+    { say "binary cache: sha256sum -c failed for $key on $ref: not installing"; return 1; }
+  (cd "$tmp/branch" && cat "${parts[@]}") | zstd -d -q | tar -x -C "$tmp/stage" --no-same-owner ||
+    { say "binary cache: unpacking $key failed: not installing"; return 1; }
+  [ -x "$tmp/stage/$exec_name" ] || { say "binary cache: $key holds no executable $exec_name"; return 1; }
+  # Swap in by rename; the old copy goes only once the new one is in place.
+  mkdir -p "$(dirname "$stamp")" || return 1
+  if [ -e "$install_dir" ]; then mv "$install_dir" "$tmp/old" || return 1; fi
+  mv "$tmp/stage" "$install_dir" || return 1
+  printf '%s\n' "$key" >"$stamp.tmp" && mv "$stamp.tmp" "$stamp" || return 1
+  say "binary cache: installed $key from $remote $ref@${commit:0:12}"
+}
+if binary_cache; then run_restore "$install_dir/$exec_name" "$@"; fi
+
+# ---- 2. registry: an exact version with its hashes, as init committed them.
+registry() {
+  [ -n "$pip_req" ] || { say "registry: skipped: $manifest pins no published version ([bootstrap] pip)"; return 1; }
+  [ ${#pip_hashes[@]} -gt 0 ] || { say "registry: $manifest pins $pip_req without pip_hashes: not installing"; return 1; }
+  command -v python3 >/dev/null || { say "registry: python3 is not installed"; return 1; }
+  local dir=$root/target/warmstart-registry line h
+  line=$pip_req
+  for h in "${pip_hashes[@]}"; do line="$line --hash=$h"; done
+  if [ -x "$dir/venv/bin/warmstart" ] && [ "$(cat "$dir/requirement" 2>/dev/null)" = "$line" ]; then
+    say "registry: warm: $pip_req is installed"
+    return 0
+  fi
+  mkdir -p "$dir" || return 1
+  tmp=$(mktemp -d "$dir/.install-XXXXXX") || return 1
+  printf '%s\n' "$line" >"$tmp/requirements.txt" || return 1
+  python3 -m venv "$tmp/venv" >&2 || { say "registry: python3 -m venv failed"; return 1; }
+  "$tmp/venv/bin/python" -m pip install --quiet --no-deps --require-hashes -r "$tmp/requirements.txt" >&2 ||
+    { say "registry: pip install --require-hashes $pip_req failed"; return 1; }
+  [ -x "$tmp/venv/bin/warmstart" ] || { say "registry: $pip_req installed no warmstart executable"; return 1; }
+  rm -rf "$dir/venv" && mv "$tmp/venv" "$dir/venv" && printf '%s\n' "$line" >"$dir/requirement" || return 1
+  say "registry: installed $pip_req"
+}
+if [ "$mode" != prebuilt ] && registry; then run_restore "$root/target/warmstart-registry/venv/bin/warmstart" "$@"; fi
+
+compile "$@"

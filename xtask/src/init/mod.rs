@@ -1,0 +1,230 @@
+//! `init`: set up warmstart in a repository, and `init --check` that it still is.
+//!
+//! Writes only what is missing or what it generated itself and nobody edited
+//! since (`generated`): a file whose body no longer matches its header's
+//! digest is the user's, reported and never rewritten. The session-start hook
+//! is merged into `.claude/settings.json` only when every entry there is one
+//! `claude` understands; otherwise the entry is printed for the user to add.
+//! `--check` writes nothing.
+
+pub mod claude;
+pub mod generated;
+pub mod templates;
+
+use anyhow::{Context, Result};
+use std::path::Path;
+use xshell::Shell;
+
+use crate::cli::init::{Binary, InitArgs};
+use crate::exit::{Code, fail};
+use crate::repo::Repo;
+use generated::State;
+
+/// The script's path, also named by the hook and the dev container snippet.
+pub const BOOTSTRAP_PATH: &str = "tools/warmstart-bootstrap.sh";
+
+/// One file `init` owns (until the user edits it).
+struct File {
+    rel: String,
+    body: String,
+    executable: bool,
+}
+
+pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
+    let repo = Repo::discover(Path::new("."))?;
+    let binary = args.binary.unwrap_or_else(|| {
+        if repo.root.join("xtask/Cargo.toml").is_file() {
+            Binary::Xtask
+        } else {
+            Binary::Standalone
+        }
+    });
+    let files = plan(&repo, binary, &args.pip_hash)?;
+    let cmd = crate::invocation::command();
+    let mut stale = Vec::new();
+    for f in &files {
+        let path = repo.root.join(&f.rel);
+        let existing = read_optional(&path)?;
+        let state = generated::classify(existing.as_deref(), &f.body);
+        let word = match (&state, args.check) {
+            (State::Current, _) => "current".to_string(),
+            (State::Yours(why), _) => format!("yours     ({why}: left alone)"),
+            (State::Missing | State::Stale, true) => {
+                stale.push(f.rel.clone());
+                if state == State::Missing {
+                    "missing".into()
+                } else {
+                    "stale".into()
+                }
+            }
+            (State::Missing | State::Stale, false) => {
+                write(&path, &generated::render(&f.body), f.executable)?;
+                if state == State::Missing {
+                    "created".into()
+                } else {
+                    "updated".into()
+                }
+            }
+        };
+        println!("{word:<9} {}", f.rel);
+    }
+    check_bin_caches(&repo)?;
+    claude::wire(&repo.root, args.check)?;
+    if args.pip_hash.is_empty() {
+        println!(
+            "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
+        );
+    }
+    if !args.check {
+        println!(
+            "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
+        );
+        println!(
+            "next: commit these files; CI (.github/workflows/gates.yml) publishes the binary cache"
+        );
+    }
+    if !stale.is_empty() {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "generated file(s) missing or stale: {}; regenerate with `{cmd} init`",
+                stale.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Loads (so validates, exit 10) the manifests the bootstrap script may read:
+/// those with a `[bootstrap]` table. The script needs exactly one.
+fn check_bin_caches(repo: &Repo) -> Result<()> {
+    let mut found = Vec::new();
+    for name in crate::cache::manifest::names(repo)? {
+        let path = crate::cache::manifest::path_of(repo, &name);
+        let text = read_optional(&path)?.unwrap_or_default();
+        if text.lines().any(|l| l.trim_end() == "[bootstrap]") {
+            crate::cache::manifest::load(repo, &name)?;
+            found.push(name);
+        }
+    }
+    if found.len() != 1 {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} cache manifests have a [bootstrap] table ({}): {BOOTSTRAP_PATH} reads exactly one",
+                found.len(),
+                found.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every file `init` generates for this repository, with its current body.
+fn plan(repo: &Repo, binary: Binary, pip_hashes: &[String]) -> Result<Vec<File>> {
+    let name = templates::bin_cache_name(binary);
+    let package = match binary {
+        Binary::Xtask => xtask_package(&repo.root)?,
+        Binary::Standalone => String::new(),
+    };
+    let mut tree_paths = vec!["xtask".to_string()];
+    if repo.root.join("Cargo.toml").is_file() {
+        tree_paths.push("Cargo.toml".into());
+    }
+    tree_paths.push("Cargo.lock".into());
+    let bin = templates::bin_cache(&templates::BinCache {
+        binary,
+        package: &package,
+        tree_paths: &tree_paths,
+        pip_hashes,
+    });
+    let file = |rel: &str, body: String, executable| File {
+        rel: rel.to_string(),
+        body,
+        executable,
+    };
+    Ok(vec![
+        file(&format!("cache-manifests/{name}.toml"), bin, false),
+        file(
+            "cache-manifests/restore.toml",
+            templates::restore_toml(name),
+            false,
+        ),
+        file(
+            "cache-manifests/example.toml.sample",
+            templates::EXAMPLE.to_string(),
+            false,
+        ),
+        file(BOOTSTRAP_PATH, templates::BOOTSTRAP.to_string(), true),
+        file(
+            ".github/workflows/gates.yml",
+            templates::WORKFLOW.to_string(),
+            false,
+        ),
+    ])
+}
+
+/// The package name in `xtask/Cargo.toml`, checked to be usable with `-p`.
+fn xtask_package(root: &Path) -> Result<String> {
+    let path = root.join("xtask/Cargo.toml");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {} (or pass --binary standalone)", path.display()))?;
+    let v: toml::Value = toml::from_str(&text).map_err(|e| {
+        fail(
+            Code::Config,
+            format!(
+                "{}: {}",
+                path.display(),
+                crate::settings::toml_error_line(&text, &e)
+            ),
+        )
+    })?;
+    let name = v
+        .get("package")
+        .and_then(|p| p.get("name"))
+        .and_then(|n| n.as_str())
+        .ok_or_else(|| {
+            fail(
+                Code::Config,
+                format!("{} has no package.name", path.display()),
+            )
+        })?;
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{}: package name {name:?} is not a plain crate name",
+                path.display()
+            ),
+        ));
+    }
+    Ok(name.to_string())
+}
+
+pub(crate) fn read_optional(path: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(anyhow::anyhow!(e).context(format!("reading {}", path.display()))),
+    }
+}
+
+/// Writes `text` to `path` through a temporary file and a rename, so a
+/// reader never sees half a script.
+pub(crate) fn write(path: &Path, text: &str, executable: bool) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().context("a file path has a parent")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.init-tmp",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    let mode = if executable { 0o755 } else { 0o644 };
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
+}

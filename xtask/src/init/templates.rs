@@ -1,0 +1,189 @@
+//! The bodies `init` generates: the binary-cache manifest, `restore.toml`, the
+//! example cache, the bootstrap script and the CI workflow.
+//!
+//! The script and the workflow are embedded from one file each
+//! (`bootstrap.sh` here; `gates.yml` is a link to this repository's own
+//! `.github/workflows/gates.yml`), so that this repository runs exactly what
+//! `init` writes elsewhere. Nothing here touches the file system.
+
+use crate::cli::init::Binary;
+
+/// The generic bootstrap script (`tools/warmstart-bootstrap.sh`).
+pub const BOOTSTRAP: &str = include_str!("bootstrap.sh");
+/// The CI gate-and-publish workflow (`.github/workflows/gates.yml`).
+pub const WORKFLOW: &str = include_str!("gates.yml");
+
+/// What the binary-cache manifest needs to know about the repository.
+pub struct BinCache<'a> {
+    pub binary: Binary,
+    /// The xtask crate's package name (xtask mode).
+    pub package: &'a str,
+    /// Paths whose git trees key the xtask crate's binary.
+    pub tree_paths: &'a [String],
+    /// `pip --require-hashes` hashes of the published wheel, if any.
+    pub pip_hashes: &'a [String],
+}
+
+/// The manifest's name (`cache-manifests/<name>.toml`).
+pub fn bin_cache_name(binary: Binary) -> &'static str {
+    match binary {
+        Binary::Xtask => "xtask-bin",
+        Binary::Standalone => "warmstart-bin",
+    }
+}
+
+fn quoted(items: &[impl AsRef<str>]) -> String {
+    let v: Vec<String> = items
+        .iter()
+        .map(|s| format!("\"{}\"", s.as_ref()))
+        .collect();
+    format!("[{}]", v.join(", "))
+}
+
+/// The binary cache that tools/warmstart-bootstrap.sh reads.
+pub fn bin_cache(b: &BinCache) -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    let name = bin_cache_name(b.binary);
+    let (what, key, pack_root, exec, build, built) = match b.binary {
+        Binary::Xtask => (
+            format!(
+                "The prebuilt binary of this repository's xtask crate (package `{}`).\n\
+# CI publishes it after `cargo build --release -p {}`; it is keyed by the git\n\
+# trees of the crate and its lockfile plus the platform, so any change to\n\
+# them makes a new key.",
+                b.package, b.package
+            ),
+            format!(
+                "[[key]]\nname = \"platform\"\nplatform = true\n\n[[key]]\nname = \"src\"\ngit_tree = {}\n",
+                quoted(b.tree_paths)
+            ),
+            "target/release".to_string(),
+            b.package.to_string(),
+            quoted(&["cargo", "build", "--release", "--locked", "-p", b.package]),
+            format!("target/release/{}", b.package),
+        ),
+        Binary::Standalone => (
+            format!(
+                "The standalone warmstart binary, version {version}. CI publishes it after\n\
+# the build command below; it is keyed by the version plus the platform."
+            ),
+            format!(
+                "[[key]]\nname = \"version\"\nliteral = \"{version}\"\n\n[[key]]\nname = \"platform\"\nplatform = true\n"
+            ),
+            "target/warmstart-build/bin".to_string(),
+            "warmstart".to_string(),
+            quoted(&[
+                "cargo",
+                "install",
+                "--locked",
+                "--root",
+                "target/warmstart-build",
+                "--version",
+                version,
+                "warmstart",
+            ]),
+            "target/warmstart-build/bin/warmstart".to_string(),
+        ),
+    };
+    let pip = if b.pip_hashes.is_empty() {
+        "# The registry step (`pip install --require-hashes`) is omitted: no\n\
+# published version is pinned. `init --pip-hash sha256:...` adds it.\n"
+            .to_string()
+    } else {
+        format!(
+            "pip = \"warmstart=={version}\"\npip_hashes = {}\n",
+            quoted(b.pip_hashes)
+        )
+    };
+    format!(
+        "# {what}\n\
+#\n\
+# tools/warmstart-bootstrap.sh fetches it with git and coreutils alone, so a\n\
+# fresh machine needs no compiler. The script parses this file in shell: keep\n\
+# to one-line values, strings without quotes or backslashes, and key pins\n\
+# `literal`, `platform`, `git_tree` or `file` (a one-line file); warmstart\n\
+# refuses any other form in this manifest (exit 10).\n\
+\n\
+[cache]\n\
+branch = \"{name}-cache\"\n\
+description = \"prebuilt {exec} binary for tools/warmstart-bootstrap.sh\"\n\
+\n\
+{key}\n\
+[pack]\n\
+root = \"{pack_root}\"\n\
+include = [\"{exec}\"]\n\
+\n\
+[restore]\n\
+path = \"target/warmstart-bin\"\n\
+\n\
+[ready]\n\
+path = \"{exec}\"\n\
+\n\
+# The executable in the restored directory, and the compile fallback.\n\
+[bootstrap]\n\
+exec = \"{exec}\"\n\
+build = {build}\n\
+built = \"{built}\"\n\
+{pip}"
+    )
+}
+
+/// `cache-manifests/restore.toml`: the binary cache, then the user's steps.
+pub fn restore_toml(bin_cache: &str) -> String {
+    format!(
+        "# The steps `restore` runs at session start, in order (README.md, \"Restore\n\
+# the machine\"). tools/warmstart-bootstrap.sh runs it once it has the binary.\n\
+\n\
+# The binary itself: keeps the cache module's install and stamp of it current.\n\
+[[step]]\n\
+name = \"{bin_cache}\"\n\
+kind = \"cache\"\n\
+cache = \"{bin_cache}\"\n\
+\n\
+# Add one step per cache of yours, e.g. for cache-manifests/toolchain.toml\n\
+# (see example.toml.sample):\n\
+#\n\
+# [[step]]\n\
+# name = \"toolchain\"\n\
+# kind = \"cache\"\n\
+# cache = \"toolchain\"\n"
+    )
+}
+
+/// `cache-manifests/example.toml.sample`: a commented cache to copy.
+pub const EXAMPLE: &str = r#"# An example cache: copy it to cache-manifests/<name>.toml and edit it.
+# README.md "Cache manifests" lists every field.
+
+[cache]
+# The orphan branch that holds the cache (default: <name>-cache).
+branch = "toolchain-cache"
+description = "the project's toolchain"
+
+# The key: its pins, in order, joined with "-". A changed pin is a new key.
+[[key]]
+name = "platform"
+platform = true
+
+[[key]]
+name = "version"
+# A one-line file in the repository, e.g. `1.2.3`.
+file = "toolchain-version.txt"
+
+[pack]
+# What to pack: a root, and globs relative to it.
+root = "~/.local/toolchain"
+include = ["bin/**", "lib/**"]
+
+[restore]
+# Where it restores (`~` and $VARS expand); replace swaps the directory in.
+path = "~/.local/toolchain"
+mode = "replace"
+
+[ready]
+# The install is usable when this exists (relative to the restore path).
+path = "bin"
+
+[publish]
+# Gates of cache-manifests/gates.toml that must be green before a publish.
+gates = []
+"#;
