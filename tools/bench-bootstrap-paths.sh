@@ -7,7 +7,10 @@
 #                 (the binary path minus this, per run, must be <= 0.5 s)
 #   wheel         git clone + a fresh venv + pip install --no-cache-dir of
 #                 warmstart==VER from a PEP 503 index on 127.0.0.1 + restore
-#                 (must be <= 5 s)
+#                 (must be <= 5 s): by hand (registry_install below), and
+#   registry      through the bootstrap script's registry step: an origin
+#                 without the binary cache whose [bootstrap] table pins the
+#                 wheel (pip, pip_hashes), PIP_INDEX_URL the loopback index
 #   compile       git clone + the bootstrap script with no binary cache: cargo
 #                 build --release into the clone's empty target/, with
 #                 ~/.cargo/registry warm (fewer runs: minutes each)
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.."
 src_root=$PWD
 runs=${RUNS:-5}
 compile_runs=${COMPILE_RUNS:-1}
-bootstrap=${BOOTSTRAP:-tools/bootstrap.sh}
+bootstrap=${BOOTSTRAP:-tools/warmstart-bootstrap.sh}
 say() { echo "bench-bootstrap-paths: $*" >&2; }
 if [ -n "$(git status --porcelain -- xtask Cargo.toml Cargo.lock "$bootstrap")" ]; then
   say "commit xtask/, Cargo.toml, Cargo.lock and $bootstrap first (the cache key covers HEAD)"
@@ -91,6 +94,7 @@ wait_worker() {
 # CI would), one without (the compile path).
 origin_like_a_host "$work/with.git"
 origin_like_a_host "$work/without.git"
+origin_like_a_host "$work/registry.git"
 git clone -q "$work/with.git" "$work/publisher"
 mkdir -p "$work/publisher/target/release"
 cp "$BIN" "$work/publisher/target/release/$exe"
@@ -108,15 +112,24 @@ python3 -m http.server --bind 127.0.0.1 --directory "$work/index" "$port" >/dev/
 index_pid=$!
 for _ in $(seq 1 200); do curl -fs -o /dev/null "http://127.0.0.1:$port/simple/warmstart/" && break; sleep 0.05; done
 tools/wheel-requirement.sh "$WHEEL" > "$work/requirement.txt"
+# The registry origin: HEAD plus a commit that pins this wheel in the
+# [bootstrap] table (the manifest's last table, so appending lands in it).
+bin_manifest=cache-manifests/xtask-bin.toml
+[ "$(grep '^\[' "$bin_manifest" | tail -1)" = "[bootstrap]" ] ||
+  { say "$bin_manifest must end with its [bootstrap] table"; exit 1; }
+git clone -q "$work/registry.git" "$work/pinner"
+printf 'pip = "warmstart==%s"\npip_hashes = ["sha256:%s"]\n' "$version" "$digest" >> "$work/pinner/$bin_manifest"
+git -C "$work/pinner" commit -q -am "bench: pin the wheel"
+git -C "$work/pinner" push -q origin HEAD:main
 echo "binary cache: $branch on $work/with.git; wheel: $(basename "$WHEEL") on http://127.0.0.1:$port/simple/"
 
-binary_s=() fetch_s=() net_s=() wheel_s=() compile_s=()
+binary_s=() fetch_s=() net_s=() wheel_s=() registry_s=() compile_s=()
 for i in $(seq 1 "$runs"); do
   t0=$(now)
   (git clone -q "$work/with.git" "$work/bin$i" && cd "$work/bin$i" &&
     "$bootstrap" --prebuilt-only >/dev/null 2>"$work/bin$i.err")
   t1=$(now)
-  grep -q "installed prebuilt" "$work/bin$i.err" || { cat "$work/bin$i.err" >&2; exit 1; }
+  grep -Eq "installed prebuilt|binary cache: installed" "$work/bin$i.err" || { cat "$work/bin$i.err" >&2; exit 1; }
   wait_worker "$work/bin$i"
 
   git clone -q "$work/with.git" "$work/fetch$i"
@@ -135,31 +148,41 @@ for i in $(seq 1 "$runs"); do
   wheel_s+=("$(echo "$t1 - $t0" | bc)")
   wait_worker "$work/wheel$i"
 
+  t0=$(now)
+  (git clone -q "$work/registry.git" "$work/reg$i" && cd "$work/reg$i" &&
+    PIP_INDEX_URL="http://127.0.0.1:$port/simple/" PIP_NO_CACHE_DIR=1 "$bootstrap" >/dev/null 2>"$work/reg$i.err")
+  t1=$(now)
+  grep -q "registry: installed" "$work/reg$i.err" || { cat "$work/reg$i.err" >&2; exit 1; }
+  registry_s+=("$(echo "$t1 - $t0" | bc)")
+  wait_worker "$work/reg$i"
+
   if [ "$i" -le "$compile_runs" ]; then
     t0=$(now)
     (git clone -q "$work/without.git" "$work/build$i" && cd "$work/build$i" &&
       "$bootstrap" >/dev/null 2>"$work/build$i.err")
     t1=$(now)
-    grep -q "compiling" "$work/build$i.err" || { cat "$work/build$i.err" >&2; exit 1; }
+    grep -Eq "compiling|compile:" "$work/build$i.err" || { cat "$work/build$i.err" >&2; exit 1; }
     compile_s+=("$(echo "$t1 - $t0" | bc)")
     wait_worker "$work/build$i"
     rm -rf "$work/build$i"
   fi
-  rm -rf "$work/bin$i" "$work/fetch$i" "$work/wheel$i"
+  rm -rf "$work/bin$i" "$work/fetch$i" "$work/wheel$i" "$work/reg$i"
 done
 
 m() { printf '%s\n' "$@" | median; }
 binary=$(m "${binary_s[@]}") fetch=$(m "${fetch_s[@]}") net=$(m "${net_s[@]}") wheel=$(m "${wheel_s[@]}")
+registry=$(m "${registry_s[@]}")
 row() { printf '  %-44s %7.2f  %s\n' "$1" "$2" "$3"; }
 echo "fresh clone -> restored machine (median of runs, seconds)"
 row "binary cache ($bootstrap)" "$binary" "($runs runs)"
 row "  git fetch --depth 1 of $branch alone" "$fetch" ""
 row "  binary cache minus that fetch" "$net" "(median of per-run differences; goal <= 0.5)"
 row "wheel (fresh venv + pip from 127.0.0.1)" "$wheel" "($runs runs; goal <= 5)"
-echo "  each run: binary ${binary_s[*]}; fetch ${fetch_s[*]}; wheel ${wheel_s[*]}${compile_s:+; compile ${compile_s[*]}}"
+row "wheel through $bootstrap's registry step" "$registry" "($runs runs; goal <= 5)"
+echo "  each run: binary ${binary_s[*]}; fetch ${fetch_s[*]}; wheel ${wheel_s[*]}; registry ${registry_s[*]}${compile_s:+; compile ${compile_s[*]}}"
 if [ "$compile_runs" -gt 0 ]; then
   compile=$(m "${compile_s[@]}")
   row "compile (cargo build --release)" "$compile" "($compile_runs runs, empty target/, warm registry)"
-  printf '  ratio to compile: binary cache %.4f, wheel %.4f\n' \
-    "$(echo "$binary / $compile" | bc -l)" "$(echo "$wheel / $compile" | bc -l)"
+  printf '  ratio to compile: binary cache %.4f, wheel %.4f, registry step %.4f\n' \
+    "$(echo "$binary / $compile" | bc -l)" "$(echo "$wheel / $compile" | bc -l)" "$(echo "$registry / $compile" | bc -l)"
 fi
