@@ -213,7 +213,7 @@ class Ours:
 def cold_build(base, release):
     """A truly cold build of xtask: an empty target dir, with --timings."""
     target = base / "cold-target"
-    argv = ["cargo", "build", "-p", "xtask", "--timings"] + (["--release"] if release else [])
+    argv = ["cargo", "build", "-p", "warmstart", "--timings"] + (["--release"] if release else [])
     env = dict(os.environ, CARGO_TARGET_DIR=str(target))
     log(f"bench-cache: cold build: {' '.join(argv)} (CARGO_TARGET_DIR={target})")
     t = time.perf_counter()
@@ -253,9 +253,9 @@ def main():
         xtask, build = Path(args.xtask).resolve(), "given (" + args.xtask + ")"
     else:
         prof = ["--release"] if args.release else []
-        subprocess.run(["cargo", "build", "--quiet", "-p", "xtask", *prof], cwd=ROOT, check=True)
+        subprocess.run(["cargo", "build", "--quiet", "-p", "warmstart", *prof], cwd=ROOT, check=True)
         build = "release" if args.release else "dev"
-        xtask = ROOT / "target" / ("release" if args.release else "debug") / "xtask"
+        xtask = ROOT / "target" / ("release" if args.release else "debug") / "warmstart"
 
     base = Path(tempfile.mkdtemp(prefix="warmstart-bench-"))
     try:
