@@ -69,7 +69,7 @@ for i in $(seq 1 "$runs"); do
   (git clone -q "$work/with.git" "$work/fresh$i" && cd "$work/fresh$i" && tools/bootstrap.sh --prebuilt-only >/dev/null 2>"$work/with$i.err")
   t1=$(now)
   with_s+=("$(echo "$t1 - $t0" | bc)")
-  grep -q "installed prebuilt $key" "$work/with$i.err" || { cat "$work/with$i.err" >&2; exit 1; }
+  grep -q "binary cache: installed $key" "$work/with$i.err" || { cat "$work/with$i.err" >&2; exit 1; }
   wait_worker "$work/fresh$i"
 done
 for i in $(seq 1 "$build_runs"); do

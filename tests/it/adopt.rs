@@ -100,6 +100,7 @@ fn adopt_tidy_init_check_passes_on_this_repository() {
     for f in [
         "tools/warmstart-bootstrap.sh",
         ".github/workflows/gates.yml",
+        "tools/ci-gates.sh",
         "cache-manifests/example.toml.sample",
     ] {
         assert!(out.contains(&format!("current   {f}")), "{out}");
@@ -117,6 +118,15 @@ fn ws(env: &TestEnv, cwd: &str, args: &[&str]) -> crate::util::Run {
 fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
     let env = TestEnv::new();
     let repo = env.work_repo("r");
+    // Nothing yet: --check lists every file as missing (exit 6), writes nothing.
+    let r = ws(&env, "r", &["init", "--check"]).expect_code(6);
+    assert!(
+        r.stdout()
+            .contains("missing   tools/warmstart-bootstrap.sh"),
+        "{}",
+        r.stdout()
+    );
+    assert!(!repo.join("cache-manifests").exists());
     let out = ws(&env, "r", &["init"]).ok().stdout();
     let generated = [
         "cache-manifests/warmstart-bin.toml",
@@ -124,6 +134,8 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
         "cache-manifests/example.toml.sample",
         "tools/warmstart-bootstrap.sh",
         ".github/workflows/gates.yml",
+        "tools/ci-gates.sh",
+        "cache-manifests/gates.toml",
     ];
     for f in generated {
         assert!(out.contains(&format!("created   {f}")), "{out}");
@@ -153,6 +165,12 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
         settings_before
     );
     ws(&env, "r", &["init", "--check"]).ok();
+    let json = ws(&env, "r", &["init", "--check", "--json"]).ok().stdout();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["files"][3]["path"], "tools/warmstart-bootstrap.sh");
+    assert_eq!(v["files"][3]["state"], "current");
+    assert_eq!(v["registry_step"], false);
+    assert_eq!(v["stale"].as_array().unwrap().len(), 0);
 
     // An edited file is the user's: reported, never rewritten, not a failure.
     let script = repo.join("tools/warmstart-bootstrap.sh");
@@ -161,7 +179,7 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
     std::fs::write(&script, &edited).unwrap();
     let out = ws(&env, "r", &["init"]).ok().stdout();
     assert!(
-        out.contains("yours     (edited since init wrote it"),
+        out.contains("yours     tools/warmstart-bootstrap.sh (edited since init wrote it"),
         "{out}"
     );
     assert_eq!(std::fs::read_to_string(&script).unwrap(), edited);
@@ -202,6 +220,9 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
     std::fs::remove_file(repo.join(".github/workflows/gates.yml")).unwrap();
     let r = ws(&env, "r", &["init", "--check"]).expect_code(6);
     assert!(r.stdout().contains("missing   .github/workflows/gates.yml"));
+    let r = ws(&env, "r", &["init", "--check", "--json"]).expect_code(6);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v["stale"][0], ".github/workflows/gates.yml");
     ws(&env, "r", &["init"]).ok();
     ws(&env, "r", &["init", "--check"]).ok();
     // The workflow is this repository's own, byte for byte below its header.
@@ -213,6 +234,48 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
         std::fs::read_to_string(crate::util::source_root().join(".github/workflows/gates.yml"))
             .unwrap()
     );
+}
+
+#[test]
+fn adopt_init_pins_the_registry_step_only_with_a_well_formed_hash() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    for bad in [
+        "abc",
+        "sha256:xyz",
+        "md5:0123",
+        &format!("sha256:{}", "a".repeat(63)),
+    ] {
+        let r = ws(&env, "r", &["init", "--pip-hash", bad]).expect_code(2);
+        assert!(r.stderr().contains("--pip-hash"), "{}", r.stderr());
+        assert!(
+            !repo.join("cache-manifests").exists(),
+            "nothing written for {bad:?}"
+        );
+    }
+    let hash = format!("sha256:{}", "0f".repeat(32));
+    let out = ws(&env, "r", &["init", "--pip-hash", &hash]).ok().stdout();
+    assert!(!out.contains("registry step"), "{out}");
+    let text = std::fs::read_to_string(repo.join("cache-manifests/warmstart-bin.toml")).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        text.contains(&format!("pip = \"warmstart=={version}\"")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("pip_hashes = [\"{hash}\"]")),
+        "{text}"
+    );
+    ws(&env, "r", &["init", "--check", "--pip-hash", &hash]).ok();
+    // A rerun without the flag keeps the committed pin.
+    ws(&env, "r", &["init", "--check"]).ok();
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(
+        out.contains("current   cache-manifests/warmstart-bin.toml"),
+        "{out}"
+    );
+    let again = std::fs::read_to_string(repo.join("cache-manifests/warmstart-bin.toml")).unwrap();
+    assert_eq!(again, text);
 }
 
 #[test]
@@ -384,4 +447,294 @@ fn adopt_the_script_and_the_binary_compute_the_same_key() {
     assert!(r.stderr().contains("more than one line"), "{}", r.stderr());
     let r = bootstrap_cmd(&env, &repo, &["--print-key"]).expect_code(1);
     assert!(r.stderr().contains("more than one line"), "{}", r.stderr());
+}
+
+// ------------------------------------------- second repositories, end to end
+
+/// The target directory the binary under test was built in. The adopter's
+/// xtask crate builds into it with the same profile settings, so warmstart's
+/// dependencies are compiled once for both (cargo keys them by flags, not by
+/// workspace).
+fn shared_target() -> PathBuf {
+    let bin = crate::util::bin();
+    bin.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// `cargo` with the runner's own environment (its registry, its toolchain),
+/// offline, building into `shared_target()`; no WARMSTART_* leaks in.
+fn cargo(repo: &Path, args: &[&str]) -> crate::util::Run {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(args)
+        .current_dir(repo)
+        .env("CARGO_TARGET_DIR", shared_target())
+        .env("CARGO_NET_OFFLINE", "true")
+        .stdin(std::process::Stdio::null());
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("WARMSTART_") {
+            cmd.env_remove(k);
+        }
+    }
+    run(&mut cmd)
+}
+
+/// A repository with an xtask crate of its own: `fn main() { warmstart::main() }`
+/// and `warmstart = { path = ... }`, this repository's profile settings and
+/// lockfile (so the offline build resolves the same versions).
+fn xtask_adopter(env: &TestEnv) -> PathBuf {
+    let repo = env.work_repo("adopter");
+    let src = crate::util::source_root();
+    let ours = std::fs::read_to_string(src.join("Cargo.toml")).unwrap();
+    let profiles = &ours[ours.find("[profile").unwrap()..];
+    write(
+        &repo.join("Cargo.toml"),
+        &format!("[workspace]\nmembers = [\"xtask\"]\nresolver = \"3\"\n\n{profiles}"),
+    );
+    write(
+        &repo.join("xtask/Cargo.toml"),
+        &format!(
+            "[package]\nname = \"xtask\"\nversion = \"0.1.0\"\nedition = \"2024\"\npublish = false\n\n[dependencies]\nwarmstart = {{ path = {:?} }}\n",
+            src.join("xtask")
+        ),
+    );
+    write(
+        &repo.join("xtask/src/main.rs"),
+        "fn main() {\n    warmstart::main()\n}\n",
+    );
+    write(
+        &repo.join(".cargo/config.toml"),
+        "[alias]\nxtask = \"run --quiet --package xtask --\"\n",
+    );
+    std::fs::copy(src.join("Cargo.lock"), repo.join("Cargo.lock")).unwrap();
+    repo
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// A small cache of the adopter's own, and its restore step (an edit to the
+/// generated restore.toml, which makes that file the user's).
+fn add_data_cache(repo: &Path) {
+    write(&repo.join(".gitignore"), "/target\n/restored-data\n");
+    write(
+        &repo.join("target/data-src/hello.txt"),
+        "restored by the adopter\n",
+    );
+    write(
+        &repo.join("cache-manifests/data.toml"),
+        "[pack]\nroot = \"target/data-src\"\n\n[restore]\npath = \"restored-data\"\n",
+    );
+    let restore = repo.join("cache-manifests/restore.toml");
+    let mut text = std::fs::read_to_string(&restore).unwrap();
+    text.push_str("\n[[step]]\nname = \"data\"\nkind = \"cache\"\ncache = \"data\"\n");
+    std::fs::write(&restore, text).unwrap();
+}
+
+/// Commits and pushes `repo` to a new origin, publishes the binary cache
+/// (`bin_cache`, with `publisher` copied to `pack_dest` as CI's build leaves
+/// it) and the data cache with `publisher`, clones it fresh, and runs the
+/// generated bootstrap there with a `cargo` first on PATH that fails. Returns
+/// the clone and the bootstrap's run.
+fn publish_then_bootstrap_a_fresh_clone(
+    env: &TestEnv,
+    repo: &Path,
+    publisher: &Path,
+    bin_cache: &str,
+    pack_dest: &str,
+) -> (PathBuf, crate::util::Run) {
+    let origin = env.bare_remote("origin.git");
+    env.git(repo, ["add", "-A"]);
+    env.git(repo, ["commit", "-q", "-m", "adopt warmstart"]);
+    env.git(repo, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    env.git(repo, ["push", "-q", "origin", "main"]);
+    let dest = repo.join(pack_dest);
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::copy(publisher, &dest).unwrap();
+    for cache in [bin_cache, "data"] {
+        let mut cmd = std::process::Command::new(publisher);
+        cmd.args(["cache", "publish", cache, "--allow-ungated", "--quiet"])
+            .current_dir(repo);
+        env.isolate(&mut cmd);
+        run(&mut cmd).ok();
+    }
+
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    let nocargo = env.join("nocargo");
+    write(
+        &nocargo.join("cargo"),
+        "#!/bin/sh\necho 'cargo must not run on this machine' >&2\nexit 97\n",
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::Permissions::from_mode(0o755);
+        std::fs::set_permissions(nocargo.join("cargo"), mode).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        nocargo.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let clone = env.join("box");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(clone.join("tools/warmstart-bootstrap.sh"))
+        .current_dir(&clone);
+    env.isolate(&mut cmd);
+    cmd.env("PATH", path);
+    (clone.clone(), run(&mut cmd))
+}
+
+fn assert_restored_without_compiling(clone: &Path, r: &crate::util::Run, key_prefix: &str) {
+    let err = r.stderr();
+    assert_eq!(r.code(), 0, "{}", crate::util::show(&r.out));
+    assert!(
+        err.contains(&format!("bootstrap: binary cache: installed {key_prefix}")),
+        "{err}"
+    );
+    assert!(
+        !err.contains("compile:") && !err.contains("cargo must not run"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(clone.join("restored-data/hello.txt")).unwrap(),
+        "restored by the adopter\n"
+    );
+}
+
+#[test]
+fn adopt_an_xtask_crate_repository_restores_a_fresh_clone_with_no_compiler() {
+    let env = TestEnv::new();
+    let repo = xtask_adopter(&env);
+    cargo(&repo, &["build", "--quiet", "-p", "xtask"]).ok();
+    // `cargo xtask init` through the adopter's alias: it names itself so.
+    let init = cargo(&repo, &["xtask", "init"]).ok().stdout();
+    assert!(
+        init.contains("created   cache-manifests/xtask-bin.toml"),
+        "{init}"
+    );
+    assert!(init.contains("`cargo xtask init --pip-hash"), "{init}");
+    add_data_cache(&repo);
+    let built = shared_target().join("debug/xtask");
+    let (clone, r) = publish_then_bootstrap_a_fresh_clone(
+        &env,
+        &repo,
+        &built,
+        "xtask-bin",
+        "target/release/xtask",
+    );
+    assert_restored_without_compiling(&clone, &r, "xtask_bin-");
+    assert_eq!(
+        crate::util::sha256sum(&clone.join("target/warmstart-bin/xtask")),
+        crate::util::sha256sum(&built)
+    );
+    // The key covers the crate and its lockfile: the script says which key it
+    // installed, and the binary computes the same one.
+    let mut cmd = std::process::Command::new(&built);
+    cmd.args(["cache", "publish", "xtask-bin", "--key-only"])
+        .current_dir(&clone);
+    env.isolate(&mut cmd);
+    let key = run(&mut cmd).ok().stdout();
+    let key = key.lines().next().unwrap();
+    assert!(
+        r.stderr().contains(&format!("installed {key} from origin")),
+        "{}",
+        r.stderr()
+    );
+}
+
+#[test]
+fn adopt_a_standalone_repository_restores_a_fresh_clone_with_no_compiler() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("adopter");
+    let init = ws(&env, "adopter", &["init"]).ok().stdout();
+    assert!(
+        init.contains("created   cache-manifests/warmstart-bin.toml"),
+        "{init}"
+    );
+    add_data_cache(&repo);
+    let (clone, r) = publish_then_bootstrap_a_fresh_clone(
+        &env,
+        &repo,
+        &crate::util::bin(),
+        "warmstart-bin",
+        "target/warmstart-build/bin/warmstart",
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    assert_restored_without_compiling(&clone, &r, &format!("warmstart_bin-{version}-"));
+    assert_eq!(
+        crate::util::sha256sum(&clone.join("target/warmstart-bin/warmstart")),
+        crate::util::sha256sum(&crate::util::bin())
+    );
+    // Warm: the origin gone, the installed binary runs with no network.
+    env.git(
+        &clone,
+        ["remote", "set-url", "origin", "/nonexistent/origin.git"],
+    );
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(clone.join("tools/warmstart-bootstrap.sh"))
+        .arg("--prebuilt-only")
+        .current_dir(&clone);
+    env.isolate(&mut cmd);
+    let err = run(&mut cmd).ok().stderr();
+    assert!(err.contains("bootstrap: warm:"), "{err}");
+}
+
+/// No binary cache for the key, no registry pin: the script says so at each
+/// step and compiles with the manifest's build command (here a copy of the
+/// built binary, standing in for `cargo install`, which this test cannot
+/// reach offline), then restores with it.
+#[test]
+fn adopt_the_bootstrap_falls_back_step_by_step_to_the_build_command() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("adopter");
+    ws(&env, "adopter", &["init"]).ok();
+    let manifest = repo.join("cache-manifests/warmstart-bin.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let build_line = text.lines().find(|l| l.starts_with("build = ")).unwrap();
+    let bin = crate::util::bin();
+    let ours = format!(
+        "build = [\"cp\", \"{}\", \"target/warmstart-build/bin/warmstart\"]",
+        bin.display()
+    );
+    let text = text.replace(build_line, &ours);
+    std::fs::write(&manifest, text).unwrap();
+    std::fs::create_dir_all(repo.join("target/warmstart-build/bin")).unwrap();
+    write(&repo.join(".gitignore"), "/target\n");
+    let origin = env.bare_remote("origin.git");
+    env.git(&repo, ["add", "-A"]);
+    env.git(&repo, ["commit", "-q", "-m", "adopt"]);
+    env.git(&repo, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    env.git(&repo, ["push", "-q", "origin", "main"]);
+
+    // --prebuilt-only: every step says why it did not apply, nothing compiles.
+    let r = bootstrap_cmd(&env, &repo, &["--prebuilt-only"]).expect_code(1);
+    let err = r.stderr();
+    assert!(
+        err.contains("binary cache: no refs/heads/warmstart-bin-cache on origin"),
+        "{err}"
+    );
+    assert!(err.contains("compile: skipped (--prebuilt-only)"), "{err}");
+    assert!(!repo.join("target/warmstart-build/bin/warmstart").exists());
+
+    let r = bootstrap_cmd(&env, &repo, &[]);
+    let err = r.stderr();
+    assert!(
+        err.contains("binary cache: no refs/heads/warmstart-bin-cache"),
+        "{err}"
+    );
+    assert!(err.contains("registry: skipped"), "{err}");
+    assert!(err.contains("compile: cp "), "{err}");
+    assert!(
+        err.contains("target/warmstart-build/bin/warmstart restore"),
+        "{err}"
+    );
+    assert_eq!(r.code(), 0, "{}", crate::util::show(&r.out));
+    // The restore ran with the compiled binary: its cache step failed open
+    // (nothing published), one row in the table.
+    assert!(
+        r.stdout().contains("warmstart-bin"),
+        "{}",
+        crate::util::show(&r.out)
+    );
 }

@@ -19,6 +19,10 @@ pub struct InitArgs {
     /// warmstart==<this version>`. Without it the step is omitted.
     #[arg(long, value_name = "HASH")]
     pub pip_hash: Vec<String>,
+    /// Print one JSON object: `files` (each `path`, `state`, `detail`),
+    /// `registry_step`, `post_create_command`, `stale`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The binary the bootstrap script gets for this repository.

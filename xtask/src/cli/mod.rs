@@ -81,8 +81,9 @@ pub enum Command {
     /// script, the CI workflow, the session-start hook.
     ///
     /// Writes what is missing: `cache-manifests/` (the binary cache that the
-    /// bootstrap reads, `restore.toml`, a commented example cache),
-    /// `tools/warmstart-bootstrap.sh`, `.github/workflows/gates.yml`, and a
+    /// bootstrap reads, `restore.toml`, a commented example cache,
+    /// `gates.toml`), `tools/warmstart-bootstrap.sh`, the CI workflow
+    /// (`.github/workflows/gates.yml`, `tools/ci-gates.sh`), and a
     /// `SessionStart` hook in `.claude/settings.json`; prints a dev container
     /// `postCreateCommand`. Each generated file carries a header with the
     /// generator's version and a digest of its body: one whose body no longer

@@ -10,12 +10,14 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use std::path::Path;
 
+use super::Row;
+
 /// The hook's command: the script, with the restore in the background so the
 /// session starts at once.
 pub const HOOK: &str = "\"$CLAUDE_PROJECT_DIR\"/tools/warmstart-bootstrap.sh --background";
 
-/// Merges (or, with `check`, only reports) the hook; prints one line.
-pub fn wire(root: &Path, check: bool) -> Result<()> {
+/// Merges (or, with `check`, only reports) the hook.
+pub fn wire(root: &Path, check: bool) -> Result<Row> {
     let rel = ".claude/settings.json";
     let path = root.join(rel);
     let existing = super::read_optional(&path)?;
@@ -24,23 +26,22 @@ pub fn wire(root: &Path, check: bool) -> Result<()> {
         None => json!({}),
         Some(text) => match serde_json::from_str::<Value>(text) {
             Ok(v) => v,
-            Err(e) => return print_by_hand(rel, &format!("it is not JSON ({e})"), &entry),
+            Err(e) => return by_hand(rel, &format!("it is not JSON ({e})"), &entry),
         },
     };
     if let Err(why) = understood(&v) {
-        return print_by_hand(rel, &why, &entry);
+        return by_hand(rel, &why, &entry);
     }
     if has_hook(&v) {
-        println!("{:<9} {rel} (SessionStart hook)", "current");
-        return Ok(());
+        return Ok(row(rel, "current", "SessionStart hook".into()));
     }
     if check {
         // Wiring is the user's choice: a missing hook is reported, not a failure.
-        println!(
-            "{:<9} {rel} (no SessionStart hook running the bootstrap)",
-            "unwired"
-        );
-        return Ok(());
+        return Ok(row(
+            rel,
+            "unwired",
+            "no SessionStart hook running the bootstrap".into(),
+        ));
     }
     let hooks = v
         .as_object_mut()
@@ -62,17 +63,26 @@ pub fn wire(root: &Path, check: bool) -> Result<()> {
     } else {
         "created"
     };
-    println!("{word:<9} {rel} (SessionStart hook)");
-    Ok(())
+    Ok(row(rel, word, "SessionStart hook".into()))
 }
 
-fn print_by_hand(rel: &str, why: &str, entry: &Value) -> Result<()> {
-    println!(
-        "{:<9} {rel}: {why}; left alone: add this entry to hooks.SessionStart by hand:\n  {}",
+fn row(rel: &str, state: &'static str, detail: String) -> Row {
+    Row {
+        path: rel.to_string(),
+        state,
+        detail,
+    }
+}
+
+fn by_hand(rel: &str, why: &str, entry: &Value) -> Result<Row> {
+    Ok(row(
+        rel,
         "yours",
-        serde_json::to_string(entry)?
-    );
-    Ok(())
+        format!(
+            "{why}; left alone: add this entry to hooks.SessionStart by hand: {}",
+            serde_json::to_string(entry)?
+        ),
+    ))
 }
 
 /// Whether the file holds only shapes `wire` can merge into, and if not, why.

@@ -23,6 +23,17 @@ use generated::State;
 /// The script's path, also named by the hook and the dev container snippet.
 pub const BOOTSTRAP_PATH: &str = "tools/warmstart-bootstrap.sh";
 
+/// What `init` did with one file: its line of text, or its `--json` object.
+#[derive(Debug, serde::Serialize)]
+pub struct Row {
+    pub path: String,
+    /// created, updated, current, missing, stale, yours; for the hook also
+    /// merged and unwired.
+    pub state: &'static str,
+    /// Why, for yours and the hook (empty otherwise).
+    pub detail: String,
+}
+
 /// One file `init` owns (until the user edits it).
 struct File {
     rel: String,
@@ -39,43 +50,88 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
             Binary::Standalone
         }
     });
-    let files = plan(&repo, binary, &args.pip_hash)?;
+    // Refused before anything is written, so a typo leaves no broken manifest.
+    for h in &args.pip_hash {
+        let hex = h.strip_prefix("sha256:").unwrap_or("");
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(fail(
+                Code::Usage,
+                format!("--pip-hash {h:?} is not `sha256:` and 64 hex digits (pip hash form)"),
+            ));
+        }
+    }
+    // Without --pip-hash, the pin already committed stays: a rerun of init
+    // must not drop the registry step.
+    let pip_hashes = if args.pip_hash.is_empty() {
+        committed_pip_hashes(&repo, binary)
+    } else {
+        args.pip_hash.clone()
+    };
+    let files = plan(&repo, binary, &pip_hashes)?;
     let cmd = crate::invocation::command();
     let mut stale = Vec::new();
+    let mut rows = Vec::new();
     for f in &files {
         let path = repo.root.join(&f.rel);
         let existing = read_optional(&path)?;
         let state = generated::classify(existing.as_deref(), &f.body);
+        let mut detail = String::new();
         let word = match (&state, args.check) {
-            (State::Current, _) => "current".to_string(),
-            (State::Yours(why), _) => format!("yours     ({why}: left alone)"),
+            (State::Current, _) => "current",
+            (State::Yours(why), _) => {
+                detail = format!("{why}: left alone");
+                "yours"
+            }
             (State::Missing | State::Stale, true) => {
                 stale.push(f.rel.clone());
                 if state == State::Missing {
-                    "missing".into()
+                    "missing"
                 } else {
-                    "stale".into()
+                    "stale"
                 }
             }
             (State::Missing | State::Stale, false) => {
                 write(&path, &generated::render(&f.body), f.executable)?;
                 if state == State::Missing {
-                    "created".into()
+                    "created"
                 } else {
-                    "updated".into()
+                    "updated"
                 }
             }
         };
-        println!("{word:<9} {}", f.rel);
+        rows.push(Row {
+            path: f.rel.clone(),
+            state: word,
+            detail,
+        });
     }
-    check_bin_caches(&repo)?;
-    claude::wire(&repo.root, args.check)?;
-    if args.pip_hash.is_empty() {
+    // A missing binary cache is already the failure --check reports.
+    if !args.check || stale.is_empty() {
+        check_bin_caches(&repo)?;
+    }
+    rows.push(claude::wire(&repo.root, args.check)?);
+    if args.json {
+        let out = serde_json::json!({
+            "files": rows,
+            "registry_step": !pip_hashes.is_empty(),
+            "post_create_command": BOOTSTRAP_PATH,
+            "stale": stale,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for r in &rows {
+            match r.detail.as_str() {
+                "" => println!("{:<9} {}", r.state, r.path),
+                d => println!("{:<9} {} ({d})", r.state, r.path),
+            }
+        }
+    }
+    if pip_hashes.is_empty() && !args.json {
         println!(
             "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
         );
     }
-    if !args.check {
+    if !args.check && !args.json {
         println!(
             "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
         );
@@ -93,6 +149,24 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The `[bootstrap] pip_hashes` of the binary-cache manifest as committed
+/// (none when it is missing or unreadable: the manifest's own load says why).
+fn committed_pip_hashes(repo: &Repo, binary: Binary) -> Vec<String> {
+    let name = templates::bin_cache_name(binary);
+    let path = crate::cache::manifest::path_of(repo, name);
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: toml::Value = toml::from_str(&text).unwrap_or(toml::Value::Boolean(false));
+    v.get("bootstrap")
+        .and_then(|b| b.get("pip_hashes"))
+        .and_then(|h| h.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|h| h.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Loads (so validates, exit 10) the manifests the bootstrap script may read:
@@ -159,6 +233,12 @@ fn plan(repo: &Repo, binary: Binary, pip_hashes: &[String]) -> Result<Vec<File>>
         file(
             ".github/workflows/gates.yml",
             templates::WORKFLOW.to_string(),
+            false,
+        ),
+        file("tools/ci-gates.sh", templates::CI_GATES.to_string(), true),
+        file(
+            "cache-manifests/gates.toml",
+            templates::GATES_TOML.to_string(),
             false,
         ),
     ])

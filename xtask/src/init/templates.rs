@@ -1,10 +1,10 @@
 //! The bodies `init` generates: the binary-cache manifest, `restore.toml`, the
 //! example cache, the bootstrap script and the CI workflow.
 //!
-//! The script and the workflow are embedded from one file each
-//! (`bootstrap.sh` here; `gates.yml` is a link to this repository's own
-//! `.github/workflows/gates.yml`), so that this repository runs exactly what
-//! `init` writes elsewhere. Nothing here touches the file system.
+//! The script and the CI files are embedded from one file each
+//! (`bootstrap.sh` here; `gates.yml` and `ci-gates.sh` are links to this
+//! repository's own `.github/workflows/gates.yml` and `tools/ci-gates.sh`),
+//! so that this repository runs exactly what `init` writes elsewhere. Nothing here touches the file system.
 
 use crate::cli::init::Binary;
 
@@ -12,6 +12,20 @@ use crate::cli::init::Binary;
 pub const BOOTSTRAP: &str = include_str!("bootstrap.sh");
 /// The CI gate-and-publish workflow (`.github/workflows/gates.yml`).
 pub const WORKFLOW: &str = include_str!("gates.yml");
+/// What the workflow runs: gates, then publish (`tools/ci-gates.sh`, a link).
+pub const CI_GATES: &str = include_str!("ci-gates.sh");
+
+/// `cache-manifests/gates.toml`: what CI proves before it publishes.
+pub const GATES_TOML: &str = r#"# Gates: commands that must pass on a clean tree before a cache is published
+# from it (README.md, "Gates"). tools/ci-gates.sh runs them in CI, records
+# them green for the tree, then publishes every cache. A cache requires the
+# gates its manifest lists under [publish] gates.
+
+[[gate]]
+name = "test"
+command = ["cargo", "test", "--workspace", "--locked"]
+timeout = "40m"
+"#;
 
 /// What the binary-cache manifest needs to know about the repository.
 pub struct BinCache<'a> {
@@ -118,6 +132,10 @@ path = \"target/warmstart-bin\"\n\
 \n\
 [ready]\n\
 path = \"{exec}\"\n\
+\n\
+# CI publishes it only with these gates of gates.toml green for the tree.\n\
+[publish]\n\
+gates = [\"test\"]\n\
 \n\
 # The executable in the restored directory, and the compile fallback.\n\
 [bootstrap]\n\

@@ -1,0 +1,1 @@
+../../../tools/ci-gates.sh
