@@ -2,7 +2,9 @@
 //! `WARMSTART_TEST_WHEEL`): `pip install` into a fresh venv, from the file and
 //! from a package index on 127.0.0.1 pinned by `--require-hashes`, gives a
 //! working `warmstart` with no compiler on PATH, one that restores a real cache
-//! served by `git daemon`. Its binary needs nothing newer than glibc 2.17.
+//! served by `git daemon`. Its binary needs nothing newer than glibc 2.17. The
+//! generated bootstrap script's registry step installs it by the hash `init
+//! --pip-hash` committed, and refuses it under any other hash.
 
 use crate::util::git_daemon::GitDaemon;
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
@@ -258,4 +260,93 @@ fn wheel_requirement_script_names_a_bad_wheel_path() {
         assert_eq!(err.lines().count(), 1, "{}", show(&out));
         assert!(out.stdout.is_empty(), "{}", show(&out));
     }
+}
+
+/// Runs the fresh clone's generated bootstrap script with pip pointed at
+/// `index` and failing compilers first on PATH.
+fn bootstrap_from_index(env: &TestEnv, clone: &Path, index: &Index) -> crate::util::Run {
+    let mut cmd = Command::new("bash");
+    cmd.arg(clone.join("tools/warmstart-bootstrap.sh"))
+        .current_dir(clone);
+    isolate_pip(env, &mut cmd);
+    cmd.env("PATH", path_with(&[&no_compilers(env)]))
+        .env("PIP_INDEX_URL", index.url())
+        .env("PIP_NO_CACHE_DIR", "1");
+    run(&mut cmd)
+}
+
+/// A repository set up by `init --binary standalone --pip-hash HASH`, pushed
+/// to a bare origin with no binary cache, and a fresh clone of it.
+fn adopter_pinned_to(env: &TestEnv, hash: &str) -> PathBuf {
+    let repo = env.work_repo("adopter");
+    run(env
+        .xtask_in("adopter")
+        .args(["init", "--binary", "standalone", "--pip-hash", hash]))
+    .ok();
+    let origin = env.bare_remote("origin.git");
+    env.git(&repo, ["add", "-A"]);
+    env.git(&repo, ["commit", "-q", "-m", "adopt warmstart"]);
+    env.git(&repo, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    env.git(&repo, ["push", "-q", "origin", "main"]);
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "fresh"]);
+    env.join("fresh")
+}
+
+#[test]
+fn wheel_the_generated_bootstrap_installs_the_pinned_wheel_from_a_loopback_index() {
+    let wheel = wheel();
+    let env = TestEnv::new();
+    let index = Index::serve(&env.join("index"), &wheel);
+    let pin = warmstart::wheel::pin(&wheel).unwrap();
+    let clone = adopter_pinned_to(&env, &pin.hash);
+
+    let r = bootstrap_from_index(&env, &clone, &index);
+    let err = r.stderr();
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert!(err.contains("binary cache: no refs/heads/"), "{err}");
+    assert!(
+        err.contains(&format!("registry: installed {}", pin.requirement)),
+        "{err}"
+    );
+    assert!(!err.contains("was called"), "{err}");
+    let installed = clone.join("target/warmstart-registry/venv/bin").join(EXE);
+    assert!(
+        err.contains(&format!("running {} restore", installed.display())),
+        "{err}"
+    );
+    let from_wheel = crate::util::wheel::release_bin(&env, "from-wheel");
+    assert_eq!(
+        crate::util::sha256sum(&installed),
+        crate::util::sha256sum(&from_wheel)
+    );
+}
+
+#[test]
+fn wheel_the_generated_bootstrap_refuses_a_wheel_whose_hash_is_not_pinned() {
+    let wheel = wheel();
+    let env = TestEnv::new();
+    let index = Index::serve(&env.join("index"), &wheel);
+    let pin = warmstart::wheel::pin(&wheel).unwrap();
+    // The pin one hex digit off: the index serves a wheel the pin does not name.
+    let last = pin.hash.len() - 1;
+    let flipped = if pin.hash.ends_with('0') { "1" } else { "0" };
+    let wrong = format!("{}{flipped}", &pin.hash[..last]);
+    let clone = adopter_pinned_to(&env, &wrong);
+
+    let r = bootstrap_from_index(&env, &clone, &index);
+    let err = r.stderr();
+    assert_ne!(r.code(), 0, "{}", show(&r.out));
+    assert!(
+        err.contains(&format!(
+            "registry: pip install --require-hashes {} failed",
+            pin.requirement
+        )),
+        "{err}"
+    );
+    // Then the compile step, whose cargo is the failing one: nothing compiles.
+    assert!(err.contains("cargo was called"), "{err}");
+    assert!(
+        !clone.join("target/warmstart-registry/venv").exists(),
+        "{err}"
+    );
 }
