@@ -44,6 +44,8 @@ command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 # ssh-keygen -Y signs and verifies cache statements (tests/it/trust.rs).
 command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
+# objdump: tools/build-wheel.sh checks the wheel's glibc symbols.
+command -v objdump >/dev/null || need_apt+=(binutils)
 [ -x "$(git --exec-path)/git-daemon" ] || need_apt+=(git-daemon-sysvinit)
 [ -x "$(git --exec-path)/git-http-backend" ] || need_apt+=(git)
 # ssh:// remotes in the network deadline tests (tests/it/net_deadline.rs).
@@ -155,6 +157,18 @@ stage "fmt"
 cargo fmt --all -- --check
 stage "clippy"
 cargo clippy --all-targets --quiet -- -D warnings
+# The run's one release build: the warmstart wheel (tools/build-wheel.sh,
+# maturin --zig, checked manylinux_2_17). tests/it/wheel.rs installs it, and
+# the release binary inside it serves the adopter test and
+# tools/bench-bootstrap-paths.sh.
+WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)
+export WARMSTART_TEST_WHEEL
+# The run's one release build: the warmstart wheel (tools/build-wheel.sh,
+# maturin --zig, checked manylinux_2_17). tests/it/wheel.rs installs it, and
+# the release binary inside it serves tools/bench-bootstrap-paths.sh.
+stage "wheel (the release build)"
+WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)
+export WARMSTART_TEST_WHEEL
 # Smoke test of the cache benchmark on a small generated tree (~20 s): it
 # must run end to end; it never asserts a time.
 stage "bench-cache smoke"

@@ -36,3 +36,4 @@ mod transports_faults;
 mod trust;
 mod trust_bootstrap;
 mod unpack;
+mod wheel;

@@ -31,6 +31,7 @@ pub mod settings;
 pub mod size;
 pub mod trust;
 pub mod unpack;
+pub mod wheel;
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches};

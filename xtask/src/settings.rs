@@ -115,6 +115,11 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "tests: rounds of the concurrent-publish test, each way (tools/test.sh sets 2)",
     ),
     (
+        "WARMSTART_TEST_WHEEL",
+        Kind::Text,
+        "tests: the built wheel (tools/build-wheel.sh) that tools/test.sh hands to the tests",
+    ),
+    (
         "WARMSTART_CONTAINMENT_SEQUENCES",
         Kind::Text,
         "tests: hostile archive sequences per resolver in the containment property test",

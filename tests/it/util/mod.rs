@@ -11,6 +11,7 @@ pub mod git_daemon;
 pub mod http_backend;
 pub mod servers;
 pub mod tree;
+pub mod wheel;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -355,8 +355,11 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
     let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
     let (from_c, to_c) = (c(from)?, c(to)?);
     // SAFETY: both are valid NUL-terminated paths that outlive the call.
+    // The raw syscall, not glibc's wrapper: that one is GLIBC_2.28, and the
+    // wheel's binary must link against glibc 2.17 (manylinux_2_17).
     let rc = unsafe {
-        libc::renameat2(
+        libc::syscall(
+            libc::SYS_renameat2,
             libc::AT_FDCWD,
             from_c.as_ptr(),
             libc::AT_FDCWD,
