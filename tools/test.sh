@@ -159,12 +159,6 @@ stage "clippy"
 cargo clippy --all-targets --quiet -- -D warnings
 # The run's one release build: the warmstart wheel (tools/build-wheel.sh,
 # maturin --zig, checked manylinux_2_17). tests/it/wheel.rs installs it, and
-# the release binary inside it serves the adopter test and
-# tools/bench-bootstrap-paths.sh.
-WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)
-export WARMSTART_TEST_WHEEL
-# The run's one release build: the warmstart wheel (tools/build-wheel.sh,
-# maturin --zig, checked manylinux_2_17). tests/it/wheel.rs installs it, and
 # the release binary inside it serves tools/bench-bootstrap-paths.sh.
 stage "wheel (the release build)"
 WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)

@@ -189,7 +189,7 @@ fn cache_refs_a_branch_cache_is_migrated_to_a_ref_on_request() {
     // A manifest moved to the ref before the cache: a fetch says how to move it.
     fx.manifest(&format!("ref = \"{REF}\""), "1");
     let err = one_line_error(&fx.xtask(&["cache", "verify", "art"]), 4);
-    assert!(err.contains("cargo xtask cache migrate art"), "{err}");
+    assert!(err.contains("warmstart cache migrate art"), "{err}");
     fx.manifest("", "1");
     // Migrating needs the ref in the manifest first.
     let err = one_line_error(&fx.xtask(&["cache", "migrate", "art"]), 10);
