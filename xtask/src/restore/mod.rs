@@ -14,6 +14,7 @@
 pub mod plan;
 pub mod proc;
 pub mod report;
+pub mod schedule;
 pub mod state;
 pub mod steps;
 
@@ -53,7 +54,7 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
         repo: &repo,
         paths: &paths,
     };
-    execute(&ctx, &selected, &args)
+    execute(&ctx, &plan, &selected, &args)
 }
 
 /// The steps `--only` names, in manifest order (all when none is named).
@@ -81,11 +82,15 @@ fn select<'p>(plan: &'p Plan, only: &[String]) -> Result<Vec<&'p Step>> {
 fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
     let described: Vec<_> = steps.iter().map(|s| s.describe(repo)).collect();
     if as_json {
-        let out = json!({ "file": plan.file, "steps": described });
+        let out = json!({ "file": plan.file, "parallel": plan.parallel, "steps": described });
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
         return;
     }
     println!("plan from {} (nothing was run)", plan.file.display());
+    match plan.parallel {
+        Some(n) => println!("parallel: up to {n} steps at once, each after the steps it names"),
+        None => println!("in file order, one step at a time"),
+    }
     for (i, (step, d)) in steps.iter().zip(&described).enumerate() {
         let mut flags = Vec::new();
         if step.background {
@@ -93,6 +98,10 @@ fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
         }
         if !step.fail_open {
             flags.push("fail-closed");
+        }
+        let after = format!("after {}", step.after.join(", "));
+        if !step.after.is_empty() {
+            flags.push(&after);
         }
         let flags = if flags.is_empty() {
             String::new()
@@ -125,88 +134,15 @@ fn spinner(msg: String) -> indicatif::ProgressBar {
     pb
 }
 
-fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
+fn execute(ctx: &Ctx, plan: &Plan, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
     let prior = state::read_for_restore(ctx.paths);
-    let mut rows: Vec<Row> = Vec::new();
-    let mut deferred: Vec<usize> = Vec::new();
-    let mut fatal: Option<String> = None;
-    for step in selected {
-        let start = Instant::now();
-        let mut row = Row {
-            step: step.name.clone(),
-            kind: step.kind_name().into(),
-            source: step.source(ctx.repo),
-            state: State::Skipped,
-            what: String::new(),
-            warnings: Vec::new(),
-            ms: 0,
-            last_cold_ms: prior.steps.get(&step.name).and_then(|r| r.last_cold_ms),
-            log: None,
-            pid: None,
-        };
-        if fatal.is_some() {
-            row.what = "not run: an earlier step failed".into();
-            rows.push(row);
-            continue;
-        }
-        match steps::probe(ctx, step) {
-            Probe::Warm { what, warnings } => {
-                row.state = if warnings.is_empty() {
-                    State::Warm
-                } else {
-                    State::Warned
-                };
-                row.what = what;
-                row.warnings = warnings;
-            }
-            Probe::Needed(why) => {
-                let inline = args.worker || args.strict || !step.background;
-                if inline {
-                    run_step(ctx, step, &why, &mut row)?;
-                } else {
-                    match state::lock_step(ctx.paths, &step.name, false)? {
-                        // Free: the worker spawned below will take it.
-                        Some(lock) => {
-                            drop(lock);
-                            row.state = State::Background;
-                            row.what = why;
-                            deferred.push(rows.len());
-                        }
-                        None => {
-                            row.state = State::Running;
-                            row.what = "already running in another process".into();
-                            row.pid = prior.steps.get(&step.name).and_then(|r| r.pid);
-                        }
-                    }
-                }
-            }
-        }
-        row.ms = start.elapsed().as_millis() as u64;
-        for w in &row.warnings {
-            eprintln!("{w}");
-        }
-        if row.state.is_failure() {
-            let log = row
-                .log
-                .as_ref()
-                .map(|l| format!(" (log: {})", l.display()))
-                .unwrap_or_default();
-            if args.strict || !step.fail_open {
-                row.state = State::Failed;
-                eprintln!("restore: {} failed: {}{log}", step.name, row.what);
-                fatal = Some(format!("step {} failed: {}", step.name, row.what));
-            } else {
-                eprintln!(
-                    "restore: {} failed (fail-open, continuing): {}{log}",
-                    step.name, row.what
-                );
-            }
-            if row.state == State::Failed {
-                record_final(ctx.paths, &row, None)?;
-            }
-        }
-        rows.push(row);
-    }
+    let ran = match plan.parallel {
+        None => in_file_order(ctx, selected, args, &prior)?,
+        Some(limit) => schedule_steps(ctx, selected, args, &prior, limit)?,
+    };
+    let fatal = ran.iter().find_map(|r| r.fatal.clone());
+    let deferred: Vec<usize> = (0..ran.len()).filter(|&i| ran[i].deferred).collect();
+    let mut rows: Vec<Row> = ran.into_iter().map(|r| r.row).collect();
 
     let mut worker_pid = None;
     if !deferred.is_empty() {
@@ -244,8 +180,205 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
     }
 }
 
+/// One step's part in a run: its row, whether it went to the background
+/// worker, and the fatal failure it stops the restore with.
+struct Ran {
+    row: Row,
+    deferred: bool,
+    fatal: Option<String>,
+}
+
+fn new_row(ctx: &Ctx, step: &Step, prior: &state::StateFile) -> Row {
+    Row {
+        step: step.name.clone(),
+        kind: step.kind_name().into(),
+        source: step.source(ctx.repo),
+        state: State::Skipped,
+        what: String::new(),
+        warnings: Vec::new(),
+        ms: 0,
+        last_cold_ms: prior.steps.get(&step.name).and_then(|r| r.last_cold_ms),
+        log: None,
+        pid: None,
+    }
+}
+
+/// The default: one step after the other in file order; after a fatal
+/// failure the rest are not run.
+fn in_file_order(
+    ctx: &Ctx,
+    selected: &[&Step],
+    args: &RestoreArgs,
+    prior: &state::StateFile,
+) -> Result<Vec<Ran>> {
+    let mut ran: Vec<Ran> = Vec::new();
+    for step in selected {
+        if ran.iter().any(|r| r.fatal.is_some()) {
+            let mut row = new_row(ctx, step, prior);
+            row.what = "not run: an earlier step failed".into();
+            ran.push(Ran {
+                row,
+                deferred: false,
+                fatal: None,
+            });
+            continue;
+        }
+        ran.push(attempt(ctx, step, args, prior, true)?);
+    }
+    Ok(ran)
+}
+
+/// `parallel` plans: `schedule` decides the order, one thread per running
+/// step (each with its own `Shell`, which is not shared across threads).
+/// A spinner names the steps running now; the rows stay in file order.
+fn schedule_steps(
+    ctx: &Ctx,
+    selected: &[&Step],
+    args: &RestoreArgs,
+    prior: &state::StateFile,
+    limit: usize,
+) -> Result<Vec<Ran>> {
+    let index = |name: &str| selected.iter().position(|s| s.name == name);
+    let nodes: Vec<schedule::Node> = selected
+        .iter()
+        .map(|s| schedule::Node {
+            // `after` a step that `--only` left out: nothing to wait for.
+            after: s.after.iter().filter_map(|a| index(a)).collect(),
+            exclusive: schedule::writes_repo_git(s),
+        })
+        .collect();
+    let (repo, paths) = (ctx.repo, ctx.paths);
+    let pb = spinner(String::new());
+    let results = schedule::run(
+        &nodes,
+        limit,
+        |i| {
+            let sh = xshell::Shell::new().context("starting a shell for a parallel step")?;
+            let ctx = Ctx {
+                sh: &sh,
+                repo,
+                paths,
+            };
+            let r = attempt(&ctx, selected[i], args, prior, false)?;
+            let end = if r.fatal.is_some() {
+                schedule::End::Fatal
+            } else if r.row.state.is_failure() {
+                schedule::End::Failed
+            } else {
+                schedule::End::Ok
+            };
+            Ok((r, end))
+        },
+        |status| {
+            let now: Vec<&str> = (0..status.len())
+                .filter(|&i| status[i] == schedule::Status::Running)
+                .map(|i| selected[i].name.as_str())
+                .collect();
+            pb.set_message(format!("running: {}", now.join(", ")));
+        },
+    );
+    pb.finish_and_clear();
+    Ok(results?
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| match r {
+            Ok(ran) => ran,
+            Err(why) => {
+                let mut row = new_row(ctx, selected[i], prior);
+                row.what = match why {
+                    schedule::Skip::AfterFailed(j) => {
+                        format!("skipped: after failed step {}", selected[j].name)
+                    }
+                    schedule::Skip::Stopped => "not run: an earlier step failed".into(),
+                };
+                Ran {
+                    row,
+                    deferred: false,
+                    fatal: None,
+                }
+            }
+        })
+        .collect())
+}
+
+/// Probes one step and runs it (or hands it to the background worker),
+/// then reports its warnings and failure on stderr.
+fn attempt(
+    ctx: &Ctx,
+    step: &Step,
+    args: &RestoreArgs,
+    prior: &state::StateFile,
+    spin: bool,
+) -> Result<Ran> {
+    let start = Instant::now();
+    let mut row = new_row(ctx, step, prior);
+    let mut deferred = false;
+    let mut fatal = None;
+    match steps::probe(ctx, step) {
+        Probe::Warm { what, warnings } => {
+            row.state = if warnings.is_empty() {
+                State::Warm
+            } else {
+                State::Warned
+            };
+            row.what = what;
+            row.warnings = warnings;
+        }
+        Probe::Needed(why) => {
+            let inline = args.worker || args.strict || !step.background;
+            if inline {
+                run_step(ctx, step, &why, &mut row, spin)?;
+            } else {
+                match state::lock_step(ctx.paths, &step.name, false)? {
+                    // Free: the worker spawned at the end will take it.
+                    Some(lock) => {
+                        drop(lock);
+                        row.state = State::Background;
+                        row.what = why;
+                        deferred = true;
+                    }
+                    None => {
+                        row.state = State::Running;
+                        row.what = "already running in another process".into();
+                        row.pid = prior.steps.get(&step.name).and_then(|r| r.pid);
+                    }
+                }
+            }
+        }
+    }
+    row.ms = start.elapsed().as_millis() as u64;
+    for w in &row.warnings {
+        eprintln!("{w}");
+    }
+    if row.state.is_failure() {
+        let log = row
+            .log
+            .as_ref()
+            .map(|l| format!(" (log: {})", l.display()))
+            .unwrap_or_default();
+        if args.strict || !step.fail_open {
+            row.state = State::Failed;
+            eprintln!("restore: {} failed: {}{log}", step.name, row.what);
+            fatal = Some(format!("step {} failed: {}", step.name, row.what));
+        } else {
+            eprintln!(
+                "restore: {} failed (fail-open, continuing): {}{log}",
+                step.name, row.what
+            );
+        }
+        if row.state == State::Failed {
+            record_final(ctx.paths, &row, None)?;
+        }
+    }
+    Ok(Ran {
+        row,
+        deferred,
+        fatal,
+    })
+}
+
 /// Runs one step that its probe said is needed: lock, re-probe, log, run, record.
-fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
+fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Result<()> {
     let _lock = state::lock_step(ctx.paths, &step.name, true)?;
     // Another process may have finished it while we waited for the lock.
     if let Probe::Warm { what, warnings } = steps::probe(ctx, step) {
@@ -283,11 +416,14 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
         ),
     )?;
     let start = Instant::now();
-    let pb = spinner(format!("{}: {why}", step.name));
+    // In a parallel run the scheduler's one spinner names the running steps.
+    let pb = spin.then(|| spinner(format!("{}: {why}", step.name)));
     let outcome = steps::run(ctx, step, &mut log)
         .with_context(|| format!("step {}", step.name))
         .unwrap_or_else(|e| steps::Outcome::failed(format!("{e:#}")));
-    pb.finish_and_clear();
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
     let ms = start.elapsed().as_millis() as u64;
     log.line(&format!(
         "{} in {}: {}",

@@ -34,6 +34,9 @@ pub const KINDS: [&str; 7] = [
 pub struct Plan {
     pub file: PathBuf,
     pub steps: Vec<Step>,
+    /// `parallel` at the top: at most this many steps at once, in the
+    /// order `after` gives (`restore/schedule.rs`). `None`: file order.
+    pub parallel: Option<usize>,
 }
 
 /// One validated step.
@@ -44,6 +47,8 @@ pub struct Step {
     pub background: bool,
     /// A failure prints one line and the restore goes on (default true).
     pub fail_open: bool,
+    /// With `parallel`: the steps this one waits for (else always empty).
+    pub after: Vec<String>,
     pub kind: Kind,
 }
 
@@ -299,6 +304,7 @@ impl Step {
             "source": self.source(repo),
             "background": self.background,
             "fail_open": self.fail_open,
+            "after": self.after,
             "detail": detail,
         })
     }
@@ -357,9 +363,10 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
             ));
         }
     };
+    let parallel = parallel_limit(top.remove("parallel")).map_err(|e| bad(format!("{e:#}")))?;
     if let Some(key) = top.keys().next() {
         return Err(bad(format!(
-            "unknown top-level key `{key}`: only `[[step]]` tables belong here"
+            "unknown top-level key `{key}`: only `parallel` and `[[step]]` tables belong here"
         )));
     }
     let mut steps: Vec<Step> = Vec::new();
@@ -387,10 +394,61 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
             "no steps: add at least one `[[step]]` with a `name` and a `kind`".into(),
         ));
     }
+    check_after(&steps, parallel).map_err(bad)?;
     Ok(Plan {
         file: file.to_path_buf(),
         steps,
+        parallel,
     })
+}
+
+/// `parallel = true` (the default limit), `parallel = N` (at most N steps at
+/// once, 1 to 64), `parallel = false` or absent (file order, as always).
+fn parallel_limit(v: Option<toml::Value>) -> Result<Option<usize>> {
+    match v {
+        None | Some(toml::Value::Boolean(false)) => Ok(None),
+        Some(toml::Value::Boolean(true)) => Ok(Some(super::schedule::default_limit())),
+        Some(toml::Value::Integer(n)) if (1..=64).contains(&n) => Ok(Some(n as usize)),
+        Some(other) => {
+            let shown = match &other {
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::String(s) => format!("{s:?}"),
+                v => format!("a {}", v.type_str()),
+            };
+            bail!("`parallel` = {shown} must be true, false or a number of steps from 1 to 64")
+        }
+    }
+}
+
+/// `after` only means something in a parallel plan (file order already
+/// orders every step), and names foreground steps for foreground steps:
+/// a background step ends after the command returned, so nothing in the
+/// foreground can wait for it.
+fn check_after(steps: &[Step], parallel: Option<usize>) -> std::result::Result<(), String> {
+    if parallel.is_none()
+        && let Some(s) = steps.iter().find(|s| !s.after.is_empty())
+    {
+        return Err(format!(
+            "step {:?} has `after`, which needs `parallel = true` at the top of the file (without it steps run in file order)",
+            s.name
+        ));
+    }
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    let after: Vec<Vec<String>> = steps.iter().map(|s| s.after.clone()).collect();
+    super::schedule::check_order(&names, &after)?;
+    for s in steps.iter().filter(|s| !s.background) {
+        if let Some(b) = s
+            .after
+            .iter()
+            .find(|a| steps.iter().any(|t| &t.name == *a && t.background))
+        {
+            return Err(format!(
+                "step {:?} is `after` background step {b:?}: a foreground step cannot wait for a background one; make {:?} background too, or drop {b:?} from its `after`",
+                s.name, s.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn one_line(s: &str) -> String {
@@ -428,6 +486,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
         .ok_or_else(|| named(anyhow!("`kind` is missing: one of {}", KINDS.join(", "))))?;
     let background = take_bool(&mut t, "background", false).map_err(named)?;
     let fail_open = take_bool(&mut t, "fail_open", true).map_err(named)?;
+    let after = take_after(&mut t).map_err(named)?;
     let rest = toml::Value::Table(t);
     let kind = match kind.as_str() {
         "cache" => resolve_cache(de(rest)?),
@@ -447,8 +506,25 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
         name,
         background,
         fail_open,
+        after,
         kind,
     })
+}
+
+/// `after = ["step", ...]`: names, each once.
+fn take_after(t: &mut toml::Table) -> Result<Vec<String>> {
+    let Some(v) = t.remove("after") else {
+        return Ok(Vec::new());
+    };
+    let list: Vec<String> = v
+        .try_into()
+        .map_err(|_| anyhow!("`after` must be a list of step names, such as [\"deps\"]"))?;
+    for (i, a) in list.iter().enumerate() {
+        if list[..i].contains(a) {
+            bail!("`after` names {a:?} twice");
+        }
+    }
+    Ok(list)
 }
 
 /// Deserializes the kind-specific fields; the caller names the step.

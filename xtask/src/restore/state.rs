@@ -11,7 +11,10 @@
 //! - `restore/locks/<step>.lock`: one runner per step at a time.
 //! - `logs/<step>.log`: the output of the last run of the step that did work.
 //!
-//! Writes are atomic (temp file, then rename). This module never runs a step.
+//! Writes are atomic (temp file, then rename). `update` holds an flock on
+//! `state.lock` around its read-modify-write; each call opens the lock file
+//! anew, so threads of one process (a parallel plan) exclude each other as
+//! two processes do. This module never runs a step.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -221,10 +224,14 @@ pub fn update(paths: &Paths, f: impl FnOnce(&mut StateFile)) -> Result<()> {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().context("a state path has a parent")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Unique per write, not only per process: steps of a parallel plan
+    // write from several threads at once.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{}",
         path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))
