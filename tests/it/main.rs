@@ -26,6 +26,7 @@ mod net_deadline;
 mod restore;
 mod restore_cache;
 mod restore_parallel;
+mod restore_submodules;
 mod resume;
 mod resume_interop;
 mod secrets;

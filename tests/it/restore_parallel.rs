@@ -254,7 +254,10 @@ run = "echo 'start free' >> events; touch done-free"
     }
     let ev = events(&env);
     let at = |e: &str| ev.iter().position(|x| x == e);
-    assert!(at("end slow").unwrap() < at("start next").unwrap(), "{ev:?}");
+    assert!(
+        at("end slow").unwrap() < at("start next").unwrap(),
+        "{ev:?}"
+    );
     assert_eq!(at("start child"), None, "{ev:?}");
     assert_eq!(at("start grandchild"), None, "{ev:?}");
     assert!(
@@ -267,7 +270,10 @@ run = "echo 'start free' >> events; touch done-free"
     let r = restore(&env, &[]).ok();
     let table = r.stdout();
     let child = table.lines().find(|l| l.starts_with("child ")).unwrap();
-    assert!(child.contains("skipped: after failed step broken"), "{table}");
+    assert!(
+        child.contains("skipped: after failed step broken"),
+        "{table}"
+    );
     // --strict: the same failure is fatal, and its dependents still never run.
     let (v, r) = restore_json(&env, &["--strict"], 11);
     assert_eq!(state_of(&v, "broken").0, "failed");

@@ -82,6 +82,10 @@ pub struct Submodules {
     /// default since 2.38.1 for submodules).
     pub allow_file_protocol: bool,
     pub timeout: Duration,
+    /// Submodules fetched at once (`git submodule update --jobs`).
+    pub jobs: u32,
+    /// `--depth 1`, with a full fetch where the server refuses it.
+    pub shallow: bool,
 }
 
 #[derive(Debug)]
@@ -265,6 +269,8 @@ impl Step {
                 })).collect::<Vec<_>>(),
                 "allow_file_protocol": s.allow_file_protocol,
                 "timeout_ms": ms(&s.timeout),
+                "jobs": s.jobs,
+                "shallow": s.shallow,
             }),
             Kind::Links(l) => json!({
                 "source": l.source, "farm": l.farm, "index": l.index,
@@ -409,14 +415,19 @@ fn parallel_limit(v: Option<toml::Value>) -> Result<Option<usize>> {
         None | Some(toml::Value::Boolean(false)) => Ok(None),
         Some(toml::Value::Boolean(true)) => Ok(Some(super::schedule::default_limit())),
         Some(toml::Value::Integer(n)) if (1..=64).contains(&n) => Ok(Some(n as usize)),
-        Some(other) => {
-            let shown = match &other {
-                toml::Value::Integer(n) => n.to_string(),
-                toml::Value::String(s) => format!("{s:?}"),
-                v => format!("a {}", v.type_str()),
-            };
-            bail!("`parallel` = {shown} must be true, false or a number of steps from 1 to 64")
-        }
+        Some(other) => bail!(
+            "`parallel` = {} must be true, false or a number of steps from 1 to 64",
+            shown(&other)
+        ),
+    }
+}
+
+/// A value as a message shows it: numbers and strings as written, else its type.
+fn shown(v: &toml::Value) -> String {
+    match v {
+        toml::Value::Integer(n) => n.to_string(),
+        toml::Value::String(s) => format!("{s:?}"),
+        v => format!("a {}", v.type_str()),
     }
 }
 
@@ -619,6 +630,9 @@ struct RawSubmodules {
     #[serde(default)]
     allow_file_protocol: bool,
     timeout: Option<DurationSpec>,
+    // Values, not types: serde's "expected i64" would not name the field.
+    jobs: Option<toml::Value>,
+    shallow: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -653,11 +667,28 @@ fn resolve_submodules(repo: &Repo, r: RawSubmodules) -> Result<Kind> {
             breaks: s.breaks,
         });
     }
+    // Default: every listed submodule at once, at most 8 (each is one
+    // clone talking to the server; git's own default is 1, one by one).
+    let jobs = match r.jobs {
+        None => paths.len().clamp(1, 8) as u32,
+        Some(toml::Value::Integer(n)) if (1..=64).contains(&n) => n as u32,
+        Some(v) => bail!(
+            "`jobs` = {} must be a number of submodules fetched at once, 1 to 64",
+            shown(&v)
+        ),
+    };
+    let shallow = match r.shallow {
+        None => false,
+        Some(toml::Value::Boolean(b)) => b,
+        Some(v) => bail!("`shallow` = {} must be true or false", shown(&v)),
+    };
     Ok(Kind::Submodules(Submodules {
         paths,
         sentinels,
         allow_file_protocol: r.allow_file_protocol,
         timeout: timeout(&r.timeout, "timeout", Duration::from_secs(600))?,
+        jobs,
+        shallow,
     }))
 }
 

@@ -6,8 +6,15 @@
 //! absent as `MISSING <suite> <path> -> breaks: <what>`, so that the person
 //! reading knows which test suite or tool will not work. It never forces a
 //! checkout: local changes inside a submodule are never overwritten.
+//!
+//! `jobs` submodules are fetched at once (`--jobs`), and `shallow = true`
+//! asks for `--depth 1`. A server that will not serve the recorded commit
+//! by id refuses that when the commit is not a branch tip; then the shallow
+//! clones it left are deepened (`fetch --unshallow`, which only adds
+//! objects) and updated again without a depth, and a warning says so.
 
 use anyhow::Result;
+use std::time::{Duration, Instant};
 
 use super::{Ctx, Outcome, Probe};
 use crate::restore::plan::Submodules;
@@ -31,9 +38,16 @@ pub fn probe(ctx: &Ctx, s: &Submodules) -> Probe {
     ))
 }
 
-pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
+/// `git submodule update --init --jobs N [EXTRA] -- PATHS`, bounded by `timeout`.
+fn update(
+    ctx: &Ctx,
+    s: &Submodules,
+    log: &mut Log,
+    extra: &[&str],
+    paths: &[String],
+    timeout: Duration,
+) -> Result<proc::Exit> {
     let root = &ctx.repo.root;
-    let paths = &s.paths;
     // git refuses file:// and local-path submodule URLs unless asked; the
     // manifest opts in for repositories whose submodules live on this machine.
     let allow: &[&str] = if s.allow_file_protocol {
@@ -41,13 +55,167 @@ pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
     } else {
         &[]
     };
+    let jobs = s.jobs.to_string();
     let mut cmd: std::process::Command = xshell::cmd!(
         ctx.sh,
-        "git {allow...} -C {root} submodule update --init -- {paths...}"
+        "git {allow...} -C {root} submodule update --init --jobs {jobs} {extra...} -- {paths...}"
     )
     .into();
     cmd.env("GIT_TERMINAL_PROMPT", "0");
-    let exit = proc::run_logged(&mut cmd, log, Some(s.timeout))?;
+    proc::run_logged(&mut cmd, log, Some(timeout))
+}
+
+/// The listed paths whose work tree is not at the commit the superproject
+/// records (`git submodule status`: `-` not initialised, `+` another commit,
+/// `U` conflicts); all of them when git cannot say.
+fn not_at_recorded_commit(ctx: &Ctx, paths: &[String]) -> Vec<String> {
+    let root = &ctx.repo.root;
+    let out = xshell::cmd!(ctx.sh, "git -C {root} submodule status -- {paths...}")
+        .quiet()
+        .ignore_stderr()
+        .read();
+    let Ok(out) = out else {
+        return paths.to_vec();
+    };
+    let ok: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix(' '))
+        .filter_map(|rest| rest.split_once(' ').map(|(_sha, p)| p))
+        .map(|p| p.rsplit_once(" (").map_or(p, |(path, _)| path))
+        .collect();
+    paths
+        .iter()
+        .filter(|p| !ok.contains(&p.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// A submodule that was cloned but never checked out: its git dir has no
+/// index. git leaves such clones when an update stops at another
+/// submodule's failure, and `git submodule status` shows them as fine
+/// (HEAD is the recorded commit) although their work tree is empty.
+fn never_checked_out(ctx: &Ctx, path: &str) -> bool {
+    let dir = ctx.repo.root.join(path);
+    if !dir.join(".git").exists() {
+        return false;
+    }
+    xshell::cmd!(ctx.sh, "git -C {dir} rev-parse --git-path index")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .is_ok_and(|index| !dir.join(index.trim()).exists())
+}
+
+/// After a refused `--depth 1`: deepen the shallow clones it left
+/// (`fetch --unshallow` only adds objects), then update those paths again
+/// without a depth. Returns the new exit and the paths fetched in full.
+/// A clone that was never checked out is updated with `--force`: with no
+/// index there is no local change that a forced checkout could lose.
+fn fetch_in_full(
+    ctx: &Ctx,
+    s: &Submodules,
+    log: &mut Log,
+    timeout: Duration,
+) -> Result<Option<(proc::Exit, Vec<String>)>> {
+    let started = Instant::now();
+    let behind = not_at_recorded_commit(ctx, &s.paths);
+    let blank: Vec<String> = s
+        .paths
+        .iter()
+        .filter(|p| never_checked_out(ctx, p))
+        .cloned()
+        .collect();
+    let redo: Vec<String> = s
+        .paths
+        .iter()
+        .filter(|p| behind.contains(p) || blank.contains(p))
+        .cloned()
+        .collect();
+    if redo.is_empty() {
+        return Ok(None);
+    }
+    log.line(&format!(
+        "shallow update failed; fetching in full: {}",
+        redo.join(", ")
+    ));
+    let allow: &[&str] = if s.allow_file_protocol {
+        &["-c", "protocol.file.allow=always"]
+    } else {
+        &[]
+    };
+    let left = |started: Instant| timeout.saturating_sub(started.elapsed());
+    for p in &redo {
+        let dir = ctx.repo.root.join(p);
+        let shallow = xshell::cmd!(ctx.sh, "git -C {dir} rev-parse --is-shallow-repository")
+            .quiet()
+            .ignore_stderr()
+            .read()
+            .is_ok_and(|o| o.trim() == "true");
+        if shallow {
+            if left(started).is_zero() {
+                return Ok(Some((proc::Exit::TimedOut(timeout), redo)));
+            }
+            let mut cmd: std::process::Command =
+                xshell::cmd!(ctx.sh, "git {allow...} -C {dir} fetch --unshallow").into();
+            cmd.env("GIT_TERMINAL_PROMPT", "0");
+            proc::run_logged(&mut cmd, log, Some(left(started)))?;
+        }
+    }
+    let plain: Vec<String> = redo
+        .iter()
+        .filter(|p| !blank.contains(p))
+        .cloned()
+        .collect();
+    let mut last = None;
+    for (extra, paths) in [(&[][..], &plain), (&["--force"][..], &blank)] {
+        if paths.is_empty() {
+            continue;
+        }
+        if left(started).is_zero() {
+            return Ok(Some((proc::Exit::TimedOut(timeout), redo)));
+        }
+        let exit = update(ctx, s, log, extra, paths, left(started))?;
+        if !exit.success() {
+            return Ok(Some((exit, redo)));
+        }
+        last = Some(exit);
+    }
+    Ok(last.map(|exit| (exit, redo)))
+}
+
+pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
+    let root = &ctx.repo.root;
+    let paths = &s.paths;
+    let started = Instant::now();
+    let depth: &[&str] = if s.shallow { &["--depth", "1"] } else { &[] };
+    let mut exit = update(ctx, s, log, depth, paths, s.timeout)?;
+    let mut in_full: Vec<String> = Vec::new();
+    // A server that does not serve a commit by id (protocol v0 without
+    // `uploadpack.allowReachableSHA1InWant`) refuses a shallow fetch of a
+    // recorded commit that is not a branch tip; the full fetch gets it.
+    if s.shallow && matches!(exit, proc::Exit::Status(ref st) if !st.success()) {
+        let left = s.timeout.saturating_sub(started.elapsed());
+        if let Some((again, behind)) = fetch_in_full(ctx, s, log, left)? {
+            exit = again;
+            in_full = behind;
+        }
+    }
+    let mut notes = Vec::new();
+    if !in_full.is_empty() {
+        notes.push(format!(
+            "WARNING: shallow fetch refused for {} (the server does not serve the recorded commit by id: uploadpack.allowReachableSHA1InWant, or protocol v0): fetched in full",
+            in_full.join(", ")
+        ));
+    }
+    let mode = match (s.shallow, in_full.is_empty()) {
+        (false, _) => format!("{} at once", s.jobs),
+        (true, true) => format!("{} at once, shallow", s.jobs),
+        (true, false) => format!(
+            "{} at once, shallow refused for {}: fetched in full",
+            s.jobs,
+            in_full.join(", ")
+        ),
+    };
     let git_error = (!exit.success()).then(|| {
         format!(
             "`git submodule update --init` {}: {}",
@@ -71,10 +239,11 @@ pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
     }
     if missing.is_empty() && uninit.is_empty() && git_error.is_none() {
         return Ok(Outcome::done(format!(
-            "{} submodules initialised, {} sentinels ok",
+            "{} submodules initialised ({mode}), {} sentinels ok",
             paths.len(),
             s.sentinels.len()
-        )));
+        ))
+        .with_warnings(notes));
     }
     let mut why = Vec::new();
     if !missing.is_empty() {
@@ -91,5 +260,6 @@ pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
         ));
     }
     why.extend(git_error);
-    Ok(Outcome::failed(why.join("; ")).with_warnings(missing))
+    notes.extend(missing);
+    Ok(Outcome::failed(why.join("; ")).with_warnings(notes))
 }
