@@ -6,6 +6,9 @@
 //! lock, with its own log. Background steps with work to do are handed to one
 //! detached worker process (this same binary, `restore --worker`). It ends
 //! with the orientation table (`report`) and keeps timings in `state`.
+//! Steps run one by one in file order, unless the plan opts in with
+//! `parallel`: then `schedule` orders them by `after` and runs independent
+//! ones on threads; the table keeps the file order either way.
 //!
 //! A warm run must stay a near-instant no-op: it reads the manifest, the
 //! state file and stamps, calls `stat`, and writes nothing. No step ever
