@@ -169,6 +169,6 @@ mp=$(median times-parallel)
 echo "runs (ms): serial $(tr '\n' ' ' < times-serial)| parallel $(tr '\n' ' ' < times-parallel)"
 echo "median ms: serial $ms, parallel $mp"
 for c in serial parallel; do
-  echo "last $c run, ms per step: $(python3 -c 'import json,sys; print(" ".join(f"{r["step"]}={r["ms"]}" for r in json.load(open(sys.argv[1]))["steps"]))' "out-$c.json")"
+  echo "last $c run, ms per step: $(python3 -c 'import json,sys; print(" ".join("%s=%s" % (r["step"], r["ms"]) for r in json.load(open(sys.argv[1]))["steps"]))' "out-$c.json")"
 done
 awk -v s="$ms" -v p="$mp" 'BEGIN { printf "ratio parallel / serial: %.2f\n", p / s }'
