@@ -443,3 +443,17 @@ fn dry_run_shows_the_order_a_parallel_plan_gives() {
     assert_eq!(v["steps"][1]["after"], serde_json::json!(["a"]));
     assert!(!env.join("r/x").exists());
 }
+
+#[test]
+fn only_runs_a_step_without_the_steps_it_is_after() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "parallel = true\n[[step]]\nname = \"a\"\nkind = \"command\"\ncreates = \"done-a\"\nrun = \"touch done-a\"\n\n[[step]]\nname = \"b\"\nkind = \"command\"\ncreates = \"done-b\"\nrun = \"touch done-b\"\nafter = [\"a\"]\n",
+    );
+    let (v, _) = restore_json(&env, &["--only", "b"], 0);
+    assert_eq!(rows(&v).len(), 1, "{v:#}");
+    assert_eq!(state_of(&v, "b").0, "done", "{v:#}");
+    assert!(!env.join("r/done-a").exists());
+}
