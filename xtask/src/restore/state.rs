@@ -339,6 +339,43 @@ mod tests {
         );
     }
 
+    /// Steps of a parallel plan update the state file from several threads:
+    /// the lock must exclude threads of one process, so no row is lost.
+    #[test]
+    fn updates_from_many_threads_lose_no_row() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = Repo {
+            root: tmp.path().into(),
+            git_dir: tmp.path().join(".git"),
+        };
+        let paths = Paths::new(&repo);
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let paths = &paths;
+                s.spawn(move || {
+                    for i in 0..25 {
+                        update(paths, |f| {
+                            f.steps.insert(
+                                format!("t{t}-{i}"),
+                                StepRecord::new(State::Done, format!("{t} {i}")),
+                            );
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let f = read(&paths).unwrap();
+        assert_eq!(f.steps.len(), 8 * 25);
+        assert_eq!(f.steps["t7-24"].what, "7 24");
+        let stray: Vec<_> = std::fs::read_dir(&paths.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp-"))
+            .collect();
+        assert!(stray.is_empty(), "{stray:?}");
+    }
+
     #[test]
     fn stamps_are_optional_facts() {
         let tmp = tempfile::tempdir().unwrap();
