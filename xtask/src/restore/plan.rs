@@ -289,12 +289,13 @@ impl Step {
                 },
             }),
             Kind::Freshness(f) => json!({
-                "remote": f.remote.as_deref().map(crate::redact::url), "branch": f.branch,
+                // A name only (a `remote` in JSON is `{name, url}`).
+                "remote_name": f.remote.as_deref().map(crate::redact::url), "branch": f.branch,
                 "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
             }),
         };
         json!({
-            "name": self.name,
+            "step": self.name,
             "kind": self.kind_name(),
             "source": self.source(repo),
             "background": self.background,
