@@ -457,6 +457,28 @@ fn json_contract_gates_restore_and_init() {
         &ws(&env, w, &["restore", "--only", "made", "--json"]),
         true,
     );
+    c.check(
+        "restore.ok.background",
+        "restore",
+        &ws(
+            &env,
+            w,
+            &["restore", "--only", "made", "--background", "--json"],
+        ),
+        true,
+    );
+    // The worker is quick (its step is warm); wait for it, so that the
+    // runs below see a settled state file.
+    let settled = (0..600).any(|_| {
+        let r = ws(&env, w, &["restore", "status", "--json"]);
+        let v: Value = serde_json::from_str(&r.stdout()).unwrap_or_default();
+        if v["running"] == false {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        false
+    });
+    assert!(settled, "the background worker never finished");
     let doc = c.check(
         "restore.fail",
         "restore",
@@ -695,4 +717,102 @@ fn json_contract_covers_every_command() {
             "{f}: no such command takes --json; remove it"
         );
     }
+}
+
+/// Hostile command lines, generated: whatever a script passes along with
+/// `--json` (unknown flags, bad values, missing names, control characters),
+/// stdout holds exactly one document whose `ok` and `code` agree with the
+/// exit status, and whose `error` is the one line printed on stderr.
+#[test]
+fn json_contract_never_prints_zero_or_two_documents() {
+    let env = TestEnv::new();
+    env.work_repo("work");
+    let mut cmd = warmstart::cli::Cli::command();
+    cmd.build();
+    let mut paths = Vec::new();
+    fn walk(c: &clap::Command, path: Vec<String>, out: &mut Vec<Vec<String>>) {
+        if c.get_arguments().any(|a| a.get_id() == "json") {
+            out.push(path.clone());
+        }
+        for sub in c.get_subcommands() {
+            let mut p = path.clone();
+            p.push(sub.get_name().to_string());
+            walk(sub, p, out);
+        }
+    }
+    walk(&cmd, Vec::new(), &mut paths);
+    let pool = [
+        "--bogus",
+        "nope",
+        "",
+        "--remote",
+        "--only",
+        "--max-bytes",
+        "16Q",
+        "--keep",
+        "x",
+        "--older-than",
+        "soon",
+        "--timeout",
+        "forever",
+        "--connect-timeout",
+        "0",
+        "\u{1}",
+        "--path",
+        "/nonexistent/dir/i.json",
+        "--into",
+        "-",
+        "../../..",
+        "--key",
+        "a b",
+        "--fetch=",
+        "--stall-timeout",
+        "1h30",
+        "--offline",
+        "--dry-run",
+        "--strict",
+    ];
+    let mut seed: u64 = 0x5eed_c0de_1234_5678;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let mut codes = BTreeSet::new();
+    for case in 0..90 {
+        let path = &paths[next(paths.len())];
+        let mut args: Vec<String> = path.clone();
+        for _ in 0..next(4) {
+            args.push(pool[next(pool.len())].to_string());
+        }
+        // The demo's default source is the whole toolchain: never that here.
+        if path[0] == "demo" {
+            args.extend(["--source".into(), "/nonexistent/src".into()]);
+        }
+        let at = next(args.len() + 1).max(path.len().min(1));
+        args.insert(at, "--json".into());
+        let r = run(env.xtask_in("work").args(&args));
+        codes.insert(r.code());
+        let text = r.stdout();
+        let docs: Vec<Value> = serde_json::Deserializer::from_str(&text)
+            .into_iter::<Value>()
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("case {case} {args:?}: not JSON ({e})\n{}", show(&r.out)));
+        assert_eq!(docs.len(), 1, "case {case} {args:?}\n{}", show(&r.out));
+        let doc = &docs[0];
+        assert_eq!(doc["schema"], 1, "case {case} {args:?}: {doc}");
+        assert_eq!(doc["ok"], r.code() == 0, "case {case} {args:?}: {doc}");
+        if r.code() != 0 {
+            assert_eq!(doc["code"], r.code(), "case {case} {args:?}: {doc}");
+            let error = doc["error"].as_str().unwrap_or_default();
+            assert!(
+                !error.is_empty() && !error.contains('\n') && r.stderr().contains(error),
+                "case {case} {args:?}: {doc}\n{}",
+                show(&r.out)
+            );
+        }
+    }
+    // Not only usage errors: the cases reach the commands themselves.
+    assert!(codes.len() >= 4, "exit codes seen: {codes:?}");
 }

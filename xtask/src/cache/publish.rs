@@ -549,8 +549,18 @@ pub struct ResignSummary {
     pub commit: Option<String>,
     pub signed_by: Option<String>,
     pub resigned: Vec<String>,
-    /// Keys left as they were, each with why.
+    /// Keys left as they were, each with why (`[{key, reason}]` in JSON).
+    #[serde(serialize_with = "skipped_json")]
     pub skipped: Vec<(String, String)>,
+}
+
+fn skipped_json<S: serde::Serializer>(pairs: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(pairs.len()))?;
+    for (key, reason) in pairs {
+        seq.serialize_element(&serde_json::json!({ "key": key, "reason": reason }))?;
+    }
+    seq.end()
 }
 
 /// `cargo xtask cache resign`.
