@@ -518,6 +518,28 @@ fn json_contract_gates_restore_and_init() {
         false,
     );
 
+    // `--dry-run` of every step kind: each kind's `detail` has a shape.
+    env.work_repo("plan");
+    let hex = "ab".repeat(32);
+    write(
+        env.join("plan/cache-manifests/restore.toml"),
+        &format!(
+            "[[step]]\nname = \"bin\"\nkind = \"cache\"\ncache = \"bin\"\nremote = \"mirror\"\n\n\
+             [[step]]\nname = \"suites\"\nkind = \"submodules\"\npaths = [\"vendor/a\"]\nsentinel = [{{ suite = \"a\", path = \"vendor/a/run.sh\", breaks = \"cargo test -p a\" }}]\n\n\
+             [[step]]\nname = \"skills\"\nkind = \"links\"\nsource = \"skills\"\nfarm = \".claude/skills\"\nindex = \"skills/INDEX.md\"\nentries = \"dirs\"\n\n\
+             [[step]]\nname = \"tool\"\nkind = \"download\"\nurl = \"https://example.org/tool\"\nsha256 = \"{hex}\"\ndest = \"bin/tool\"\nexecutable = true\n\n\
+             [[step]]\nname = \"python\"\nkind = \"pin\"\ntool = \"python3\"\nargs = [\"--version\"]\nexpect = '^Python 3'\nfix = {{ run = \"true\" }}\n\n\
+             [[step]]\nname = \"fresh\"\nkind = \"freshness\"\nbackground = true\nremote = \"origin\"\nbranch = \"main\"\n"
+        ),
+    );
+    let doc = c.check(
+        "restore.ok.dry-run-every-kind",
+        "restore",
+        &ws(&env, "plan", &["restore", "--dry-run", "--json"]),
+        true,
+    );
+    assert_eq!(doc["steps"].as_array().unwrap().len(), 6, "{doc:#}");
+
     env.work_repo("fresh");
     c.check(
         "init.fail",

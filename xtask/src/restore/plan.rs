@@ -251,7 +251,8 @@ impl Step {
             Kind::Cache(c) => json!({
                 "cache": c.cache,
                 "manifest": crate::cache::manifest::path_of(repo, &c.cache),
-                "remote": c.remote.as_deref().map(crate::redact::url),
+                // As written (a name or a URL), not resolved: not a `remote`.
+                "remote_name": c.remote.as_deref().map(crate::redact::url),
             }),
             Kind::Submodules(s) => json!({
                 "paths": s.paths,
