@@ -83,7 +83,7 @@ fn adopt_messages_follow_the_command_setting() {
     env.isolate(&mut cmd);
     cmd.env("WARMSTART_COMMAND", "just ws");
     let out = run(&mut cmd).ok().stdout();
-    assert!(out.contains("Usage: just ws <COMMAND>"), "{out}");
+    assert!(out.contains("Usage: just ws [OPTIONS] <COMMAND>"), "{out}");
 }
 
 /// The tidy check of this repository: every file `init` generates is here

@@ -157,12 +157,12 @@ fn cache_fetch_restores_chunks_fetched_by_id_while_unpacking() {
             assert!(out.stdout().starts_with(sha), "{}", show(&out.out));
         }
     }
-    let phases = &j["phases"];
-    for p in ["fetch_ms", "unpack_ms", "chunk_fetch_ms", "chunk_wait_ms"] {
+    let phases = &j["timings_ms"];
+    for p in ["fetch", "unpack", "chunk_fetch", "chunk_wait"] {
         assert!(phases[p].is_u64(), "{p} in {j}");
     }
     assert!(
-        phases["chunk_wait_ms"].as_u64() <= phases["unpack_ms"].as_u64(),
+        phases["chunk_wait"].as_u64() <= phases["unpack"].as_u64(),
         "{j}"
     );
     assert_same_tree(&fx.src, &fx.target);

@@ -180,11 +180,11 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
     let w = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(w["state"], "partial", "{w}");
     assert_eq!(w["bytes_hashed"], 0, "{w}");
-    assert_eq!(w["phases"]["fetch_ms"], 0, "{w}");
+    assert_eq!(w["timings_ms"]["fetch"], 0, "{w}");
     let text = fx.xtask(&["cache", "restore", "vc"]).ok().stdout();
     assert!(text.contains("vc-1-x stands in for vc-2-x"), "{text}");
     let st = fx.json(&["cache", "status", "vc", "--offline", "--json"]);
-    assert_eq!(st[0]["local"]["state"], "partial", "{st}");
+    assert_eq!(st["caches"][0]["local"]["state"], "partial", "{st}");
     // The machine restore's table says so too (its warm probe is the
     // same stat-only check).
     std::fs::write(
@@ -217,7 +217,7 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     let r = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(r["state"], "partial", "{r}");
-    assert_eq!(r["bytes"], 0, "{r}");
+    assert_eq!(r["tar_bytes"], 0, "{r}");
     assert!(r["reason"].as_str().unwrap().contains("recheck"), "{r}");
 
     // The exact key is published, but the recheck is not due: still the

@@ -161,7 +161,7 @@ fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
         assert!(compressed > 3 << 20, "{j}");
         assert_eq!(
             j["bytes_hashed"].as_u64().unwrap(),
-            2 * compressed + j["bytes"].as_u64().unwrap(),
+            2 * compressed + j["tar_bytes"].as_u64().unwrap(),
             "{j}"
         );
         assert_same_tree(&src, &fx.target);
@@ -170,7 +170,7 @@ fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
             "warm"
         );
         let st = fx.json(&["cache", "status", "vc", "--json"]);
-        let remote = &st[0]["remote"];
+        let remote = &st["caches"][0]["remote_state"];
         assert_eq!(remote["state"], "legacy", "{st}");
         let said = remote["error"].as_str().unwrap();
         let shape_words = if shape == "whole" {

@@ -88,10 +88,10 @@ impl Fx {
     /// The remote part of `cache status --json` for `art`.
     fn branch_status(&self) -> Value {
         let s = self.json(&["cache", "status", "art", "--json"]);
-        let all = s.as_array().cloned().unwrap_or_else(|| vec![s.clone()]);
+        let all = s["caches"].as_array().cloned().unwrap_or_default();
         all.into_iter()
             .find(|c| c["name"] == "art")
-            .unwrap_or_else(|| panic!("no art in {s}"))["remote"]
+            .unwrap_or_else(|| panic!("no art in {s}"))["remote_state"]
             .clone()
     }
 }

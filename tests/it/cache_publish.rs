@@ -235,7 +235,7 @@ fn big_file_crosses_default_chunks_over_git_daemon() {
     for (c, size) in chunks.iter().zip([8 * mib, 32 * mib, 99 * mib]) {
         assert_eq!(c["size"].as_u64().unwrap(), size);
     }
-    assert!(s["compressed_size"].as_u64().unwrap() > BIG_FILE_BYTES);
+    assert!(s["compressed_bytes"].as_u64().unwrap() > BIG_FILE_BYTES);
     assert_one_root_commit(&env, "origin.git", "big-cache");
     let dest = env.join("dest");
     coreutils_restore(&env, &url, "big-cache", "big-1", &dest);
@@ -390,7 +390,7 @@ fn dry_run_and_key_only_write_nothing() {
     }
     let s = json(&publish(&env, "work", &["tricky", "--dry-run", "--json"]).ok());
     assert_eq!(s["status"], "dry-run");
-    assert!(s["files"].as_u64().unwrap() > 20);
+    assert!(s["entries"].as_u64().unwrap() > 20);
     let r = publish(&env, "work", &["tricky", "--key-only"]).ok();
     assert_eq!(r.stdout().lines().next(), Some("tricky-7"));
     assert!(

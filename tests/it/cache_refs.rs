@@ -378,7 +378,10 @@ fn cache_refs_a_dedicated_cache_remote_keeps_origin_clean() {
     );
     let r = fx.json(&["cache", "restore", "art", "--json"]);
     assert_eq!(r["state"], "restored", "{r}");
-    assert!(r["source"].as_str().unwrap().contains("caches.git"), "{r}");
+    assert!(
+        r["remote"]["url"].as_str().unwrap().contains("caches.git"),
+        "{r}"
+    );
     let readme = fx
         .env
         .git("srv/caches.git", ["show", &format!("{REF}:README.md")]);

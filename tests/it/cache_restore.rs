@@ -211,7 +211,7 @@ fn cache_restore_installs_a_v1_branch_built_without_our_publisher_then_runs_warm
     let j = fx.restore_json();
     assert_eq!(j["state"], "warm", "{j}");
     assert_eq!(j["bytes_hashed"], 0);
-    assert_eq!(j["bytes"], 0);
+    assert_eq!(j["tar_bytes"], 0);
     assert_same_tree(&src, &fx.target);
 
     // The text summary says what happened, on stdout.
@@ -272,7 +272,7 @@ fn cache_restore_of_a_moved_pin_installs_the_new_key() {
         &fx.xtask(&["cache", "status", "tc", "--offline", "--json"])
             .ok(),
     );
-    let local = &st[0]["local"];
+    let local = &st["caches"][0]["local"];
     assert_eq!(local["state"], "stale", "{st}");
     assert_eq!(
         local["changed_parts"],
@@ -310,7 +310,7 @@ fn cache_restore_reports_missing_branch_key_and_remote_with_their_codes() {
     );
     // On a miss, status says which part of the key differs from the branch.
     let st = json_of(&fx.xtask(&["cache", "status", "tc", "--json"]).ok());
-    let remote = &st[0]["remote"];
+    let remote = &st["caches"][0]["remote_state"];
     assert_eq!(remote["state"], "key missing", "{st}");
     assert_eq!(remote["nearest"], "tc-1");
     assert_eq!(
@@ -607,7 +607,7 @@ fn cache_verify_checks_a_branch_and_the_installed_copy_without_writing() {
     // `--verify` hashes the decoded tar too, on top of every chunk twice.
     assert_eq!(
         j["bytes_hashed"].as_u64().unwrap(),
-        2 * j["compressed_bytes"].as_u64().unwrap() + j["bytes"].as_u64().unwrap(),
+        2 * j["compressed_bytes"].as_u64().unwrap() + j["tar_bytes"].as_u64().unwrap(),
         "{j}"
     );
     fx.assert_no_leftovers();
@@ -888,11 +888,12 @@ fn cache_restore_eight_at_once_from_one_git_daemon_into_different_targets() {
         assert_eq!(r.code(), 0, "{}", show(&r.out));
         let j = json_of(&r);
         assert_eq!(j["state"], "restored");
+        assert_eq!(j["remote"]["name"], "origin", "{j}");
         assert!(
-            j["source"]
+            j["remote"]["url"]
                 .as_str()
                 .unwrap()
-                .starts_with("origin (git://127.0.0.1:"),
+                .starts_with("git://127.0.0.1:"),
             "{j}"
         );
     }
@@ -1011,7 +1012,7 @@ fn cache_restore_sets_a_corrupt_stamp_aside_and_restores() {
     let stamp = fx.state_dir().join("cache/stamps/tc.json");
     std::fs::write(&stamp, "{ truncated").unwrap();
     let st = json_of(&fx.xtask(&["cache", "status", "--offline", "--json"]).ok());
-    assert_eq!(st[0]["local"]["state"], "corrupt stamp", "{st}");
+    assert_eq!(st["caches"][0]["local"]["state"], "corrupt stamp", "{st}");
     let r = fx.xtask(&["cache", "restore", "tc", "--json"]).ok();
     assert_eq!(json_of(&r)["state"], "restored");
     assert!(r.stderr().contains("tc.json.corrupt-"), "{}", r.stderr());
@@ -1067,7 +1068,7 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
     small_tree(&src, "one");
     fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
     fx.restore().ok();
-    let l = json_of(&fx.xtask(&["cache", "list", "--json"]).ok());
+    let l = json_of(&fx.xtask(&["cache", "list", "--json"]).ok())["caches"].clone();
     let names: Vec<&str> = l
         .as_array()
         .unwrap()
@@ -1076,8 +1077,8 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
         .collect();
     assert_eq!(names, ["other", "tc"]);
     assert_eq!(l[1]["local"]["state"], "installed");
-    assert_eq!(l[1]["remote"]["state"], "has key");
-    assert_eq!(l[1]["remote"]["keys"][0]["key"], "tc-1");
+    assert_eq!(l[1]["remote_state"]["state"], "has key");
+    assert_eq!(l[1]["remote_state"]["keys"][0]["key"], "tc-1");
     assert_eq!(l[0]["local"]["state"], "not installed");
     // Listing fetched no chunk: cache-meta.git holds metadata only.
     let meta = fx.state_dir().join("cache-meta.git");
@@ -1102,7 +1103,7 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
     let r = fx
         .xtask(&["cache", "list", "--offline", "--json"])
         .expect_code(10);
-    let l = json_of(&r);
+    let l = json_of(&r)["caches"].clone();
     assert_eq!(l[0]["name"], "broken");
     assert!(
         l[0]["error"].as_str().unwrap().contains("broken.toml"),
@@ -1112,8 +1113,8 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
     std::fs::remove_file(fx.work.join("cache-manifests/broken.toml")).unwrap();
     // Offline: no remote column, exit 0 even with the remote gone.
     std::fs::rename(&fx.remote, fx.env.join("gone.git")).unwrap();
-    let l = json_of(&fx.xtask(&["cache", "list", "--offline", "--json"]).ok());
-    assert_eq!(l[1]["remote"], Value::Null);
+    let l = json_of(&fx.xtask(&["cache", "list", "--offline", "--json"]).ok())["caches"].clone();
+    assert_eq!(l[1]["remote_state"], Value::Null);
     let r = fx.xtask(&["cache", "status", "tc"]).expect_code(8);
     assert!(r.stderr().contains("--offline"), "{}", r.stderr());
 }

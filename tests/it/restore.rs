@@ -191,7 +191,7 @@ sentinel = [
         r.stderr()
     );
     assert!(!r.stderr().contains("MISSING alpha"), "{}", r.stderr());
-    assert_eq!(v["ok"], false);
+    assert_eq!(v["all_steps_ok"], false);
     // For CI the same is fatal.
     let r = restore(&env, "box", &["--strict"]).expect_code(11);
     assert!(r.stderr().contains("MISSING beta"), "{}", r.stderr());

@@ -187,7 +187,7 @@ fn restore_cache_step_cold_then_warm_offline_then_key_change() {
         "{bin}"
     );
     assert!(bin["last_cold_ms"].as_u64().is_some(), "{bin}");
-    assert_eq!(warm["ok"], true);
+    assert_eq!(warm["all_steps_ok"], true);
     assert_eq!(snapshot(&fx.state_dir()), before, "a warm run wrote state");
     let text = fx.xtask(&["restore"]).ok();
     assert!(

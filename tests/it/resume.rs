@@ -280,7 +280,7 @@ fn resume_cmd_picks_the_launcher_and_honours_max_age() {
     assert_eq!(j["launcher"], "warmstartClaude");
     assert_eq!(j["cwd"], "/srv/work");
     assert_eq!(
-        j["command"],
+        j["shell_command"],
         "cd /srv/work && warmstartClaude --resume id-a"
     );
 }
@@ -382,7 +382,7 @@ fn list_and_prune() {
     assert_eq!(firsts, ["new", "mid", "old"], "{table}");
     assert!(rows[3].contains("2h ago"), "{table}");
     let j: Value = serde_json::from_str(&idx.run(&["list", "--json"]).ok().stdout()).unwrap();
-    let order: Vec<_> = j
+    let order: Vec<_> = j["entries"]
         .as_array()
         .unwrap()
         .iter()
@@ -405,7 +405,8 @@ fn list_and_prune() {
     assert_eq!(left, ["new"]);
     let empty = Idx::new();
     assert!(empty.run(&["list"]).ok().stdout().starts_with("no entries"));
-    assert_eq!(empty.run(&["list", "--json"]).ok().stdout(), "[]\n");
+    let none: Value = serde_json::from_str(&empty.run(&["list", "--json"]).ok().stdout()).unwrap();
+    assert_eq!(none["entries"], json!([]));
 }
 
 #[test]

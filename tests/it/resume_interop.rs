@@ -452,7 +452,7 @@ fn resume_json(idx: &Idx, surface: &str) -> (String, String, String) {
     let v: serde_json::Value = serde_json::from_str(&r.stdout()).unwrap();
     (
         v["launcher"].as_str().unwrap().into(),
-        v["command"].as_str().unwrap().into(),
+        v["shell_command"].as_str().unwrap().into(),
         r.stderr(),
     )
 }

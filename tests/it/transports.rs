@@ -193,11 +193,11 @@ fn round_trip(fx: &Fx, url: &str, mark: &dyn Fn() -> usize) {
 
     fx.forget();
     let status = json_of(&fx.xtask(&["cache", "status", "art", "--json"]).ok());
-    let remote = &status[0]["remote"];
+    let remote = &status["caches"][0]["remote_state"];
     assert_eq!(remote["state"], "has key", "{status}");
     assert_eq!(remote["commit"], published["commit"], "{status}");
     assert_eq!(
-        remote["keys"][0]["chunks"].as_u64(),
+        remote["keys"][0]["chunk_count"].as_u64(),
         Some(published["chunks"].as_array().unwrap().len() as u64),
         "{status}"
     );

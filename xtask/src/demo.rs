@@ -38,7 +38,7 @@ struct DemoSummary {
     key: String,
     branch: String,
     commit: Option<String>,
-    chunks: usize,
+    chunk_count: usize,
     compressed_bytes: u64,
     tar_sha256: String,
     restored_tar_sha256: String,
@@ -79,15 +79,12 @@ pub fn run(sh: &Shell, args: DemoArgs) -> Result<()> {
     }
     let scratch = Scratch::new(args.keep)?;
     let result = demo(sh, &args, &source, &scratch.path);
-    if args.keep {
+    if args.keep && !crate::contract::quiet() {
         eprintln!("kept the scratch directory {}", scratch.path.display());
     }
     let summary = result?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&summary).expect("summary serializes")
-        );
+        crate::contract::document(&summary);
     }
     Ok(())
 }
@@ -333,7 +330,7 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
         key: published.key.clone(),
         branch: published.branch.clone(),
         commit: published.commit.clone(),
-        chunks: published.chunks.len(),
+        chunk_count: published.chunks.len(),
         compressed_bytes: published.compressed_size.unwrap_or(0),
         tar_sha256: a.sha256,
         restored_tar_sha256: b.sha256,

@@ -16,6 +16,7 @@ pub mod cache;
 pub mod cli;
 pub mod clock;
 pub mod conda;
+pub mod contract;
 pub mod demo;
 pub mod exit;
 pub mod gates;
@@ -48,31 +49,39 @@ pub fn main() -> ! {
 
 fn main_code() -> i32 {
     let name = invocation::command();
-    let parsed = cli::Cli::command()
-        .name(name)
-        .bin_name(name)
-        .try_get_matches()
-        .and_then(|m| cli::Cli::from_arg_matches(&m));
+    let command = cli::with_examples(cli::Cli::command().name(name).bin_name(name), name);
+    let parsed = command.clone().try_get_matches().and_then(|m| {
+        let (path, json, quiet) = contract::from_matches(&m);
+        contract::begin(&path, json, quiet);
+        cli::Cli::from_arg_matches(&m)
+    });
     let cli = match parsed {
         Ok(cli) => cli,
         Err(err) => {
             // clap prints help and version to stdout with exit 0, and usage
             // errors to stderr; usage errors take our code 2.
             let _ = err.print();
-            return if err.use_stderr() {
-                exit::Code::Usage.as_i32()
-            } else {
-                0
-            };
+            if !err.use_stderr() {
+                return 0;
+            }
+            let text = err.to_string();
+            let line = text.lines().next().unwrap_or_default();
+            let args: Vec<String> = std::env::args().collect();
+            contract::usage_failure(&command, &args, line.trim_start_matches("error: "));
+            return exit::Code::Usage.as_i32();
         }
     };
     match run(cli) {
         Ok(()) => 0,
         Err(err) => {
+            let code = exit::code_of(&err).as_i32();
             // The last line of defence for secrets: whatever an error quotes
-            // (a URL, git's own stderr), no userinfo is printed.
-            eprintln!("error: {}", crate::redact::text(&format!("{err:#}")));
-            exit::code_of(&err).as_i32()
+            // (a URL, git's own stderr), no userinfo is printed. Errors are
+            // printed whatever `--quiet` says: std's eprintln, not ours.
+            std::eprintln!("error: {}", crate::redact::text(&format!("{err:#}")));
+            // With --json, the failure is also the one document on stdout.
+            contract::failure(&err, code);
+            code
         }
     }
 }

@@ -37,6 +37,7 @@ pub struct KeyReport {
     pub ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(rename = "chunk_count")]
     pub chunks: usize,
     pub compressed_bytes: u64,
     pub tar_bytes: u64,
@@ -59,9 +60,12 @@ pub struct InstalledReport {
 pub struct Report {
     pub name: String,
     pub branch: String,
+    #[serde(rename = "remote", serialize_with = "crate::contract::shown_remote")]
     pub source: String,
     pub commit: String,
     pub layout: &'static str,
+    /// The envelope's `ok` says it (false when a key failed).
+    #[serde(skip)]
     pub ok: bool,
     pub keys: Vec<KeyReport>,
     pub installed: Option<InstalledReport>,
@@ -71,29 +75,14 @@ pub struct Report {
 /// `cargo xtask cache verify NAME`.
 pub fn run(sh: &Shell, args: VerifyArgs) -> Result<()> {
     let repo = Repo::from_cwd()?;
-    let progress = !args.out.quiet && !args.out.json && std::io::stderr().is_terminal();
+    let progress = !args.out.quiet() && !args.out.json && std::io::stderr().is_terminal();
+    crate::contract::fail_with(serde_json::json!({ "name": args.name }));
     let (report, first_err) =
-        match verify_named(sh, &repo, &args.name, args.remote.as_deref(), progress) {
-            Ok(r) => r,
-            Err(e) => {
-                if args.out.json {
-                    println!("{}", restore::error_json(&args.name, &e));
-                }
-                return Err(e);
-            }
-        };
-    if args.out.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("report serializes")
-        );
-    } else if !args.out.quiet {
+        verify_named(sh, &repo, &args.name, args.remote.as_deref(), progress)?;
+    if !args.out.json && !args.out.quiet() {
         print_text(&report);
     }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    crate::contract::finish(&report, first_err.map_or(Ok(()), Err))
 }
 
 fn print_text(r: &Report) {

@@ -26,6 +26,7 @@ pub struct Migrated {
     pub from: String,
     #[serde(rename = "ref")]
     pub to: String,
+    #[serde(serialize_with = "crate::contract::shown_remote")]
     pub remote: String,
     pub commit: String,
     /// `migrated`, or `already` (the ref holds the cache, the branch is gone).
@@ -34,6 +35,7 @@ pub struct Migrated {
 
 /// `cargo xtask cache migrate NAME [--from BRANCH] [--remote R]`.
 pub fn run(sh: &Shell, args: MigrateArgs) -> Result<()> {
+    crate::contract::fail_with(serde_json::json!({ "name": args.name }));
     let repo = Repo::from_cwd()?;
     let m = manifest::load(&repo, &args.name)?;
     if !m.branch.starts_with("refs/") {
@@ -102,11 +104,8 @@ pub fn run(sh: &Shell, args: MigrateArgs) -> Result<()> {
         }
     };
     if args.out.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&result).expect("summary serializes")
-        );
-    } else if !args.out.quiet {
+        crate::contract::document(&result);
+    } else if !args.out.quiet() {
         match result.state {
             "already" => println!(
                 "{} already lives at {} on {} (commit {}), and branch {from} is gone",

@@ -194,6 +194,7 @@ pub struct KeyReport {
     pub created_at: String,
     pub platform: String,
     /// Compressed bytes of its chunks.
+    #[serde(rename = "compressed_bytes")]
     pub bytes: u64,
 }
 
@@ -202,6 +203,7 @@ pub struct KeyReport {
 pub struct PruneSummary {
     pub name: String,
     pub branch: String,
+    #[serde(serialize_with = "crate::contract::shown_remote")]
     pub remote: String,
     /// `pruned`, `nothing to prune` or `dry-run`.
     pub status: &'static str,
@@ -213,6 +215,7 @@ pub struct PruneSummary {
     /// Compressed bytes of the dropped keys' chunks: what the branch no
     /// longer references (the host frees them only when it collects
     /// garbage).
+    #[serde(rename = "compressed_bytes_dropped")]
     pub bytes_dropped: u64,
     /// Lost leases retried.
     pub retries: usize,
@@ -220,29 +223,16 @@ pub struct PruneSummary {
 
 /// `cargo xtask cache prune`.
 pub fn run(sh: &Shell, args: PruneArgs) -> Result<()> {
-    let json = args.out.json;
-    let name = args.name.clone();
-    match prune(sh, &args) {
-        Ok(s) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&s).expect("summary serializes")
-                );
-            }
-            Ok(())
-        }
-        Err(e) => {
-            if json {
-                println!("{}", crate::cache::restore::error_json(&name, &e));
-            }
-            Err(e)
-        }
+    crate::contract::fail_with(serde_json::json!({ "name": args.name }));
+    let s = prune(sh, &args)?;
+    if args.out.json {
+        crate::contract::document(&s);
     }
+    Ok(())
 }
 
 fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
-    let out = Reporter::new(args.out.quiet, args.out.json);
+    let out = Reporter::new(args.out.quiet(), args.out.json);
     let older_than = args
         .older_than
         .as_deref()

@@ -75,7 +75,7 @@ impl From<PublishArgs> for Request {
             remote: a.remote,
             signing_key: a.signing_key,
             json: a.out.json,
-            quiet: a.out.quiet,
+            quiet: a.out.quiet(),
         }
     }
 }
@@ -94,18 +94,22 @@ pub struct Summary {
     pub commit: Option<String>,
     /// The branch's commit before the publish (null on a first publish).
     pub previous_commit: Option<String>,
-    /// Tar entries (planned entries for a dry run).
-    pub files: u64,
+    /// Tar entries (planned entries for a dry run); null with `--key-only`,
+    /// which counts nothing. `entries` in JSON, as verify and demo say.
+    #[serde(rename = "entries")]
+    pub files: Option<u64>,
     /// Bytes of regular files packed.
-    pub file_bytes: u64,
+    pub file_bytes: Option<u64>,
     /// How an `unchanged` publish knew: `stat` (every file's lstat, ctime
     /// included, equals this clone's record of the last publish: nothing
     /// read), `digest` (the tar's sha256 equals the branch's: files read,
     /// nothing compressed) or `pack` (a full pack made the branch's chunks).
     /// Null for other statuses.
     pub unchanged_by: Option<&'static str>,
+    #[serde(rename = "tar_bytes")]
     pub tar_size: Option<u64>,
     pub tar_sha256: Option<String>,
+    #[serde(rename = "compressed_bytes")]
     pub compressed_size: Option<u64>,
     pub chunks: Vec<ChunkJson>,
     /// Every key on the branch after the publish.
@@ -117,14 +121,13 @@ pub struct Summary {
     /// Who signed this key's statement (principal and fingerprint, or the
     /// fingerprint of a key the allowed signers do not list); null when unsigned.
     pub signed_by: Option<String>,
+    /// The whole publish (`timings_ms` is its phases, without a total).
+    pub duration_ms: Option<u64>,
     pub timings_ms: BTreeMap<&'static str, u64>,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct RemoteJson {
-    pub name: String,
-    pub url: String,
-}
+/// The contract's one remote shape, `{name, url}`.
+pub type RemoteJson = crate::contract::Remote;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ChunkJson {
@@ -139,12 +142,10 @@ pub struct ChunkJson {
 pub fn run(sh: &Shell, args: PublishArgs) -> Result<()> {
     let repo = Repo::from_cwd()?;
     let req = Request::from(args);
+    crate::contract::fail_with(serde_json::json!({ "name": req.name }));
     let summary = publish(sh, &repo, &req)?;
     if req.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&summary).expect("summary serializes")
-        );
+        crate::contract::document(&summary);
     }
     Ok(())
 }
@@ -167,8 +168,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         remote: None,
         commit: None,
         previous_commit: None,
-        files: 0,
-        file_bytes: 0,
+        files: None,
+        file_bytes: None,
         unchanged_by: None,
         tar_size: None,
         tar_sha256: None,
@@ -179,6 +180,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         gates_required: m.gates.clone(),
         ungated: false,
         signed_by: None,
+        duration_ms: None,
         timings_ms: BTreeMap::new(),
     };
     if req.key_only {
@@ -191,16 +193,13 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
 
     let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::cache::git::resolve_remote(sh, &repo.root, &remote_name)?;
-    summary.remote = Some(RemoteJson {
-        name: remote.shown_name(),
-        url: remote.shown_url(),
-    });
+    summary.remote = Some(RemoteJson::of(&remote));
     let t = Instant::now();
     let planned_at_ns = clock::now_ns();
     let plan = pack::plan(&m)?;
     timings.insert("plan", ms(t.elapsed()));
-    summary.files = plan.items.len() as u64;
-    summary.file_bytes = plan.file_bytes;
+    summary.files = Some(plan.items.len() as u64);
+    summary.file_bytes = Some(plan.file_bytes);
 
     if req.dry_run {
         summary.status = "dry-run";
@@ -319,7 +318,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 key.value,
                 &old.tar_sha256[..12],
             ));
-            timings.insert("total", ms(started.elapsed()));
+            summary.duration_ms = Some(ms(started.elapsed()));
             summary.timings_ms = timings;
             return Ok(summary);
         }
@@ -536,7 +535,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             out.warn(format!("{e:#} (the next publish packs in full)"));
         }
     }
-    timings.insert("total", ms(started.elapsed()));
+    summary.duration_ms = Some(ms(started.elapsed()));
     summary.timings_ms = timings;
     Ok(summary)
 }
@@ -550,20 +549,28 @@ pub struct ResignSummary {
     pub commit: Option<String>,
     pub signed_by: Option<String>,
     pub resigned: Vec<String>,
-    /// Keys left as they were, each with why.
+    /// Keys left as they were, each with why (`[{key, reason}]` in JSON).
+    #[serde(serialize_with = "skipped_json")]
     pub skipped: Vec<(String, String)>,
+}
+
+fn skipped_json<S: serde::Serializer>(pairs: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(pairs.len()))?;
+    for (key, reason) in pairs {
+        seq.serialize_element(&serde_json::json!({ "key": key, "reason": reason }))?;
+    }
+    seq.end()
 }
 
 /// `cargo xtask cache resign`.
 pub fn resign_run(sh: &Shell, args: crate::cli::cache::ResignArgs) -> Result<()> {
     let repo = Repo::from_cwd()?;
-    let out = Reporter::new(args.out.quiet, args.out.json);
+    let out = Reporter::new(args.out.quiet(), args.out.json);
+    crate::contract::fail_with(serde_json::json!({ "name": args.name }));
     let s = resign(sh, &repo, &args, &out)?;
     if args.out.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&s).expect("summary serializes")
-        );
+        crate::contract::document(&s);
     }
     Ok(())
 }

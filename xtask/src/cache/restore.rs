@@ -122,16 +122,27 @@ pub struct PartialInfo {
 /// are left out); the chunks are fetched by id during `unpack_ms`, which
 /// `chunk_fetch_ms` (time spent fetching chunks, overlapping the unpack)
 /// and `chunk_wait_ms` (time the unpack waited for a chunk) break down.
+///
+/// `--json` prints them as `timings_ms` without the `_ms` suffixes (the
+/// contract's one convention for a breakdown, README.md "JSON output").
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Phases {
+    #[serde(rename = "lock_wait")]
     pub lock_wait_ms: u64,
+    #[serde(rename = "fetch")]
     pub fetch_ms: u64,
     /// The trust check between the branch fetch and the first chunk
     /// (reading the trust root, `ssh-keygen` verify); 0 with policy off.
+    /// Kept in microseconds here; `--json` rounds it to milliseconds.
+    #[serde(rename = "trust", serialize_with = "crate::contract::micros_as_ms")]
     pub trust_us: u64,
+    #[serde(rename = "unpack")]
     pub unpack_ms: u64,
+    #[serde(rename = "chunk_fetch")]
     pub chunk_fetch_ms: u64,
+    #[serde(rename = "chunk_wait")]
     pub chunk_wait_ms: u64,
+    #[serde(rename = "install")]
     pub install_ms: u64,
 }
 
@@ -145,12 +156,14 @@ pub struct RestoreOutcome {
     pub mode: &'static str,
     pub branch: String,
     /// The remote the install came from (for warm runs: the one recorded
-    /// in the stamp).
+    /// in the stamp), as people read it; `--json` gives `remote: {name, url}`.
+    #[serde(rename = "remote", serialize_with = "crate::contract::shown_remote")]
     pub source: String,
     pub commit: String,
     /// `v1`, `legacy-gzip` or `legacy-zstd`.
     pub layout: String,
     /// Uncompressed tar bytes unpacked (0 when nothing was unpacked).
+    #[serde(rename = "tar_bytes")]
     pub bytes: u64,
     /// Compressed chunk bytes read (from cache.git or its chunk store).
     pub compressed_bytes: u64,
@@ -169,7 +182,9 @@ pub struct RestoreOutcome {
     /// why it was skipped (an ssh remote, a `url.*` setting); `null` when
     /// it read every chunk or none had to be fetched.
     pub direct_fallback: Option<String>,
-    /// Entries installed (files, directories, links), as the stamp records.
+    /// Entries installed (files, directories, links), as the stamp records
+    /// (`entries` in JSON, as verify, publish and demo say).
+    #[serde(rename = "entries")]
     pub files: u64,
     /// Bytes that went through sha256 in this run: 0 on the warm path.
     pub bytes_hashed: u64,
@@ -180,6 +195,7 @@ pub struct RestoreOutcome {
     pub duration_ms: u64,
     #[serde(skip)]
     pub duration: Duration,
+    #[serde(rename = "timings_ms")]
     pub phases: Phases,
     /// With `--verify`: the first difference found in the installed copy.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -204,42 +220,20 @@ pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
         remote: args.remote,
         verify: args.verify,
         key: args.key,
-        progress: !args.out.quiet && !args.out.json && std::io::stderr().is_terminal(),
+        progress: !args.out.quiet() && !args.out.json && std::io::stderr().is_terminal(),
         ..RestoreOptions::default()
     };
-    let outcome = match restore_named(sh, &repo, &args.name, &opts) {
-        Ok(o) => o,
-        Err(e) => {
-            if args.out.json {
-                println!("{}", error_json(&args.name, &e));
-            }
-            return Err(e);
-        }
-    };
+    crate::contract::fail_with(serde_json::json!({ "name": args.name }));
+    let outcome = restore_named(sh, &repo, &args.name, &opts)?;
     if args.out.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&outcome).expect("outcome serializes")
-        );
-    } else if !args.out.quiet {
+        crate::contract::document(&outcome);
+    } else if !args.out.quiet() {
         if let Some(note) = outcome.trust.as_ref().and_then(|t| t.note.as_ref()) {
             println!("{note}");
         }
         println!("{}", outcome.summary());
     }
     Ok(())
-}
-
-/// The `--json` output of a command that failed: the cache, `ok: false`,
-/// the error (as printed on stderr) and the exit code.
-pub fn error_json(name: &str, err: &anyhow::Error) -> String {
-    serde_json::to_string_pretty(&serde_json::json!({
-        "name": name,
-        "ok": false,
-        "error": crate::redact::text(&format!("{err:#}")),
-        "code": crate::exit::code_of(err).as_i32(),
-    }))
-    .expect("json serializes")
 }
 
 impl RestoreOutcome {

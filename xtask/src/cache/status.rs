@@ -59,7 +59,9 @@ pub struct Local {
 pub struct BranchKey {
     pub key: String,
     pub created_at: String,
+    #[serde(rename = "tar_bytes")]
     pub tar_size: u64,
+    #[serde(rename = "chunk_count")]
     pub chunks: usize,
     pub parts: Vec<KeyPart>,
     /// Signer and verdict (always checked, whatever the policy).
@@ -73,6 +75,7 @@ pub struct Remote {
     /// `has key`, `key missing`, `legacy` (one archive, no keys), `no
     /// branch`, `unreachable`, `damaged`.
     pub state: String,
+    #[serde(rename = "remote", serialize_with = "crate::contract::shown_remote")]
     pub source: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
@@ -103,7 +106,9 @@ pub struct CacheStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_error: Option<String>,
     pub local: Local,
-    /// `None` with `--offline`.
+    /// `None` with `--offline`. `remote_state` in `--json`, since a
+    /// `remote` there is always `{name, url}`.
+    #[serde(rename = "remote_state")]
     pub remote: Option<Remote>,
 }
 
@@ -119,12 +124,7 @@ pub enum Entry {
 pub fn list(sh: &Shell, args: ListArgs) -> Result<()> {
     let repo = Repo::from_cwd()?;
     let (all, err) = collect(sh, &repo, &args.names, args.offline)?;
-    if args.out.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&all).expect("status serializes")
-        );
-    } else if !args.out.quiet {
+    if !args.out.json && !args.out.quiet() {
         if all.is_empty() {
             println!(
                 "no caches: add a manifest to {}",
@@ -158,7 +158,10 @@ pub fn list(sh: &Shell, args: ListArgs) -> Result<()> {
             }
         }
     }
-    err.map_or(Ok(()), Err)
+    crate::contract::finish(
+        serde_json::json!({ "caches": all }),
+        err.map_or(Ok(()), Err),
+    )
 }
 
 /// `art-1: signed by ci (SHA256:..): trusted`, and what `require` does.
@@ -189,12 +192,7 @@ fn trust_words(k: &BranchKey, policy: Option<&'static str>) -> String {
 pub fn status(sh: &Shell, args: ListArgs) -> Result<()> {
     let repo = Repo::from_cwd()?;
     let (all, err) = collect(sh, &repo, &args.names, args.offline)?;
-    if args.out.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&all).expect("status serializes")
-        );
-    } else if !args.out.quiet {
+    if !args.out.json && !args.out.quiet() {
         for e in &all {
             match e {
                 Entry::Cache(c) => print_status(c),
@@ -204,7 +202,10 @@ pub fn status(sh: &Shell, args: ListArgs) -> Result<()> {
             }
         }
     }
-    err.map_or(Ok(()), Err)
+    crate::contract::finish(
+        serde_json::json!({ "caches": all }),
+        err.map_or(Ok(()), Err),
+    )
 }
 
 fn print_status(c: &CacheStatus) {

@@ -184,7 +184,12 @@ pub struct OutputArgs {
     /// Print a JSON summary on stdout instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Print nothing but errors.
-    #[arg(long, short)]
-    pub quiet: bool,
+}
+
+impl OutputArgs {
+    /// The global `--quiet`: for cache commands, no text report on stdout
+    /// either (`--json` is still printed).
+    pub fn quiet(&self) -> bool {
+        crate::contract::quiet()
+    }
 }

@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod conda;
 pub mod demo;
+pub mod examples;
 pub mod gates;
 pub mod init;
 pub mod restore;
@@ -26,6 +27,16 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Print no progress and no informational lines on stderr; warnings
+    /// and errors are still printed (so is stdout: a report, or `--json`).
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+}
+
+/// The command tree as `--help` shows it: named `bin` (`warmstart` or
+/// `cargo xtask`), with every command's examples (`examples`).
+pub fn with_examples(cmd: clap::Command, bin: &str) -> clap::Command {
+    examples::apply(cmd, bin)
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,9 +84,6 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Inspect and unpack conda packages (`.conda`, `.tar.bz2`) safely,
     /// e.g. to put a newer tool than the OS ships into /usr/local.
-    ///
-    /// Example: `cargo xtask conda unpack binaryen-118-h59595ed_0.conda
-    /// --into /usr/local --only bin/ --only lib/`.
     Conda(conda::CondaArgs),
     /// Set up warmstart in this repository: cache manifests, the bootstrap
     /// script, the CI workflow, the session-start hook.

@@ -15,13 +15,6 @@ use clap::{Args, Subcommand};
 /// own log under `<git-dir>/warmstart/logs/`. The run ends with a table: step,
 /// source, state (done, warm, warned, failed-open, background), time this run,
 /// last cold time.
-///
-/// Examples:
-///   restore                     # the whole bootstrap
-///   restore --only links        # one step
-///   restore --dry-run           # print the validated plan only
-///   restore --strict --json     # CI: any failure is fatal (exit 11)
-///   restore --background        # return at once, work continues
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct RestoreArgs {

@@ -182,12 +182,15 @@ fn capture_metadata<R: std::io::Read>(
 #[derive(Serialize)]
 struct InfoReport {
     file: PathBuf,
+    /// The package file's own size.
+    #[serde(rename = "package_bytes")]
     file_size: u64,
     format: Format,
     #[serde(flatten)]
     metadata: Metadata,
     /// Paths and bytes from info/paths.json, when present.
     paths: Option<u64>,
+    #[serde(rename = "file_bytes")]
     bytes: Option<u64>,
     members: Vec<Member>,
 }
@@ -220,7 +223,7 @@ fn info(args: InfoArgs) -> Result<()> {
         members,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::contract::document(&report);
         return Ok(());
     }
     print!("{}", render_info(&report));
@@ -320,6 +323,8 @@ pub struct UnpackReport {
     pub dirs: u64,
     pub symlinks: u64,
     pub hardlinks: u64,
+    /// Bytes of regular files installed (`file_bytes`, as publish says).
+    #[serde(rename = "file_bytes")]
     pub bytes: u64,
     /// Files whose prefix placeholder was rewritten to the prefix.
     pub rewritten: Vec<String>,
@@ -360,7 +365,7 @@ fn included(only: &[PathBuf], rel: &Path) -> bool {
 fn unpack_cmd(args: UnpackArgs) -> Result<()> {
     let report = unpack_package(&args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::contract::document(&report);
     } else {
         println!(
             "unpacked {} {} ({}) into {}: {} files, {} symlinks, {} hardlinks, {} bytes; prefix rewritten in {} files",

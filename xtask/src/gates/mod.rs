@@ -184,12 +184,18 @@ fn fetch_first(sh: &Shell, repo: &Repo, opt: &FetchFirst) {
     }
 }
 
+/// The command's `--json` document (`crate::contract`, which also
+/// redacts a remote URL quoted in records).
 pub(crate) fn print_json(value: &Value) {
-    println!(
-        "{}",
-        // A remote given as a URL is quoted in records and errors.
-        crate::redact::text(&serde_json::to_string_pretty(value).expect("JSON values serialize"))
-    );
+    crate::contract::document(value);
+}
+
+/// `{name, url}` of a remote given by name or URL (the URL alone when git
+/// cannot say more).
+fn remote_json(sh: &Shell, repo: &Repo, remote: &str) -> crate::contract::Remote {
+    crate::cache::git::resolve_remote(sh, &repo.root, remote)
+        .map(|r| crate::contract::Remote::of(&r))
+        .unwrap_or_else(|_| crate::contract::Remote::from_shown(remote))
 }
 
 fn check(sh: &Shell, repo: &Repo, args: CheckArgs) -> Result<()> {
@@ -210,14 +216,15 @@ fn check(sh: &Shell, repo: &Repo, args: CheckArgs) -> Result<()> {
         result = Err(e);
     }
     if args.json {
-        print_json(&json!({
+        let doc = json!({
             "green": result.is_ok(),
             "tree": v.head.tree,
             "head": v.head.commit,
             "dirty": v.dirty,
             "missing": v.missing(),
             "record": result.as_ref().ok(),
-        }));
+        });
+        return crate::contract::finish(doc, result.map(|_| ()));
     } else if result.is_ok() {
         println!(
             "green: {} for tree {}",
@@ -301,7 +308,7 @@ fn fetch(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {
     let remote = crate::redact::url(&args.remote);
     if args.json {
         print_json(&json!({
-            "remote": remote,
+            "remote": remote_json(sh, repo, &args.remote),
             "tree": head.tree,
             "result": fetched.as_str(),
             "gates": gates,
@@ -327,7 +334,7 @@ fn push(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {
     let remote = crate::redact::url(&args.remote);
     if args.json {
         print_json(&json!({
-            "remote": remote,
+            "remote": remote_json(sh, repo, &args.remote),
             "tree": head.tree,
             "ref": store::ref_name(&head.tree),
             "result": pushed.as_str(),

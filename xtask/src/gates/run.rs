@@ -15,7 +15,7 @@ use xshell::Shell;
 use super::manifest::{self, Gate, Plan};
 use super::record::{Entry, Record, State};
 use super::store::{self, Head};
-use super::{dirty_reason, print_json, runner, seconds, short, table};
+use super::{dirty_reason, runner, seconds, short, table};
 use crate::cli::gates::RunArgs;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
@@ -147,20 +147,26 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
         }
         runs.push(run);
     }
-    report(&head, &runs, args.json, record_it);
+    if args.json {
+        let doc = json_report(&head, &runs, record_it);
+        return crate::contract::finish(doc, finish(&head, &runs, record_it));
+    }
+    report(&head, &runs, record_it);
     finish(&head, &runs, record_it)
 }
 
 /// Runs one gate with live output; fills in result, duration and log.
 fn run_one(repo: &Repo, plan: &Plan, gate: &Gate, run: &mut GateRun) -> Result<()> {
     let cwd = repo.root.join(&gate.cwd);
-    eprintln!(
-        "==> gate {}: {} (in {}, timeout {})",
-        gate.name,
-        gate.command.display(),
-        gate.cwd,
-        seconds(gate.timeout)
-    );
+    if !crate::contract::quiet() {
+        eprintln!(
+            "==> gate {}: {} (in {}, timeout {})",
+            gate.name,
+            gate.command.display(),
+            gate.cwd,
+            seconds(gate.timeout)
+        );
+    }
     if !cwd.is_dir() {
         run.result = Ended::Failed(format!("its cwd {} is not a directory", cwd.display()));
         return Ok(());
@@ -278,31 +284,32 @@ fn record_pass(
     Ok(())
 }
 
-fn report(head: &Head, runs: &[GateRun], json: bool, record_it: bool) {
-    if json {
-        let gates: Vec<Value> = runs
-            .iter()
-            .map(|r| {
-                json!({
-                    "name": r.name,
-                    "result": r.label(),
-                    "duration_ms": r.duration.map(|d| d.as_millis() as u64),
-                    "recorded": r.recorded,
-                    "reason": match &r.result { Ended::Failed(w) => Some(w.clone()), _ => None },
-                    "note": r.note,
-                    "log": r.log,
-                })
+/// The `--json` summary of a run (success document or failure details).
+fn json_report(head: &Head, runs: &[GateRun], record_it: bool) -> Value {
+    let gates: Vec<Value> = runs
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "result": r.label(),
+                "duration_ms": r.duration.map(|d| d.as_millis() as u64),
+                "recorded": r.recorded,
+                "reason": match &r.result { Ended::Failed(w) => Some(w.clone()), _ => None },
+                "note": r.note,
+                "log": r.log,
             })
-            .collect();
-        print_json(&json!({
-            "tree": head.tree,
-            "head": head.commit,
-            // Where the greens went; null with --no-record.
-            "ref": record_it.then(|| store::ref_name(&head.tree)),
-            "gates": gates,
-        }));
-        return;
-    }
+        })
+        .collect();
+    json!({
+        "tree": head.tree,
+        "head": head.commit,
+        // Where the greens went; null with --no-record.
+        "ref": record_it.then(|| store::ref_name(&head.tree)),
+        "gates": gates,
+    })
+}
+
+fn report(head: &Head, runs: &[GateRun], record_it: bool) {
     let mut rows = vec![
         ["GATE", "RESULT", "TIME", "RECORDED", "NOTE"]
             .map(String::from)

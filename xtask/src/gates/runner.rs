@@ -273,7 +273,8 @@ pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> 
                     Ok(n) => n,
                 };
                 let bytes = &chunk[..n];
-                if live {
+                // `--quiet`: the output still goes to the log and the tail.
+                if live && !crate::contract::quiet() {
                     let mut err = std::io::stderr().lock();
                     let _ = err.write_all(bytes);
                     let _ = err.flush();

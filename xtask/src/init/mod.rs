@@ -120,7 +120,13 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
             "post_create_command": BOOTSTRAP_PATH,
             "stale": stale,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        // `--check` with stale files fails (below): the report goes into
+        // the failure envelope then.
+        if stale.is_empty() {
+            crate::contract::document(&out);
+        } else {
+            crate::contract::fail_with(&out);
+        }
     } else {
         for r in &rows {
             match r.detail.as_str() {

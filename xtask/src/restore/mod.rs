@@ -85,8 +85,9 @@ fn select<'p>(plan: &'p Plan, only: &[String]) -> Result<Vec<&'p Step>> {
 fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
     let described: Vec<_> = steps.iter().map(|s| s.describe(repo)).collect();
     if as_json {
-        let out = json!({ "file": plan.file, "parallel": plan.parallel, "steps": described });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        crate::contract::document(
+            json!({ "file": plan.file, "parallel": plan.parallel, "steps": described }),
+        );
         return;
     }
     println!("plan from {} (nothing was run)", plan.file.display());
@@ -128,6 +129,9 @@ fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
 
 /// A spinner on a terminal only (indicatif draws nothing when stderr is not one).
 fn spinner(msg: String) -> indicatif::ProgressBar {
+    if crate::contract::quiet() {
+        return indicatif::ProgressBar::hidden();
+    }
     let pb =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     if std::io::stderr().is_terminal() {
@@ -158,13 +162,22 @@ fn execute(ctx: &Ctx, plan: &Plan, selected: &[&Step], args: &RestoreArgs) -> Re
         worker_pid = Some(pid);
     }
 
+    let result = match fatal {
+        Some(why) => Err(fail(
+            Code::StepFailed,
+            format!("{why}; restore stopped (fail-open is off: --strict or `fail_open = false`)"),
+        )),
+        None => Ok(()),
+    };
     if args.json {
-        let out = json!({
-            "ok": fatal.is_none() && !rows.iter().any(|r| r.state.is_failure()),
+        // `ok` is the envelope's (the exit status); a step that failed open
+        // shows in `all_steps_ok` and its row.
+        let doc = json!({
+            "all_steps_ok": !rows.iter().any(|r| r.state.is_failure()),
             "steps": rows,
             "background_pid": worker_pid,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        return crate::contract::finish(doc, result);
     } else {
         print!("{}", report::table(&rows, "THIS RUN"));
         if let Some(pid) = worker_pid {
@@ -174,13 +187,7 @@ fn execute(ctx: &Ctx, plan: &Plan, selected: &[&Step], args: &RestoreArgs) -> Re
             );
         }
     }
-    match fatal {
-        Some(why) => Err(fail(
-            Code::StepFailed,
-            format!("{why}; restore stopped (fail-open is off: --strict or `fail_open = false`)"),
-        )),
-        None => Ok(()),
-    }
+    result
 }
 
 /// One step's part in a run: its row, whether it went to the background
@@ -421,8 +428,10 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Res
     let start = Instant::now();
     // In a parallel run the scheduler's one spinner names the running steps.
     let pb = spin.then(|| spinner(format!("{}: {why}", step.name)));
+    // No "step NAME" context here: every line that quotes the outcome (the
+    // table row, the messages of `execute`, the step's own log) names the
+    // step already, and saying it twice read `step x failed: step x: ...`.
     let outcome = steps::run(ctx, step, &mut log)
-        .with_context(|| format!("step {}", step.name))
         .unwrap_or_else(|e| steps::Outcome::failed(format!("{e:#}")));
     if let Some(pb) = pb {
         pb.finish_and_clear();
@@ -540,8 +549,9 @@ fn hand_off_everything(
     let names: Vec<String> = selected.iter().map(|s| s.name.clone()).collect();
     let pid = spawn_worker(repo, paths, &names)?;
     if as_json {
-        let out = json!({ "background_pid": pid, "steps": names, "log": paths.worker_log() });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::contract::document(
+            json!({ "background_pid": pid, "steps": names, "log": paths.worker_log() }),
+        );
     } else {
         println!(
             "restore of {} step(s) continues in the background (pid {pid}); `{cmd} restore status` shows progress; log: {}",
@@ -597,9 +607,11 @@ fn status(as_json: bool) -> Result<()> {
                 r.pid.unwrap_or(0)
             );
         }
+        // RFC 3339 in JSON, as everywhere but the resume index.
+        let at = |ms: Option<u64>| ms.map(crate::clock::rfc3339);
         extra.push(json!({
             "step": name, "alive": alive,
-            "started_at": r.started_at, "finished_at": r.finished_at,
+            "started_at": at(r.started_at), "finished_at": at(r.finished_at),
         }));
         rows.push(Row {
             step: name,
@@ -628,8 +640,9 @@ fn status(as_json: bool) -> Result<()> {
                 }
             }
         }
-        let out = json!({ "running": running, "steps": steps, "state_file": paths.state });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::contract::document(
+            json!({ "running": running, "steps": steps, "state_file": paths.state }),
+        );
     } else {
         print!("{}", report::table(&rows, "LAST RUN"));
         if running {

@@ -260,7 +260,8 @@ impl Step {
             Kind::Cache(c) => json!({
                 "cache": c.cache,
                 "manifest": crate::cache::manifest::path_of(repo, &c.cache),
-                "remote": c.remote.as_deref().map(crate::redact::url),
+                // As written (a name or a URL), not resolved: not a `remote`.
+                "remote_name": c.remote.as_deref().map(crate::redact::url),
             }),
             Kind::Submodules(s) => json!({
                 "paths": s.paths,
@@ -300,12 +301,13 @@ impl Step {
                 },
             }),
             Kind::Freshness(f) => json!({
-                "remote": f.remote.as_deref().map(crate::redact::url), "branch": f.branch,
+                // A name only (a `remote` in JSON is `{name, url}`).
+                "remote_name": f.remote.as_deref().map(crate::redact::url), "branch": f.branch,
                 "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
             }),
         };
         json!({
-            "name": self.name,
+            "step": self.name,
             "kind": self.kind_name(),
             "source": self.source(repo),
             "background": self.background,

@@ -20,6 +20,7 @@ pub struct Row {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// Time spent on this step in this run (probe included), in ms.
+    #[serde(rename = "duration_ms")]
     pub ms: u64,
     /// How long its last cold run took, in ms (from the state file).
     pub last_cold_ms: Option<u64>,

@@ -18,7 +18,9 @@ pub struct ResumeLine {
     #[serde(rename = "sessionId")]
     pub session: String,
     pub cwd: Option<String>,
-    /// The whole shell line: `[cd <cwd> && ]<launcher> --resume <session>`.
+    /// The whole shell line: `[cd <cwd> && ]<launcher> --resume <session>`
+    /// (`shell_command` in `--json`: `command` there is the envelope's).
+    #[serde(rename = "shell_command")]
     pub command: String,
     /// Why the repo could not name the launcher, when it fell back to
     /// `repoGolem` for that reason (printed on stderr, not in `--json`).

@@ -156,6 +156,24 @@ fn human_age(ms: f64) -> String {
     }
 }
 
+/// The `--json` document (`crate::contract`) of `body`: the envelope's
+/// fields, then `body`'s, written as `JSON.stringify` would, so that entries
+/// holding lone surrogates print exactly as the index holds them.
+fn json_document_of(body: Object) -> Result<()> {
+    let mut doc = Object::new();
+    doc.insert(
+        "schema".into(),
+        Value::Number(crate::contract::SCHEMA as f64),
+    );
+    doc.insert("command".into(), crate::contract::command().as_str().into());
+    doc.insert("ok".into(), Value::Bool(true));
+    for (k, v) in body {
+        doc.entry(k).or_insert(v);
+    }
+    crate::contract::printed_elsewhere();
+    out(&format!("{}\n", to_js_string(&Value::Object(doc))))
+}
+
 /// Prints to stdout; a closed pipe (`| head`) is not an error.
 fn out(text: &str) -> Result<()> {
     match std::io::stdout().lock().write_all(text.as_bytes()) {
@@ -261,7 +279,13 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
                 eprintln!("warning: surface {surface:?}: {why}");
             }
             if json {
-                out(&format!("{}\n", serde_json::to_string_pretty(&line)?))
+                let text = serde_json::to_string(&line)?;
+                match json::parse(text.as_bytes()) {
+                    Ok(Value::Object(o)) => json_document_of(o),
+                    other => Err(anyhow::anyhow!(
+                        "resume-cmd --json: not an object: {other:?}"
+                    )),
+                }
             } else {
                 out(&format!("{}\n", line.command))
             }
@@ -269,8 +293,10 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
         ResumeCommand::List { json } => {
             let all = entries(&store)?;
             if json {
+                let mut doc = Object::new();
                 let array = Value::Array(all.into_iter().map(Value::Object).collect());
-                out(&format!("{}\n", to_js_string(&array)))
+                doc.insert("entries".into(), array);
+                json_document_of(doc)
             } else if all.is_empty() {
                 out(&format!("no entries in {}\n", store.path.display()))
             } else {
@@ -298,7 +324,7 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
                     Value::Array(gone.into_iter().map(Value::String).collect()),
                 );
                 report.insert("remaining".into(), Value::Number(left as f64));
-                out(&format!("{}\n", to_js_string(&Value::Object(report))))
+                json_document_of(report)
             } else {
                 out(&format!(
                     "pruned {} entries not active within {max_age_ms} ms from {} ({left} left)\n",
