@@ -14,6 +14,7 @@
 pub mod plan;
 pub mod proc;
 pub mod report;
+pub mod retry;
 pub mod state;
 pub mod steps;
 
@@ -143,23 +144,16 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
             last_cold_ms: prior.steps.get(&step.name).and_then(|r| r.last_cold_ms),
             log: None,
             pid: None,
+            partial: None,
         };
         if fatal.is_some() {
             row.what = "not run: an earlier step failed".into();
             rows.push(row);
             continue;
         }
-        match steps::probe(ctx, step) {
-            Probe::Warm { what, warnings } => {
-                row.state = if warnings.is_empty() {
-                    State::Warm
-                } else {
-                    State::Warned
-                };
-                row.what = what;
-                row.warnings = warnings;
-            }
-            Probe::Needed(why) => {
+        match warm_row(&mut row, steps::probe(ctx, step)) {
+            None => {}
+            Some(why) => {
                 let inline = args.worker || args.strict || !step.background;
                 if inline {
                     run_step(ctx, step, &why, &mut row)?;
@@ -244,18 +238,35 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
     }
 }
 
+/// Fills `row` from a probe that found the step warm (or partial) and
+/// returns `None`; returns why it is needed otherwise.
+fn warm_row(row: &mut Row, probe: Probe) -> Option<String> {
+    match probe {
+        Probe::Warm { what, warnings } => {
+            row.state = if warnings.is_empty() {
+                State::Warm
+            } else {
+                State::Warned
+            };
+            row.what = what;
+            row.warnings = warnings;
+            None
+        }
+        Probe::Partial { what, partial } => {
+            row.state = State::Partial;
+            row.what = what;
+            row.partial = Some(partial);
+            None
+        }
+        Probe::Needed(why) => Some(why),
+    }
+}
+
 /// Runs one step that its probe said is needed: lock, re-probe, log, run, record.
 fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
     let _lock = state::lock_step(ctx.paths, &step.name, true)?;
     // Another process may have finished it while we waited for the lock.
-    if let Probe::Warm { what, warnings } = steps::probe(ctx, step) {
-        row.state = if warnings.is_empty() {
-            State::Warm
-        } else {
-            State::Warned
-        };
-        row.what = what;
-        row.warnings = warnings;
+    if warm_row(row, steps::probe(ctx, step)).is_none() {
         return Ok(());
     }
     let log_path = ctx.paths.log(&step.name);
@@ -297,6 +308,8 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
     ));
     row.state = if outcome.failed {
         State::FailedOpen
+    } else if outcome.partial.is_some() {
+        State::Partial
     } else if outcome.warnings.is_empty() {
         State::Done
     } else {
@@ -304,6 +317,7 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
     };
     row.what = outcome.what;
     row.warnings = outcome.warnings;
+    row.partial = outcome.partial;
     row.log = Some(log_path);
     if !outcome.failed {
         row.last_cold_ms = Some(ms);
@@ -447,6 +461,7 @@ fn status(as_json: bool) -> Result<()> {
                 last_cold_ms: None,
                 log: None,
                 pid: None,
+                partial: None,
             });
             continue;
         };
@@ -473,6 +488,7 @@ fn status(as_json: bool) -> Result<()> {
             last_cold_ms: r.last_cold_ms,
             log: r.log.clone(),
             pid: r.pid,
+            partial: None,
         });
     }
     let running = rows.iter().any(|r| {

@@ -97,6 +97,18 @@ pub struct Links {
     /// A file that should mention every entry by name (e.g. an INDEX.md).
     pub index: Option<PathBuf>,
     pub entries: Entries,
+    /// Only entries whose path under `source` matches one of these globs
+    /// are linked (all of them when empty); see `steps::links`.
+    pub include: Vec<LinkGlob>,
+}
+
+/// One `include` pattern of a `links` step, split into its components
+/// (the scan walks exactly that deep, so a warm probe stays a few
+/// `readdir` calls).
+#[derive(Debug)]
+pub struct LinkGlob {
+    pub text: String,
+    pub components: Vec<crate::cache::manifest::Glob>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -146,7 +158,11 @@ pub struct CommandStep {
     pub creates: Option<PathBuf>,
     pub unless: Option<Cmdline>,
     pub cwd: PathBuf,
+    /// Bounds each attempt; one that runs out is a failed attempt.
     pub timeout: Option<Duration>,
+    /// A failed attempt is tried again (default: never, a command may not
+    /// be safe to repeat), with `download`'s semantics.
+    pub retry: crate::restore::retry::Policy,
 }
 
 /// A file fetched over HTTPS, pinned by sha256, installed atomically.
@@ -169,6 +185,9 @@ pub struct Download {
     pub retries: u32,
     /// Wait before the first retry; doubles on each further one.
     pub backoff: Duration,
+    /// A probe command whose success means the download is not needed
+    /// (e.g. the system's own tool is recent enough).
+    pub unless: Option<Cmdline>,
 }
 
 /// A tool whose `--version` output must match `expect`, else `fix` is applied.
@@ -264,11 +283,13 @@ impl Step {
             Kind::Links(l) => json!({
                 "source": l.source, "farm": l.farm, "index": l.index,
                 "entries": format!("{:?}", l.entries).to_lowercase(),
+                "include": l.include.iter().map(|g| g.text.as_str()).collect::<Vec<_>>(),
             }),
             Kind::Command(c) => json!({
                 "run": c.run.display(), "creates": c.creates,
                 "unless": c.unless.as_ref().map(Cmdline::display),
                 "cwd": c.cwd, "timeout_ms": c.timeout.as_ref().map(ms),
+                "retries": c.retry.retries, "backoff_ms": ms(&c.retry.backoff),
             }),
             Kind::Download(d) => json!({
                 "url": crate::redact::url(&d.url), "sha256": d.sha256, "dest": d.dest,
@@ -278,6 +299,7 @@ impl Step {
                 "read_timeout_ms": ms(&d.read_timeout),
                 "max_time_ms": d.max_time.as_ref().map(ms),
                 "retries": d.retries, "backoff_ms": ms(&d.backoff),
+                "unless": d.unless.as_ref().map(Cmdline::display),
             }),
             Kind::Pin(p) => json!({
                 "tool": p.tool, "args": p.args, "expect": p.expect.as_str(),
@@ -592,6 +614,8 @@ struct RawLinks {
     farm: String,
     index: Option<String>,
     entries: Option<Entries>,
+    #[serde(default)]
+    include: Vec<String>,
 }
 
 fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Kind> {
@@ -605,7 +629,31 @@ fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Kind> {
         farm,
         index: r.index.map(|i| expand_path(repo, &i)).transpose()?,
         entries: r.entries.unwrap_or(Entries::All),
+        include: r
+            .include
+            .iter()
+            .map(|g| link_glob(g))
+            .collect::<Result<_>>()?,
     }))
+}
+
+/// A links `include` glob: the one dialect (`crate::glob`), without `**`,
+/// which would make every warm probe walk the whole source tree.
+fn link_glob(text: &str) -> Result<LinkGlob> {
+    crate::glob::check(text).map_err(|e| anyhow!("`include`: {e}"))?;
+    if text.split('/').any(|c| c == "**") {
+        bail!(
+            "`include`: glob `{text}` uses `**`, which links do not support (the farm is flat and the scan stays shallow): name each level, e.g. `bin/*`"
+        );
+    }
+    let components = text
+        .split('/')
+        .map(crate::cache::manifest::Glob::new)
+        .collect::<Result<_>>()?;
+    Ok(LinkGlob {
+        text: text.to_string(),
+        components,
+    })
 }
 
 #[derive(Deserialize)]
@@ -616,6 +664,8 @@ struct RawCommand {
     unless: Option<Cmdline>,
     cwd: Option<String>,
     timeout: Option<DurationSpec>,
+    retries: Option<toml::Value>,
+    backoff: Option<DurationSpec>,
 }
 
 fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
@@ -640,7 +690,40 @@ fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
             .timeout
             .map(|t| t.resolve_positive("timeout"))
             .transpose()?,
+        retry: retry_policy(r.retries.as_ref(), &r.backoff, 0)?,
     }))
+}
+
+/// `retries` and `backoff`, the same for every step kind that has them: a
+/// whole number from 0 to 10 (a negative or fractional count is refused,
+/// not rounded), and a duration (zero allowed: retry at once).
+fn retry_policy(
+    retries: Option<&toml::Value>,
+    backoff: &Option<DurationSpec>,
+    default_retries: u32,
+) -> Result<crate::restore::retry::Policy> {
+    let retries = match retries {
+        None => default_retries,
+        Some(toml::Value::Integer(n)) if (0..=10).contains(n) => *n as u32,
+        Some(toml::Value::Integer(n)) if *n > 10 => {
+            bail!("`retries` = {n} is too many (at most 10)")
+        }
+        Some(v) => {
+            let shown = match v {
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::String(s) => format!("{s:?}"),
+                other => format!("a {}", other.type_str()),
+            };
+            bail!(
+                "`retries` = {shown} is not a number of retries: write a whole number from 0 to 10"
+            )
+        }
+    };
+    Ok(crate::restore::retry::Policy {
+        retries,
+        backoff: dur(backoff, "backoff", Duration::from_secs(1))?,
+    })
 }
 
 #[derive(Deserialize)]
@@ -657,8 +740,9 @@ struct RawDownload {
     connect_timeout: Option<DurationSpec>,
     read_timeout: Option<DurationSpec>,
     max_time: Option<DurationSpec>,
-    retries: Option<u32>,
+    retries: Option<toml::Value>,
     backoff: Option<DurationSpec>,
+    unless: Option<Cmdline>,
 }
 
 fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
@@ -698,9 +782,9 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
             bail!("`only` = {o:?} must be a directory inside the package, such as \"bin/\"");
         }
     }
-    let retries = r.retries.unwrap_or(3);
-    if retries > 10 {
-        bail!("`retries` = {retries} is too many (at most 10)");
+    let retry = retry_policy(r.retries.as_ref(), &r.backoff, 3)?;
+    if let Some(u) = &r.unless {
+        u.check("unless")?;
     }
     Ok(Kind::Download(Download {
         url: r.url,
@@ -719,8 +803,9 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
             .max_time
             .map(|t| t.resolve_positive("max_time"))
             .transpose()?,
-        retries,
-        backoff: dur(&r.backoff, "backoff", Duration::from_secs(1))?,
+        retries: retry.retries,
+        backoff: retry.backoff,
+        unless: r.unless,
     }))
 }
 

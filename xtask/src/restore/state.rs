@@ -75,6 +75,10 @@ pub enum State {
     Skipped,
     /// A worker is running it now.
     Running,
+    /// Done or warm with a stand-in: a cache's fallback key is installed
+    /// because the branch lacks the exact one (the row's `partial` says
+    /// which key and how it differs).
+    Partial,
 }
 
 impl State {
@@ -88,6 +92,7 @@ impl State {
             State::Background => "background",
             State::Skipped => "skipped",
             State::Running => "running",
+            State::Partial => "partial",
         }
     }
 
