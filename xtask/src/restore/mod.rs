@@ -20,6 +20,7 @@ pub mod steps;
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use std::cell::OnceCell;
 use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -131,7 +132,13 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut deferred: Vec<usize> = Vec::new();
     let mut fatal: Option<String> = None;
-    for step in selected {
+    // The steps still to run: a freshness step that fast-forwards may
+    // replace the ones after it with those of the pulled restore.toml.
+    let replanned = OnceCell::new();
+    let mut queue: Vec<&Step> = selected.to_vec();
+    let mut next = 0;
+    while let Some(&step) = queue.get(next) {
+        next += 1;
         let start = Instant::now();
         let mut row = Row {
             step: step.name.clone(),
@@ -172,6 +179,19 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
                             row.pid = prior.steps.get(&step.name).and_then(|r| r.pid);
                         }
                     }
+                }
+            }
+        }
+        if matches!(step.kind, plan::Kind::Freshness(_))
+            && row.log.is_some()
+            && matches!(row.state, State::Done | State::Warned)
+        {
+            match replan(ctx, &args.only, &replanned, &mut queue, next, &step.name) {
+                Ok(None) => {}
+                Ok(Some(note)) => row.what = format!("{}; {note}", row.what),
+                Err(warning) => {
+                    row.warnings.push(warning);
+                    row.state = State::Warned;
                 }
             }
         }
@@ -236,6 +256,71 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
         )),
         None => Ok(()),
     }
+}
+
+/// After a freshness step did work (it may have fast-forwarded): reads
+/// restore.toml again, and when the steps after `fresh` differ from those
+/// queued, queues the new ones instead, so that a pin bump pulled now is
+/// restored now rather than next session (cache keys are computed when a
+/// step is probed, so a moved pin file is seen anyway; this is for what
+/// restore.toml itself says: a new sha256, a new step). Once per run.
+/// `Ok(Some(note))` for the row's WHAT when it re-planned; `Err(warning)`
+/// when the file no longer loads (the queue stays as it was).
+fn replan<'q>(
+    ctx: &Ctx,
+    only: &[String],
+    cell: &'q OnceCell<Plan>,
+    queue: &mut Vec<&'q Step>,
+    next: usize,
+    fresh: &str,
+) -> std::result::Result<Option<String>, String> {
+    let kept = |why: String| {
+        Err(format!(
+            "WARNING: {why}: the steps after {fresh} run as loaded at the start"
+        ))
+    };
+    let new = match plan::load(ctx.repo) {
+        Ok(p) => p,
+        Err(e) => return kept(format!("restore.toml does not load now ({e:#})")),
+    };
+    let Some(at) = new.steps.iter().position(|s| s.name == fresh) else {
+        return kept(format!("restore.toml has no step {fresh:?} now"));
+    };
+    let rest: Vec<&Step> = new.steps[at + 1..]
+        .iter()
+        .filter(|s| only.is_empty() || only.contains(&s.name))
+        .collect();
+    // What each step will do; `source` is left out, as it reads cache
+    // manifests, which the probe reads afresh anyway.
+    let describe = |steps: &[&Step]| -> Vec<serde_json::Value> {
+        steps
+            .iter()
+            .map(|s| {
+                let mut d = s.describe(ctx.repo);
+                if let Some(o) = d.as_object_mut() {
+                    o.remove("source");
+                }
+                d
+            })
+            .collect()
+    };
+    if describe(&rest) == describe(&queue[next..]) {
+        return Ok(None);
+    }
+    if cell.get().is_some() {
+        return kept("restore.toml changed again (it is re-read once per run)".into());
+    }
+    let n = rest.len();
+    let new = cell.get_or_init(|| new);
+    queue.truncate(next);
+    queue.extend(
+        new.steps[at + 1..]
+            .iter()
+            .filter(|s| only.is_empty() || only.contains(&s.name)),
+    );
+    Ok(Some(format!(
+        "restore.toml changed: the {n} step(s) after it run as it says now"
+    )))
 }
 
 /// Fills `row` from a probe that found the step warm (or partial) and

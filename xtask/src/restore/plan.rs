@@ -389,7 +389,10 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
         let toml::Value::Table(table) = raw else {
             return Err(bad(format!("step {} is not a table", i + 1)));
         };
+        // Errors from the kind's fields come back without the step's name.
+        let hint = table.get("name").and_then(|n| n.as_str()).map(String::from);
         let step = parse_step(repo, table).map_err(|(name, e)| {
+            let name = name.or(hint.clone());
             let which = match name {
                 Some(n) => format!("step {} ({n:?})", i + 1),
                 None => format!("step {}", i + 1),
@@ -614,8 +617,7 @@ struct RawLinks {
     farm: String,
     index: Option<String>,
     entries: Option<Entries>,
-    #[serde(default)]
-    include: Vec<String>,
+    include: Option<toml::Value>,
 }
 
 fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Kind> {
@@ -629,8 +631,8 @@ fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Kind> {
         farm,
         index: r.index.map(|i| expand_path(repo, &i)).transpose()?,
         entries: r.entries.unwrap_or(Entries::All),
-        include: r
-            .include
+        include: field::<Vec<String>>(r.include, "include")?
+            .unwrap_or_default()
             .iter()
             .map(|g| link_glob(g))
             .collect::<Result<_>>()?,
@@ -665,7 +667,7 @@ struct RawCommand {
     cwd: Option<String>,
     timeout: Option<DurationSpec>,
     retries: Option<toml::Value>,
-    backoff: Option<DurationSpec>,
+    backoff: Option<toml::Value>,
 }
 
 fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
@@ -690,7 +692,7 @@ fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
             .timeout
             .map(|t| t.resolve_positive("timeout"))
             .transpose()?,
-        retry: retry_policy(r.retries.as_ref(), &r.backoff, 0)?,
+        retry: retry_policy(r.retries.as_ref(), r.backoff, 0)?,
     }))
 }
 
@@ -699,7 +701,7 @@ fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
 /// not rounded), and a duration (zero allowed: retry at once).
 fn retry_policy(
     retries: Option<&toml::Value>,
-    backoff: &Option<DurationSpec>,
+    backoff: Option<toml::Value>,
     default_retries: u32,
 ) -> Result<crate::restore::retry::Policy> {
     let retries = match retries {
@@ -722,8 +724,23 @@ fn retry_policy(
     };
     Ok(crate::restore::retry::Policy {
         retries,
-        backoff: dur(backoff, "backoff", Duration::from_secs(1))?,
+        backoff: dur(
+            &field::<DurationSpec>(backoff, "backoff")?,
+            "backoff",
+            Duration::from_secs(1),
+        )?,
     })
+}
+
+/// Deserializes one field taken as a raw value, so that a value of the
+/// wrong type is an error naming the field (serde's own error for a whole
+/// step says "invalid type" without saying where).
+fn field<T: serde::de::DeserializeOwned>(v: Option<toml::Value>, name: &str) -> Result<Option<T>> {
+    v.map(|v| {
+        v.try_into::<T>()
+            .map_err(|e| anyhow!("`{name}`: {}", one_line(e.message())))
+    })
+    .transpose()
 }
 
 #[derive(Deserialize)]
@@ -741,8 +758,8 @@ struct RawDownload {
     read_timeout: Option<DurationSpec>,
     max_time: Option<DurationSpec>,
     retries: Option<toml::Value>,
-    backoff: Option<DurationSpec>,
-    unless: Option<Cmdline>,
+    backoff: Option<toml::Value>,
+    unless: Option<toml::Value>,
 }
 
 fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
@@ -782,8 +799,9 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
             bail!("`only` = {o:?} must be a directory inside the package, such as \"bin/\"");
         }
     }
-    let retry = retry_policy(r.retries.as_ref(), &r.backoff, 3)?;
-    if let Some(u) = &r.unless {
+    let retry = retry_policy(r.retries.as_ref(), r.backoff, 3)?;
+    let unless = field::<Cmdline>(r.unless, "unless")?;
+    if let Some(u) = &unless {
         u.check("unless")?;
     }
     Ok(Kind::Download(Download {
@@ -805,7 +823,7 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
             .transpose()?,
         retries: retry.retries,
         backoff: retry.backoff,
-        unless: r.unless,
+        unless,
     }))
 }
 
@@ -1135,5 +1153,86 @@ timeout = "500ms"
             plan(&step(ok, &good)).unwrap();
         }
         assert!(err(&step("http://127.0.0.1.evil.org/x", &good)).contains("https://"));
+    }
+
+    #[test]
+    fn retries_unless_and_include_resolve_and_bad_values_name_their_field() {
+        let cmd = |extra: &str| {
+            format!(
+                "[[step]]\nname = \"c\"\nkind = \"command\"\nrun = \"make\"\ncreates = \"x\"\n{extra}"
+            )
+        };
+        let p = plan(&cmd("retries = 2\nbackoff = \"250ms\"\n")).unwrap();
+        let Kind::Command(c) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(c.retry.retries, 2);
+        assert_eq!(c.retry.backoff, Duration::from_millis(250));
+        let Kind::Command(c) = &plan(&cmd("")).unwrap().steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(c.retry.retries, 0, "commands are not retried by default");
+        for (extra, needle) in [
+            (
+                "retries = -1\n",
+                "`retries` = -1 is not a number of retries",
+            ),
+            ("retries = 1.5\n", "`retries` = 1.5"),
+            ("retries = \"3\"\n", "`retries` = \"3\""),
+            ("retries = true\n", "`retries` = a boolean"),
+            ("retries = 11\n", "at most 10"),
+            ("backoff = \"x\"\n", "backoff"),
+            ("backoff = -1\n", "`backoff`"),
+        ] {
+            let m = err(&cmd(extra));
+            assert!(
+                m.contains(needle) && m.contains("step 1 (\"c\")"),
+                "{extra}: {m}"
+            );
+        }
+        let dl = |extra: &str| {
+            format!(
+                "[[step]]\nname = \"d\"\nkind = \"download\"\nurl = \"https://e.org/p\"\nsha256 = \"{}\"\ndest = \"bin/p\"\n{extra}",
+                "0".repeat(64)
+            )
+        };
+        let p = plan(&dl("unless = [\"wasm-opt\", \"--version\"]\n")).unwrap();
+        let Kind::Download(d) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(
+            d.unless.as_ref().map(Cmdline::display).as_deref(),
+            Some("wasm-opt --version")
+        );
+        assert_eq!(d.retries, 3);
+        assert!(err(&dl("unless = \"  \"\n")).contains("`unless` is empty"));
+        assert!(err(&dl("unless = 5\n")).contains("`unless`"));
+        assert!(err(&dl("retries = -2\n")).contains("`retries` = -2"));
+        let links = |extra: &str| {
+            format!(
+                "[[step]]\nname = \"l\"\nkind = \"links\"\nsource = \"a\"\nfarm = \"b\"\n{extra}"
+            )
+        };
+        let p = plan(&links("include = [\"bin/*\", \"*.sh\"]\n")).unwrap();
+        let Kind::Links(l) = &p.steps[0].kind else {
+            panic!()
+        };
+        let texts: Vec<_> = l.include.iter().map(|g| g.text.as_str()).collect();
+        assert_eq!(texts, ["bin/*", "*.sh"]);
+        assert_eq!(l.include[0].components.len(), 2);
+        assert!(l.include[0].components[1].matches("wasm-opt"));
+        for (bad, needle) in [
+            ("[\"bin/[ab]\"]", "[...]"),
+            ("[\"**/x\"]", "`**`"),
+            ("[\"a/**\"]", "`**`"),
+            ("[\"{a,b}\"]", "{a,b}"),
+            ("[\"!x\"]", "negation"),
+            ("[\"bin/\"]", "ends with `/`"),
+            ("\"bin/*\"", "`include`"),
+            ("[1]", "`include`"),
+        ] {
+            let m = err(&links(&format!("include = {bad}\n")));
+            assert!(m.contains(needle) && m.contains("include"), "{bad}: {m}");
+        }
     }
 }
