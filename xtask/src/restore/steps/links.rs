@@ -335,4 +335,139 @@ mod tests {
         assert!(!mentions("apdf", "pdf"));
         assert!(mentions("pdf", "pdf"));
     }
+
+    /// xorshift64*: deterministic, so a failing case reproduces.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[(self.next() % from.len() as u64) as usize]
+        }
+    }
+
+    /// Every path of the tree under `dir`, `/`-separated, at any depth.
+    fn all_paths(dir: &Path, rel: &str, out: &mut Vec<(String, bool)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let r = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let is_dir = e.path().is_dir();
+            out.push((r.clone(), is_dir));
+            if is_dir {
+                all_paths(&e.path(), &r, out);
+            }
+        }
+    }
+
+    /// The shallow walk selects exactly what the whole-path matcher of the
+    /// one glob dialect selects (dot-names aside), for many random trees
+    /// and patterns: no entry outside `include` is ever linked, none inside
+    /// is missed, and `entries` narrows the result.
+    #[test]
+    fn include_selects_exactly_what_the_glob_dialect_matches() {
+        let names = [
+            "a",
+            "b",
+            "ab",
+            "bin",
+            "lib",
+            "x.so",
+            ".h",
+            "build-info.json",
+        ];
+        let parts = [
+            "*", "a*", "?b", "bin", "lib", "*.so", "b?n", "*-info.*", "x.so",
+        ];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for case in 0..200 {
+            let tmp = tempfile::tempdir().unwrap();
+            let source = tmp.path().join("src");
+            std::fs::create_dir(&source).unwrap();
+            for _ in 0..(rng.next() % 12) {
+                let depth = 1 + rng.next() % 3;
+                let rel: Vec<&str> = (0..depth).map(|_| rng.pick(&names)).collect();
+                let path = source.join(rel.join("/"));
+                // A name already taken by a file cannot become a directory.
+                if path.ancestors().any(|a| a.is_file()) || path.exists() {
+                    continue;
+                }
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                if rng.next() % 3 == 0 {
+                    std::fs::create_dir(&path).unwrap();
+                } else {
+                    std::fs::write(&path, "x").unwrap();
+                }
+            }
+            let include: Vec<crate::restore::plan::LinkGlob> = (0..1 + rng.next() % 2)
+                .map(|_| {
+                    let depth = 1 + rng.next() % 3;
+                    let text: Vec<&str> = (0..depth).map(|_| rng.pick(&parts)).collect();
+                    let text = text.join("/");
+                    crate::restore::plan::LinkGlob {
+                        components: text.split('/').map(|c| Glob::new(c).unwrap()).collect(),
+                        text,
+                    }
+                })
+                .collect();
+            let entries = [Entries::All, Entries::Dirs, Entries::Files][(rng.next() % 3) as usize];
+            let l = Links {
+                source: source.clone(),
+                farm: tmp.path().join("farm"),
+                index: None,
+                entries,
+                include,
+            };
+            let whole: Vec<Glob> = l
+                .include
+                .iter()
+                .map(|g| Glob::new(&g.text).unwrap())
+                .collect();
+            let mut tree = Vec::new();
+            all_paths(&source, "", &mut tree);
+            let mut want: Vec<String> = tree
+                .into_iter()
+                .filter(|(r, _)| !r.split('/').any(|c| c.starts_with('.')))
+                .filter(|(r, _)| whole.iter().any(|g| g.matches(r)))
+                .filter(|(_, is_dir)| match entries {
+                    Entries::All => true,
+                    Entries::Dirs => *is_dir,
+                    Entries::Files => !*is_dir,
+                })
+                .map(|(r, _)| r)
+                .collect();
+            want.sort();
+            let (got, warnings) = scan(&l).unwrap();
+            // One link per name; the rest are the collision warnings.
+            assert_eq!(got.len() + warnings.len(), want.len(), "case {case}");
+            let mut got_rel: Vec<String> = got
+                .iter()
+                .map(|e| e.rel.to_string_lossy().into_owned())
+                .collect();
+            got_rel.sort();
+            for g in &got_rel {
+                assert!(
+                    want.contains(g),
+                    "case {case}: {g} linked, not selected: {want:?}"
+                );
+            }
+            let mut linked_names: Vec<&str> = got.iter().map(|e| e.name.as_str()).collect();
+            linked_names.dedup();
+            assert_eq!(
+                linked_names.len(),
+                got.len(),
+                "case {case}: names are unique"
+            );
+        }
+    }
 }
