@@ -691,6 +691,9 @@ fn restore_gaps_freshness_fast_forward_replans_the_steps_after_it() {
     );
     assert_eq!(state(&v, "extra"), "done", "{v:#}");
     assert!(env.join("box/extra-v3").exists());
+    let r = run(env.xtask_in("box").args(["restore", "status", "--json"])).ok();
+    let st: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&st, "fresh"), "warned", "{st:#}");
     let r = restore(&env, "box", &[]).expect_code(10);
     assert!(
         r.stderr().contains("unknown kind \"teleport\""),

@@ -194,6 +194,8 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
                     row.state = State::Warned;
                 }
             }
+            // `restore status` says what this table says.
+            record_final(ctx.paths, &row, None)?;
         }
         row.ms = start.elapsed().as_millis() as u64;
         for w in &row.warnings {

@@ -403,7 +403,7 @@ mod tests {
                     continue;
                 }
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                if rng.next() % 3 == 0 {
+                if rng.next().is_multiple_of(3) {
                     std::fs::create_dir(&path).unwrap();
                 } else {
                     std::fs::write(&path, "x").unwrap();
