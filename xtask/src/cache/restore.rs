@@ -360,16 +360,26 @@ pub fn restore_named(
 }
 
 /// Whether cache `name` is installed for its current key, without doing
-/// anything: `Ok(Ok(stamp))` when warm, `Ok(Err(why))` when a restore would
+/// anything: `Ok(Ok((stamp, partial)))` when warm (`partial` when a
+/// fallback key stands in), `Ok(Err(why))` when a restore would
 /// work. Read-only: it computes the key (git pins run `git rev-parse`),
 /// reads the stamp and runs the ready-probe; no lock, no fetch, no hashing,
 /// no write (a corrupt stamp is only reported: `restore_named` sets it
 /// aside). The probe `cargo xtask restore`'s `cache` steps use.
-pub fn is_warm(sh: &Shell, repo: &Repo, name: &str) -> Result<Result<Stamp, String>> {
+pub fn is_warm(
+    sh: &Shell,
+    repo: &Repo,
+    name: &str,
+) -> Result<Result<(Stamp, Option<PartialInfo>), String>> {
     let m = manifest::load(repo, name)?;
     let key = manifest::compute_key(sh, repo, &m)?;
     let file = stamp::path(&repo.state_dir(), name);
-    Ok(warm_check(&m, &key, &file, false)?.map_err(|miss| miss.to_string()))
+    Ok(warm_check(&m, &key, &file, false)?
+        .map(|s| {
+            let partial = partial_info(&m, &s);
+            (s, partial)
+        })
+        .map_err(|miss| miss.to_string()))
 }
 
 /// The stamp, if it makes the current restore warm; else why not. With

@@ -17,12 +17,14 @@
 pub mod plan;
 pub mod proc;
 pub mod report;
+pub mod retry;
 pub mod schedule;
 pub mod state;
 pub mod steps;
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use std::cell::OnceCell;
 use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -210,19 +212,25 @@ fn new_row(ctx: &Ctx, step: &Step, prior: &state::StateFile) -> Row {
         last_cold_ms: prior.steps.get(&step.name).and_then(|r| r.last_cold_ms),
         log: None,
         pid: None,
+        partial: None,
     }
 }
 
 /// The default: one step after the other in file order; after a fatal
-/// failure the rest are not run.
+/// failure the rest are not run. A freshness step that fast-forwards may
+/// replace the steps after it with those of the pulled restore.toml.
 fn in_file_order(
     ctx: &Ctx,
     selected: &[&Step],
     args: &RestoreArgs,
     prior: &state::StateFile,
 ) -> Result<Vec<Ran>> {
+    let replanned = OnceCell::new();
+    let mut queue: Vec<&Step> = selected.to_vec();
+    let mut next = 0;
     let mut ran: Vec<Ran> = Vec::new();
-    for step in selected {
+    while let Some(&step) = queue.get(next) {
+        next += 1;
         if ran.iter().any(|r| r.fatal.is_some()) {
             let mut row = new_row(ctx, step, prior);
             row.what = "not run: an earlier step failed".into();
@@ -233,7 +241,24 @@ fn in_file_order(
             });
             continue;
         }
-        ran.push(attempt(ctx, step, args, prior, true)?);
+        let mut r = attempt(ctx, step, args, prior, true)?;
+        if matches!(step.kind, plan::Kind::Freshness(_))
+            && r.row.log.is_some()
+            && matches!(r.row.state, State::Done | State::Warned)
+        {
+            match replan(ctx, &args.only, &replanned, &mut queue, next, &step.name) {
+                Ok(None) => {}
+                Ok(Some(note)) => r.row.what = format!("{}; {note}", r.row.what),
+                Err(warning) => {
+                    eprintln!("{warning}");
+                    r.row.warnings.push(warning);
+                    r.row.state = State::Warned;
+                }
+            }
+            // `restore status` says what this table says.
+            record_final(ctx.paths, &r.row, None)?;
+        }
+        ran.push(r);
     }
     Ok(ran)
 }
@@ -324,17 +349,9 @@ fn attempt(
     let mut row = new_row(ctx, step, prior);
     let mut deferred = false;
     let mut fatal = None;
-    match steps::probe(ctx, step) {
-        Probe::Warm { what, warnings } => {
-            row.state = if warnings.is_empty() {
-                State::Warm
-            } else {
-                State::Warned
-            };
-            row.what = what;
-            row.warnings = warnings;
-        }
-        Probe::Needed(why) => {
+    match warm_row(&mut row, steps::probe(ctx, step)) {
+        None => {}
+        Some(why) => {
             let inline = args.worker || args.strict || !step.background;
             if inline {
                 run_step(ctx, step, &why, &mut row, spin)?;
@@ -387,18 +404,100 @@ fn attempt(
     })
 }
 
+/// After a freshness step did work (it may have fast-forwarded): reads
+/// restore.toml again, and when the steps after `fresh` differ from those
+/// queued, queues the new ones instead, so that a pin bump pulled now is
+/// restored now rather than next session (cache keys are computed when a
+/// step is probed, so a moved pin file is seen anyway; this is for what
+/// restore.toml itself says: a new sha256, a new step). Once per run.
+/// `Ok(Some(note))` for the row's WHAT when it re-planned; `Err(warning)`
+/// when the file no longer loads (the queue stays as it was).
+fn replan<'q>(
+    ctx: &Ctx,
+    only: &[String],
+    cell: &'q OnceCell<Plan>,
+    queue: &mut Vec<&'q Step>,
+    next: usize,
+    fresh: &str,
+) -> std::result::Result<Option<String>, String> {
+    let kept = |why: String| {
+        Err(format!(
+            "WARNING: {why}: the steps after {fresh} run as loaded at the start"
+        ))
+    };
+    let new = match plan::load(ctx.repo) {
+        Ok(p) => p,
+        Err(e) => return kept(format!("restore.toml does not load now ({e:#})")),
+    };
+    let Some(at) = new.steps.iter().position(|s| s.name == fresh) else {
+        return kept(format!("restore.toml has no step {fresh:?} now"));
+    };
+    let rest: Vec<&Step> = new.steps[at + 1..]
+        .iter()
+        .filter(|s| only.is_empty() || only.contains(&s.name))
+        .collect();
+    // What each step will do; `source` is left out, as it reads cache
+    // manifests, which the probe reads afresh anyway.
+    let describe = |steps: &[&Step]| -> Vec<serde_json::Value> {
+        steps
+            .iter()
+            .map(|s| {
+                let mut d = s.describe(ctx.repo);
+                if let Some(o) = d.as_object_mut() {
+                    o.remove("source");
+                }
+                d
+            })
+            .collect()
+    };
+    if describe(&rest) == describe(&queue[next..]) {
+        return Ok(None);
+    }
+    if cell.get().is_some() {
+        return kept("restore.toml changed again (it is re-read once per run)".into());
+    }
+    let n = rest.len();
+    let new = cell.get_or_init(|| new);
+    queue.truncate(next);
+    queue.extend(
+        new.steps[at + 1..]
+            .iter()
+            .filter(|s| only.is_empty() || only.contains(&s.name)),
+    );
+    Ok(Some(format!(
+        "restore.toml changed: the {n} step(s) after it run as it says now"
+    )))
+}
+
+/// Fills `row` from a probe that found the step warm (or partial) and
+/// returns `None`; returns why it is needed otherwise.
+fn warm_row(row: &mut Row, probe: Probe) -> Option<String> {
+    match probe {
+        Probe::Warm { what, warnings } => {
+            row.state = if warnings.is_empty() {
+                State::Warm
+            } else {
+                State::Warned
+            };
+            row.what = what;
+            row.warnings = warnings;
+            None
+        }
+        Probe::Partial { what, partial } => {
+            row.state = State::Partial;
+            row.what = what;
+            row.partial = Some(partial);
+            None
+        }
+        Probe::Needed(why) => Some(why),
+    }
+}
+
 /// Runs one step that its probe said is needed: lock, re-probe, log, run, record.
 fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Result<()> {
     let _lock = state::lock_step(ctx.paths, &step.name, true)?;
     // Another process may have finished it while we waited for the lock.
-    if let Probe::Warm { what, warnings } = steps::probe(ctx, step) {
-        row.state = if warnings.is_empty() {
-            State::Warm
-        } else {
-            State::Warned
-        };
-        row.what = what;
-        row.warnings = warnings;
+    if warm_row(row, steps::probe(ctx, step)).is_none() {
         return Ok(());
     }
     let log_path = ctx.paths.log(&step.name);
@@ -445,6 +544,8 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Res
     ));
     row.state = if outcome.failed {
         State::FailedOpen
+    } else if outcome.partial.is_some() {
+        State::Partial
     } else if outcome.warnings.is_empty() {
         State::Done
     } else {
@@ -452,6 +553,7 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Res
     };
     row.what = outcome.what;
     row.warnings = outcome.warnings;
+    row.partial = outcome.partial;
     row.log = Some(log_path);
     if !outcome.failed {
         row.last_cold_ms = Some(ms);
@@ -596,6 +698,7 @@ fn status(as_json: bool) -> Result<()> {
                 last_cold_ms: None,
                 log: None,
                 pid: None,
+                partial: None,
             });
             continue;
         };
@@ -624,6 +727,7 @@ fn status(as_json: bool) -> Result<()> {
             last_cold_ms: r.last_cold_ms,
             log: r.log.clone(),
             pid: r.pid,
+            partial: None,
         });
     }
     let running = rows.iter().any(|r| {

@@ -106,6 +106,18 @@ pub struct Links {
     /// A file that should mention every entry by name (e.g. an INDEX.md).
     pub index: Option<PathBuf>,
     pub entries: Entries,
+    /// Only entries whose path under `source` matches one of these globs
+    /// are linked (all of them when empty); see `steps::links`.
+    pub include: Vec<LinkGlob>,
+}
+
+/// One `include` pattern of a `links` step, split into its components
+/// (the scan walks exactly that deep, so a warm probe stays a few
+/// `readdir` calls).
+#[derive(Debug)]
+pub struct LinkGlob {
+    pub text: String,
+    pub components: Vec<crate::cache::manifest::Glob>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -155,7 +167,11 @@ pub struct CommandStep {
     pub creates: Option<PathBuf>,
     pub unless: Option<Cmdline>,
     pub cwd: PathBuf,
+    /// Bounds each attempt; one that runs out is a failed attempt.
     pub timeout: Option<Duration>,
+    /// A failed attempt is tried again (default: never, a command may not
+    /// be safe to repeat), with `download`'s semantics.
+    pub retry: crate::restore::retry::Policy,
 }
 
 /// A file fetched over HTTPS, pinned by sha256, installed atomically.
@@ -178,6 +194,9 @@ pub struct Download {
     pub retries: u32,
     /// Wait before the first retry; doubles on each further one.
     pub backoff: Duration,
+    /// A probe command whose success means the download is not needed
+    /// (e.g. the system's own tool is recent enough).
+    pub unless: Option<Cmdline>,
 }
 
 /// A tool whose `--version` output must match `expect`, else `fix` is applied.
@@ -276,11 +295,13 @@ impl Step {
             Kind::Links(l) => json!({
                 "source": l.source, "farm": l.farm, "index": l.index,
                 "entries": format!("{:?}", l.entries).to_lowercase(),
+                "include": l.include.iter().map(|g| g.text.as_str()).collect::<Vec<_>>(),
             }),
             Kind::Command(c) => json!({
                 "run": c.run.display(), "creates": c.creates,
                 "unless": c.unless.as_ref().map(Cmdline::display),
                 "cwd": c.cwd, "timeout_ms": c.timeout.as_ref().map(ms),
+                "retries": c.retry.retries, "backoff_ms": ms(&c.retry.backoff),
             }),
             Kind::Download(d) => json!({
                 "url": crate::redact::url(&d.url), "sha256": d.sha256, "dest": d.dest,
@@ -290,6 +311,7 @@ impl Step {
                 "read_timeout_ms": ms(&d.read_timeout),
                 "max_time_ms": d.max_time.as_ref().map(ms),
                 "retries": d.retries, "backoff_ms": ms(&d.backoff),
+                "unless": d.unless.as_ref().map(Cmdline::display),
             }),
             Kind::Pin(p) => json!({
                 "tool": p.tool, "args": p.args, "expect": p.expect.as_str(),
@@ -382,7 +404,10 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
         let toml::Value::Table(table) = raw else {
             return Err(bad(format!("step {} is not a table", i + 1)));
         };
+        // Errors from the kind's fields come back without the step's name.
+        let hint = table.get("name").and_then(|n| n.as_str()).map(String::from);
         let step = parse_step(repo, table).map_err(|(name, e)| {
+            let name = name.or(hint.clone());
             let which = match name {
                 Some(n) => format!("step {} ({n:?})", i + 1),
                 None => format!("step {}", i + 1),
@@ -701,6 +726,7 @@ struct RawLinks {
     farm: String,
     index: Option<String>,
     entries: Option<Entries>,
+    include: Option<toml::Value>,
 }
 
 fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Kind> {
@@ -714,7 +740,31 @@ fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Kind> {
         farm,
         index: r.index.map(|i| expand_path(repo, &i)).transpose()?,
         entries: r.entries.unwrap_or(Entries::All),
+        include: field::<Vec<String>>(r.include, "include")?
+            .unwrap_or_default()
+            .iter()
+            .map(|g| link_glob(g))
+            .collect::<Result<_>>()?,
     }))
+}
+
+/// A links `include` glob: the one dialect (`crate::glob`), without `**`,
+/// which would make every warm probe walk the whole source tree.
+fn link_glob(text: &str) -> Result<LinkGlob> {
+    crate::glob::check(text).map_err(|e| anyhow!("`include`: {e}"))?;
+    if text.split('/').any(|c| c == "**") {
+        bail!(
+            "`include`: glob `{text}` uses `**`, which links do not support (the farm is flat and the scan stays shallow): name each level, e.g. `bin/*`"
+        );
+    }
+    let components = text
+        .split('/')
+        .map(crate::cache::manifest::Glob::new)
+        .collect::<Result<_>>()?;
+    Ok(LinkGlob {
+        text: text.to_string(),
+        components,
+    })
 }
 
 #[derive(Deserialize)]
@@ -725,6 +775,8 @@ struct RawCommand {
     unless: Option<Cmdline>,
     cwd: Option<String>,
     timeout: Option<DurationSpec>,
+    retries: Option<toml::Value>,
+    backoff: Option<toml::Value>,
 }
 
 fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
@@ -749,7 +801,55 @@ fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
             .timeout
             .map(|t| t.resolve_positive("timeout"))
             .transpose()?,
+        retry: retry_policy(r.retries.as_ref(), r.backoff, 0)?,
     }))
+}
+
+/// `retries` and `backoff`, the same for every step kind that has them: a
+/// whole number from 0 to 10 (a negative or fractional count is refused,
+/// not rounded), and a duration (zero allowed: retry at once).
+fn retry_policy(
+    retries: Option<&toml::Value>,
+    backoff: Option<toml::Value>,
+    default_retries: u32,
+) -> Result<crate::restore::retry::Policy> {
+    let retries = match retries {
+        None => default_retries,
+        Some(toml::Value::Integer(n)) if (0..=10).contains(n) => *n as u32,
+        Some(toml::Value::Integer(n)) if *n > 10 => {
+            bail!("`retries` = {n} is too many (at most 10)")
+        }
+        Some(v) => {
+            let shown = match v {
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::String(s) => format!("{s:?}"),
+                other => format!("a {}", other.type_str()),
+            };
+            bail!(
+                "`retries` = {shown} is not a number of retries: write a whole number from 0 to 10"
+            )
+        }
+    };
+    Ok(crate::restore::retry::Policy {
+        retries,
+        backoff: dur(
+            &field::<DurationSpec>(backoff, "backoff")?,
+            "backoff",
+            Duration::from_secs(1),
+        )?,
+    })
+}
+
+/// Deserializes one field taken as a raw value, so that a value of the
+/// wrong type is an error naming the field (serde's own error for a whole
+/// step says "invalid type" without saying where).
+fn field<T: serde::de::DeserializeOwned>(v: Option<toml::Value>, name: &str) -> Result<Option<T>> {
+    v.map(|v| {
+        v.try_into::<T>()
+            .map_err(|e| anyhow!("`{name}`: {}", one_line(e.message())))
+    })
+    .transpose()
 }
 
 #[derive(Deserialize)]
@@ -766,8 +866,9 @@ struct RawDownload {
     connect_timeout: Option<DurationSpec>,
     read_timeout: Option<DurationSpec>,
     max_time: Option<DurationSpec>,
-    retries: Option<u32>,
-    backoff: Option<DurationSpec>,
+    retries: Option<toml::Value>,
+    backoff: Option<toml::Value>,
+    unless: Option<toml::Value>,
 }
 
 fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
@@ -807,9 +908,10 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
             bail!("`only` = {o:?} must be a directory inside the package, such as \"bin/\"");
         }
     }
-    let retries = r.retries.unwrap_or(3);
-    if retries > 10 {
-        bail!("`retries` = {retries} is too many (at most 10)");
+    let retry = retry_policy(r.retries.as_ref(), r.backoff, 3)?;
+    let unless = field::<Cmdline>(r.unless, "unless")?;
+    if let Some(u) = &unless {
+        u.check("unless")?;
     }
     Ok(Kind::Download(Download {
         url: r.url,
@@ -828,8 +930,9 @@ fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Kind> {
             .max_time
             .map(|t| t.resolve_positive("max_time"))
             .transpose()?,
-        retries,
-        backoff: dur(&r.backoff, "backoff", Duration::from_secs(1))?,
+        retries: retry.retries,
+        backoff: retry.backoff,
+        unless,
     }))
 }
 
@@ -1159,5 +1262,86 @@ timeout = "500ms"
             plan(&step(ok, &good)).unwrap();
         }
         assert!(err(&step("http://127.0.0.1.evil.org/x", &good)).contains("https://"));
+    }
+
+    #[test]
+    fn retries_unless_and_include_resolve_and_bad_values_name_their_field() {
+        let cmd = |extra: &str| {
+            format!(
+                "[[step]]\nname = \"c\"\nkind = \"command\"\nrun = \"make\"\ncreates = \"x\"\n{extra}"
+            )
+        };
+        let p = plan(&cmd("retries = 2\nbackoff = \"250ms\"\n")).unwrap();
+        let Kind::Command(c) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(c.retry.retries, 2);
+        assert_eq!(c.retry.backoff, Duration::from_millis(250));
+        let Kind::Command(c) = &plan(&cmd("")).unwrap().steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(c.retry.retries, 0, "commands are not retried by default");
+        for (extra, needle) in [
+            (
+                "retries = -1\n",
+                "`retries` = -1 is not a number of retries",
+            ),
+            ("retries = 1.5\n", "`retries` = 1.5"),
+            ("retries = \"3\"\n", "`retries` = \"3\""),
+            ("retries = true\n", "`retries` = a boolean"),
+            ("retries = 11\n", "at most 10"),
+            ("backoff = \"x\"\n", "backoff"),
+            ("backoff = -1\n", "`backoff`"),
+        ] {
+            let m = err(&cmd(extra));
+            assert!(
+                m.contains(needle) && m.contains("step 1 (\"c\")"),
+                "{extra}: {m}"
+            );
+        }
+        let dl = |extra: &str| {
+            format!(
+                "[[step]]\nname = \"d\"\nkind = \"download\"\nurl = \"https://e.org/p\"\nsha256 = \"{}\"\ndest = \"bin/p\"\n{extra}",
+                "0".repeat(64)
+            )
+        };
+        let p = plan(&dl("unless = [\"wasm-opt\", \"--version\"]\n")).unwrap();
+        let Kind::Download(d) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(
+            d.unless.as_ref().map(Cmdline::display).as_deref(),
+            Some("wasm-opt --version")
+        );
+        assert_eq!(d.retries, 3);
+        assert!(err(&dl("unless = \"  \"\n")).contains("`unless` is empty"));
+        assert!(err(&dl("unless = 5\n")).contains("`unless`"));
+        assert!(err(&dl("retries = -2\n")).contains("`retries` = -2"));
+        let links = |extra: &str| {
+            format!(
+                "[[step]]\nname = \"l\"\nkind = \"links\"\nsource = \"a\"\nfarm = \"b\"\n{extra}"
+            )
+        };
+        let p = plan(&links("include = [\"bin/*\", \"*.sh\"]\n")).unwrap();
+        let Kind::Links(l) = &p.steps[0].kind else {
+            panic!()
+        };
+        let texts: Vec<_> = l.include.iter().map(|g| g.text.as_str()).collect();
+        assert_eq!(texts, ["bin/*", "*.sh"]);
+        assert_eq!(l.include[0].components.len(), 2);
+        assert!(l.include[0].components[1].matches("wasm-opt"));
+        for (bad, needle) in [
+            ("[\"bin/[ab]\"]", "[...]"),
+            ("[\"**/x\"]", "`**`"),
+            ("[\"a/**\"]", "`**`"),
+            ("[\"{a,b}\"]", "{a,b}"),
+            ("[\"!x\"]", "negation"),
+            ("[\"bin/\"]", "ends with `/`"),
+            ("\"bin/*\"", "`include`"),
+            ("[1]", "`include`"),
+        ] {
+            let m = err(&links(&format!("include = {bad}\n")));
+            assert!(m.contains(needle) && m.contains("include"), "{bad}: {m}");
+        }
     }
 }

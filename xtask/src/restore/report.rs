@@ -27,6 +27,10 @@ pub struct Row {
     pub log: Option<PathBuf>,
     /// The worker running it, for `background` and `running` rows.
     pub pid: Option<u32>,
+    /// With state `partial`: the key used in place of the exact one, and
+    /// the key parts that differ (`cache restore --json`'s `partial`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial: Option<serde_json::Value>,
 }
 
 /// A duration for people: `clock::human` (`0.4ms`, `12ms`, `1.3s`, `2m`).
@@ -124,6 +128,7 @@ mod tests {
             last_cold_ms: Some(65_000),
             log: None,
             pid: None,
+            partial: None,
         }
     }
 

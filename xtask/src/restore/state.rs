@@ -78,6 +78,10 @@ pub enum State {
     Skipped,
     /// A worker is running it now.
     Running,
+    /// Done or warm with a stand-in: a cache's fallback key is installed
+    /// because the branch lacks the exact one (the row's `partial` says
+    /// which key and how it differs).
+    Partial,
 }
 
 impl State {
@@ -91,6 +95,7 @@ impl State {
             State::Background => "background",
             State::Skipped => "skipped",
             State::Running => "running",
+            State::Partial => "partial",
         }
     }
 

@@ -9,7 +9,7 @@
 use anyhow::Result;
 
 use super::{Ctx, Outcome, Probe};
-use crate::cache::restore::{self as cache_restore, RestoreOptions, State};
+use crate::cache::restore::{self as cache_restore, PartialInfo, RestoreOptions, State};
 use crate::restore::plan::CacheStep;
 use crate::restore::proc::Log;
 
@@ -17,14 +17,48 @@ fn short(commit: &str) -> &str {
     &commit[..commit.len().min(12)]
 }
 
+/// `used stands in for wanted (src 2 -> 1)`: the WHAT of a partial row.
+fn stands_in(p: &PartialInfo) -> String {
+    let differs: Vec<String> = p
+        .differs
+        .iter()
+        .map(|d| {
+            format!(
+                "{} {} -> {}",
+                d.name,
+                d.wanted.as_deref().unwrap_or("(none)"),
+                d.used.as_deref().unwrap_or("(none)")
+            )
+        })
+        .collect();
+    format!(
+        "{} stands in for {} ({}; fallback {})",
+        p.used,
+        p.wanted,
+        differs.join(", "),
+        p.fallback
+    )
+}
+
+fn partial_json(p: &PartialInfo) -> serde_json::Value {
+    serde_json::to_value(p).unwrap_or_default()
+}
+
 pub fn probe(ctx: &Ctx, c: &CacheStep) -> Probe {
     match cache_restore::is_warm(ctx.sh, ctx.repo, &c.cache) {
-        Ok(Ok(s)) => Probe::warm(format!(
-            "{}{} at {} ({}@{})",
-            s.partial
-                .as_ref()
-                .map(|p| format!("partial: stands in for {}: ", p.wanted))
-                .unwrap_or_default(),
+        Ok(Ok((s, Some(p)))) => Probe::Partial {
+            what: format!(
+                "{} at {} ({}@{}); exact key looked for again after {}",
+                stands_in(&p),
+                s.target.display(),
+                s.branch,
+                short(&s.commit),
+                p.recheck_after
+            ),
+            partial: partial_json(&p),
+        },
+        Ok(Ok((s, None))) => Probe::warm(format!(
+            "{} at {} ({}@{})",
             s.key,
             s.target.display(),
             s.branch,
@@ -53,22 +87,21 @@ pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
         o.bytes_hashed
     ));
     let from = format!("{} {}@{}", o.source, o.branch, short(&o.commit));
-    Ok(Outcome::done(match o.state {
-        State::Warm | State::Reused | State::Verified => {
+    let partial = o.partial.as_ref().filter(|_| o.state == State::Partial);
+    Ok(Outcome::done(match (o.state, partial) {
+        (State::Partial, Some(p)) => {
+            format!("{} at {} (from {from})", stands_in(p), o.target.display())
+        }
+        (State::Warm | State::Reused | State::Verified | State::Partial, _) => {
             format!("{} at {} (from {from})", o.key, o.target.display())
         }
-        State::Partial => format!(
-            "partial: {} stands in for {} at {} (from {from})",
-            o.key,
-            o.partial.as_ref().map_or("?", |p| p.wanted.as_str()),
-            o.target.display()
-        ),
-        State::Restored | State::Repaired => format!(
+        (State::Restored | State::Repaired, _) => format!(
             "restored {} into {} from {from}: {} in {} entries",
             o.key,
             o.target.display(),
             crate::cache::human_bytes(o.bytes),
             o.files
         ),
-    }))
+    })
+    .with_partial(partial.map(partial_json)))
 }

@@ -4,23 +4,31 @@
 //! (or not given) does it run the `unless` probe, silently. After a run that
 //! exits 0, a `creates` path that still does not exist is a failure: the
 //! command did not do what the manifest says, and the next run would repeat it.
+//! A run that exits non-zero or outlives `timeout` is tried again when the
+//! manifest sets `retries` (`restore::retry`, the policy `download` uses);
+//! a command that succeeded without creating `creates` is not, since the
+//! manifest and not the network is wrong then.
 
 use anyhow::Result;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use super::{Ctx, Outcome, Probe};
 use crate::restore::plan::{Cmdline, CommandStep};
 use crate::restore::proc::{self, Log};
+use crate::restore::retry::{self, Attempt, Failure};
 
-fn command(c: &Cmdline, s: &CommandStep) -> Command {
+fn command(c: &Cmdline, cwd: &Path) -> Command {
     let (program, args) = c.program_and_args();
     let mut cmd = Command::new(program);
-    cmd.args(args).current_dir(&s.cwd);
+    cmd.args(args).current_dir(cwd);
     cmd
 }
 
-fn unless_succeeds(c: &Cmdline, s: &CommandStep) -> bool {
-    command(c, s)
+/// Whether an `unless` probe succeeds (exit 0), run silently in `cwd`.
+/// Shared with `download`, whose `unless` means the same.
+pub fn unless_succeeds(c: &Cmdline, cwd: &Path) -> bool {
+    command(c, cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -35,7 +43,7 @@ pub fn probe(_ctx: &Ctx, s: &CommandStep) -> Probe {
         return Probe::warm(format!("{} exists", p.display()));
     }
     if let Some(u) = &s.unless
-        && unless_succeeds(u, s)
+        && unless_succeeds(u, &s.cwd)
     {
         return Probe::warm(format!("`{}` succeeds", u.display()));
     }
@@ -46,23 +54,39 @@ pub fn probe(_ctx: &Ctx, s: &CommandStep) -> Probe {
 }
 
 pub fn run(_ctx: &Ctx, s: &CommandStep, log: &mut Log) -> Result<Outcome> {
-    let exit = proc::run_logged(&mut command(&s.run, s), log, s.timeout)?;
-    if !exit.success() {
-        return Ok(Outcome::failed(format!(
-            "`{}` {}: {}",
-            s.run.display(),
-            exit.describe(),
-            proc::last_log_line(log)
-        )));
+    let shown = format!("`{}`", s.run.display());
+    let tried = retry::run(s.retry, &shown, log, |log| {
+        let exit = proc::run_logged(&mut command(&s.run, &s.cwd), log, s.timeout)?;
+        Ok(if exit.success() {
+            Attempt::Ok(())
+        } else {
+            Attempt::Transient(format!("{}: {}", exit.describe(), proc::last_log_line(log)))
+        })
+    })?;
+    let warnings = tried.warnings;
+    let failed = |why: String| Ok(Outcome::failed(why).with_warnings(warnings.clone()));
+    match tried.result {
+        Ok(()) => {}
+        // A single attempt keeps the message it always had.
+        Err(Failure::Exhausted { attempts: 1, last }) => return failed(format!("{shown} {last}")),
+        Err(Failure::Exhausted { attempts, last }) => {
+            return failed(format!("{shown} failed after {attempts} attempts: {last}"));
+        }
+        Err(Failure::Permanent(why)) => return failed(format!("{shown} {why}")),
     }
     if let Some(p) = &s.creates
         && !p.exists()
     {
-        return Ok(Outcome::failed(format!(
-            "`{}` succeeded but did not create {}: fix `run` or `creates`",
-            s.run.display(),
+        return failed(format!(
+            "{shown} succeeded but did not create {}: fix `run` or `creates`",
             p.display()
-        )));
+        ));
     }
-    Ok(Outcome::done(format!("ran `{}`", s.run.display())))
+    let attempts = warnings.len() + 1;
+    Ok(Outcome::done(if attempts > 1 {
+        format!("ran {shown} (on attempt {attempts})")
+    } else {
+        format!("ran {shown}")
+    })
+    .with_warnings(warnings))
 }

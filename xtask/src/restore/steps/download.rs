@@ -9,12 +9,16 @@
 //! into the temp file and this module watches it grow, killing a transfer
 //! that stalls (curl's own `--speed-time` averages over several seconds, so a
 //! trickle of bytes would hide a stall for too long). Retries with doubling
-//! backoff on timeouts, refused connections and 5xx.
+//! backoff on timeouts, refused connections and 5xx (`restore::retry`, the
+//! policy `command` shares).
 //!
 //! Install: into a temp file beside `dest`, hash it, and only when the hash
 //! equals the pin, rename it onto `dest`. A wrong pin installs nothing and
 //! leaves no temp file. The warm probe compares a stamp (url, pin, dest) and
-//! checks that `dest` exists: it never re-hashes the installed file.
+//! checks that `dest` exists: it never re-hashes the installed file. When
+//! that says "not installed", an `unless` probe (as `command` has) may
+//! still say "not needed", e.g. because the system's own tool is recent
+//! enough; nothing is fetched then, and nothing is stamped.
 //!
 //! A package (`unpack_into`): the verified temp file is unpacked into the
 //! prefix by `conda::unpack_package` (the conda module's checks, placeholder
@@ -38,6 +42,7 @@ use crate::conda;
 use crate::restore::plan::Download;
 use crate::restore::proc::{self, Exit, Log};
 use crate::restore::report::fmt_duration;
+use crate::restore::retry::{self, Attempt, Failure};
 use crate::restore::state;
 
 #[derive(Serialize, Deserialize, PartialEq)]
@@ -62,17 +67,33 @@ fn stamp_of(d: &Download) -> Stamp {
     }
 }
 
+/// Warm when the pinned file is installed (a stamp and a `stat`: the
+/// `unless` probe is not even started), or when `unless` succeeds.
 pub fn probe(ctx: &Ctx, name: &str, d: &Download) -> Probe {
+    let why = match installed(ctx, name, d) {
+        Ok(warm) => return warm,
+        Err(why) => why,
+    };
+    if let Some(u) = &d.unless
+        && super::command::unless_succeeds(u, &ctx.repo.root)
+    {
+        return Probe::warm(format!("`{}` succeeds: not needed", u.display()));
+    }
+    Probe::Needed(why)
+}
+
+/// `Ok(warm)` when the pinned file is in place, else why not.
+fn installed(ctx: &Ctx, name: &str, d: &Download) -> std::result::Result<Probe, String> {
     if !d.dest.exists() {
-        return Probe::Needed(format!("{} is missing", d.dest.display()));
+        return Err(format!("{} is missing", d.dest.display()));
     }
     if let Some(prefix) = &d.unpack_into
         && !prefix.is_dir()
     {
-        return Probe::Needed(format!("{} is missing", prefix.display()));
+        return Err(format!("{} is missing", prefix.display()));
     }
     match state::read_stamp::<Stamp>(ctx.paths, name) {
-        Some(s) if s == stamp_of(d) => Probe::warm(match &d.unpack_into {
+        Some(s) if s == stamp_of(d) => Ok(Probe::warm(match &d.unpack_into {
             None => format!("{} at sha256 {}", d.dest.display(), &d.sha256[..12]),
             Some(p) => format!(
                 "{} at sha256 {}, unpacked into {}",
@@ -80,27 +101,22 @@ pub fn probe(ctx: &Ctx, name: &str, d: &Download) -> Probe {
                 &d.sha256[..12],
                 p.display()
             ),
-        }),
-        _ => Probe::Needed(format!(
+        })),
+        _ => Err(format!(
             "{} is not the pinned download (pin changed or installed by hand)",
             d.dest.display()
         )),
     }
 }
 
-/// curl's answer to one attempt.
-enum Attempt {
-    Ok,
-    /// Worth another try (timeout, refused, 5xx), with the reason.
-    Transient(String),
-    Permanent(String),
-}
-
 fn secs(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64())
 }
 
-fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt> {
+/// curl's answer to one attempt: transient for timeouts, refused
+/// connections, 429 and 5xx; permanent for everything else.
+fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt<()>> {
+    let _ = std::fs::remove_file(tmp);
     let protos = if d.url.starts_with("https://") {
         "=https"
     } else {
@@ -159,7 +175,7 @@ fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt> {
     };
     let http: u32 = out.trim().parse().unwrap_or(0);
     Ok(match code {
-        0 => Attempt::Ok,
+        0 => Attempt::Ok(()),
         28 => Attempt::Transient(format!("timed out: {said}")),
         5 | 6 | 7 | 18 | 35 | 52 | 55 | 56 => Attempt::Transient(said),
         22 if http >= 500 || http == 429 => Attempt::Transient(format!("HTTP {http}")),
@@ -206,41 +222,31 @@ fn fetch_verify_install(
     tmp: &Path,
     log: &mut Log,
 ) -> Result<Outcome> {
-    let attempts = d.retries + 1;
-    let mut last = String::new();
-    let mut fetched = false;
-    for i in 0..attempts {
-        if i > 0 {
-            let wait = d.backoff * 2u32.saturating_pow(i - 1);
-            log.line(&format!(
-                "retry {i} of {} in {}",
-                d.retries,
-                fmt_duration(wait)
-            ));
-            std::thread::sleep(wait);
+    let policy = retry::Policy {
+        retries: d.retries,
+        backoff: d.backoff,
+    };
+    let url = crate::redact::url(&d.url);
+    let tried = retry::run(policy, &format!("download of {url}"), log, |log| {
+        attempt(d, tmp, log)
+    })?;
+    let warnings = tried.warnings;
+    match tried.result {
+        Ok(()) => {}
+        Err(Failure::Permanent(why)) => {
+            return Ok(Outcome::failed(format!(
+                "download of {url} failed: {}; nothing installed",
+                crate::redact::text(&why)
+            ))
+            .with_warnings(warnings));
         }
-        let _ = std::fs::remove_file(tmp);
-        match attempt(d, tmp, log)? {
-            Attempt::Ok => {
-                fetched = true;
-                break;
-            }
-            Attempt::Transient(why) => last = why,
-            Attempt::Permanent(why) => {
-                return Ok(Outcome::failed(format!(
-                    "download of {} failed: {}; nothing installed",
-                    crate::redact::url(&d.url),
-                    crate::redact::text(&why)
-                )));
-            }
+        Err(Failure::Exhausted { attempts, last }) => {
+            return Ok(Outcome::failed(format!(
+                "download of {url} failed after {attempts} attempt(s): {}; nothing installed",
+                crate::redact::text(&last)
+            ))
+            .with_warnings(warnings));
         }
-    }
-    if !fetched {
-        return Ok(Outcome::failed(format!(
-            "download of {} failed after {attempts} attempt(s): {}; nothing installed",
-            crate::redact::url(&d.url),
-            crate::redact::text(&last)
-        )));
     }
     let got = sha256_file(tmp)?;
     if got != d.sha256 {
@@ -249,7 +255,8 @@ fn fetch_verify_install(
             "sha256 mismatch for {}: got {got}, the manifest pins {}; nothing installed (if the new file is right, update `sha256`)",
             crate::redact::url(&d.url),
             d.sha256
-        )));
+        ))
+        .with_warnings(warnings));
     }
     let unpacked = match &d.unpack_into {
         None => None,
@@ -303,11 +310,13 @@ fn fetch_verify_install(
             r.version,
             r.prefix.display(),
             r.files
-        )));
+        ))
+        .with_warnings(warnings));
     }
     Ok(Outcome::done(format!(
         "installed {} ({size} bytes, sha256 {})",
         d.dest.display(),
         &d.sha256[..12]
-    )))
+    ))
+    .with_warnings(warnings))
 }

@@ -2,7 +2,12 @@
 //!
 //! One relative symlink in `farm` per entry of `source` (dot-names skipped),
 //! dangling symlinks in `farm` removed, and a warning for each entry that the
-//! `index` file does not mention by name. It only ever creates, replaces or
+//! `index` file does not mention by name. `include` globs narrow the entries
+//! to the paths under `source` they match (`bin/*` reaches one level down;
+//! the farm stays flat, named by the last component), and `entries` then
+//! keeps dirs, files or both of those: an entry is linked when it passes
+//! both. A link of this farm into `source` whose entry is no longer
+//! selected is removed. It only ever creates, replaces or
 //! removes symlinks: a regular file or directory in the farm is left alone
 //! with a warning. The probe is a directory scan and a few `readlink` calls.
 
@@ -10,32 +15,108 @@ use anyhow::{Context, Result};
 use std::path::{Component, Path, PathBuf};
 
 use super::{Ctx, Outcome, Probe};
+use crate::cache::manifest::Glob;
 use crate::restore::plan::{Entries, Links};
 use crate::restore::proc::Log;
 
-/// Entry names of `source` that belong in the farm, sorted.
-fn scan(l: &Links) -> Result<Vec<String>> {
+/// One entry to link: `farm/<name>` -> `source/<rel>`.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
+    name: String,
+    rel: PathBuf,
+}
+
+/// Whether `kind` (the manifest's `entries`) keeps this path.
+fn kind_keeps(kind: Entries, path: &Path) -> bool {
+    let is_dir = std::fs::metadata(path).is_ok_and(|m| m.is_dir());
+    match kind {
+        Entries::All => true,
+        Entries::Dirs => is_dir,
+        Entries::Files => !is_dir,
+    }
+}
+
+/// The names in `dir` a pattern component may match: dot-names only when
+/// the component itself starts with a dot (as in a shell).
+fn names_in(dir: &Path, component: &Glob) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    let dir =
-        std::fs::read_dir(&l.source).with_context(|| format!("scanning {}", l.source.display()))?;
-    for entry in dir {
-        let entry = entry.with_context(|| format!("scanning {}", l.source.display()))?;
+    let read = std::fs::read_dir(dir).with_context(|| format!("scanning {}", dir.display()))?;
+    for entry in read {
+        let entry = entry.with_context(|| format!("scanning {}", dir.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') {
+        if name.starts_with('.') && !component.text.starts_with('.') {
             continue;
         }
-        let is_dir = std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir());
-        let keep = match l.entries {
-            Entries::All => true,
-            Entries::Dirs => is_dir,
-            Entries::Files => !is_dir,
-        };
-        if keep {
+        if component.matches(&name) {
             names.push(name);
         }
     }
-    names.sort();
     Ok(names)
+}
+
+/// The paths under `source` that match `components`, walking exactly as
+/// deep as the pattern (only directories are descended into).
+fn expand(source: &Path, rel: &Path, components: &[Glob], out: &mut Vec<PathBuf>) -> Result<()> {
+    let Some((first, rest)) = components.split_first() else {
+        return Ok(());
+    };
+    for name in names_in(&source.join(rel), first)? {
+        let child = rel.join(&name);
+        if rest.is_empty() {
+            out.push(child);
+        } else if source.join(&child).is_dir() {
+            expand(source, &child, rest, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The entries that belong in the farm, sorted by link name, and a warning
+/// for each entry left out because another took its link name (the farm
+/// is flat: `bin/x` and `libexec/x` cannot both be `farm/x`).
+fn scan(l: &Links) -> Result<(Vec<Entry>, Vec<String>)> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    if l.include.is_empty() {
+        let all = Glob::new("*")?;
+        expand(
+            &l.source,
+            Path::new(""),
+            std::slice::from_ref(&all),
+            &mut found,
+        )?;
+    } else {
+        // A missing source is an error even when no pattern reaches into it.
+        std::fs::read_dir(&l.source).with_context(|| format!("scanning {}", l.source.display()))?;
+        for g in &l.include {
+            expand(&l.source, Path::new(""), &g.components, &mut found)?;
+        }
+    }
+    found.sort();
+    found.dedup();
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut warnings = Vec::new();
+    for rel in found {
+        if !kind_keeps(l.entries, &l.source.join(&rel)) {
+            continue;
+        }
+        let name = rel
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        if let Some(first) = entries.iter().find(|e| e.name == name) {
+            warnings.push(format!(
+                "WARNING: {} and {} would both be linked as {}: linked the first; narrow `include`",
+                l.source.join(&first.rel).display(),
+                l.source.join(&rel).display(),
+                l.farm.join(&name).display()
+            ));
+            continue;
+        }
+        entries.push(Entry { name, rel });
+    }
+    entries.sort();
+    Ok((entries, warnings))
 }
 
 /// `to` as seen from directory `from`, lexically (both absolute).
@@ -77,6 +158,41 @@ fn dangling(farm: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// `p` with `.` and `..` resolved lexically (no file system access).
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Symlinks in the farm that point into `source` but whose entry is no
+/// longer selected (`include` or `entries` changed, e.g. to stop linking
+/// `build-info.json`): the farm is regenerated, so they go. Links to
+/// anywhere else are not this step's and stay.
+fn unselected(l: &Links, entries: &[Entry]) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir(&l.farm) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_symlink()))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = std::fs::read_link(e.path())
+                .is_ok_and(|t| lexical(&l.farm.join(t)).starts_with(&l.source));
+            ours && !name.starts_with('.') && !entries.iter().any(|x| x.name == name)
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 /// Whether `text` mentions `name` as a whole word (not inside a longer name).
 fn mentions(text: &str, name: &str) -> bool {
     let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '_');
@@ -85,19 +201,20 @@ fn mentions(text: &str, name: &str) -> bool {
     })
 }
 
-fn index_warnings(l: &Links, names: &[String]) -> Vec<String> {
+fn index_warnings(l: &Links, entries: &[Entry]) -> Vec<String> {
     let Some(index) = &l.index else {
         return Vec::new();
     };
     match std::fs::read_to_string(index) {
-        Ok(text) => names
+        Ok(text) => entries
             .iter()
-            .filter(|n| !mentions(&text, n))
-            .map(|n| {
+            .filter(|e| !mentions(&text, &e.name))
+            .map(|e| {
                 format!(
-                    "WARNING: {} does not mention {n} (linked from {})",
+                    "WARNING: {} does not mention {} (linked from {})",
                     index.display(),
-                    l.source.join(n).display()
+                    e.name,
+                    l.source.join(&e.rel).display()
                 )
             })
             .collect(),
@@ -109,38 +226,50 @@ fn index_warnings(l: &Links, names: &[String]) -> Vec<String> {
 }
 
 pub fn probe(_ctx: &Ctx, l: &Links) -> Probe {
-    let names = match scan(l) {
+    let (entries, mut warnings) = match scan(l) {
         Ok(n) => n,
         Err(e) => return Probe::Needed(format!("{e:#}")),
     };
-    if let Some(n) = names.iter().find(|n| {
-        let entry = l.source.join(n);
-        !points_right(&l.farm.join(n), &relative(&l.farm, &entry), &entry)
+    if let Some(e) = entries.iter().find(|e| {
+        let entry = l.source.join(&e.rel);
+        !points_right(&l.farm.join(&e.name), &relative(&l.farm, &entry), &entry)
     }) {
-        return Probe::Needed(format!("{n} is not linked"));
+        return Probe::Needed(format!("{} is not linked", e.name));
     }
     if let Some(d) = dangling(&l.farm).first() {
         return Probe::Needed(format!("{} is dangling", d.display()));
     }
+    if let Some(u) = unselected(l, &entries).first() {
+        return Probe::Needed(format!("{} links an entry not selected", u.display()));
+    }
+    warnings.extend(index_warnings(l, &entries));
     Probe::Warm {
-        what: format!("{} links current", names.len()),
-        warnings: index_warnings(l, &names),
+        what: format!("{} links current", entries.len()),
+        warnings,
     }
 }
 
 pub fn run(_ctx: &Ctx, l: &Links, log: &mut Log) -> Result<Outcome> {
-    let names = scan(l)?;
+    let (entries, mut warnings) = scan(l)?;
     std::fs::create_dir_all(&l.farm).with_context(|| format!("creating {}", l.farm.display()))?;
-    let mut warnings = Vec::new();
     let removed = dangling(&l.farm);
     for d in &removed {
         std::fs::remove_file(d).with_context(|| format!("removing {}", d.display()))?;
         log.line(&format!("removed dangling {}", d.display()));
     }
+    let dropped = unselected(l, &entries);
+    for u in &dropped {
+        std::fs::remove_file(u).with_context(|| format!("removing {}", u.display()))?;
+        log.line(&format!(
+            "removed {} (its entry is not selected)",
+            u.display()
+        ));
+    }
     let (mut linked, mut current) = (0, 0);
-    for n in &names {
+    for e in &entries {
+        let n = &e.name;
         let link = l.farm.join(n);
-        let entry = l.source.join(n);
+        let entry = l.source.join(&e.rel);
         let want = relative(&l.farm, &entry);
         match std::fs::symlink_metadata(&link) {
             Ok(m) if m.file_type().is_symlink() => {
@@ -170,12 +299,17 @@ pub fn run(_ctx: &Ctx, l: &Links, log: &mut Log) -> Result<Outcome> {
         log.line(&format!("linked {} -> {}", link.display(), want.display()));
         linked += 1;
     }
-    warnings.extend(index_warnings(l, &names));
+    warnings.extend(index_warnings(l, &entries));
     for w in &warnings {
         log.line(w);
     }
+    let unlinked = if dropped.is_empty() {
+        String::new()
+    } else {
+        format!(", {} unselected removed", dropped.len())
+    };
     Ok(Outcome::done(format!(
-        "{linked} linked, {} dangling removed, {current} current",
+        "{linked} linked, {} dangling removed{unlinked}, {current} current",
         removed.len()
     ))
     .with_warnings(warnings))
@@ -200,5 +334,140 @@ mod tests {
         assert!(!mentions("- pdf-tools", "pdf"));
         assert!(!mentions("apdf", "pdf"));
         assert!(mentions("pdf", "pdf"));
+    }
+
+    /// xorshift64*: deterministic, so a failing case reproduces.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[(self.next() % from.len() as u64) as usize]
+        }
+    }
+
+    /// Every path of the tree under `dir`, `/`-separated, at any depth.
+    fn all_paths(dir: &Path, rel: &str, out: &mut Vec<(String, bool)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let r = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let is_dir = e.path().is_dir();
+            out.push((r.clone(), is_dir));
+            if is_dir {
+                all_paths(&e.path(), &r, out);
+            }
+        }
+    }
+
+    /// The shallow walk selects exactly what the whole-path matcher of the
+    /// one glob dialect selects (dot-names aside), for many random trees
+    /// and patterns: no entry outside `include` is ever linked, none inside
+    /// is missed, and `entries` narrows the result.
+    #[test]
+    fn include_selects_exactly_what_the_glob_dialect_matches() {
+        let names = [
+            "a",
+            "b",
+            "ab",
+            "bin",
+            "lib",
+            "x.so",
+            ".h",
+            "build-info.json",
+        ];
+        let parts = [
+            "*", "a*", "?b", "bin", "lib", "*.so", "b?n", "*-info.*", "x.so",
+        ];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for case in 0..200 {
+            let tmp = tempfile::tempdir().unwrap();
+            let source = tmp.path().join("src");
+            std::fs::create_dir(&source).unwrap();
+            for _ in 0..(rng.next() % 12) {
+                let depth = 1 + rng.next() % 3;
+                let rel: Vec<&str> = (0..depth).map(|_| rng.pick(&names)).collect();
+                let path = source.join(rel.join("/"));
+                // A name already taken by a file cannot become a directory.
+                if path.ancestors().any(|a| a.is_file()) || path.exists() {
+                    continue;
+                }
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                if rng.next().is_multiple_of(3) {
+                    std::fs::create_dir(&path).unwrap();
+                } else {
+                    std::fs::write(&path, "x").unwrap();
+                }
+            }
+            let include: Vec<crate::restore::plan::LinkGlob> = (0..1 + rng.next() % 2)
+                .map(|_| {
+                    let depth = 1 + rng.next() % 3;
+                    let text: Vec<&str> = (0..depth).map(|_| rng.pick(&parts)).collect();
+                    let text = text.join("/");
+                    crate::restore::plan::LinkGlob {
+                        components: text.split('/').map(|c| Glob::new(c).unwrap()).collect(),
+                        text,
+                    }
+                })
+                .collect();
+            let entries = [Entries::All, Entries::Dirs, Entries::Files][(rng.next() % 3) as usize];
+            let l = Links {
+                source: source.clone(),
+                farm: tmp.path().join("farm"),
+                index: None,
+                entries,
+                include,
+            };
+            let whole: Vec<Glob> = l
+                .include
+                .iter()
+                .map(|g| Glob::new(&g.text).unwrap())
+                .collect();
+            let mut tree = Vec::new();
+            all_paths(&source, "", &mut tree);
+            let mut want: Vec<String> = tree
+                .into_iter()
+                .filter(|(r, _)| !r.split('/').any(|c| c.starts_with('.')))
+                .filter(|(r, _)| whole.iter().any(|g| g.matches(r)))
+                .filter(|(_, is_dir)| match entries {
+                    Entries::All => true,
+                    Entries::Dirs => *is_dir,
+                    Entries::Files => !*is_dir,
+                })
+                .map(|(r, _)| r)
+                .collect();
+            want.sort();
+            let (got, warnings) = scan(&l).unwrap();
+            // One link per name; the rest are the collision warnings.
+            assert_eq!(got.len() + warnings.len(), want.len(), "case {case}");
+            let mut got_rel: Vec<String> = got
+                .iter()
+                .map(|e| e.rel.to_string_lossy().into_owned())
+                .collect();
+            got_rel.sort();
+            for g in &got_rel {
+                assert!(
+                    want.contains(g),
+                    "case {case}: {g} linked, not selected: {want:?}"
+                );
+            }
+            let mut linked_names: Vec<&str> = got.iter().map(|e| e.name.as_str()).collect();
+            linked_names.dedup();
+            assert_eq!(
+                linked_names.len(),
+                got.len(),
+                "case {case}: names are unique"
+            );
+        }
     }
 }

@@ -15,6 +15,7 @@ pub mod pin;
 pub mod submodules;
 
 use anyhow::Result;
+use serde_json::Value;
 
 use super::plan::{Kind, Step};
 use super::proc::Log;
@@ -33,6 +34,9 @@ pub struct Ctx<'a> {
 pub enum Probe {
     /// Already done: nothing to run. Warnings still reach the user.
     Warm { what: String, warnings: Vec<String> },
+    /// Done with a stand-in (a cache's fallback key): nothing to run now.
+    /// `partial` names the key used and what differs (the row's JSON).
+    Partial { what: String, partial: Value },
     /// Work to do, and why.
     Needed(String),
 }
@@ -53,6 +57,8 @@ pub struct Outcome {
     pub what: String,
     pub warnings: Vec<String>,
     pub failed: bool,
+    /// Done with a stand-in (see `Probe::Partial`).
+    pub partial: Option<Value>,
 }
 
 impl Outcome {
@@ -61,6 +67,7 @@ impl Outcome {
             what: what.into(),
             warnings: Vec::new(),
             failed: false,
+            partial: None,
         }
     }
 
@@ -69,11 +76,17 @@ impl Outcome {
             what: what.into(),
             warnings: Vec::new(),
             failed: true,
+            partial: None,
         }
     }
 
     pub fn with_warnings(mut self, warnings: Vec<String>) -> Outcome {
         self.warnings = warnings;
+        self
+    }
+
+    pub fn with_partial(mut self, partial: Option<Value>) -> Outcome {
+        self.partial = partial;
         self
     }
 }

@@ -17,7 +17,7 @@ use anyhow::Result;
 use std::time::{Duration, Instant};
 
 use super::{Ctx, Outcome, Probe};
-use crate::restore::plan::Submodules;
+use crate::restore::plan::{Sentinel, Submodules};
 use crate::restore::proc::{self, Log};
 
 pub fn probe(ctx: &Ctx, s: &Submodules) -> Probe {
@@ -228,10 +228,9 @@ pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
         .iter()
         .filter(|p| !root.join(p).join(".git").exists())
         .collect();
-    let missing: Vec<String> = s
-        .sentinels
+    let absent: Vec<&Sentinel> = s.sentinels.iter().filter(|x| !x.abs.exists()).collect();
+    let missing: Vec<String> = absent
         .iter()
-        .filter(|x| !x.abs.exists())
         .map(|x| format!("MISSING {} {} -> breaks: {}", x.suite, x.path, x.breaks))
         .collect();
     for m in &missing {
@@ -247,7 +246,7 @@ pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
     }
     let mut why = Vec::new();
     if !missing.is_empty() {
-        why.push(format!("{} sentinel(s) missing", missing.len()));
+        why.push(missing_summary(&absent));
     }
     if !uninit.is_empty() {
         why.push(format!(
@@ -262,4 +261,51 @@ pub fn run(ctx: &Ctx, s: &Submodules, log: &mut Log) -> Result<Outcome> {
     why.extend(git_error);
     notes.extend(missing);
     Ok(Outcome::failed(why.join("; ")).with_warnings(notes))
+}
+
+/// How many sentinels the WHAT column names before it says "and N more":
+/// the full list is on stderr and in the log, one MISSING line each.
+const NAMED: usize = 3;
+
+/// `2 sentinel(s) missing: alpha (vendor/alpha/run.sh), beta (...)`, for
+/// the table's WHAT column.
+fn missing_summary(absent: &[&Sentinel]) -> String {
+    let mut named: Vec<String> = absent
+        .iter()
+        .take(NAMED)
+        .map(|x| format!("{} ({})", x.suite, x.path))
+        .collect();
+    if absent.len() > NAMED {
+        named.push(format!("and {} more", absent.len() - NAMED));
+    }
+    format!("{} sentinel(s) missing: {}", absent.len(), named.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn sentinel(i: usize) -> Sentinel {
+        Sentinel {
+            suite: format!("s{i}"),
+            path: format!("v/s{i}/run"),
+            abs: PathBuf::from(format!("/r/v/s{i}/run")),
+            breaks: "make".into(),
+        }
+    }
+
+    #[test]
+    fn the_summary_names_the_first_few_and_counts_the_rest() {
+        let all: Vec<Sentinel> = (1..=5).map(sentinel).collect();
+        let refs: Vec<&Sentinel> = all.iter().collect();
+        assert_eq!(
+            missing_summary(&refs[..2]),
+            "2 sentinel(s) missing: s1 (v/s1/run), s2 (v/s2/run)"
+        );
+        assert_eq!(
+            missing_summary(&refs),
+            "5 sentinel(s) missing: s1 (v/s1/run), s2 (v/s2/run), s3 (v/s3/run), and 2 more"
+        );
+    }
 }
