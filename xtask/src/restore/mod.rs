@@ -11,6 +11,7 @@
 //! state file and stamps, calls `stat`, and writes nothing. No step ever
 //! prints; this module reports what they return.
 
+pub mod env;
 pub mod plan;
 pub mod proc;
 pub mod report;
@@ -36,6 +37,9 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
     if let Some(RestoreCommand::Status(s)) = &args.command {
         return status(s.json);
     }
+    if let Some(RestoreCommand::Env(e)) = &args.command {
+        return env::run(e);
+    }
     args.network.apply()?;
     let repo = Repo::from_cwd()?;
     let plan = plan::load(&repo)?;
@@ -53,7 +57,21 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
         repo: &repo,
         paths: &paths,
     };
-    execute(&ctx, &selected, &args)
+    let result = execute(&ctx, &selected, &args);
+    // The table ends with the line that puts the exports in the caller's
+    // shell; a step that failed fatally leaves the others' exports valid.
+    let fatal_only = result
+        .as_ref()
+        .err()
+        .is_none_or(|e| crate::exit::code_of(e) == Code::StepFailed);
+    if !args.json
+        && !args.worker
+        && fatal_only
+        && let Some(line) = env::eval_hint(&plan)
+    {
+        println!("{line}");
+    }
+    result
 }
 
 /// The steps `--only` names, in manifest order (all when none is named).
@@ -158,6 +176,16 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
                 };
                 row.what = what;
                 row.warnings = warnings;
+                // `restore env` reads recorded states only: a step that
+                // exports is recorded warm once (a steady warm run still
+                // writes nothing).
+                let recorded_ok = prior
+                    .steps
+                    .get(&step.name)
+                    .is_some_and(|r| matches!(r.state, State::Done | State::Warm | State::Warned));
+                if !step.exports.is_empty() && !recorded_ok {
+                    record_final(ctx.paths, &row, None)?;
+                }
             }
             Probe::Needed(why) => {
                 let inline = args.worker || args.strict || !step.background;

@@ -34,6 +34,8 @@ pub const KINDS: [&str; 7] = [
 pub struct Plan {
     pub file: PathBuf,
     pub steps: Vec<Step>,
+    /// The top-level `[env]`: exported whatever the steps' states.
+    pub exports: super::env::Exports,
 }
 
 /// One validated step.
@@ -44,6 +46,8 @@ pub struct Step {
     pub background: bool,
     /// A failure prints one line and the restore goes on (default true).
     pub fail_open: bool,
+    /// `path = [...]` and `env = {...}`, for `restore env`.
+    pub exports: super::env::Exports,
     pub kind: Kind,
 }
 
@@ -293,6 +297,12 @@ impl Step {
                 "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
             }),
         };
+        let mut detail = detail;
+        if !self.exports.is_empty()
+            && let Some(obj) = detail.as_object_mut()
+        {
+            obj.insert("exports".into(), self.exports.describe());
+        }
         json!({
             "name": self.name,
             "kind": self.kind_name(),
@@ -357,9 +367,13 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
             ));
         }
     };
+    let exports = match top.remove("env") {
+        None => super::env::Exports::default(),
+        Some(v) => super::env::top_level(repo, v).map_err(|e| bad(one_line(&format!("{e:#}"))))?,
+    };
     if let Some(key) = top.keys().next() {
         return Err(bad(format!(
-            "unknown top-level key `{key}`: only `[[step]]` tables belong here"
+            "unknown top-level key `{key}`: only `[[step]]` tables and `[env]` belong here"
         )));
     }
     let mut steps: Vec<Step> = Vec::new();
@@ -387,9 +401,16 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
             "no steps: add at least one `[[step]]` with a `name` and a `kind`".into(),
         ));
     }
+    let sources = std::iter::once(("[env]".to_string(), &exports)).chain(
+        steps
+            .iter()
+            .map(|s| (format!("step {:?}", s.name), &s.exports)),
+    );
+    super::env::check_conflicts(sources).map_err(|e| bad(format!("{e:#}")))?;
     Ok(Plan {
         file: file.to_path_buf(),
         steps,
+        exports,
     })
 }
 
@@ -428,6 +449,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
         .ok_or_else(|| named(anyhow!("`kind` is missing: one of {}", KINDS.join(", "))))?;
     let background = take_bool(&mut t, "background", false).map_err(named)?;
     let fail_open = take_bool(&mut t, "fail_open", true).map_err(named)?;
+    let exports = super::env::take(repo, &mut t).map_err(named)?;
     let rest = toml::Value::Table(t);
     let kind = match kind.as_str() {
         "cache" => resolve_cache(de(rest)?),
@@ -447,6 +469,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
         name,
         background,
         fail_open,
+        exports,
         kind,
     })
 }
