@@ -785,6 +785,14 @@ fn restore_env_refuses_bad_names_path_in_env_and_unknown_keys() {
             step("env = { WARMSTART_COMMAND = \"x\" }"),
             "WARMSTART_* settings",
         ),
+        (
+            step("env = { UID = \"0\" }"),
+            "\"UID\" belongs to the shell (bash and zsh",
+        ),
+        (
+            step("env = { path = \"/x\" }"),
+            "\"path\" belongs to the shell (zsh",
+        ),
         (step("env = { N = 3 }"), "`env.N` must be a string"),
         (step("env = { N = \"a\\u0000b\" }"), "NUL byte"),
         (step("env = \"X=1\""), "`env` must be a table"),

@@ -116,6 +116,25 @@ fn path_entry(repo: &Repo, raw: &str) -> Result<String> {
     }
 }
 
+/// Names a supported shell keeps for itself: read-only, or set again by the
+/// shell, so `eval` fails or leaves another value (found by exporting each
+/// in sh, bash 5.2, zsh 5.9 and fish 3.6 and reading it back in a child).
+/// `IFS` would also change how the user's own shell splits words.
+const SHELL_OWNED: &[(&str, &str)] = &[
+    (
+        "bash",
+        "BASHOPTS BASHPID BASH_COMMAND BASH_LINENO BASH_SUBSHELL BASH_VERSINFO DIRSTACK EPOCHREALTIME EPOCHSECONDS FUNCNAME GROUPS HISTCMD LINENO RANDOM SECONDS SHELLOPTS SRANDOM",
+    ),
+    ("bash and zsh", "UID EUID"),
+    ("every shell", "PPID OPTIND IFS PWD SHLVL _"),
+    (
+        "zsh",
+        "GID EGID ARGC ERRNO KEYBOARD_HACK TTYIDLE USERNAME ZSH_SUBSHELL argv path cdpath fpath manpath module_path mailpath psvar watch signals funcstack options parameters commands aliases functions builtins reswords dirstack jobtexts modules nameddirs userdirs",
+    ),
+    ("zsh and fish", "status pipestatus history"),
+    ("fish", "fish_pid hostname version FISH_VERSION umask"),
+];
+
 fn check_var_name(name: &str) -> Result<()> {
     let mut chars = name.chars();
     let ok = chars
@@ -130,6 +149,14 @@ fn check_var_name(name: &str) -> Result<()> {
     if name == "PATH" {
         bail!(
             "`env.PATH` would replace the whole PATH: list the directories in `path = [...]`, which prepends them"
+        );
+    }
+    if let Some((shells, _)) = SHELL_OWNED
+        .iter()
+        .find(|(_, names)| names.split(' ').any(|n| n == name))
+    {
+        bail!(
+            "`env` name {name:?} belongs to the shell ({shells} keeps it read-only or sets it itself), so eval cannot set it: choose another name"
         );
     }
     if name.starts_with("WARMSTART_") {
@@ -517,7 +544,11 @@ mod tests {
         for bad in ["1X", "A-B", "", "A B", "É"] {
             assert!(check_var_name(bad).is_err(), "{bad}");
         }
-        for good in ["_", "A1", "z3_HOME", "_X"] {
+        for owned in ["UID", "path", "_", "status", "FISH_VERSION", "IFS"] {
+            let m = format!("{:#}", check_var_name(owned).unwrap_err());
+            assert!(m.contains("belongs to the shell"), "{m}");
+        }
+        for good in ["__", "A1", "z3_HOME", "_X", "PATHS", "HOME", "LC_ALL"] {
             check_var_name(good).unwrap();
         }
         assert!(format!("{:#}", check_var_name("PATH").unwrap_err()).contains("path = [...]"));
