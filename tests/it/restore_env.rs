@@ -222,6 +222,18 @@ fn restore_env_default_shell_comes_from_shell_and_the_table_ends_with_the_eval_l
     );
     // --json stays one JSON document.
     json(&ws(&env, &["restore", "--json"]).ok());
+    // The dry run shows the exports it would offer, [env] and per step.
+    let plan = json(&ws(&env, &["restore", "--dry-run", "--json"]).ok());
+    assert_eq!(plan["env"]["env"]["ALWAYS"], "yes it's here");
+    assert_eq!(
+        plan["steps"][0]["detail"]["exports"]["env"]["Z3_HOME"],
+        "/opt/z 3"
+    );
+    let text = ws(&env, &["restore", "--dry-run"]).ok().stdout();
+    assert!(
+        text.contains("[env] (always exported): ") && text.contains("exports: "),
+        "{text}"
+    );
     // A plan without exports ends with the table alone.
     manifest(
         &env,

@@ -99,11 +99,14 @@ fn select<'p>(plan: &'p Plan, only: &[String]) -> Result<Vec<&'p Step>> {
 fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
     let described: Vec<_> = steps.iter().map(|s| s.describe(repo)).collect();
     if as_json {
-        let out = json!({ "file": plan.file, "steps": described });
+        let out = json!({ "file": plan.file, "env": plan.exports.describe(), "steps": described });
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
         return;
     }
     println!("plan from {} (nothing was run)", plan.file.display());
+    if !plan.exports.is_empty() {
+        println!("[env] (always exported): {}", plan.exports.describe());
+    }
     for (i, (step, d)) in steps.iter().zip(&described).enumerate() {
         let mut flags = Vec::new();
         if step.background {
