@@ -409,7 +409,7 @@ fn restore_env_values_round_trip_exactly_through_eval_in_every_shell() {
             cmd.env("OUT", &out)
                 .env("WS_PROP_DIR", &var)
                 .arg("-c")
-                .arg(format!("{}\n{body}", load_line(sh)));
+                .arg(format!("{0}\n{0}\n{body}", load_line(sh)));
             let r = run(&mut cmd);
             assert_eq!(
                 r.code(),
@@ -436,6 +436,11 @@ fn restore_env_values_round_trip_exactly_through_eval_in_every_shell() {
             assert!(
                 path.starts_with(&format!("{}:", prefix.join(":"))),
                 "{sh}: PATH {path:?} does not start with {prefix:?}"
+            );
+            // Evaluated twice, and the guard (with these names in its pattern) held.
+            assert!(
+                !path.starts_with(&format!("{0}:{0}:", prefix.join(":"))),
+                "{sh}: the second eval prepended again: {path:?}"
             );
             assert_eq!(
                 std::fs::read_to_string(out.join("which")).unwrap(),
