@@ -57,6 +57,9 @@ command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
 command -v fcgiwrap >/dev/null || [ -x /usr/sbin/fcgiwrap ] || need_apt+=(fcgiwrap)
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need_apt+=(squid)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+# `restore env` output is evaluated by real zsh and fish (tests/it/restore_env.rs).
+command -v zsh >/dev/null || need_apt+=(zsh)
+command -v fish >/dev/null || need_apt+=(fish)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "tools/test.sh: installing ${need_apt[*]}" >&2
   as_root=()   # root, or passwordless sudo (GitHub's runners)

@@ -509,6 +509,23 @@ fn json_contract_gates_restore_and_init() {
         made["finished_at"].as_str().unwrap().ends_with('Z'),
         "{made}"
     );
+    c.check(
+        "restore-env.ok",
+        "restore env",
+        &ws(&env, w, &["restore", "env", "--json"]),
+        true,
+    );
+    c.check(
+        "restore-env.fail",
+        "restore env",
+        // `--github` outside GitHub Actions: neither file is named.
+        &run(env
+            .xtask_in(w)
+            .args(["restore", "env", "--github", "--json"])
+            .env_remove("GITHUB_ENV")
+            .env_remove("GITHUB_PATH")),
+        false,
+    );
     let state = env.join("work/.git/warmstart/restore/state.json");
     std::fs::write(&state, "{not json").unwrap();
     c.check(

@@ -27,6 +27,7 @@ mod json_contract;
 mod net_deadline;
 mod restore;
 mod restore_cache;
+mod restore_env;
 mod restore_gaps;
 mod restore_parallel;
 mod restore_submodules;

@@ -48,6 +48,47 @@ pub enum RestoreCommand {
     /// Show the last state of every step, including background steps still
     /// running (with their process id and log file).
     Status(StatusArgs),
+    /// Print the PATH prepends and variables that restore.toml declares
+    /// (`path = [...]`, `env = {...}` on steps and in `[env]`), for `eval`.
+    ///
+    /// Reads the recorded state only and runs no probe: `[env]` always
+    /// counts, a step only when its last run was done or warm. A failed
+    /// step adds nothing; a step still running in the background is left
+    /// out with a line on stderr (eval again later).
+    ///
+    /// Examples:
+    ///   eval "$(warmstart restore env)"           # sh, bash, zsh
+    ///   warmstart restore env --shell fish | source
+    ///   restore env --github                      # GitHub Actions: later steps see them
+    ///   restore env --append "$CLAUDE_ENV_FILE"   # an agent hook's env file (sh form)
+    Env(EnvArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EnvArgs {
+    /// The shell to write for (default: the file name of $SHELL, else sh).
+    #[arg(long, value_enum, conflicts_with_all = ["json", "github", "append"])]
+    pub shell: Option<ShellKind>,
+    /// Append to the files GitHub Actions names in $GITHUB_ENV and
+    /// $GITHUB_PATH, so that later steps of the job see the exports.
+    #[arg(long)]
+    pub github: bool,
+    /// Append the sh form to FILE (created if missing), such as the env
+    /// file an agent hook passes. Nothing is printed on stdout.
+    #[arg(long, value_name = "FILE")]
+    pub append: Option<std::path::PathBuf>,
+    /// Print JSON (`path`, `env`, `from`, `left_out`) instead of shell code.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The shells `restore env` writes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShellKind {
+    Sh,
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Debug, Args)]

@@ -14,6 +14,7 @@
 //! state file and stamps, calls `stat`, and writes nothing. No step ever
 //! prints; this module reports what they return.
 
+pub mod env;
 pub mod plan;
 pub mod proc;
 pub mod report;
@@ -42,6 +43,9 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
     if let Some(RestoreCommand::Status(s)) = &args.command {
         return status(s.json);
     }
+    if let Some(RestoreCommand::Env(e)) = &args.command {
+        return env::run(e);
+    }
     args.network.apply()?;
     let repo = Repo::from_cwd()?;
     let plan = plan::load(&repo)?;
@@ -59,7 +63,21 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
         repo: &repo,
         paths: &paths,
     };
-    execute(&ctx, &plan, &selected, &args)
+    let result = execute(&ctx, &plan, &selected, &args);
+    // The table ends with the line that puts the exports in the caller's
+    // shell; a step that failed fatally leaves the others' exports valid.
+    let fatal_only = result
+        .as_ref()
+        .err()
+        .is_none_or(|e| crate::exit::code_of(e) == Code::StepFailed);
+    if !args.json
+        && !args.worker
+        && fatal_only
+        && let Some(line) = env::eval_hint(&plan)
+    {
+        println!("{line}");
+    }
+    result
 }
 
 /// The steps `--only` names, in manifest order (all when none is named).
@@ -87,15 +105,21 @@ fn select<'p>(plan: &'p Plan, only: &[String]) -> Result<Vec<&'p Step>> {
 fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
     let described: Vec<_> = steps.iter().map(|s| s.describe(repo)).collect();
     if as_json {
-        crate::contract::document(
-            json!({ "file": plan.file, "parallel": plan.parallel, "steps": described }),
-        );
+        crate::contract::document(json!({
+            "file": plan.file,
+            "parallel": plan.parallel,
+            "env": plan.exports.describe(),
+            "steps": described,
+        }));
         return;
     }
     println!("plan from {} (nothing was run)", plan.file.display());
     match plan.parallel {
         Some(n) => println!("parallel: up to {n} steps at once, each after the steps it names"),
         None => println!("in file order, one step at a time"),
+    }
+    if !plan.exports.is_empty() {
+        println!("[env] (always exported): {}", plan.exports.describe());
     }
     for (i, (step, d)) in steps.iter().zip(&described).enumerate() {
         let mut flags = Vec::new();
@@ -350,7 +374,20 @@ fn attempt(
     let mut deferred = false;
     let mut fatal = None;
     match warm_row(&mut row, steps::probe(ctx, step)) {
-        None => {}
+        None => {
+            // `restore env` reads recorded states only: a step that
+            // exports is recorded warm once (a steady warm run still
+            // writes nothing).
+            let recorded_ok = prior.steps.get(&step.name).is_some_and(|r| {
+                matches!(
+                    r.state,
+                    State::Done | State::Warm | State::Warned | State::Partial
+                )
+            });
+            if !step.exports.is_empty() && !recorded_ok {
+                record_final(ctx.paths, &row, None)?;
+            }
+        }
         Some(why) => {
             let inline = args.worker || args.strict || !step.background;
             if inline {

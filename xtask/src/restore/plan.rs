@@ -37,6 +37,8 @@ pub struct Plan {
     /// `parallel` at the top: at most this many steps at once, in the
     /// order `after` gives (`restore/schedule.rs`). `None`: file order.
     pub parallel: Option<usize>,
+    /// The top-level `[env]`: exported whatever the steps' states.
+    pub exports: super::env::Exports,
 }
 
 /// One validated step.
@@ -49,6 +51,8 @@ pub struct Step {
     pub fail_open: bool,
     /// With `parallel`: the steps this one waits for (else always empty).
     pub after: Vec<String>,
+    /// `path = [...]` and `env = {...}`, for `restore env`.
+    pub exports: super::env::Exports,
     pub kind: Kind,
 }
 
@@ -328,6 +332,12 @@ impl Step {
                 "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
             }),
         };
+        let mut detail = detail;
+        if !self.exports.is_empty()
+            && let Some(obj) = detail.as_object_mut()
+        {
+            obj.insert("exports".into(), self.exports.describe());
+        }
         json!({
             "step": self.name,
             "kind": self.kind_name(),
@@ -394,9 +404,13 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
         }
     };
     let parallel = parallel_limit(top.remove("parallel")).map_err(|e| bad(format!("{e:#}")))?;
+    let exports = match top.remove("env") {
+        None => super::env::Exports::default(),
+        Some(v) => super::env::top_level(repo, v).map_err(|e| bad(one_line(&format!("{e:#}"))))?,
+    };
     if let Some(key) = top.keys().next() {
         return Err(bad(format!(
-            "unknown top-level key `{key}`: only `parallel` and `[[step]]` tables belong here"
+            "unknown top-level key `{key}`: only `parallel`, `[env]` and `[[step]]` tables belong here"
         )));
     }
     let mut steps: Vec<Step> = Vec::new();
@@ -428,10 +442,17 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
         ));
     }
     check_after(&steps, parallel).map_err(bad)?;
+    let sources = std::iter::once(("[env]".to_string(), &exports)).chain(
+        steps
+            .iter()
+            .map(|s| (format!("step {:?}", s.name), &s.exports)),
+    );
+    super::env::check_conflicts(sources).map_err(|e| bad(format!("{e:#}")))?;
     Ok(Plan {
         file: file.to_path_buf(),
         steps,
         parallel,
+        exports,
     })
 }
 
@@ -525,6 +546,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
     let background = take_bool(&mut t, "background", false).map_err(named)?;
     let fail_open = take_bool(&mut t, "fail_open", true).map_err(named)?;
     let after = take_after(&mut t).map_err(named)?;
+    let exports = super::env::take(repo, &mut t).map_err(named)?;
     let rest = toml::Value::Table(t);
     let kind = match kind.as_str() {
         "cache" => resolve_cache(de(rest)?),
@@ -545,6 +567,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
         background,
         fail_open,
         after,
+        exports,
         kind,
     })
 }
