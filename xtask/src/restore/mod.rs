@@ -36,6 +36,9 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
     if let Some(RestoreCommand::Status(s)) = &args.command {
         return status(s.json);
     }
+    if let Some(RestoreCommand::Stop(s)) = &args.command {
+        return steps::service::stop_command(s);
+    }
     args.network.apply()?;
     let repo = Repo::from_cwd()?;
     let plan = plan::load(&repo)?;
