@@ -25,6 +25,7 @@ mod gates_refs;
 mod net_deadline;
 mod restore;
 mod restore_cache;
+mod restore_service;
 mod resume;
 mod resume_interop;
 mod secrets;
