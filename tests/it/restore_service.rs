@@ -353,6 +353,30 @@ fn a_change_of_a_watched_file_or_of_the_executable_restarts_the_service() {
     std::fs::remove_file(env.join("w/svc.conf")).unwrap();
     assert_eq!(restore_row(&env, "svc", &[])["state"], "done");
     assert_eq!(restore_row(&env, "svc", &[])["state"], "warm");
+
+    // A new command line in the manifest.
+    let fourth = pidfile_pid(&pidfile);
+    write(
+        &env.join("w/cache-manifests/restore.toml"),
+        &text.replace("exec bin/svc", "exec ./bin/svc"),
+    );
+    assert_eq!(restore_row(&env, "svc", &[])["state"], "done");
+    let steplog = std::fs::read_to_string(env.join("w/.git/warmstart/logs/svc.log")).unwrap();
+    assert!(
+        steplog.contains(&format!(
+            "pid {fourth} must restart: its command line changed"
+        )),
+        "{steplog}"
+    );
+    assert!(!alive(fourth));
+
+    // A start interrupted before its readiness was confirmed is redone.
+    let fifth = pidfile_pid(&pidfile);
+    let text = std::fs::read_to_string(&pidfile).unwrap();
+    write(&pidfile, &text.replace("\"ready\":true", "\"ready\":false"));
+    assert_eq!(restore_row(&env, "svc", &[])["state"], "done");
+    assert!(!alive(fifth) && alive(pidfile_pid(&pidfile)) && accepts(port));
+    assert_eq!(restore_row(&env, "svc", &[])["state"], "warm");
 }
 
 #[test]
