@@ -624,3 +624,50 @@ fn hostile_pidfiles_never_count_as_running_and_never_signal_anything() {
     assert!(alive(victim.id()), "an unrelated process was signalled");
     drop(victim);
 }
+
+#[test]
+fn bad_service_settings_fail_open_with_the_fix_named() {
+    let port = free_port();
+    let held = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let text = format!(
+        "[[step]]\nname = \"missing\"\nkind = \"service\"\nrun = [\"no-such-daemon-here\"]\n\n\
+         [[step]]\nname = \"nowhere\"\nkind = \"service\"\nrun = [\"sleep\", \"600\"]\npidfile = \"/proc/none/x.pid\"\n\n\
+         [[step]]\nname = \"taken\"\nkind = \"service\"\nrun = [\"python3\", \"svc.py\", \"{port}\"]\nready_port = {port}\n"
+    );
+    let env = setup(&text);
+    let _stop = Stopper(&env);
+    let r = restore(&env, &[]).ok();
+    let err = r.stderr();
+    for want in [
+        "restore: missing failed (fail-open, continuing): cannot start `no-such-daemon-here` in ",
+        "restore: nowhere failed (fail-open, continuing): creating /proc/none, the directory of `pidfile`: choose a writable path",
+        &format!(
+            "restore: taken failed (fail-open, continuing): 127.0.0.1:{port} already accepts connections, from a process this service did not start"
+        ),
+    ] {
+        assert!(err.contains(want), "missing {want:?} in\n{err}");
+    }
+    assert_eq!(err.lines().count(), 3, "one line per failure:\n{err}");
+    // The port's owner is untouched, and nothing was left running or recorded.
+    assert!(held.local_addr().is_ok() && accepts(port));
+    assert!(
+        !env.join("w/.git/warmstart/restore/services/taken.pid")
+            .exists()
+    );
+    assert!(
+        !env.join("w/.git/warmstart/restore/services/missing.pid")
+            .exists()
+    );
+
+    write(
+        &env.join("w/cache-manifests/restore.toml"),
+        "[[step]]\nname = \"s\"\nkind = \"service\"\nrun = \"x\"\nready_port = \"7\"\n",
+    );
+    let r = restore(&env, &["stop"]).expect_code(10);
+    assert!(
+        r.stderr()
+            .contains("step 1 (\"s\"): `ready_port` = a string is not a TCP port"),
+        "{}",
+        r.stderr()
+    );
+}

@@ -896,7 +896,8 @@ struct RawService {
     run: Cmdline,
     pidfile: Option<String>,
     log: Option<String>,
-    ready_port: Option<i64>,
+    /// Taken as any value, so that a wrong type is refused naming the field.
+    ready_port: Option<toml::Value>,
     ready_cmd: Option<Cmdline>,
     ready_timeout: Option<DurationSpec>,
     #[serde(default)]
@@ -911,9 +912,14 @@ fn resolve_service(repo: &Repo, name: &str, r: RawService) -> Result<Kind> {
         (Some(_), Some(_)) => {
             bail!("`ready_port` and `ready_cmd` are two probes: keep one")
         }
-        (Some(p), None) => match u16::try_from(p) {
-            Ok(p) if p > 0 => Some(Ready::Port(p)),
-            _ => bail!("`ready_port` = {p} is not a TCP port (1 to 65535)"),
+        (Some(p), None) => match p.as_integer().map(u16::try_from) {
+            Some(Ok(n)) if n > 0 => Some(Ready::Port(n)),
+            _ => bail!(
+                "`ready_port` = {} is not a TCP port (a number from 1 to 65535)",
+                p.as_integer()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| format!("a {}", p.type_str()))
+            ),
         },
         (None, Some(c)) => {
             c.check("ready_cmd")?;

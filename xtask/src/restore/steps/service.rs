@@ -428,9 +428,14 @@ pub fn run(_ctx: &Ctx, name: &str, s: &Service, log: &mut Log) -> Result<Outcome
 /// Starts the service detached (its own session and process group, stdin
 /// closed, output appended to its log) and writes its pidfile (not ready yet).
 fn spawn(name: &str, s: &Service, log: &mut Log) -> Result<(Child, Record)> {
-    for p in [&s.log, &s.pidfile] {
+    for (field, p) in [("log", &s.log), ("pidfile", &s.pidfile)] {
         if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!(
+                    "creating {}, the directory of `{field}`: choose a writable path",
+                    dir.display()
+                )
+            })?;
         }
     }
     let mut out = std::fs::File::options()
