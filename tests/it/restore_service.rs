@@ -407,7 +407,19 @@ fn readiness_a_never_ready_service_fails_with_one_line_and_strict_exits_11() {
     let dies_log =
         std::fs::read_to_string(env.join("w/.git/warmstart/logs/dies.service.log")).unwrap();
     assert!(dies_log.contains("no config"), "{dies_log}");
-    assert!(r.stdout().contains("flag"), "{}", r.stdout());
+    let flag_row = r
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("flag "))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        flag_row.contains(" done ")
+            && flag_row.contains("started pid")
+            && flag_row.contains(", ready, in "),
+        "{}",
+        r.stdout()
+    );
     let row = restore_row(&env, "flag", &["--only", "flag"]);
     assert_eq!(row["state"], "warm", "{row:#}");
 
