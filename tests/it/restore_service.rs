@@ -43,9 +43,13 @@ fn setup(text: &str) -> TestEnv {
     env
 }
 
+/// Writes a file with mode 0644 whatever the umask (a pidfile that others
+/// could write is never trusted, and these tests mean to reach the checks
+/// after that one).
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
 }
 
 fn restore(env: &TestEnv, args: &[&str]) -> Run {
@@ -340,6 +344,7 @@ fn a_change_of_a_watched_file_or_of_the_executable_restarts_the_service() {
 
     // The executable itself: a new version written in place.
     write(&exe, "#!/bin/sh\n# v2\nexec python3 svc.py \"$1\"\n");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     let row = restore_row(&env, "svc", &[]);
     assert_eq!(row["state"], "done", "{row:#}");
     let third = pidfile_pid(&pidfile);
