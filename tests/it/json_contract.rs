@@ -546,7 +546,8 @@ fn json_contract_gates_restore_and_init() {
              [[step]]\nname = \"skills\"\nkind = \"links\"\nsource = \"skills\"\nfarm = \".claude/skills\"\nindex = \"skills/INDEX.md\"\nentries = \"dirs\"\n\n\
              [[step]]\nname = \"tool\"\nkind = \"download\"\nurl = \"https://example.org/tool\"\nsha256 = \"{hex}\"\ndest = \"bin/tool\"\nexecutable = true\n\n\
              [[step]]\nname = \"python\"\nkind = \"pin\"\ntool = \"python3\"\nargs = [\"--version\"]\nexpect = '^Python 3'\nfix = {{ run = \"true\" }}\n\n\
-             [[step]]\nname = \"fresh\"\nkind = \"freshness\"\nbackground = true\nremote = \"origin\"\nbranch = \"main\"\n"
+             [[step]]\nname = \"fresh\"\nkind = \"freshness\"\nbackground = true\nremote = \"origin\"\nbranch = \"main\"\n\n\
+             [[step]]\nname = \"daemon\"\nkind = \"service\"\nrun = \"sleep 600\"\n"
         ),
     );
     let doc = c.check(
@@ -555,7 +556,20 @@ fn json_contract_gates_restore_and_init() {
         &ws(&env, "plan", &["restore", "--dry-run", "--json"]),
         true,
     );
-    assert_eq!(doc["steps"].as_array().unwrap().len(), 6, "{doc:#}");
+    assert_eq!(doc["steps"].as_array().unwrap().len(), 7, "{doc:#}");
+    let doc = c.check(
+        "restore-stop.ok",
+        "restore stop",
+        &ws(&env, "plan", &["restore", "stop", "--json"]),
+        true,
+    );
+    assert_eq!(doc["services"][0]["was_running"], false, "{doc:#}");
+    c.check(
+        "restore-stop.fail",
+        "restore stop",
+        &ws(&env, "plan", &["restore", "stop", "nope", "--json"]),
+        false,
+    );
 
     env.work_repo("fresh");
     c.check(

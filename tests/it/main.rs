@@ -30,6 +30,7 @@ mod restore_cache;
 mod restore_env;
 mod restore_gaps;
 mod restore_parallel;
+mod restore_service;
 mod restore_submodules;
 mod resume;
 mod resume_interop;

@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 /// Bring this machine back to working order: run the ordered steps of
 /// `cache-manifests/restore.toml` (cache branches, submodules, symlink farms,
 /// commands, pinned downloads and `.conda` packages, tool version pins,
-/// branch freshness).
+/// branch freshness, long-running services).
 ///
 /// Every step first asks a cheap "already done?" probe and only runs when
 /// needed, so a warm run is a near-instant no-op. A failed step prints one
@@ -48,6 +48,11 @@ pub enum RestoreCommand {
     /// Show the last state of every step, including background steps still
     /// running (with their process id and log file).
     Status(StatusArgs),
+    /// Stop a `service` step's process (default: every service of the plan):
+    /// SIGTERM to its whole process group, SIGKILL after its `kill_grace`,
+    /// then remove its pidfile. A pidfile that does not prove the process is
+    /// the service (pid reused, zombie, garbage) signals nothing.
+    Stop(StopArgs),
     /// Print the PATH prepends and variables that restore.toml declares
     /// (`path = [...]`, `env = {...}` on steps and in `[env]`), for `eval`.
     ///
@@ -94,6 +99,16 @@ pub enum ShellKind {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print JSON on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// The service step to stop (default: all of them).
+    #[arg(value_name = "STEP")]
+    pub step: Option<String>,
+    /// Print JSON on stdout instead of one line per service.
     #[arg(long)]
     pub json: bool,
 }

@@ -46,6 +46,9 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
     if let Some(RestoreCommand::Env(e)) = &args.command {
         return env::run(e);
     }
+    if let Some(RestoreCommand::Stop(s)) = &args.command {
+        return steps::service::stop_command(s);
+    }
     args.network.apply()?;
     let repo = Repo::from_cwd()?;
     let plan = plan::load(&repo)?;

@@ -19,7 +19,7 @@ use crate::exit::{Code, fail};
 use crate::repo::Repo;
 
 /// The step kinds this build knows, as written in `kind = "..."`.
-pub const KINDS: [&str; 7] = [
+pub const KINDS: [&str; 8] = [
     "cache",
     "submodules",
     "links",
@@ -27,6 +27,7 @@ pub const KINDS: [&str; 7] = [
     "download",
     "pin",
     "freshness",
+    "service",
 ];
 
 /// The whole bootstrap: the steps in the order they run.
@@ -65,6 +66,7 @@ pub enum Kind {
     Download(Download),
     Pin(Pin),
     Freshness(Freshness),
+    Service(Service),
 }
 
 /// A cache of `cache-manifests/<cache>.toml`, restored by the cache module.
@@ -239,6 +241,46 @@ pub struct Freshness {
     pub network: crate::net::ManifestNetwork,
 }
 
+/// A long-running process kept alive by restore (`steps/service.rs`).
+#[derive(Debug)]
+pub struct Service {
+    /// Stays in the foreground: it is the process the pidfile names.
+    pub run: Cmdline,
+    pub pidfile: PathBuf,
+    /// Its stdout and stderr (appended).
+    pub log: PathBuf,
+    pub ready: Option<Ready>,
+    /// How long a start may take to become ready.
+    pub ready_timeout: Duration,
+    /// A change to one of these (device, inode, size, mtime) restarts it.
+    pub watch: Vec<PathBuf>,
+    pub cwd: PathBuf,
+    /// `restore stop`: SIGTERM, then SIGKILL after this long.
+    pub kill_grace: Duration,
+}
+
+/// When a started service counts as ready.
+#[derive(Debug)]
+pub enum Ready {
+    /// Something accepts TCP connections on 127.0.0.1:port.
+    Port(u16),
+    /// The command exits 0.
+    Cmd(Cmdline),
+}
+
+impl Service {
+    fn describe(&self) -> Value {
+        json!({
+            "run": self.run.display(), "pidfile": self.pidfile, "log": self.log,
+            "ready_port": match &self.ready { Some(Ready::Port(p)) => json!(p), _ => Value::Null },
+            "ready_cmd": match &self.ready { Some(Ready::Cmd(c)) => json!(c.display()), _ => Value::Null },
+            "ready_timeout_ms": self.ready_timeout.as_millis() as u64,
+            "watch": self.watch, "cwd": self.cwd,
+            "kill_grace_ms": self.kill_grace.as_millis() as u64,
+        })
+    }
+}
+
 impl Step {
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
@@ -249,6 +291,7 @@ impl Step {
             Kind::Download(_) => "download",
             Kind::Pin(_) => "pin",
             Kind::Freshness(_) => "freshness",
+            Kind::Service(_) => "service",
         }
     }
 
@@ -273,6 +316,7 @@ impl Step {
                 (None, Some(b)) => format!("upstream/{b}"),
                 (None, None) => "upstream".into(),
             },
+            Kind::Service(s) => s.run.display(),
         }
     }
 
@@ -331,6 +375,7 @@ impl Step {
                 "remote_name": f.remote.as_deref().map(crate::redact::url), "branch": f.branch,
                 "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
             }),
+            Kind::Service(s) => s.describe(),
         };
         let mut detail = detail;
         if !self.exports.is_empty()
@@ -556,6 +601,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
         "download" => resolve_download(repo, de(rest)?),
         "pin" => resolve_pin(repo, de(rest)?),
         "freshness" => resolve_freshness(de(rest)?),
+        "service" => resolve_service(repo, &name, de(rest)?),
         other => Err(anyhow!(
             "unknown kind {other:?}: one of {}",
             KINDS.join(", ")
@@ -1079,6 +1125,85 @@ fn resolve_freshness(r: RawFreshness) -> Result<Kind> {
     }))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    run: Cmdline,
+    pidfile: Option<String>,
+    log: Option<String>,
+    /// Taken as any value, so that a wrong type is refused naming the field.
+    ready_port: Option<toml::Value>,
+    ready_cmd: Option<Cmdline>,
+    ready_timeout: Option<DurationSpec>,
+    #[serde(default)]
+    watch: Vec<String>,
+    cwd: Option<String>,
+    kill_grace: Option<DurationSpec>,
+}
+
+fn resolve_service(repo: &Repo, name: &str, r: RawService) -> Result<Kind> {
+    r.run.check("run")?;
+    let ready = match (r.ready_port, r.ready_cmd) {
+        (Some(_), Some(_)) => {
+            bail!("`ready_port` and `ready_cmd` are two probes: keep one")
+        }
+        (Some(p), None) => match p.as_integer().map(u16::try_from) {
+            Some(Ok(n)) if n > 0 => Some(Ready::Port(n)),
+            _ => bail!(
+                "`ready_port` = {} is not a TCP port (a number from 1 to 65535)",
+                p.as_integer()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| format!("a {}", p.type_str()))
+            ),
+        },
+        (None, Some(c)) => {
+            c.check("ready_cmd")?;
+            Some(Ready::Cmd(c))
+        }
+        (None, None) => None,
+    };
+    let state = repo.state_dir();
+    let path_or = |raw: Option<String>, default: PathBuf| match raw {
+        Some(p) if p.is_empty() => bail!("a path of the service is empty"),
+        Some(p) => expand_path(repo, &p),
+        None => Ok(default),
+    };
+    let pidfile = path_or(
+        r.pidfile,
+        state.join("restore/services").join(format!("{name}.pid")),
+    )?;
+    let log = path_or(
+        r.log,
+        state.join("logs").join(format!("{name}.service.log")),
+    )?;
+    if pidfile == log {
+        bail!("`pidfile` and `log` are the same file: give each its own path");
+    }
+    let watch = r
+        .watch
+        .iter()
+        .map(|w| {
+            if w.is_empty() {
+                bail!("`watch` holds an empty path");
+            }
+            expand_path(repo, w)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Kind::Service(Service {
+        run: r.run,
+        pidfile,
+        log,
+        ready,
+        ready_timeout: timeout(&r.ready_timeout, "ready_timeout", Duration::from_secs(10))?,
+        watch,
+        cwd: match r.cwd {
+            Some(c) => expand_path(repo, &c)?,
+            None => repo.root.clone(),
+        },
+        kill_grace: dur(&r.kill_grace, "kill_grace", Duration::from_secs(5))?,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1154,6 +1279,13 @@ name = "fresh"
 kind = "freshness"
 background = true
 timeout = "500ms"
+
+[[step]]
+name = "lsp"
+kind = "service"
+run = ["lsp", "--port", "7070"]
+ready_port = 7070
+watch = ["bin/lsp"]
 "#
             .replace("SHA", &"AB".repeat(32)),
         )
@@ -1263,6 +1395,52 @@ timeout = "500ms"
         assert!(m.contains("inside the repository"), "{m}");
         let m = err("[[step]]\nname = \"f\"\nkind = \"freshness\"\ntimeout = \"soon\"\n");
         assert!(m.contains("not a duration"), "{m}");
+    }
+
+    #[test]
+    fn service_steps_resolve_and_refuse_what_they_do_not_understand() {
+        let svc = |extra: &str| format!("[[step]]\nname = \"lsp\"\nkind = \"service\"\n{extra}");
+        let p = plan(&svc(
+            "run = \"exec lsp\"\nready_cmd = \"lsp --ping\"\nwatch = [\"~/x\"]\n",
+        ))
+        .unwrap();
+        let Kind::Service(s) = &p.steps[0].kind else {
+            panic!()
+        };
+        assert_eq!(
+            s.pidfile,
+            Path::new("/r/.git/warmstart/restore/services/lsp.pid")
+        );
+        assert_eq!(s.log, Path::new("/r/.git/warmstart/logs/lsp.service.log"));
+        assert_eq!(
+            (s.ready_timeout, s.kill_grace),
+            (Duration::from_secs(10), Duration::from_secs(5))
+        );
+        assert!(matches!(&s.ready, Some(Ready::Cmd(c)) if c.display() == "lsp --ping"));
+        assert_eq!(s.cwd, Path::new("/r"));
+        assert_eq!(
+            p.steps[0].describe(&repo())["detail"]["ready_cmd"],
+            "lsp --ping"
+        );
+        let m = err(&svc("run = \"x\"\nready_port = 70000\n"));
+        assert!(m.contains("`ready_port` = 70000 is not a TCP port"), "{m}");
+        let m = err(&svc("run = \"x\"\nready_port = 0\n"));
+        assert!(m.contains("not a TCP port"), "{m}");
+        let m = err(&svc("run = \"x\"\nready_port = 1\nready_cmd = \"y\"\n"));
+        assert!(m.contains("keep one"), "{m}");
+        let m = err(&svc("run = \"x\"\nreadiness = 1\n"));
+        assert!(
+            m.contains("step 1") && m.contains("unknown field `readiness`"),
+            "{m}"
+        );
+        let m = err(&svc("run = []\n"));
+        assert!(m.contains("`run` is empty"), "{m}");
+        let m = err(&svc("run = \"x\"\npidfile = \"a\"\nlog = \"a\"\n"));
+        assert!(m.contains("same file"), "{m}");
+        let m = err(&svc("run = \"x\"\nready_timeout = \"0s\"\n"));
+        assert!(m.contains("ready_timeout"), "{m}");
+        let m = err(&svc("pidfile = \"a\"\n"));
+        assert!(m.contains("run"), "{m}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod download;
 pub mod freshness;
 pub mod links;
 pub mod pin;
+pub mod service;
 pub mod submodules;
 
 use anyhow::Result;
@@ -100,6 +101,7 @@ pub fn probe(ctx: &Ctx, step: &Step) -> Probe {
         Kind::Download(s) => download::probe(ctx, &step.name, s),
         Kind::Pin(s) => pin::probe(ctx, &step.name, s),
         Kind::Freshness(s) => freshness::probe(ctx, &step.name, s),
+        Kind::Service(s) => service::probe(ctx, &step.name, s),
     }
 }
 
@@ -113,5 +115,6 @@ pub fn run(ctx: &Ctx, step: &Step, log: &mut Log) -> Result<Outcome> {
         Kind::Download(s) => download::run(ctx, &step.name, s, log),
         Kind::Pin(s) => pin::run(ctx, &step.name, s, log),
         Kind::Freshness(s) => freshness::run(ctx, &step.name, s, log),
+        Kind::Service(s) => service::run(ctx, &step.name, s, log),
     }
 }
