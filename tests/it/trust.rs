@@ -810,3 +810,75 @@ fn init_writes_require_only_with_a_first_signer() {
         1
     );
 }
+
+/// Fallback keys under `require` (issue 17): a candidate that fails the
+/// trust policy is skipped with a warning and the next one is tried; when
+/// none passes, exit 12 names each skipped key and the install stays.
+#[test]
+fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    let fallback = "fallback = [{ prefix = \"art-\" }]\nrecheck = \"1ms\"\n";
+    fx.publish("work", Some("ci"), &[]).ok();
+    // The attacker's newer key: the newest candidate, signed by evil.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    fx.manifest("att", "2", "");
+    fx.content("att", "evil");
+    fx.publish("att", Some("evil"), &[]).ok();
+    // Today's pins give art-3, which nobody published.
+    fx.manifest("work", "3", fallback);
+    let r = fx.restore().ok();
+    let j = json(&r);
+    assert_eq!(j["state"], "partial", "{j}");
+    assert_eq!(j["key"], "art-1", "{j}");
+    assert_eq!(j["partial"]["wanted"], "art-3", "{j}");
+    assert_eq!(j["trust"]["key"]["verdict"], "trusted", "{j}");
+    let err = r.stderr();
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("warning: untrusted: key art-2"))
+        .unwrap_or_else(|| panic!("no warning for the skipped key\n{err}"));
+    assert!(
+        warning.contains("(untrusted)") && warning.contains("trying the next"),
+        "{warning}"
+    );
+    assert!(
+        std::fs::read_to_string(fx.target.join("bin/tool"))
+            .unwrap()
+            .contains("v1")
+    );
+
+    // Every candidate untrusted: art-1 re-signed by the attacker too.
+    fx.manifest("att", "1", "");
+    fx.publish("att", Some("evil"), &[]).ok();
+    let before = fx.installed();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let r = fx.restore();
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    let err = r.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.contains("no fallback key passes the trust policy"))
+        .unwrap_or_else(|| panic!("no refusal line\n{err}"));
+    for want in [
+        "cache art",
+        "no key art-3",
+        "art-2 (untrusted; signer seen: SHA256:",
+        "art-1 (untrusted; signer seen: SHA256:",
+        "cache-manifests/allowed_signers at HEAD",
+    ] {
+        assert!(line.contains(want), "{want}: {line}");
+    }
+    assert_eq!(fx.installed(), before, "the install changed");
+    // An untrusted exact key is still refused, never passed over for a
+    // fallback: the pin of the attacker's key.
+    fx.manifest("work", "2", fallback);
+    let r = fx.restore();
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert!(
+        r.stderr().contains("untrusted: key art-2"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stderr().contains("trying the next"), "{}", r.stderr());
+    assert_eq!(fx.installed(), before, "the install changed");
+}
