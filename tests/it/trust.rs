@@ -882,3 +882,85 @@ fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
     assert!(!r.stderr().contains("trying the next"), "{}", r.stderr());
     assert_eq!(fx.installed(), before, "the install changed");
 }
+
+/// `restore` (restore.toml) with a cache step whose key the trust policy
+/// refuses: `--strict` is exit 12, like `cache restore`, and the table says
+/// `untrusted`. The step that stops the restore decides the code: 11 for
+/// any other step's failure, even after a fail-open trust refusal.
+#[test]
+fn restore_strict_exits_12_when_a_cache_step_is_refused_by_trust() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("att", Some("evil"), &[]).ok();
+    let plan = |first: &str, second: &str| {
+        std::fs::write(
+            fx.work.join("cache-manifests/restore.toml"),
+            format!("{first}\n{second}"),
+        )
+        .unwrap()
+    };
+    let art = |extra: &str| {
+        format!("[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\n{extra}")
+    };
+    let boom = |extra: &str| {
+        format!(
+            "[[step]]\nname = \"boom\"\nkind = \"command\"\nrun = \"false\"\ncreates = \"never\"\n{extra}"
+        )
+    };
+    let restore = |args: &[&str]| {
+        let mut a = vec!["restore"];
+        a.extend(args);
+        fx.xtask("work", &a)
+    };
+
+    plan(&art(""), &boom(""));
+    // Fail-open: exit 0, and the row reads `untrusted: key art-1 ...`.
+    let r = restore(&[]).ok();
+    let row = r
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("art "))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no art row\n{}", r.stdout()));
+    assert!(
+        row.contains("failed-open") && row.contains("untrusted: key art-1"),
+        "{row}"
+    );
+    let j = json(&restore(&["--json"]).ok());
+    assert_eq!(j["steps"][0]["state"], "failed-open", "{j}");
+    assert!(
+        j["steps"][0]["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("untrusted: key art-1 of cache art"),
+        "{j}"
+    );
+    assert!(j.get("code").is_none(), "{j}");
+    // --strict: 12, in the exit status and in --json.
+    let r = restore(&["--strict"]);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert!(
+        r.stderr().contains("untrusted: key art-1"),
+        "{}",
+        r.stderr()
+    );
+    let r = restore(&["--strict", "--json"]);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert_eq!(json(&r)["code"], 12);
+    // `fail_open = false` on the cache step: the same, without --strict.
+    plan(&art("fail_open = false\n"), &boom(""));
+    assert_eq!(restore(&[]).code(), 12);
+    // Another step stops the restore first: 11, the cache step not run.
+    plan(&boom(""), &art(""));
+    let r = restore(&["--strict"]);
+    assert_eq!(r.code(), 11, "{}", show(&r.out));
+    // A fail-open trust refusal, then a fatal other step: that step's 11.
+    plan(&art(""), &boom("fail_open = false\n"));
+    let r = restore(&[]);
+    assert_eq!(r.code(), 11, "{}", show(&r.out));
+    assert!(
+        r.stderr().contains("untrusted: key art-1"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!fx.target.exists(), "installed anyway");
+}

@@ -130,7 +130,11 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut deferred: Vec<usize> = Vec::new();
     let mut fatal: Option<String> = None;
+    // The exit code of the step that stopped the restore: 12 when the trust
+    // policy refused its cache key, else 11 (README "Restore").
+    let mut fatal_code = Code::StepFailed;
     for step in selected {
+        let mut refused: Option<Code> = None;
         let start = Instant::now();
         let mut row = Row {
             step: step.name.clone(),
@@ -162,7 +166,7 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
             Probe::Needed(why) => {
                 let inline = args.worker || args.strict || !step.background;
                 if inline {
-                    run_step(ctx, step, &why, &mut row)?;
+                    refused = run_step(ctx, step, &why, &mut row)?;
                 } else {
                     match state::lock_step(ctx.paths, &step.name, false)? {
                         // Free: the worker spawned below will take it.
@@ -195,6 +199,9 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
                 row.state = State::Failed;
                 eprintln!("restore: {} failed: {}{log}", step.name, row.what);
                 fatal = Some(format!("step {} failed: {}", step.name, row.what));
+                if refused == Some(Code::Untrusted) {
+                    fatal_code = Code::Untrusted;
+                }
             } else {
                 eprintln!(
                     "restore: {} failed (fail-open, continuing): {}{log}",
@@ -220,11 +227,15 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
     }
 
     if args.json {
-        let out = json!({
+        let mut out = json!({
             "ok": fatal.is_none() && !rows.iter().any(|r| r.state.is_failure()),
             "steps": rows,
             "background_pid": worker_pid,
         });
+        if fatal.is_some() {
+            // The exit code, for scripts: 12 when a trust refusal stopped it.
+            out["code"] = fatal_code.as_i32().into();
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", report::table(&rows, "THIS RUN"));
@@ -237,15 +248,17 @@ fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
     }
     match fatal {
         Some(why) => Err(fail(
-            Code::StepFailed,
+            fatal_code,
             format!("{why}; restore stopped (fail-open is off: --strict or `fail_open = false`)"),
         )),
         None => Ok(()),
     }
 }
 
-/// Runs one step that its probe said is needed: lock, re-probe, log, run, record.
-fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
+/// Runs one step that its probe said is needed: lock, re-probe, log, run,
+/// record. Returns the exit code of its error when it failed with one
+/// (`Code::Untrusted` for a cache key the trust policy refused).
+fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<Option<Code>> {
     let _lock = state::lock_step(ctx.paths, &step.name, true)?;
     // Another process may have finished it while we waited for the lock.
     if let Probe::Warm { what, warnings } = steps::probe(ctx, step) {
@@ -256,7 +269,7 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
         };
         row.what = what;
         row.warnings = warnings;
-        return Ok(());
+        return Ok(None);
     }
     let log_path = ctx.paths.log(&step.name);
     let started_at = crate::clock::now_ms();
@@ -284,9 +297,22 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
     )?;
     let start = Instant::now();
     let pb = spinner(format!("{}: {why}", step.name));
-    let outcome = steps::run(ctx, step, &mut log)
-        .with_context(|| format!("step {}", step.name))
-        .unwrap_or_else(|e| steps::Outcome::failed(format!("{e:#}")));
+    let mut code = None;
+    let outcome = steps::run(ctx, step, &mut log).unwrap_or_else(|e| {
+        code = Some(crate::exit::code_of(&e));
+        // A trust refusal reads `untrusted: key ... of cache ...` in the WHAT
+        // column and the state file: its own line, which names the key, the
+        // cache and the signer, first.
+        let refusal = e
+            .chain()
+            .find_map(|x| x.downcast_ref::<crate::exit::Failure>())
+            .filter(|f| f.code == Code::Untrusted);
+        if let Some(f) = refusal {
+            steps::Outcome::failed(f.message.clone())
+        } else {
+            steps::Outcome::failed(format!("{:#}", e.context(format!("step {}", step.name))))
+        }
+    });
     pb.finish_and_clear();
     let ms = start.elapsed().as_millis() as u64;
     log.line(&format!(
@@ -308,7 +334,8 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
     if !outcome.failed {
         row.last_cold_ms = Some(ms);
     }
-    record_final(ctx.paths, row, Some((started_at, ms)))
+    record_final(ctx.paths, row, Some((started_at, ms)))?;
+    Ok(code)
 }
 
 /// Writes a finished row into the state file.
