@@ -964,3 +964,140 @@ fn restore_strict_exits_12_when_a_cache_step_is_refused_by_trust() {
     );
     assert!(!fx.target.exists(), "installed anyway");
 }
+
+/// The blob id of each `<key>.statement` and `.sig` on origin's branch.
+fn statement_blobs(fx: &Fx) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in fx
+        .env
+        .git("srv/origin.git", ["ls-tree", "art-cache"])
+        .lines()
+    {
+        let (meta, name) = l.split_once('\t').unwrap();
+        if name.contains(".statement") {
+            out.insert(
+                name.to_string(),
+                meta.split(' ').nth(2).unwrap().to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// Prune and `[publish] keep` under `require` (issue 16's rule): the kept
+/// keys' statements and signatures stay byte for byte and still verify on
+/// another clone; a dropped key's go with it; a tampered kept signature is
+/// named at prune and at publish time, and kept as it is (never re-signed).
+#[test]
+fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    for v in ["1", "2", "3", "4"] {
+        fx.pin(v);
+        fx.publish("work", Some("ci"), &[]).ok();
+    }
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    let before = statement_blobs(&fx);
+    assert_eq!(before.len(), 8, "{before:?}");
+    let p = json(
+        &fx.xtask("work", &["cache", "prune", CACHE, "--keep", "3", "--json"])
+            .ok(),
+    );
+    assert_eq!(p["status"], "pruned", "{p}");
+    let after = statement_blobs(&fx);
+    let mut expected = before.clone();
+    expected.retain(|name, _| !name.starts_with("art-1."));
+    assert_eq!(
+        after, expected,
+        "kept statements changed, or art-1's stayed"
+    );
+
+    // Another clone, with the same trust root at HEAD, restores kept keys.
+    fx.env
+        .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), "other"]);
+    for k in ["art-2", "art-4"] {
+        let r = json(
+            &fx.xtask("other", &["cache", "restore", CACHE, "--key", k, "--json"])
+                .ok(),
+        );
+        assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{k}: {r}");
+    }
+
+    // The attacker swaps art-3's signature for one by evil over the same
+    // statement: a prune keeping art-3 names it, and keeps its bytes.
+    let evil = fx.key_path("evil");
+    fx.tamper(|d| {
+        std::fs::remove_file(d.join("art-3.statement.sig")).unwrap();
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-Y", "sign", "-n", "warmstart-cache", "-f"])
+            .arg(&evil)
+            .arg(d.join("art-3.statement"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+    });
+    let tampered = statement_blobs(&fx);
+    let r = fx
+        .xtask("work", &["cache", "prune", CACHE, "--keep", "2", "--json"])
+        .ok();
+    assert_eq!(json(&r)["status"], "pruned");
+    assert!(
+        r.stderr().contains("kept key art-3") && r.stderr().contains("untrusted"),
+        "{}",
+        r.stderr()
+    );
+    let mut expected = tampered.clone();
+    expected.retain(|name, _| !name.starts_with("art-2."));
+    assert_eq!(statement_blobs(&fx), expected);
+    let r = fx.xtask("other", &["cache", "restore", CACHE, "--key", "art-3"]);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+
+    // A publish with `[publish] keep = 3` (pin 6): drops art-3 (art-4 is
+    // among the newest), names nothing it keeps as bad, and keeps art-4's
+    // statement bytes; a publish without keep names the tampered art-3.
+    let src = fx.env.join("src-work");
+    let manifest = |literal: &str, keep: &str| {
+        std::fs::write(
+            fx.work.join("cache-manifests/art.toml"),
+            format!(
+                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n{keep}\n[restore]\npath = \"restored/art\"\n",
+                src.display()
+            ),
+        )
+        .unwrap()
+    };
+    manifest("5", "");
+    let r = fx.publish("work", Some("ci"), &[]).ok();
+    assert!(r.stderr().contains("kept key art-3"), "{}", r.stderr());
+    let before_keep = statement_blobs(&fx);
+    manifest("6", "keep = 3\n");
+    let r = fx.publish("work", Some("ci"), &[]).ok();
+    let j = json(&r);
+    assert!(
+        j["pruned"].to_string().contains("art-3"),
+        "{j}\n{}",
+        r.stderr()
+    );
+    let after_keep = statement_blobs(&fx);
+    for name in [
+        "art-4.statement",
+        "art-4.statement.sig",
+        "art-5.statement",
+        "art-5.statement.sig",
+    ] {
+        assert_eq!(after_keep.get(name), before_keep.get(name), "{name}");
+    }
+    assert!(
+        !after_keep.keys().any(|n| n.starts_with("art-3.")),
+        "{after_keep:?}"
+    );
+    for k in ["art-4", "art-5", "art-6"] {
+        let r = json(
+            &fx.xtask(
+                "other",
+                &["cache", "restore", CACHE, "--key", k, "--verify", "--json"],
+            )
+            .ok(),
+        );
+        assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{k}: {r}");
+    }
+}
