@@ -1101,3 +1101,102 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
         assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{k}: {r}");
     }
 }
+
+/// A git older than 2.47, for the test below: `TEST_OLD_GIT`, else
+/// `/usr/bin/git` (Debian 12's own git, 2.39, on this project's machines).
+fn old_git() -> PathBuf {
+    let git = std::env::var_os("TEST_OLD_GIT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/git"));
+    let out = Command::new(&git).arg("version").output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let minor: Option<u32> = text
+        .strip_prefix("git version 2.")
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.parse().ok());
+    assert!(
+        minor.is_some_and(|m| m < 47),
+        "this test needs a git older than 2.47 at {} (Debian 12's apt git is 2.39), or TEST_OLD_GIT naming one; found {text:?}",
+        git.display()
+    );
+    git
+}
+
+/// Issue 14: with Debian 12's git 2.39, whose `ls-tree -l` and `cat-file
+/// --batch-check` die on a blob a filtered fetch left out, a signed cache
+/// restores (its chunks fetched by id), publishes from a clone that lacks
+/// the other key's chunks, prunes, and verifies.
+#[test]
+fn cache_commands_work_with_git_2_39() {
+    let old = old_git();
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    let bin = fx.env.join("old-git-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(&old, bin.join("git")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let with_old_git = |repo: &str, args: &[&str]| {
+        let mut cmd = fx.env.xtask_in(repo);
+        // Chunks (20 kB) stay out of the branch fetch, as big ones do.
+        cmd.env("PATH", &path)
+            .env("WARMSTART_FETCH_BLOB_LIMIT", "12k")
+            .args(args);
+        run(&mut cmd)
+    };
+    for clone in ["other", "third"] {
+        fx.env
+            .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), clone]);
+    }
+    let r = json(&with_old_git("other", &["cache", "restore", CACHE, "--json"]).ok());
+    assert_eq!(r["state"], "restored", "{r}");
+    assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{r}");
+    assert!(r["chunks_fetched"].as_u64().unwrap() >= 1, "{r}");
+    assert_eq!(
+        std::fs::read_to_string(fx.env.join("other/restored/art/bin/tool")).unwrap(),
+        "#!/bin/sh\necho v1\n"
+    );
+    // A publish from a clone whose store lacks art-1's chunks keeps them.
+    fx.manifest("third", "2", "");
+    fx.content("third", "v2");
+    let ci = fx.key_path("ci");
+    let p = with_old_git(
+        "third",
+        &[
+            "cache",
+            "publish",
+            CACHE,
+            "--signing-key",
+            ci.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .ok();
+    assert_eq!(json(&p)["status"], "published", "{}", show(&p.out));
+    let r = json(
+        &with_old_git(
+            "other",
+            &[
+                "cache", "restore", CACHE, "--key", "art-1", "--verify", "--json",
+            ],
+        )
+        .ok(),
+    );
+    assert_eq!(r["state"], "verified", "{r}");
+    let s = with_old_git("third", &["cache", "status", CACHE]).ok();
+    assert!(s.stdout().contains("art-1"), "{}", s.stdout());
+    let pr = json(&with_old_git("third", &["cache", "prune", CACHE, "--keep", "1", "--json"]).ok());
+    assert_eq!(pr["status"], "pruned", "{pr}");
+    let r = json(
+        &with_old_git(
+            "other",
+            &["cache", "restore", CACHE, "--key", "art-2", "--json"],
+        )
+        .ok(),
+    );
+    assert_eq!(r["state"], "restored", "{r}");
+    let l = with_old_git("other", &["cache", "list"]).ok();
+    assert!(l.stdout().contains("art-2"), "{}", l.stdout());
+}
