@@ -1050,6 +1050,35 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
     assert_eq!(statement_blobs(&fx), expected);
     let r = fx.xtask("other", &["cache", "restore", CACHE, "--key", "art-3"]);
     assert_eq!(r.code(), 12, "{}", show(&r.out));
+    // `cache resign --key art-4` re-signs only art-4: art-3 is named, and
+    // its bytes stay.
+    let ci = fx.key_path("ci");
+    let before_resign = statement_blobs(&fx);
+    let r = fx
+        .xtask(
+            "work",
+            &[
+                "cache",
+                "resign",
+                CACHE,
+                "--key",
+                "art-4",
+                "--signing-key",
+                ci.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .ok();
+    assert!(r.stderr().contains("kept key art-3"), "{}", r.stderr());
+    assert_eq!(json(&r)["resigned"], serde_json::json!(["art-4"]));
+    let after_resign = statement_blobs(&fx);
+    assert_eq!(
+        after_resign.get("art-3.statement.sig"),
+        before_resign.get("art-3.statement.sig")
+    );
+    // (An ed25519 signature of the same statement by the same key is the
+    // same bytes, so art-4's is too.)
+    assert_eq!(after_resign, before_resign);
 
     // A publish with `[publish] keep = 3` (pin 6): drops art-3 (art-4 is
     // among the newest), names nothing it keeps as bad, and keeps art-4's
