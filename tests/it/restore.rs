@@ -1341,3 +1341,96 @@ fn restore_bootstrap_is_warm_after_the_cache_module_installed_the_binary() {
         "no second install, no second key file"
     );
 }
+
+/// CARGO_TARGET_DIR moves the xtask-bin cache's pack root, install
+/// directory and compile output (`$CARGO_TARGET_DIR/` in
+/// cache-manifests/xtask-bin.toml), and the bootstrap script expands it
+/// alike: it runs the binary `cache restore` installed there, and its
+/// compile fallback runs the binary from there.
+#[test]
+fn restore_bootstrap_and_the_cache_module_follow_cargo_target_dir() {
+    let env = TestEnv::new();
+    let src = bootstrap_world(&env);
+    let built = env.join("built-elsewhere");
+    std::fs::create_dir_all(built.join("release")).unwrap();
+    std::fs::copy(crate::util::bin(), built.join("release/warmstart")).unwrap();
+    let origin = env.join("origin.git");
+    env.git(&src, ["remote", "add", "origin", origin.to_str().unwrap()]);
+    let publish = ["cache", "publish", "xtask-bin", "--allow-ungated"];
+    // Unset, the pack root is src/target/release, which does not exist.
+    let r = run(env.xtask_in(&src).args(publish));
+    assert_ne!(r.code(), 0, "{}", r.stderr());
+    assert!(r.stderr().contains("src/target/release"), "{}", r.stderr());
+    run(env
+        .xtask_in(&src)
+        .args(publish)
+        .arg("--quiet")
+        .env("CARGO_TARGET_DIR", &built))
+    .ok();
+
+    env.git(".", ["clone", "-q", origin.to_str().unwrap(), "box"]);
+    let target = env.join("shared-target");
+    run(env
+        .xtask_in("box")
+        .args(["cache", "restore", "xtask-bin", "--quiet"])
+        .env("CARGO_TARGET_DIR", &target))
+    .ok();
+    let installed = target.join("warmstart-bin/warmstart");
+    assert_eq!(
+        crate::util::sha256sum(&installed),
+        crate::util::sha256sum(&crate::util::bin())
+    );
+    assert!(!env.join("box/target").exists(), "nothing under box/target");
+
+    env.git(
+        "box",
+        ["remote", "set-url", "origin", "/nonexistent/origin.git"],
+    );
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(env.join("box/tools/bootstrap.sh"))
+        .args(["--prebuilt-only", "--json"])
+        .current_dir(env.join("box"));
+    env.isolate(&mut cmd);
+    let r = run(cmd.env("CARGO_TARGET_DIR", &target)).ok();
+    assert!(
+        r.stderr()
+            .contains(&format!("running {} restore", installed.display())),
+        "{}",
+        r.stderr()
+    );
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "marker"), "done");
+
+    // The compile fallback runs `$CARGO_TARGET_DIR/release/warmstart`: a
+    // `cargo` stand-in first on PATH "builds" it there.
+    let fake = env.join("fake-bin");
+    std::fs::create_dir_all(&fake).unwrap();
+    let cargo = fake.join("cargo");
+    std::fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\nmkdir -p \"$CARGO_TARGET_DIR/release\" && cp {} \"$CARGO_TARGET_DIR/release/warmstart\"\n",
+            crate::util::bin().display()
+        ),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&cargo).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&cargo, perm).unwrap();
+    let other = env.join("other-target");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(env.join("box/tools/bootstrap.sh"))
+        .args(["--no-prebuilt", "--json"])
+        .current_dir(env.join("box"));
+    env.isolate(&mut cmd);
+    let path = format!("{}:{}", fake.display(), std::env::var("PATH").unwrap());
+    let r = run(cmd.env("CARGO_TARGET_DIR", &other).env("PATH", path)).ok();
+    assert!(
+        r.stderr().contains(&format!(
+            "running {} restore",
+            other.join("release/warmstart").display()
+        )),
+        "{}",
+        r.stderr()
+    );
+}

@@ -113,7 +113,7 @@ run = "test -e done/a && test -e done/b && test -e done/c && echo 'start last' >
     for s in ["a", "b", "c", "last"] {
         assert_eq!(state_of(&v, s).0, "done", "{v:#}");
     }
-    assert_eq!(v["ok"], true);
+    assert_eq!(v["all_steps_ok"], true);
     let ev = events(&env);
     assert_eq!(ev.last().map(String::as_str), Some("start last"), "{ev:?}");
     assert_eq!(ev.len(), 4, "{ev:?}");
@@ -261,7 +261,7 @@ run = "echo 'start free' >> events; touch done-free"
 "#,
     );
     let (v, r) = restore_json(&env, &[], 0);
-    assert_eq!(v["ok"], false, "{v:#}");
+    assert_eq!(v["all_steps_ok"], false, "{v:#}");
     assert_eq!(state_of(&v, "slow").0, "done");
     assert_eq!(state_of(&v, "next").0, "done");
     assert_eq!(state_of(&v, "free").0, "done");

@@ -810,3 +810,422 @@ fn init_writes_require_only_with_a_first_signer() {
         1
     );
 }
+
+/// Fallback keys under `require` (issue 17): a candidate that fails the
+/// trust policy is skipped with a warning and the next one is tried; when
+/// none passes, exit 12 names each skipped key and the install stays.
+#[test]
+fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    let fallback = "fallback = [{ prefix = \"art-\" }]\nrecheck = \"1ms\"\n";
+    fx.publish("work", Some("ci"), &[]).ok();
+    // The attacker's newer key: the newest candidate, signed by evil.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    fx.manifest("att", "2", "");
+    fx.content("att", "evil");
+    fx.publish("att", Some("evil"), &[]).ok();
+    // Today's pins give art-3, which nobody published.
+    fx.manifest("work", "3", fallback);
+    let r = fx.restore().ok();
+    let j = json(&r);
+    assert_eq!(j["state"], "partial", "{j}");
+    assert_eq!(j["key"], "art-1", "{j}");
+    assert_eq!(j["partial"]["wanted"], "art-3", "{j}");
+    assert_eq!(j["trust"]["key"]["verdict"], "trusted", "{j}");
+    let err = r.stderr();
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("warning: untrusted: key art-2"))
+        .unwrap_or_else(|| panic!("no warning for the skipped key\n{err}"));
+    assert!(
+        warning.contains("(untrusted)") && warning.contains("trying the next"),
+        "{warning}"
+    );
+    assert!(
+        std::fs::read_to_string(fx.target.join("bin/tool"))
+            .unwrap()
+            .contains("v1")
+    );
+
+    // Every candidate untrusted: art-1 re-signed by the attacker too.
+    fx.manifest("att", "1", "");
+    fx.publish("att", Some("evil"), &[]).ok();
+    let before = fx.installed();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let r = fx.restore();
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    let err = r.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.contains("no fallback key passes the trust policy"))
+        .unwrap_or_else(|| panic!("no refusal line\n{err}"));
+    for want in [
+        "cache art",
+        "no key art-3",
+        "art-2 (untrusted; signer seen: SHA256:",
+        "art-1 (untrusted; signer seen: SHA256:",
+        "cache-manifests/allowed_signers at HEAD",
+    ] {
+        assert!(line.contains(want), "{want}: {line}");
+    }
+    assert_eq!(fx.installed(), before, "the install changed");
+    // An untrusted exact key is still refused, never passed over for a
+    // fallback: the pin of the attacker's key.
+    fx.manifest("work", "2", fallback);
+    let r = fx.restore();
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert!(
+        r.stderr().contains("untrusted: key art-2"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!r.stderr().contains("trying the next"), "{}", r.stderr());
+    assert_eq!(fx.installed(), before, "the install changed");
+}
+
+/// `restore` (restore.toml) with a cache step whose key the trust policy
+/// refuses: `--strict` is exit 12, like `cache restore`, and the table says
+/// `untrusted`. The step that stops the restore decides the code: 11 for
+/// any other step's failure, even after a fail-open trust refusal.
+#[test]
+fn restore_strict_exits_12_when_a_cache_step_is_refused_by_trust() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("att", Some("evil"), &[]).ok();
+    let plan = |first: &str, second: &str| {
+        std::fs::write(
+            fx.work.join("cache-manifests/restore.toml"),
+            format!("{first}\n{second}"),
+        )
+        .unwrap()
+    };
+    let art = |extra: &str| {
+        format!("[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\n{extra}")
+    };
+    let boom = |extra: &str| {
+        format!(
+            "[[step]]\nname = \"boom\"\nkind = \"command\"\nrun = \"false\"\ncreates = \"never\"\n{extra}"
+        )
+    };
+    let restore = |args: &[&str]| {
+        let mut a = vec!["restore"];
+        a.extend(args);
+        fx.xtask("work", &a)
+    };
+
+    plan(&art(""), &boom(""));
+    // Fail-open: exit 0, and the row reads `untrusted: key art-1 ...`.
+    let r = restore(&[]).ok();
+    let row = r
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("art "))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no art row\n{}", r.stdout()));
+    assert!(
+        row.contains("failed-open") && row.contains("untrusted: key art-1"),
+        "{row}"
+    );
+    let j = json(&restore(&["--json"]).ok());
+    assert_eq!(j["steps"][0]["state"], "failed-open", "{j}");
+    assert!(
+        j["steps"][0]["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("untrusted: key art-1 of cache art"),
+        "{j}"
+    );
+    assert!(j.get("code").is_none(), "{j}");
+    // --strict: 12, in the exit status and in --json.
+    let r = restore(&["--strict"]);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert!(
+        r.stderr().contains("untrusted: key art-1"),
+        "{}",
+        r.stderr()
+    );
+    let r = restore(&["--strict", "--json"]);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert_eq!(json(&r)["code"], 12);
+    // `fail_open = false` on the cache step: the same, without --strict.
+    plan(&art("fail_open = false\n"), &boom(""));
+    assert_eq!(restore(&[]).code(), 12);
+    // Another step stops the restore first: 11, the cache step not run.
+    plan(&boom(""), &art(""));
+    let r = restore(&["--strict"]);
+    assert_eq!(r.code(), 11, "{}", show(&r.out));
+    // A fail-open trust refusal, then a fatal other step: that step's 11.
+    plan(&art(""), &boom("fail_open = false\n"));
+    let r = restore(&[]);
+    assert_eq!(r.code(), 11, "{}", show(&r.out));
+    assert!(
+        r.stderr().contains("untrusted: key art-1"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!fx.target.exists(), "installed anyway");
+}
+
+/// The blob id of each `<key>.statement` and `.sig` on origin's branch.
+fn statement_blobs(fx: &Fx) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for l in fx
+        .env
+        .git("srv/origin.git", ["ls-tree", "art-cache"])
+        .lines()
+    {
+        let (meta, name) = l.split_once('\t').unwrap();
+        if name.contains(".statement") {
+            out.insert(
+                name.to_string(),
+                meta.split(' ').nth(2).unwrap().to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// Prune and `[publish] keep` under `require` (issue 16's rule): the kept
+/// keys' statements and signatures stay byte for byte and still verify on
+/// another clone; a dropped key's go with it; a tampered kept signature is
+/// named at prune and at publish time, and kept as it is (never re-signed).
+#[test]
+fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
+    let fx = Fx::new(Some("require"), &["ci"]);
+    for v in ["1", "2", "3", "4"] {
+        fx.pin(v);
+        fx.publish("work", Some("ci"), &[]).ok();
+    }
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    let before = statement_blobs(&fx);
+    assert_eq!(before.len(), 8, "{before:?}");
+    let p = json(
+        &fx.xtask("work", &["cache", "prune", CACHE, "--keep", "3", "--json"])
+            .ok(),
+    );
+    assert_eq!(p["status"], "pruned", "{p}");
+    let after = statement_blobs(&fx);
+    let mut expected = before.clone();
+    expected.retain(|name, _| !name.starts_with("art-1."));
+    assert_eq!(
+        after, expected,
+        "kept statements changed, or art-1's stayed"
+    );
+
+    // Another clone, with the same trust root at HEAD, restores kept keys.
+    fx.env
+        .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), "other"]);
+    for k in ["art-2", "art-4"] {
+        let r = json(
+            &fx.xtask("other", &["cache", "restore", CACHE, "--key", k, "--json"])
+                .ok(),
+        );
+        assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{k}: {r}");
+    }
+
+    // The attacker swaps art-3's signature for one by evil over the same
+    // statement: a prune keeping art-3 names it, and keeps its bytes.
+    let evil = fx.key_path("evil");
+    fx.tamper(|d| {
+        std::fs::remove_file(d.join("art-3.statement.sig")).unwrap();
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-Y", "sign", "-n", "warmstart-cache", "-f"])
+            .arg(&evil)
+            .arg(d.join("art-3.statement"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+    });
+    let tampered = statement_blobs(&fx);
+    let r = fx
+        .xtask("work", &["cache", "prune", CACHE, "--keep", "2", "--json"])
+        .ok();
+    assert_eq!(json(&r)["status"], "pruned");
+    assert!(
+        r.stderr().contains("kept key art-3") && r.stderr().contains("untrusted"),
+        "{}",
+        r.stderr()
+    );
+    let mut expected = tampered.clone();
+    expected.retain(|name, _| !name.starts_with("art-2."));
+    assert_eq!(statement_blobs(&fx), expected);
+    let r = fx.xtask("other", &["cache", "restore", CACHE, "--key", "art-3"]);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    // `cache resign --key art-4` re-signs only art-4: art-3 is named, and
+    // its bytes stay.
+    let ci = fx.key_path("ci");
+    let before_resign = statement_blobs(&fx);
+    let r = fx
+        .xtask(
+            "work",
+            &[
+                "cache",
+                "resign",
+                CACHE,
+                "--key",
+                "art-4",
+                "--signing-key",
+                ci.to_str().unwrap(),
+                "--json",
+            ],
+        )
+        .ok();
+    assert!(r.stderr().contains("kept key art-3"), "{}", r.stderr());
+    assert_eq!(json(&r)["resigned"], serde_json::json!(["art-4"]));
+    let after_resign = statement_blobs(&fx);
+    assert_eq!(
+        after_resign.get("art-3.statement.sig"),
+        before_resign.get("art-3.statement.sig")
+    );
+    // (An ed25519 signature of the same statement by the same key is the
+    // same bytes, so art-4's is too.)
+    assert_eq!(after_resign, before_resign);
+
+    // A publish with `[publish] keep = 3` (pin 6): drops art-3 (art-4 is
+    // among the newest), names nothing it keeps as bad, and keeps art-4's
+    // statement bytes; a publish without keep names the tampered art-3.
+    let src = fx.env.join("src-work");
+    let manifest = |literal: &str, keep: &str| {
+        std::fs::write(
+            fx.work.join("cache-manifests/art.toml"),
+            format!(
+                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n{keep}\n[restore]\npath = \"restored/art\"\n",
+                src.display()
+            ),
+        )
+        .unwrap()
+    };
+    manifest("5", "");
+    let r = fx.publish("work", Some("ci"), &[]).ok();
+    assert!(r.stderr().contains("kept key art-3"), "{}", r.stderr());
+    let before_keep = statement_blobs(&fx);
+    manifest("6", "keep = 3\n");
+    let r = fx.publish("work", Some("ci"), &[]).ok();
+    let j = json(&r);
+    assert!(
+        j["pruned"].to_string().contains("art-3"),
+        "{j}\n{}",
+        r.stderr()
+    );
+    let after_keep = statement_blobs(&fx);
+    for name in [
+        "art-4.statement",
+        "art-4.statement.sig",
+        "art-5.statement",
+        "art-5.statement.sig",
+    ] {
+        assert_eq!(after_keep.get(name), before_keep.get(name), "{name}");
+    }
+    assert!(
+        !after_keep.keys().any(|n| n.starts_with("art-3.")),
+        "{after_keep:?}"
+    );
+    for k in ["art-4", "art-5", "art-6"] {
+        let r = json(
+            &fx.xtask(
+                "other",
+                &["cache", "restore", CACHE, "--key", k, "--verify", "--json"],
+            )
+            .ok(),
+        );
+        assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{k}: {r}");
+    }
+}
+
+/// A git older than 2.47, for the test below: `TEST_OLD_GIT`, else
+/// `/usr/bin/git` (Debian 12's own git, 2.39, on this project's machines).
+fn old_git() -> PathBuf {
+    let git = std::env::var_os("TEST_OLD_GIT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/git"));
+    let out = Command::new(&git).arg("version").output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let minor: Option<u32> = text
+        .strip_prefix("git version 2.")
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.parse().ok());
+    assert!(
+        minor.is_some_and(|m| m < 47),
+        "this test needs a git older than 2.47 at {} (Debian 12's apt git is 2.39), or TEST_OLD_GIT naming one; found {text:?}",
+        git.display()
+    );
+    git
+}
+
+/// Issue 14: with Debian 12's git 2.39, whose `ls-tree -l` and `cat-file
+/// --batch-check` die on a blob a filtered fetch left out, a signed cache
+/// restores (its chunks fetched by id), publishes from a clone that lacks
+/// the other key's chunks, prunes, and verifies.
+#[test]
+fn cache_commands_work_with_git_2_39() {
+    let old = old_git();
+    let fx = Fx::new(Some("require"), &["ci"]);
+    fx.publish("work", Some("ci"), &[]).ok();
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    let bin = fx.env.join("old-git-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(&old, bin.join("git")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let with_old_git = |repo: &str, args: &[&str]| {
+        let mut cmd = fx.env.xtask_in(repo);
+        // Chunks (20 kB) stay out of the branch fetch, as big ones do.
+        cmd.env("PATH", &path)
+            .env("WARMSTART_FETCH_BLOB_LIMIT", "12k")
+            .args(args);
+        run(&mut cmd)
+    };
+    for clone in ["other", "third"] {
+        fx.env
+            .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), clone]);
+    }
+    let r = json(&with_old_git("other", &["cache", "restore", CACHE, "--json"]).ok());
+    assert_eq!(r["state"], "restored", "{r}");
+    assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{r}");
+    assert!(r["chunks_fetched"].as_u64().unwrap() >= 1, "{r}");
+    assert_eq!(
+        std::fs::read_to_string(fx.env.join("other/restored/art/bin/tool")).unwrap(),
+        "#!/bin/sh\necho v1\n"
+    );
+    // A publish from a clone whose store lacks art-1's chunks keeps them.
+    fx.manifest("third", "2", "");
+    fx.content("third", "v2");
+    let ci = fx.key_path("ci");
+    let p = with_old_git(
+        "third",
+        &[
+            "cache",
+            "publish",
+            CACHE,
+            "--signing-key",
+            ci.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .ok();
+    assert_eq!(json(&p)["status"], "published", "{}", show(&p.out));
+    let r = json(
+        &with_old_git(
+            "other",
+            &[
+                "cache", "restore", CACHE, "--key", "art-1", "--verify", "--json",
+            ],
+        )
+        .ok(),
+    );
+    assert_eq!(r["state"], "verified", "{r}");
+    let s = with_old_git("third", &["cache", "status", CACHE]).ok();
+    assert!(s.stdout().contains("art-1"), "{}", s.stdout());
+    let pr = json(&with_old_git("third", &["cache", "prune", CACHE, "--keep", "1", "--json"]).ok());
+    assert_eq!(pr["status"], "pruned", "{pr}");
+    let r = json(
+        &with_old_git(
+            "other",
+            &["cache", "restore", CACHE, "--key", "art-2", "--json"],
+        )
+        .ok(),
+    );
+    assert_eq!(r["state"], "restored", "{r}");
+    let l = with_old_git("other", &["cache", "list"]).ok();
+    assert!(l.stdout().contains("art-2"), "{}", l.stdout());
+}

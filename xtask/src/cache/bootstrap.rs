@@ -63,10 +63,10 @@ pub fn resolve(
         }
     }
     check_subset(text)?;
-    plain_relative("restore.path", restore_path)?;
+    plain_relative("restore.path", target_relative(restore_path))?;
     plain_relative("bootstrap.exec", &raw.exec)?;
     if let Some(b) = &raw.built {
-        plain_relative("bootstrap.built", b)?;
+        plain_relative("bootstrap.built", target_relative(b))?;
     }
     if raw.build.is_empty() != raw.built.is_none() {
         bail!(
@@ -100,6 +100,17 @@ pub fn resolve(
     })
 }
 
+/// The one variable a [bootstrap] manifest's paths may start with, and
+/// only as this prefix: the script expands it as `expand_path` does (the
+/// variable's value, else `target`). Cargo's own `build.target-dir` setting
+/// is not followed by either (README "Adopting warmstart").
+pub const TARGET_PREFIX: &str = "$CARGO_TARGET_DIR/";
+
+/// `p` without a leading `$CARGO_TARGET_DIR/`: the rest must be plain.
+fn target_relative(p: &str) -> &str {
+    p.strip_prefix(TARGET_PREFIX).unwrap_or(p)
+}
+
 /// A path the script joins to the repository root as is.
 fn plain_relative(field: &str, p: &str) -> Result<()> {
     let path = Path::new(p);
@@ -110,7 +121,7 @@ fn plain_relative(field: &str, p: &str) -> Result<()> {
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
     if !plain {
         bail!(
-            "{field} {p:?}: a [bootstrap] manifest's paths are relative, without `..`, `~` or `$VAR` (the script uses them as written)"
+            "{field} {p:?}: a [bootstrap] manifest's paths are relative, without `..`, `~` or `$VAR` (the script uses them as written), except a leading `$CARGO_TARGET_DIR/` in restore.path and bootstrap.built"
         );
     }
     Ok(())
@@ -178,9 +189,21 @@ mod tests {
         assert!(resolve(raw(), "", &["literal", "git_tree"], "target/bin").is_ok());
         let e = resolve(raw(), "", &["json"], "target/bin").unwrap_err();
         assert!(e.to_string().contains("pin kind `json`"), "{e}");
-        for path in ["~/bin", "$HOME/bin", "../out", "/abs", ""] {
+        for path in [
+            "~/bin",
+            "$HOME/bin",
+            "../out",
+            "/abs",
+            "",
+            "$CARGO_TARGET_DIR",
+            "$CARGO_TARGET_DIR/../x",
+            "${CARGO_TARGET_DIR}/x",
+            "x/$CARGO_TARGET_DIR/y",
+            "$CARGO_TARGET_DIR/$HOME",
+        ] {
             assert!(resolve(raw(), "", &[], path).is_err(), "{path:?}");
         }
+        assert!(resolve(raw(), "", &[], "$CARGO_TARGET_DIR/warmstart-bin").is_ok());
         let mut r = raw();
         r.pip = Some("warmstart>=0.1".into());
         r.pip_hashes = vec![format!("sha256:{}", "a".repeat(64))];

@@ -76,25 +76,36 @@ pub fn differs(
 /// The newest key of `branch` that the first matching fallback allows, if
 /// any; never `wanted` itself.
 pub fn choose(fallbacks: &[Fallback], wanted: &Key, branch: &BranchManifest) -> Option<Choice> {
+    candidates(fallbacks, wanted, branch).into_iter().next()
+}
+
+/// Every key of `branch` some fallback allows, in the order they are tried:
+/// fallback by fallback as the manifest lists them, and within one the
+/// newest first (by `created_at`, then the greatest name, so the order is
+/// stable). A key appears once, under the first fallback that allows it;
+/// never `wanted` itself. A restore installs the first one the trust policy
+/// lets through (README "Fallback keys").
+pub fn candidates(fallbacks: &[Fallback], wanted: &Key, branch: &BranchManifest) -> Vec<Choice> {
+    let mut out: Vec<Choice> = Vec::new();
     for f in fallbacks {
-        let best = branch
+        let mut found: Vec<(&String, &KeyEntry)> = branch
             .keys
             .iter()
             .filter(|(k, e)| **k != wanted.value && matches(f, wanted, k, e))
-            .max_by(|a, b| {
-                parse_rfc3339_ms(&a.1.created_at)
-                    .cmp(&parse_rfc3339_ms(&b.1.created_at))
-                    .then_with(|| a.0.cmp(b.0))
-            });
-        if let Some((k, e)) = best {
-            return Some(Choice {
-                key: k.clone(),
-                fallback: f.clone(),
-                differs: differs(&wanted.parts, &e.key_parts),
-            });
-        }
+            .filter(|(k, _)| !out.iter().any(|c| &c.key == *k))
+            .collect();
+        found.sort_by(|a, b| {
+            parse_rfc3339_ms(&b.1.created_at)
+                .cmp(&parse_rfc3339_ms(&a.1.created_at))
+                .then_with(|| b.0.cmp(a.0))
+        });
+        out.extend(found.into_iter().map(|(k, e)| Choice {
+            key: k.clone(),
+            fallback: f.clone(),
+            differs: differs(&wanted.parts, &e.key_parts),
+        }));
     }
-    None
+    out
 }
 
 #[cfg(test)]
@@ -166,7 +177,7 @@ mod tests {
         let none = Fallback::Prefix("zz-".into());
         let any = Fallback::Prefix("vc-".into());
         let c = choose(&[none.clone(), any.clone(), drop_src.clone()], &wanted, &b).unwrap();
-        assert_eq!((c.key.as_str(), c.fallback), ("vc-1-y", any));
+        assert_eq!((c.key.as_str(), c.fallback), ("vc-1-y", any.clone()));
         assert_eq!(choose(&[none], &wanted, &b), None);
         // Dropping a part the keys do not differ in finds nothing.
         let drop_platform = Fallback::Drop(vec!["platform".into()]);
@@ -176,6 +187,18 @@ mod tests {
             "vc-2-x".into(),
             entry(&[("src", "2"), ("platform", "x")], "2026-01-10T00:00:00Z"),
         );
-        assert_eq!(choose(&[drop_src], &wanted, &b).unwrap().key, "vc-0-x");
+        assert_eq!(
+            choose(std::slice::from_ref(&drop_src), &wanted, &b)
+                .unwrap()
+                .key,
+            "vc-0-x"
+        );
+        // The order candidates are tried in: the first fallback's keys
+        // newest first, then the next fallback's keys not seen yet.
+        let order: Vec<String> = candidates(&[drop_src, any], &wanted, &b)
+            .into_iter()
+            .map(|c| c.key)
+            .collect();
+        assert_eq!(order, ["vc-0-x", "vc-1-x", "vc-1-y"]);
     }
 }

@@ -593,6 +593,13 @@ impl CacheGit {
         if oids.is_empty() {
             return Ok(Vec::new());
         }
+        if !missing_lookups_safe() {
+            // Older git dies on the first missing id (see `ls_tree`).
+            let sizes = self
+                .local_blob_sizes()
+                .with_context(|| format!("listing the blobs of {}", self.dir.display()))?;
+            return Ok(oids.iter().map(|o| sizes.get(o).copied()).collect());
+        }
         let input: String = oids.iter().map(|o| format!("{o}\n")).collect();
         let out = run_with_input(
             self.git().args([
@@ -700,11 +707,43 @@ impl CacheGit {
             .collect())
     }
 
-    /// The root tree of a commit (`git ls-tree -l -z`), in git's order.
+    /// The root tree of a commit (`git ls-tree -l -z`), in git's order. A
+    /// blob the filtered fetch left out has no size. Git before 2.47 dies in
+    /// `ls-tree -l` on such a blob (Debian 12's 2.39 fails its lazy fetch,
+    /// which `GIT_NO_LAZY_FETCH` forbids), so there the tree is listed
+    /// without sizes, and the sizes of the blobs this store holds come from
+    /// `cat-file --batch-all-objects`, which never looks up a missing one.
     pub fn ls_tree(&self, rev: &str) -> Result<Vec<TreeEntry>> {
-        let out = run(self.git().args(["ls-tree", "-l", "-z", "--full-tree", rev]))
+        let sized = missing_lookups_safe();
+        let mut cmd = self.git();
+        cmd.arg("ls-tree");
+        if sized {
+            cmd.arg("-l");
+        }
+        let out = run(cmd.args(["-z", "--full-tree", rev]))
             .with_context(|| format!("listing the tree of {rev}"))?;
-        parse_ls_tree(&out)
+        let mut entries = parse_ls_tree(&out)?;
+        if !sized {
+            let sizes = self
+                .local_blob_sizes()
+                .with_context(|| format!("listing the blobs of {}", self.dir.display()))?;
+            for e in entries.iter_mut().filter(|e| e.kind == "blob") {
+                e.size = sizes.get(&e.oid).copied();
+            }
+        }
+        Ok(entries)
+    }
+
+    /// The size of every blob this store holds (packs and loose objects),
+    /// by id: enumerated, so no missing object is ever looked up.
+    fn local_blob_sizes(&self) -> Result<std::collections::HashMap<String, u64>> {
+        let out = run(self.git().args([
+            "cat-file",
+            "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+            "--batch-all-objects",
+            "--unordered",
+        ]))?;
+        Ok(parse_blob_sizes(&String::from_utf8_lossy(&out)))
     }
 
     /// Streams a blob: the reader fails (rather than ending early) if git
@@ -1544,7 +1583,57 @@ pub fn check_branch(branch: &str) -> Result<()> {
     Ok(())
 }
 
-/// Parses `git ls-tree -l -z` output.
+/// Whether this git answers a lookup of a blob that is not in the store
+/// (`ls-tree -l` prints size `BAD`, `cat-file --batch-check` prints
+/// `missing`) instead of dying on the lazy fetch `GIT_NO_LAZY_FETCH`
+/// forbids: git 2.47 and later, the oldest version the tests ran it on
+/// (Debian 12's 2.39 dies). Asked once per process (`git
+/// version`); a version that does not parse is taken as old, whose way
+/// works on every git.
+pub fn missing_lookups_safe() -> bool {
+    static SAFE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAFE.get_or_init(|| {
+        let out = Command::new("git")
+            .arg("version")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output();
+        let text = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        git_version(&text).is_some_and(|v| v >= (2, 47))
+    })
+}
+
+/// `(major, minor)` of `git version 2.39.5` (vendor suffixes allowed).
+pub fn git_version(text: &str) -> Option<(u32, u32)> {
+    let v = text.trim().strip_prefix("git version ")?;
+    let mut parts = v.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()?;
+    Some((major, minor))
+}
+
+/// The blob lines of `cat-file --batch-check='%(objectname) %(objecttype)
+/// %(objectsize)'`, as id to size.
+fn parse_blob_sizes(text: &str) -> std::collections::HashMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let (oid, kind, size) = (f.next()?, f.next()?, f.next()?);
+            (kind == "blob").then(|| Some((oid.to_string(), size.parse().ok()?)))?
+        })
+        .collect()
+}
+
+/// Parses `git ls-tree -l -z` output (or, without `-l`, `ls-tree -z`'s:
+/// every size `None`).
 pub fn parse_ls_tree(out: &[u8]) -> Result<Vec<TreeEntry>> {
     let text = std::str::from_utf8(out).context("git ls-tree printed a non-UTF-8 name")?;
     let mut entries = Vec::new();
@@ -1553,8 +1642,10 @@ pub fn parse_ls_tree(out: &[u8]) -> Result<Vec<TreeEntry>> {
             .split_once('\t')
             .ok_or_else(|| anyhow!("unexpected git ls-tree line {rec:?}"))?;
         let fields: Vec<&str> = meta.split_whitespace().collect();
-        let [mode, kind, oid, size] = fields[..] else {
-            bail!("unexpected git ls-tree line {rec:?}");
+        let (mode, kind, oid, size) = match fields[..] {
+            [mode, kind, oid, size] => (mode, kind, oid, size),
+            [mode, kind, oid] => (mode, kind, oid, "-"),
+            _ => bail!("unexpected git ls-tree line {rec:?}"),
         };
         entries.push(TreeEntry {
             mode: mode.to_string(),
@@ -1709,6 +1800,22 @@ fn last_lines(stderr: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn git_versions_and_old_git_listings_parse() {
+        assert_eq!(git_version("git version 2.39.5\n"), Some((2, 39)));
+        assert_eq!(git_version("git version 2.47.3.windows.1"), Some((2, 47)));
+        assert_eq!(git_version("git version 2.50.0-rc1"), Some((2, 50)));
+        assert_eq!(git_version("hub version 2.14"), None);
+        assert_eq!(git_version(""), None);
+        // Without `-l`: three fields, no size.
+        let e =
+            parse_ls_tree(b"100644 blob 5716ca5987cbf97d6bb54920bea6adde242d87e6\ta b\0").unwrap();
+        assert_eq!((e[0].name.as_str(), e[0].size), ("a b", None));
+        let sizes = parse_blob_sizes("aa commit 3\nbb blob 12\ncc tree 40\ndd blob x\n");
+        assert_eq!(sizes.len(), 1);
+        assert_eq!(sizes["bb"], 12);
+    }
 
     #[test]
     fn ls_tree_lines_parse() {

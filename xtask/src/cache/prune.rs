@@ -11,9 +11,11 @@
 //! branch, and (after a publish) the key just published.
 //!
 //! The new tree is the old one minus exactly the chunk files
-//! `warmstart.json` lists for the dropped keys, with `README.md`,
-//! `warmstart.json` and `SHA256SUMS` written anew; every other file (e.g. a
-//! per-key signature) stays as it is. The push takes publish's lease and its
+//! `warmstart.json` lists for the dropped keys and their signed statements,
+//! with `README.md`, `warmstart.json` and `SHA256SUMS` written anew; every
+//! other file (the kept keys' statements and signatures among them) stays
+//! byte for byte, never re-signed, after `trust::sign::check_kept` named
+//! each kept key that would not hold. The push takes publish's lease and its
 //! retry schedule: a branch that moved meanwhile is fetched again and the
 //! choice made again on what it now holds. This module never touches an
 //! install, a stamp or the user's repository.
@@ -256,6 +258,7 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
     let mut git = CacheGit::open(sh, &repo)?.with_lock_wait(deadline);
     git.set_network(&m.network)?;
     let part = platform_part(&m);
+    let mut checker = crate::trust::Checker::new(sh, &repo)?;
     let mut lease = Lease::new(deadline);
     loop {
         let state =
@@ -328,6 +331,15 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
             summary.status = "dry-run";
             return Ok(summary);
         }
+        // The kept keys' statements and signatures go into the new commit
+        // byte for byte, never re-signed; checked first, as a publish checks
+        // the keys it keeps: each that does not hold is named in a warning,
+        // and kept (restores refuse it by themselves; dropping it would
+        // delete another publisher's key on this clone's say-so).
+        let kept: Vec<String> = summary.kept.iter().map(|r| r.key.clone()).collect();
+        let files = crate::trust::files_of_keys(&git, &state.entries, &kept)?;
+        let warn = |line: String| out.warn(line);
+        crate::trust::sign::check_kept(sh, &mut checker, &m, &state.manifest, None, &files, &warn)?;
         let commit = prune_commit(&git, &m, &remote, &state, &drops)?;
         let pushed = git.push_branch(
             &remote,
@@ -386,18 +398,21 @@ fn prune_commit(
     drops: &[String],
 ) -> Result<String> {
     let mut manifest = state.manifest.clone();
-    let mut gone: BTreeSet<&str> = BTreeSet::new();
+    let mut gone: BTreeSet<String> = BTreeSet::new();
     for d in drops {
         if let Some(e) = state.manifest.keys.get(d) {
-            gone.extend(e.chunks.iter().map(|c| c.file.as_str()));
+            gone.extend(e.chunks.iter().map(|c| c.file.clone()));
         }
+        // A dropped key's statement and signature vouch for nothing left.
+        gone.insert(crate::trust::statement::file_name(d));
+        gone.insert(crate::trust::statement::sig_name(d));
         manifest.keys.remove(d);
     }
     // A file a kept key lists is never dropped, even if a dropped key
     // (wrongly) listed it too.
     for e in manifest.keys.values() {
         for c in &e.chunks {
-            gone.remove(c.file.as_str());
+            gone.remove(&c.file);
         }
     }
     const GENERATED: [&str; 3] = ["README.md", "warmstart.json", "SHA256SUMS"];

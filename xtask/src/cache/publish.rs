@@ -683,6 +683,28 @@ fn resign(
             out.say(format!("nothing re-signed on {}", m.branch));
             return Ok(summary);
         }
+        // The keys `--key` left out go into the commit byte for byte,
+        // checked first as a publish checks the keys it keeps.
+        if !args.keys.is_empty() {
+            let others: Vec<String> = state
+                .manifest
+                .keys
+                .keys()
+                .filter(|k| !args.keys.contains(k))
+                .cloned()
+                .collect();
+            let files = crate::trust::files_of_keys(&git, &state.entries, &others)?;
+            let warn = |line: String| out.warn(line);
+            crate::trust::sign::check_kept(
+                sh,
+                &mut checker,
+                &m,
+                &state.manifest,
+                None,
+                &files,
+                &warn,
+            )?;
+        }
         let refs: BTreeMap<String, &Signed> =
             signatures.iter().map(|(k, s)| (k.clone(), s)).collect();
         let message = format!(

@@ -107,7 +107,15 @@ done <<<"$rows"
 if [ -z "$exec_name" ] || [ -z "$restore_path" ]; then die "$manifest needs [bootstrap] exec and [restore] path"; fi
 remote=${WARMSTART_BOOTSTRAP_REMOTE:-${remote:-origin}}
 case "$branch" in refs/*) ref=$branch ;; *) ref=refs/heads/$branch ;; esac
-install_dir=$root/$restore_path
+# A path may start with `$CARGO_TARGET_DIR/` (the one variable allowed in
+# this manifest): the variable's value, else `target`, as the binary expands
+# it (warmstart::cache::manifest::expand_path); relative to the root.
+target_path() {
+  local p=$1
+  case "$p" in \$CARGO_TARGET_DIR/*) p=${CARGO_TARGET_DIR:-target}/${p#\$CARGO_TARGET_DIR/} ;; esac
+  case "$p" in /*) printf '%s' "$p" ;; *) printf '%s/%s' "$root" "$p" ;; esac
+}
+install_dir=$(target_path "$restore_path")
 stamp=$git_dir/warmstart/bootstrap/$name.key
 cache_stamp=$git_dir/warmstart/cache/stamps/$name.json # warmstart::cache::stamp::path
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
@@ -195,7 +203,7 @@ compile() {
   if [ ${#build[@]} -eq 0 ] || [ -z "$built" ]; then die "compile: $manifest has no [bootstrap] build and built"; fi
   say "compile: ${build[*]}"
   "${build[@]}" || die "compile: \`${build[*]}\` failed"
-  run_restore "$root/$built" "$@"
+  run_restore "$(target_path "$built")" "$@"
 }
 [ "$mode" = compile ] && compile "$@"
 # A prebuilt binary is only right for the committed source: local edits to

@@ -176,7 +176,12 @@ fn execute(ctx: &Ctx, plan: &Plan, selected: &[&Step], args: &RestoreArgs) -> Re
         None => in_file_order(ctx, selected, args, &prior)?,
         Some(limit) => schedule_steps(ctx, selected, args, &prior, limit)?,
     };
-    let fatal = ran.iter().find_map(|r| r.fatal.clone());
+    // The exit code of the step that stopped the restore: 12 when the trust
+    // policy refused its cache key, else 11 (README "Restore"). In a
+    // parallel plan the first such step in file order decides.
+    let fatal = ran
+        .iter()
+        .find_map(|r| r.fatal.clone().map(|f| (f, r.code)));
     let deferred: Vec<usize> = (0..ran.len()).filter(|&i| ran[i].deferred).collect();
     let mut rows: Vec<Row> = ran.into_iter().map(|r| r.row).collect();
 
@@ -192,8 +197,8 @@ fn execute(ctx: &Ctx, plan: &Plan, selected: &[&Step], args: &RestoreArgs) -> Re
     }
 
     let result = match fatal {
-        Some(why) => Err(fail(
-            Code::StepFailed,
+        Some((why, code)) => Err(fail(
+            code,
             format!("{why}; restore stopped (fail-open is off: --strict or `fail_open = false`)"),
         )),
         None => Ok(()),
@@ -225,6 +230,8 @@ struct Ran {
     row: Row,
     deferred: bool,
     fatal: Option<String>,
+    /// The exit code `fatal` stops the restore with.
+    code: Code,
 }
 
 fn new_row(ctx: &Ctx, step: &Step, prior: &state::StateFile) -> Row {
@@ -265,6 +272,7 @@ fn in_file_order(
                 row,
                 deferred: false,
                 fatal: None,
+                code: Code::StepFailed,
             });
             continue;
         }
@@ -357,6 +365,7 @@ fn schedule_steps(
                     row,
                     deferred: false,
                     fatal: None,
+                    code: Code::StepFailed,
                 }
             }
         })
@@ -376,6 +385,7 @@ fn attempt(
     let mut row = new_row(ctx, step, prior);
     let mut deferred = false;
     let mut fatal = None;
+    let mut refused: Option<Code> = None;
     match warm_row(&mut row, steps::probe(ctx, step)) {
         None => {
             // `restore env` reads recorded states only: a step that
@@ -394,7 +404,7 @@ fn attempt(
         Some(why) => {
             let inline = args.worker || args.strict || !step.background;
             if inline {
-                run_step(ctx, step, &why, &mut row, spin)?;
+                refused = run_step(ctx, step, &why, &mut row, spin)?;
             } else {
                 match state::lock_step(ctx.paths, &step.name, false)? {
                     // Free: the worker spawned at the end will take it.
@@ -437,10 +447,15 @@ fn attempt(
             record_final(ctx.paths, &row, None)?;
         }
     }
+    let code = match refused {
+        Some(Code::Untrusted) => Code::Untrusted,
+        _ => Code::StepFailed,
+    };
     Ok(Ran {
         row,
         deferred,
         fatal,
+        code,
     })
 }
 
@@ -533,12 +548,14 @@ fn warm_row(row: &mut Row, probe: Probe) -> Option<String> {
     }
 }
 
-/// Runs one step that its probe said is needed: lock, re-probe, log, run, record.
-fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Result<()> {
+/// Runs one step that its probe said is needed: lock, re-probe, log, run,
+/// record. Returns the exit code of its error when it failed with one
+/// (`Code::Untrusted` for a cache key the trust policy refused).
+fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Result<Option<Code>> {
     let _lock = state::lock_step(ctx.paths, &step.name, true)?;
     // Another process may have finished it while we waited for the lock.
     if warm_row(row, steps::probe(ctx, step)).is_none() {
-        return Ok(());
+        return Ok(None);
     }
     let log_path = ctx.paths.log(&step.name);
     let started_at = crate::clock::now_ms();
@@ -570,8 +587,21 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Res
     // No "step NAME" context here: every line that quotes the outcome (the
     // table row, the messages of `execute`, the step's own log) names the
     // step already, and saying it twice read `step x failed: step x: ...`.
-    let outcome = steps::run(ctx, step, &mut log)
-        .unwrap_or_else(|e| steps::Outcome::failed(format!("{e:#}")));
+    let mut code = None;
+    let outcome = steps::run(ctx, step, &mut log).unwrap_or_else(|e| {
+        code = Some(crate::exit::code_of(&e));
+        // A trust refusal reads `untrusted: key ... of cache ...` in the WHAT
+        // column and the state file: its own line, which names the key, the
+        // cache and the signer, first.
+        let refusal = e
+            .chain()
+            .find_map(|x| x.downcast_ref::<crate::exit::Failure>())
+            .filter(|f| f.code == Code::Untrusted);
+        match refusal {
+            Some(f) => steps::Outcome::failed(f.message.clone()),
+            None => steps::Outcome::failed(format!("{e:#}")),
+        }
+    });
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -598,7 +628,8 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Res
     if !outcome.failed {
         row.last_cold_ms = Some(ms);
     }
-    record_final(ctx.paths, row, Some((started_at, ms)))
+    record_final(ctx.paths, row, Some((started_at, ms)))?;
+    Ok(code)
 }
 
 /// Writes a finished row into the state file.

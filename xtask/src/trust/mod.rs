@@ -367,6 +367,15 @@ pub struct Checked {
     pub note: Option<String>,
 }
 
+/// What the check of one key decided, before any chunk is fetched.
+pub enum Gate {
+    /// The policy lets it through (trusted, `warn` after its warning, or
+    /// `off`).
+    Pass(Checked),
+    /// `require` refuses it: its verdict and the one refusal line.
+    Refused { verdict: KeyTrust, line: String },
+}
+
 /// The check of a restore or verify, before any chunk is fetched: nothing
 /// with `off` (and `note`, the line `cache restore` prints, when no policy
 /// is set at all), a warning with
@@ -380,6 +389,26 @@ pub fn check_before_fetch(
     key: &str,
 ) -> Result<Checked> {
     let mut checker = Checker::new(sh, repo)?;
+    match check_key(sh, repo, &mut checker, m, git, branch, key)? {
+        Gate::Pass(checked) => Ok(checked),
+        Gate::Refused { line, .. } => Err(fail(
+            Code::Untrusted,
+            format!("{line}; nothing was fetched or installed"),
+        )),
+    }
+}
+
+/// `check_before_fetch` without the exit: `require`'s refusal is returned,
+/// so that a fallback restore can skip the key and try the next one.
+pub fn check_key(
+    sh: &Shell,
+    repo: &Repo,
+    checker: &mut Checker,
+    m: &CacheManifest,
+    git: &CacheGit,
+    branch: &Branch,
+    key: &str,
+) -> Result<Gate> {
     let (policy, source) = checker.root.effective(&m.trust);
     let note = (source == Source::Unset).then(|| {
         format!(
@@ -389,11 +418,11 @@ pub fn check_before_fetch(
         )
     });
     if policy == Policy::Off {
-        return Ok(Checked {
+        return Ok(Gate::Pass(Checked {
             policy: policy.name(),
             key: None,
             note,
-        });
+        }));
     }
     let verdict = match &branch.content {
         Content::Legacy { .. } => KeyTrust::not(
@@ -405,11 +434,11 @@ pub fn check_before_fetch(
         Content::V1(manifest) => {
             let Some(entry) = manifest.keys.get(key) else {
                 // No such key: `Branch::plan` says so with its own code.
-                return Ok(Checked {
+                return Ok(Gate::Pass(Checked {
                     policy: policy.name(),
                     key: None,
                     note,
-                });
+                }));
             };
             let files = key_files(git, branch, key)?;
             let seen_file = seen::path(&repo.state_dir());
@@ -421,18 +450,15 @@ pub fn check_before_fetch(
     if !verdict.trusted() {
         let line = refusal_line(&m.name, branch, &verdict, &checker.root);
         if policy == Policy::Require {
-            return Err(fail(
-                Code::Untrusted,
-                format!("{line}; nothing was fetched or installed"),
-            ));
+            return Ok(Gate::Refused { verdict, line });
         }
         eprintln!("warning: {line} (policy warn: restoring anyway)");
     } else if let Some(at) = &verdict.created_at {
         seen::record(&seen::path(&repo.state_dir()), &m.name, key, at)?;
     }
-    Ok(Checked {
+    Ok(Gate::Pass(Checked {
         policy: policy.name(),
         key: Some(verdict),
         note,
-    })
+    }))
 }
