@@ -35,5 +35,6 @@ mod transports;
 mod transports_faults;
 mod trust;
 mod trust_bootstrap;
+mod trust_rollback;
 mod unpack;
 mod wheel;

@@ -30,6 +30,13 @@ set -euo pipefail
 
 say() { echo "bootstrap: $*" >&2; }
 die() { say "$*"; exit 1; }
+# The last fallback failed: exit 12 when a binary cache was refused as
+# untrusted on the way (README.md "Exit codes"), else 1.
+give_up() {
+  say "$*"
+  if [ -n "${untrusted:-}" ]; then exit 12; fi
+  exit 1
+}
 
 root=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 cd "$root"
@@ -110,6 +117,10 @@ case "$branch" in refs/*) ref=$branch ;; *) ref=refs/heads/$branch ;; esac
 install_dir=$root/$restore_path
 stamp=$git_dir/warmstart/bootstrap/$name.key
 cache_stamp=$git_dir/warmstart/cache/stamps/$name.json # warmstart::cache::stamp::path
+# The newest signed created_at this clone has seen per cache key, shared
+# with the binary: `<cache> <key> <created_at>` lines (warmstart::trust::seen).
+seen_file=$git_dir/warmstart/trust/seen
+untrusted="" # set by a trust refusal: giving up then exits 12 ("untrusted")
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
 
 # ---- the trust policy: the manifest's [trust] policy, else
@@ -191,10 +202,10 @@ run_restore() {
 
 # ---- 3. compile
 compile() {
-  [ "$mode" != prebuilt ] || die "compile: skipped (--prebuilt-only): no prebuilt binary for $key"
-  if [ ${#build[@]} -eq 0 ] || [ -z "$built" ]; then die "compile: $manifest has no [bootstrap] build and built"; fi
+  [ "$mode" != prebuilt ] || give_up "compile: skipped (--prebuilt-only): no prebuilt binary for $key"
+  if [ ${#build[@]} -eq 0 ] || [ -z "$built" ]; then give_up "compile: $manifest has no [bootstrap] build and built"; fi
   say "compile: ${build[*]}"
-  "${build[@]}" || die "compile: \`${build[*]}\` failed"
+  "${build[@]}" || give_up "compile: \`${build[*]}\` failed"
   run_restore "$root/$built" "$@"
 }
 [ "$mode" = compile ] && compile "$@"
@@ -249,7 +260,42 @@ trusted_statement() {
     say "binary cache: untrusted: $key was published --allow-ungated and $manifest does not set [trust] allow_ungated = true: refusing it"
     return 1
   fi
+  not_a_rollback "$st" || return 1
   say "binary cache: $key is signed by $ok"
+}
+
+# Rollback: a validly signed statement older (by its signed created_at)
+# than the newest this clone has seen for the key is refused; a newer one
+# becomes the newest seen. Timestamps are fixed-width UTC, so their digits
+# compare as numbers.
+not_a_rollback() {
+  local st=$1 created last ts='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$'
+  created=$(sed -n 's/^created_at //p' "$st")
+  if ! [[ $created =~ $ts ]]; then
+    say "binary cache: untrusted: the statement of $key has no created_at of the form YYYY-MM-DDTHH:MM:SSZ: refusing it"
+    return 1
+  fi
+  last=""
+  if [ -f "$seen_file" ]; then
+    last=$(LC_ALL=C awk -v c="$name" -v k="$key" '$1 == c && $2 == k && $3 > v { v = $3 } END { print v }' "$seen_file") ||
+      { say "binary cache: cannot read $seen_file: refusing $key"; return 1; }
+  fi
+  if [ -n "$last" ] && ! [[ $last =~ $ts ]]; then
+    say "binary cache: $seen_file is corrupt (it records the newest signed statement seen per cache key; delete it to trust the newest on the branch again): refusing $key"
+    return 1
+  fi
+  if [ -n "$last" ] && [ $((10#${created//[!0-9]/})) -lt $((10#${last//[!0-9]/})) ]; then
+    say "binary cache: untrusted: rollback: $key on $ref was signed at $created, older than the $last this clone has seen (${seen_file#"$root"/}): refusing it"
+    return 1
+  fi
+  if [ "$created" = "$last" ]; then return 0; fi
+  if ! { mkdir -p "$(dirname "$seen_file")" &&
+    { if [ -f "$seen_file" ]; then awk -v c="$name" -v k="$key" '!($1 == c && $2 == k)' "$seen_file"; fi
+      printf '%s %s %s\n' "$name" "$key" "$created"; } >"$seen_file.tmp-$$" &&
+    mv "$seen_file.tmp-$$" "$seen_file"; }; then
+    say "binary cache: cannot record $key's created_at in $seen_file: refusing it"
+    return 1
+  fi
 }
 
 # ---- 1. binary cache. Called in an `if`, where bash ignores `set -e`:
@@ -281,6 +327,7 @@ binary_cache() {
     if trusted_statement "$commit"; then
       sums=$tmp/branch/$key.statement
     elif [ "$trust_policy" = require ]; then
+      untrusted=1
       return 1
     else
       say "binary cache: policy warn: installing $key anyway"
@@ -322,8 +369,21 @@ registry() {
   mkdir -p "$dir" || return 1
   tmp=$(mktemp -d "$dir/.install-XXXXXX") || return 1
   printf '%s\n' "$line" >"$tmp/requirements.txt" || return 1
-  python3 -m venv "$tmp/venv" >&2 || { say "registry: python3 -m venv failed"; return 1; }
-  "$tmp/venv/bin/python" -m pip install --quiet --no-deps --require-hashes -r "$tmp/requirements.txt" >&2 ||
+  # A venv without pip, filled by the host's pip (`--python`, pip 22.3 or
+  # later), takes about a second; a venv that sets up its own pip
+  # (ensurepip) takes several, so it is only the fallback.
+  local pip=()
+  if python3 -m venv --without-pip "$tmp/venv" >&2 &&
+    python3 -m pip --python "$tmp/venv/bin/python" --version >/dev/null 2>&1; then
+    say "registry: the host's pip (python3 -m pip --python) installs into a venv without pip"
+    pip=(python3 -m pip --python "$tmp/venv/bin/python")
+  else
+    say "registry: the host's python3 has no pip 22.3 or later (python3 -m pip --python): the venv gets its own pip (ensurepip, slower)"
+    rm -rf "$tmp/venv"
+    python3 -m venv "$tmp/venv" >&2 || { say "registry: python3 -m venv failed"; return 1; }
+    pip=("$tmp/venv/bin/python" -m pip)
+  fi
+  "${pip[@]}" install --quiet --no-deps --require-hashes -r "$tmp/requirements.txt" >&2 ||
     { say "registry: pip install --require-hashes $pip_req failed"; return 1; }
   [ -x "$tmp/venv/bin/warmstart" ] || { say "registry: $pip_req installed no warmstart executable"; return 1; }
   rm -rf "$dir/venv" && mv "$tmp/venv" "$dir/venv" && printf '%s\n' "$line" >"$dir/requirement" || return 1
