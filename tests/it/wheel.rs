@@ -308,6 +308,13 @@ fn wheel_the_generated_bootstrap_installs_the_pinned_wheel_from_a_loopback_index
         err.contains(&format!("registry: installed {}", pin.requirement)),
         "{err}"
     );
+    // The fast way: a venv without pip, filled by the host's pip.
+    assert!(
+        err.contains(
+            "registry: the host's pip (python3 -m pip --python) installs into a venv without pip"
+        ),
+        "{err}"
+    );
     assert!(!err.contains("was called"), "{err}");
     let installed = clone.join("target/warmstart-registry/venv/bin").join(EXE);
     assert!(
@@ -348,5 +355,70 @@ fn wheel_the_generated_bootstrap_refuses_a_wheel_whose_hash_is_not_pinned() {
     assert!(
         !clone.join("target/warmstart-registry/venv").exists(),
         "{err}"
+    );
+}
+
+/// A `python3` first on PATH whose `-m pip` fails, as on a host without pip
+/// (or with one older than 22.3, which has no `--python`): everything else
+/// is the real interpreter.
+fn python_without_pip(env: &TestEnv) -> PathBuf {
+    let real = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v python3"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let dir = env.join("no-host-pip");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("python3");
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -m ] && [ \"$2\" = pip ]; then echo 'No module named pip' >&2; exit 1; fi\nexec {} \"$@\"\n",
+            real.trim()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[test]
+fn wheel_the_bootstrap_falls_back_to_a_venv_with_its_own_pip_when_the_host_has_none() {
+    let wheel = wheel();
+    let env = TestEnv::new();
+    let index = Index::serve(&env.join("index"), &wheel);
+    let pin = warmstart::wheel::pin(&wheel).unwrap();
+    let clone = adopter_pinned_to(&env, &pin.hash);
+    let mut cmd = Command::new("bash");
+    cmd.arg(clone.join("tools/warmstart-bootstrap.sh"))
+        .current_dir(&clone);
+    isolate_pip(&env, &mut cmd);
+    cmd.env(
+        "PATH",
+        path_with(&[&python_without_pip(&env), &no_compilers(&env)]),
+    )
+    .env("PIP_INDEX_URL", index.url())
+    .env("PIP_NO_CACHE_DIR", "1");
+    let r = run(&mut cmd);
+    let err = r.stderr();
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert!(
+        err.contains("registry: the host's python3 has no pip 22.3 or later (python3 -m pip --python): the venv gets its own pip (ensurepip, slower)"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("registry: installed {}", pin.requirement)),
+        "{err}"
+    );
+    assert!(!err.contains("was called"), "{err}");
+    let venv = clone.join("target/warmstart-registry/venv/bin");
+    assert!(venv.join("pip").exists(), "the venv has its own pip: {err}");
+    assert_eq!(
+        crate::util::sha256sum(&venv.join(EXE)),
+        crate::util::sha256sum(&crate::util::wheel::release_bin(&env, "from-wheel"))
     );
 }
