@@ -3,6 +3,7 @@
 mod util;
 
 mod adopt;
+mod adopt_ci;
 mod attack;
 mod broken_pipe;
 mod cache_concurrency;

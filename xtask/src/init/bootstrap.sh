@@ -6,8 +6,9 @@
 #
 #   tools/warmstart-bootstrap.sh [RESTORE-ARGS...]    e.g. --background
 #   tools/warmstart-bootstrap.sh --print-key          the binary cache key of this checkout
-#   tools/warmstart-bootstrap.sh --prebuilt-only ...  fail (exit 1) rather than compile
+#   tools/warmstart-bootstrap.sh --prebuilt-only ...  fail (exit 1; 12 after a trust refusal) rather than compile
 #   tools/warmstart-bootstrap.sh --no-prebuilt ...    always compile
+#   tools/warmstart-bootstrap.sh --build-only         compile, print the binary's path, restore nothing (CI)
 #
 # Everything it knows comes from the one cache manifest with a [bootstrap]
 # table (cache-manifests/*.toml): the branch, the key pins, the restore path,
@@ -189,6 +190,7 @@ case "${1:-}" in
   --print-key) printf '%s\n' "$key"; exit 0 ;;
   --prebuilt-only) mode=prebuilt; shift ;;
   --no-prebuilt) mode=compile; shift ;;
+  --build-only) mode=build; shift ;;
 esac
 
 tmp=""
@@ -205,10 +207,16 @@ compile() {
   [ "$mode" != prebuilt ] || give_up "compile: skipped (--prebuilt-only): no prebuilt binary for $key"
   if [ ${#build[@]} -eq 0 ] || [ -z "$built" ]; then give_up "compile: $manifest has no [bootstrap] build and built"; fi
   say "compile: ${build[*]}"
-  "${build[@]}" || give_up "compile: \`${build[*]}\` failed"
+  # Its output goes to stderr: --build-only prints only the path on stdout.
+  "${build[@]}" >&2 || give_up "compile: \`${build[*]}\` failed"
+  [ -x "$root/$built" ] || give_up "compile: \`${build[*]}\` left no executable $built"
+  if [ "$mode" = build ]; then
+    printf '%s\n' "$root/$built"
+    exit 0
+  fi
   run_restore "$root/$built" "$@"
 }
-[ "$mode" = compile ] && compile "$@"
+case "$mode" in compile | build) compile "$@" ;; esac
 # A prebuilt binary is only right for the committed source: local edits to
 # what the key's git trees cover mean compiling.
 if [ ${#tree_paths[@]} -gt 0 ] && [ -n "$(git status --porcelain -- "${tree_paths[@]}")" ]; then
