@@ -21,7 +21,8 @@
 # The adopter, built in a scratch directory: its own `xtask` crate
 # (`fn main() { warmstart::main() }`, warmstart = { path = this checkout }),
 # `warmstart init` output, a small data cache of its own in restore.toml, and
-# bare origins served from disk like a hosting server (receive.unpackLimit 1).
+# bare origins set up like a hosting server (receive.unpackLimit 1), served
+# by `git daemon` on 127.0.0.1: every clone and fetch timed here is git://.
 # The compile run comes first: its binary is what the publisher publishes
 # (as CI would, after its release build). The wheel (tools/build-wheel.sh) is
 # the run's other release build; its binary runs init and publish.
@@ -39,9 +40,10 @@ fi
 WHEEL=$(realpath "$WHEEL")
 version=$(basename "$WHEEL" | cut -d- -f2)
 work=$(mktemp -d /tmp/bench-bootstrap-paths-XXXXXX)
-index_pid=""
+index_pid="" daemon_pid=""
 cleanup() {
   [ -z "$index_pid" ] || kill "$index_pid" 2>/dev/null || true
+  [ -z "$daemon_pid" ] || kill "$daemon_pid" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -67,8 +69,11 @@ bare() {
   git init -q --bare -b main "$1"
   git -C "$1" config receive.unpackLimit 1
 }
-# Fails unless clone $1's bootstrap said $2 and the data cache is restored.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Fails unless clone $1's bootstrap said $2 and, once its background
+# worker is done, the data cache is restored.
 restored() {
+  wait_worker "$1"
   if ! grep -q "$2" "$1.err" || ! [ -f "$1/restored-data/hello.txt" ]; then
     say "$1: expected \"$2\" and restored-data/hello.txt"
     cat "$1.err" >&2
@@ -106,7 +111,9 @@ fi
 for i in $(seq 1 40); do head -c 20000 /dev/urandom >"$a/target/data-src/docs/part$i.bin"; done
 echo "restored by the adopter" >"$a/target/data-src/hello.txt"
 printf '[pack]\nroot = "target/data-src"\n\n[restore]\npath = "restored-data"\n' >"$a/cache-manifests/data.toml"
-printf '\n[[step]]\nname = "data"\nkind = "cache"\ncache = "data"\n' >>"$a/cache-manifests/restore.toml"
+# In the background, as every step of warmstart's own restore.toml: the
+# timed path is the bootstrap's, and the data is checked once the worker is done.
+printf '\n[[step]]\nname = "data"\nkind = "cache"\ncache = "data"\nbackground = true\n' >>"$a/cache-manifests/restore.toml"
 git -C "$a" add -A
 git -C "$a" commit -q -m "adopt warmstart"
 bin_manifest=cache-manifests/xtask-bin.toml
@@ -117,11 +124,16 @@ branch=$(sed -n 's/^branch = "\(.*\)"$/\1/p' "$a/$bin_manifest" | head -1)
 # no binary cache), `without` (neither: the compile path); each has the data
 # cache, which the publisher publishes to `with` and pushes on.
 for o in with registry without; do
-  bare "$work/$o.git"
-  git -C "$a" push -q "$work/$o.git" main
+  bare "$work/srv/$o.git"
+  git -C "$a" push -q "$work/srv/$o.git" main
 done
-(cd "$a" && git remote add origin "$work/with.git" && "$BIN" cache publish data --quiet)
-for o in registry without; do git -C "$work/with.git" push -q "$work/$o.git" "refs/heads/data-cache"; done
+(cd "$a" && git remote add origin "$work/srv/with.git" && "$BIN" cache publish data --quiet)
+for o in registry without; do git -C "$work/srv/with.git" push -q "$work/srv/$o.git" "refs/heads/data-cache"; done
+git_port=$(free_port)
+git daemon --reuseaddr --export-all --listen=127.0.0.1 --port="$git_port" --base-path="$work/srv" "$work/srv" &
+daemon_pid=$!
+for _ in $(seq 1 200); do git ls-remote "git://127.0.0.1:$git_port/with.git" >/dev/null 2>&1 && break; sleep 0.05; done
+url=git://127.0.0.1:$git_port
 
 # The package index: PEP 503 simple layout over python3 -m http.server.
 mkdir -p "$work/index/simple/warmstart"
@@ -129,12 +141,12 @@ cp "$WHEEL" "$work/index/simple/warmstart/"
 digest=$(sha256sum "$WHEEL" | cut -c1-64)
 printf '<!DOCTYPE html>\n<html><body><a href="%s#sha256=%s">%s</a></body></html>\n' \
   "$(basename "$WHEEL")" "$digest" "$(basename "$WHEEL")" >"$work/index/simple/warmstart/index.html"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 python3 -m http.server --bind 127.0.0.1 --directory "$work/index" "$port" >/dev/null 2>&1 &
 index_pid=$!
 for _ in $(seq 1 200); do curl -fs -o /dev/null "http://127.0.0.1:$port/simple/warmstart/" && break; sleep 0.05; done
 export PIP_INDEX_URL=http://127.0.0.1:$port/simple/
-git clone -q "$work/registry.git" "$work/pinner"
+git clone -q "$work/srv/registry.git" "$work/pinner"
 (cd "$work/pinner" && "$BIN" init --pip-hash "sha256:$digest" >/dev/null)
 git -C "$work/pinner" commit -q -am "pin the warmstart wheel (init --pip-hash)"
 git -C "$work/pinner" push -q origin HEAD:main
@@ -143,7 +155,7 @@ git -C "$work/pinner" push -q origin HEAD:main
 compile_s=()
 for i in $(seq 1 "$compile_runs"); do
   t0=$(now)
-  (git clone -q "$work/without.git" "$work/build$i" && cd "$work/build$i" &&
+  (git clone -q "$url/without.git" "$work/build$i" && cd "$work/build$i" &&
     tools/warmstart-bootstrap.sh >/dev/null 2>"$work/build$i.err")
   t1=$(now)
   restored "$work/build$i" "compile: cargo build"
@@ -158,18 +170,18 @@ else
 fi
 rm -rf "$work"/build[0-9]*
 (cd "$a" && "$BIN" cache publish xtask-bin --allow-ungated --quiet)
-echo "adopter: $a; binary cache $branch on $work/with.git; wheel $(basename "$WHEEL") on $PIP_INDEX_URL"
+echo "adopter: $a; binary cache $branch on $url/with.git; wheel $(basename "$WHEEL") on $PIP_INDEX_URL"
 
 binary_s=() fetch_s=() net_s=() wheel_s=()
 for i in $(seq 1 "$runs"); do
   t0=$(now)
-  (git clone -q "$work/with.git" "$work/bin$i" && cd "$work/bin$i" &&
+  (git clone -q "$url/with.git" "$work/bin$i" && cd "$work/bin$i" &&
     tools/warmstart-bootstrap.sh --prebuilt-only >/dev/null 2>"$work/bin$i.err")
   t1=$(now)
   restored "$work/bin$i" "binary cache: installed"
   wait_worker "$work/bin$i"
 
-  git clone -q "$work/with.git" "$work/fetch$i"
+  git clone -q "$url/with.git" "$work/fetch$i"
   t2=$(now)
   git -C "$work/fetch$i" fetch --quiet --depth 1 --no-tags origin "refs/heads/$branch"
   t3=$(now)
@@ -178,7 +190,7 @@ for i in $(seq 1 "$runs"); do
   net_s+=("$(echo "($t1 - $t0) - ($t3 - $t2)" | bc)")
 
   t0=$(now)
-  (git clone -q "$work/registry.git" "$work/reg$i" && cd "$work/reg$i" &&
+  (git clone -q "$url/registry.git" "$work/reg$i" && cd "$work/reg$i" &&
     tools/warmstart-bootstrap.sh >/dev/null 2>"$work/reg$i.err")
   t1=$(now)
   restored "$work/reg$i" "registry: installed"

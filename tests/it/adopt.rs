@@ -578,7 +578,10 @@ fn publish_then_bootstrap_a_fresh_clone(
     );
     let clone = env.join("box");
     let mut cmd = std::process::Command::new("bash");
+    // --strict (to restore): the binary's own step, a background one,
+    // runs in front, so the test reads the install after it.
     cmd.arg(clone.join("tools/warmstart-bootstrap.sh"))
+        .arg("--strict")
         .current_dir(&clone);
     env.isolate(&mut cmd);
     cmd.env("PATH", path);

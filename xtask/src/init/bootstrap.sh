@@ -370,33 +370,36 @@ registry() {
   local dir=$root/target/warmstart-registry line h
   line=$pip_req
   for h in "${pip_hashes[@]}"; do line="$line --hash=$h"; done
-  if [ -x "$dir/venv/bin/warmstart" ] && [ "$(cat "$dir/requirement" 2>/dev/null)" = "$line" ]; then
+  if [ -x "$dir/pkg/bin/warmstart" ] && [ "$(cat "$dir/requirement" 2>/dev/null)" = "$line" ]; then
     say "registry: warm: $pip_req is installed"
     return 0
   fi
   mkdir -p "$dir" || return 1
   tmp=$(mktemp -d "$dir/.install-XXXXXX") || return 1
   printf '%s\n' "$line" >"$tmp/requirements.txt" || return 1
-  # A venv without pip, filled by the host's pip (`--python`, pip 22.3 or
-  # later), takes about a second; a venv that sets up its own pip
-  # (ensurepip) takes several, so it is only the fallback.
-  local pip=()
-  if python3 -m venv --without-pip "$tmp/venv" >&2 &&
-    python3 -m pip --python "$tmp/venv/bin/python" --version >/dev/null 2>&1; then
-    say "registry: the host's pip (python3 -m pip --python) installs into a venv without pip"
-    pip=(python3 -m pip --python "$tmp/venv/bin/python")
-  else
-    say "registry: the host's python3 has no pip 22.3 or later (python3 -m pip --python): the venv gets its own pip (ensurepip, slower)"
-    rm -rf "$tmp/venv"
-    python3 -m venv "$tmp/venv" >&2 || { say "registry: python3 -m venv failed"; return 1; }
-    pip=("$tmp/venv/bin/python" -m pip)
+  # The host's pip installs the wheel into a plain directory (`--target`;
+  # the executable lands in its bin/): no venv, one interpreter, about two
+  # seconds. A venv with its own pip (ensurepip) takes several more, so it
+  # is only the fallback for a python3 without pip. `--target` also keeps
+  # clear of an externally managed (PEP 668) system Python.
+  local probe py="" version="" pip=()
+  if probe=$(python3 -c 'import sys, pip; print(sys.executable); print(pip.__version__)' 2>/dev/null); then
+    py=${probe%%$'\n'*} version=${probe#*$'\n'}
   fi
-  "${pip[@]}" install --quiet --no-deps --require-hashes -r "$tmp/requirements.txt" >&2 ||
+  if [ -n "$py" ] && [ -x "$py" ]; then
+    say "registry: the host's pip $version installs it (pip install --target, no venv)"
+    pip=(env PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --target "$tmp/pkg")
+  else
+    say "registry: the host's python3 has no pip: a venv with its own pip (ensurepip, slower)"
+    python3 -m venv "$tmp/pkg" >&2 || { say "registry: python3 -m venv failed"; return 1; }
+    pip=("$tmp/pkg/bin/python" -m pip install)
+  fi
+  "${pip[@]}" --quiet --no-deps --require-hashes -r "$tmp/requirements.txt" >&2 ||
     { say "registry: pip install --require-hashes $pip_req failed"; return 1; }
-  [ -x "$tmp/venv/bin/warmstart" ] || { say "registry: $pip_req installed no warmstart executable"; return 1; }
-  rm -rf "$dir/venv" && mv "$tmp/venv" "$dir/venv" && printf '%s\n' "$line" >"$dir/requirement" || return 1
+  [ -x "$tmp/pkg/bin/warmstart" ] || { say "registry: $pip_req installed no warmstart executable"; return 1; }
+  rm -rf "$dir/pkg" && mv "$tmp/pkg" "$dir/pkg" && printf '%s\n' "$line" >"$dir/requirement" || return 1
   say "registry: installed $pip_req"
 }
-if [ "$mode" != prebuilt ] && registry; then run_restore "$root/target/warmstart-registry/venv/bin/warmstart" "$@"; fi
+if [ "$mode" != prebuilt ] && registry; then run_restore "$root/target/warmstart-registry/pkg/bin/warmstart" "$@"; fi
 
 compile "$@"
