@@ -10,11 +10,12 @@
 #    here (exit 11) and nothing is published;
 # 3. push the green record, so other machines can check it;
 # 4. `cache publish` each CACHE (default: every cache manifest, i.e. every
-#    cache-manifests/*.toml except gates.toml and restore.toml); publish itself
+#    cache-manifests/*.toml except gates, restore and trust.toml); publish itself
 #    refuses unless that cache's required gates are green for this tree.
 #
 # Environment: WARMSTART_REMOTE (default origin), XTASK (how to run warmstart,
-# default `cargo xtask`). Build the artifacts the caches pack before calling it.
+# default `cargo xtask`; .github/workflows/gates.yml sets it to the binary it
+# built). Build the artifacts the caches pack before calling it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +33,7 @@ if [ ${#caches[@]} -eq 0 ]; then
   for manifest in cache-manifests/*.toml; do
     name=$(basename "$manifest" .toml)
     case "$name" in
-      gates | restore) ;;
+      gates | restore | trust) ;; # warmstart::cache::manifest::RESERVED
       *) caches+=("$name") ;;
     esac
   done

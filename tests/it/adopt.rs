@@ -455,14 +455,14 @@ fn adopt_the_script_and_the_binary_compute_the_same_key() {
 /// xtask crate builds into it with the same profile settings, so warmstart's
 /// dependencies are compiled once for both (cargo keys them by flags, not by
 /// workspace).
-fn shared_target() -> PathBuf {
+pub(crate) fn shared_target() -> PathBuf {
     let bin = crate::util::bin();
     bin.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
 /// `cargo` with the runner's own environment (its registry, its toolchain),
 /// offline, building into `shared_target()`; no WARMSTART_* leaks in.
-fn cargo(repo: &Path, args: &[&str]) -> crate::util::Run {
+pub(crate) fn cargo(repo: &Path, args: &[&str]) -> crate::util::Run {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.args(args)
@@ -481,7 +481,7 @@ fn cargo(repo: &Path, args: &[&str]) -> crate::util::Run {
 /// A repository with an xtask crate of its own: `fn main() { warmstart::main() }`
 /// and `warmstart = { path = ... }`, this repository's profile settings and
 /// lockfile (so the offline build resolves the same versions).
-fn xtask_adopter(env: &TestEnv) -> PathBuf {
+pub(crate) fn xtask_adopter(env: &TestEnv) -> PathBuf {
     let repo = env.work_repo("adopter");
     let src = crate::util::source_root();
     let ours = std::fs::read_to_string(src.join("Cargo.toml")).unwrap();
@@ -509,7 +509,7 @@ fn xtask_adopter(env: &TestEnv) -> PathBuf {
     repo
 }
 
-fn write(path: &Path, text: &str) {
+pub(crate) fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
 }
@@ -578,7 +578,10 @@ fn publish_then_bootstrap_a_fresh_clone(
     );
     let clone = env.join("box");
     let mut cmd = std::process::Command::new("bash");
+    // --strict (to restore): the binary's own step, a background one,
+    // runs in front, so the test reads the install after it.
     cmd.arg(clone.join("tools/warmstart-bootstrap.sh"))
+        .arg("--strict")
         .current_dir(&clone);
     env.isolate(&mut cmd);
     cmd.env("PATH", path);

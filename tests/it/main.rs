@@ -3,6 +3,7 @@
 mod util;
 
 mod adopt;
+mod adopt_ci;
 mod attack;
 mod broken_pipe;
 mod cache_concurrency;
@@ -42,5 +43,6 @@ mod transports;
 mod transports_faults;
 mod trust;
 mod trust_bootstrap;
+mod trust_rollback;
 mod unpack;
 mod wheel;

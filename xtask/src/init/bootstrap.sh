@@ -6,8 +6,9 @@
 #
 #   tools/warmstart-bootstrap.sh [RESTORE-ARGS...]    e.g. --background
 #   tools/warmstart-bootstrap.sh --print-key          the binary cache key of this checkout
-#   tools/warmstart-bootstrap.sh --prebuilt-only ...  fail (exit 1) rather than compile
+#   tools/warmstart-bootstrap.sh --prebuilt-only ...  fail (exit 1; 12 after a trust refusal) rather than compile
 #   tools/warmstart-bootstrap.sh --no-prebuilt ...    always compile
+#   tools/warmstart-bootstrap.sh --build-only         compile, print the binary's path, restore nothing (CI)
 #
 # Everything it knows comes from the one cache manifest with a [bootstrap]
 # table (cache-manifests/*.toml): the branch, the key pins, the restore path,
@@ -30,6 +31,13 @@ set -euo pipefail
 
 say() { echo "bootstrap: $*" >&2; }
 die() { say "$*"; exit 1; }
+# The last fallback failed: exit 12 when a binary cache was refused as
+# untrusted on the way (README.md "Exit codes"), else 1.
+give_up() {
+  say "$*"
+  if [ -n "${untrusted:-}" ]; then exit 12; fi
+  exit 1
+}
 
 root=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 cd "$root"
@@ -118,6 +126,10 @@ target_path() {
 install_dir=$(target_path "$restore_path")
 stamp=$git_dir/warmstart/bootstrap/$name.key
 cache_stamp=$git_dir/warmstart/cache/stamps/$name.json # warmstart::cache::stamp::path
+# The newest signed created_at this clone has seen per cache key, shared
+# with the binary: `<cache> <key> <created_at>` lines (warmstart::trust::seen).
+seen_file=$git_dir/warmstart/trust/seen
+untrusted="" # set by a trust refusal: giving up then exits 12 ("untrusted")
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
 
 # ---- the trust policy: the manifest's [trust] policy, else
@@ -186,6 +198,7 @@ case "${1:-}" in
   --print-key) printf '%s\n' "$key"; exit 0 ;;
   --prebuilt-only) mode=prebuilt; shift ;;
   --no-prebuilt) mode=compile; shift ;;
+  --build-only) mode=build; shift ;;
 esac
 
 tmp=""
@@ -199,13 +212,20 @@ run_restore() {
 
 # ---- 3. compile
 compile() {
-  [ "$mode" != prebuilt ] || die "compile: skipped (--prebuilt-only): no prebuilt binary for $key"
-  if [ ${#build[@]} -eq 0 ] || [ -z "$built" ]; then die "compile: $manifest has no [bootstrap] build and built"; fi
+  [ "$mode" != prebuilt ] || give_up "compile: skipped (--prebuilt-only): no prebuilt binary for $key"
+  if [ ${#build[@]} -eq 0 ] || [ -z "$built" ]; then give_up "compile: $manifest has no [bootstrap] build and built"; fi
   say "compile: ${build[*]}"
-  "${build[@]}" || die "compile: \`${build[*]}\` failed"
-  run_restore "$(target_path "$built")" "$@"
+  # Its output goes to stderr: --build-only prints only the path on stdout.
+  "${build[@]}" >&2 || give_up "compile: \`${build[*]}\` failed"
+  built_path=$(target_path "$built")
+  [ -x "$built_path" ] || give_up "compile: \`${build[*]}\` left no executable $built"
+  if [ "$mode" = build ]; then
+    printf '%s\n' "$built_path"
+    exit 0
+  fi
+  run_restore "$built_path" "$@"
 }
-[ "$mode" = compile ] && compile "$@"
+case "$mode" in compile | build) compile "$@" ;; esac
 # A prebuilt binary is only right for the committed source: local edits to
 # what the key's git trees cover mean compiling.
 if [ ${#tree_paths[@]} -gt 0 ] && [ -n "$(git status --porcelain -- "${tree_paths[@]}")" ]; then
@@ -257,7 +277,42 @@ trusted_statement() {
     say "binary cache: untrusted: $key was published --allow-ungated and $manifest does not set [trust] allow_ungated = true: refusing it"
     return 1
   fi
+  not_a_rollback "$st" || return 1
   say "binary cache: $key is signed by $ok"
+}
+
+# Rollback: a validly signed statement older (by its signed created_at)
+# than the newest this clone has seen for the key is refused; a newer one
+# becomes the newest seen. Timestamps are fixed-width UTC, so their digits
+# compare as numbers.
+not_a_rollback() {
+  local st=$1 created last ts='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$'
+  created=$(sed -n 's/^created_at //p' "$st")
+  if ! [[ $created =~ $ts ]]; then
+    say "binary cache: untrusted: the statement of $key has no created_at of the form YYYY-MM-DDTHH:MM:SSZ: refusing it"
+    return 1
+  fi
+  last=""
+  if [ -f "$seen_file" ]; then
+    last=$(LC_ALL=C awk -v c="$name" -v k="$key" '$1 == c && $2 == k && $3 > v { v = $3 } END { print v }' "$seen_file") ||
+      { say "binary cache: cannot read $seen_file: refusing $key"; return 1; }
+  fi
+  if [ -n "$last" ] && ! [[ $last =~ $ts ]]; then
+    say "binary cache: $seen_file is corrupt (it records the newest signed statement seen per cache key; delete it to trust the newest on the branch again): refusing $key"
+    return 1
+  fi
+  if [ -n "$last" ] && [ $((10#${created//[!0-9]/})) -lt $((10#${last//[!0-9]/})) ]; then
+    say "binary cache: untrusted: rollback: $key on $ref was signed at $created, older than the $last this clone has seen (${seen_file#"$root"/}): refusing it"
+    return 1
+  fi
+  if [ "$created" = "$last" ]; then return 0; fi
+  if ! { mkdir -p "$(dirname "$seen_file")" &&
+    { if [ -f "$seen_file" ]; then awk -v c="$name" -v k="$key" '!($1 == c && $2 == k)' "$seen_file"; fi
+      printf '%s %s %s\n' "$name" "$key" "$created"; } >"$seen_file.tmp-$$" &&
+    mv "$seen_file.tmp-$$" "$seen_file"; }; then
+    say "binary cache: cannot record $key's created_at in $seen_file: refusing it"
+    return 1
+  fi
 }
 
 # ---- 1. binary cache. Called in an `if`, where bash ignores `set -e`:
@@ -289,6 +344,7 @@ binary_cache() {
     if trusted_statement "$commit"; then
       sums=$tmp/branch/$key.statement
     elif [ "$trust_policy" = require ]; then
+      untrusted=1
       return 1
     else
       say "binary cache: policy warn: installing $key anyway"
@@ -323,20 +379,36 @@ registry() {
   local dir=$root/target/warmstart-registry line h
   line=$pip_req
   for h in "${pip_hashes[@]}"; do line="$line --hash=$h"; done
-  if [ -x "$dir/venv/bin/warmstart" ] && [ "$(cat "$dir/requirement" 2>/dev/null)" = "$line" ]; then
+  if [ -x "$dir/pkg/bin/warmstart" ] && [ "$(cat "$dir/requirement" 2>/dev/null)" = "$line" ]; then
     say "registry: warm: $pip_req is installed"
     return 0
   fi
   mkdir -p "$dir" || return 1
   tmp=$(mktemp -d "$dir/.install-XXXXXX") || return 1
   printf '%s\n' "$line" >"$tmp/requirements.txt" || return 1
-  python3 -m venv "$tmp/venv" >&2 || { say "registry: python3 -m venv failed"; return 1; }
-  "$tmp/venv/bin/python" -m pip install --quiet --no-deps --require-hashes -r "$tmp/requirements.txt" >&2 ||
+  # The host's pip installs the wheel into a plain directory (`--target`;
+  # the executable lands in its bin/): no venv, one interpreter, about two
+  # seconds. A venv with its own pip (ensurepip) takes several more, so it
+  # is only the fallback for a python3 without pip. `--target` also keeps
+  # clear of an externally managed (PEP 668) system Python.
+  local probe py="" version="" pip=()
+  if probe=$(python3 -c 'import sys, pip; print(sys.executable); print(pip.__version__)' 2>/dev/null); then
+    py=${probe%%$'\n'*} version=${probe#*$'\n'}
+  fi
+  if [ -n "$py" ] && [ -x "$py" ]; then
+    say "registry: the host's pip $version installs it (pip install --target, no venv)"
+    pip=(env PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --target "$tmp/pkg")
+  else
+    say "registry: the host's python3 has no pip: a venv with its own pip (ensurepip, slower)"
+    python3 -m venv "$tmp/pkg" >&2 || { say "registry: python3 -m venv failed"; return 1; }
+    pip=("$tmp/pkg/bin/python" -m pip install)
+  fi
+  "${pip[@]}" --quiet --no-deps --require-hashes -r "$tmp/requirements.txt" >&2 ||
     { say "registry: pip install --require-hashes $pip_req failed"; return 1; }
-  [ -x "$tmp/venv/bin/warmstart" ] || { say "registry: $pip_req installed no warmstart executable"; return 1; }
-  rm -rf "$dir/venv" && mv "$tmp/venv" "$dir/venv" && printf '%s\n' "$line" >"$dir/requirement" || return 1
+  [ -x "$tmp/pkg/bin/warmstart" ] || { say "registry: $pip_req installed no warmstart executable"; return 1; }
+  rm -rf "$dir/pkg" && mv "$tmp/pkg" "$dir/pkg" && printf '%s\n' "$line" >"$dir/requirement" || return 1
   say "registry: installed $pip_req"
 }
-if [ "$mode" != prebuilt ] && registry; then run_restore "$root/target/warmstart-registry/venv/bin/warmstart" "$@"; fi
+if [ "$mode" != prebuilt ] && registry; then run_restore "$root/target/warmstart-registry/pkg/bin/warmstart" "$@"; fi
 
 compile "$@"

@@ -153,10 +153,13 @@ pub fn restore_toml(bin_cache: &str) -> String {
 # the machine\"). tools/warmstart-bootstrap.sh runs it once it has the binary.\n\
 \n\
 # The binary itself: keeps the cache module's install and stamp of it current.\n\
+# In the background: the bootstrap has just installed this key, so nothing\n\
+# waits on this step (in front, it would fetch and unpack the binary again).\n\
 [[step]]\n\
 name = \"{bin_cache}\"\n\
 kind = \"cache\"\n\
 cache = \"{bin_cache}\"\n\
+background = true\n\
 \n\
 # Add one step per cache of yours, e.g. for cache-manifests/toolchain.toml\n\
 # (see example.toml.sample):\n\

@@ -1,9 +1,14 @@
 //! The per-clone record of the newest signed statement seen per cache key:
-//! `<state>/trust/seen.json`, `{"format": 1, "seen": {"<cache> <key>": created_at}}`.
+//! `<state>/trust/seen`, one `<cache> <key> <created_at>` line each (and
+//! `#` comments), so that the shell bootstrap (`tools/warmstart-bootstrap.sh`,
+//! which has no JSON reader) reads and extends the same record with awk.
 //!
 //! A restore refuses a validly signed statement older than the one recorded
 //! here (a rollback). A fresh clone has no record and accepts the newest.
-//! Only ever moves forward; written to a temp file and renamed.
+//! Only ever moves forward; written to a temp file and renamed. An older
+//! build kept the record as `seen.json` (`{"format": 1, "seen": {"<cache>
+//! <key>": created_at}}`): it is still read, merged in, and removed once the
+//! line file holds its entries.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -24,50 +29,111 @@ impl Seen {
     pub fn get(&self, cache: &str, key: &str) -> Option<&str> {
         self.seen.get(&format!("{cache} {key}")).map(String::as_str)
     }
+
+    /// Keeps the newer of the recorded and `created_at`; true if it moved.
+    fn advance(&mut self, entry: String, created_at: &str) -> bool {
+        let slot = self.seen.entry(entry).or_default();
+        if slot.as_str() >= created_at {
+            return false;
+        }
+        *slot = created_at.to_string();
+        true
+    }
 }
 
+/// The record's file (the one the bootstrap script reads too).
 pub fn path(state_dir: &Path) -> PathBuf {
-    state_dir.join("trust").join("seen.json")
+    state_dir.join("trust").join("seen")
 }
 
-/// Loads the record (empty when absent). A corrupt one is exit 5, left in
-/// place: forgetting it silently would re-open rollbacks.
+/// The record as an older build kept it, beside `file`.
+fn legacy_path(file: &Path) -> PathBuf {
+    file.with_file_name("seen.json")
+}
+
+fn corrupt(file: &Path) -> anyhow::Error {
+    fail(
+        Code::Corrupt,
+        format!(
+            "{} is corrupt: it records the newest signed statement seen per cache key; delete it to trust the newest on the branch again",
+            file.display()
+        ),
+    )
+}
+
+fn read_optional(file: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(file) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("reading {}", file.display()))),
+    }
+}
+
+/// Loads the record (empty when absent), the legacy `seen.json` merged in.
+/// A corrupt one is exit 5, left in place: forgetting it silently would
+/// re-open rollbacks.
 pub fn load(file: &Path) -> Result<Seen> {
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Seen::default()),
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {}", file.display()))),
+    let mut s = Seen {
+        format: 1,
+        seen: BTreeMap::new(),
     };
-    serde_json::from_str::<Seen>(&text)
-        .ok()
-        .filter(|s| s.format == 1)
-        .ok_or_else(|| {
-            fail(
-                Code::Corrupt,
-                format!(
-                    "{} is corrupt: it records the newest signed statement seen per cache key; delete it to trust the newest on the branch again",
-                    file.display()
-                ),
-            )
-        })
+    let legacy = legacy_path(file);
+    if let Some(text) = read_optional(&legacy)? {
+        let old = serde_json::from_str::<Seen>(&text)
+            .ok()
+            .filter(|s| s.format == 1)
+            .ok_or_else(|| corrupt(&legacy))?;
+        for (k, v) in old.seen {
+            s.advance(k, &v);
+        }
+    }
+    for line in read_optional(file)?.unwrap_or_default().lines() {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split(' ').collect();
+        let [cache, key, at] = f[..] else {
+            return Err(corrupt(file));
+        };
+        if cache.is_empty() || key.is_empty() || super::statement::check_timestamp(at).is_err() {
+            return Err(corrupt(file));
+        }
+        s.advance(format!("{cache} {key}"), at);
+    }
+    Ok(s)
 }
 
 /// Records `created_at` for `key` of `cache` if it is newer than the record.
 pub fn record(file: &Path, cache: &str, key: &str, created_at: &str) -> Result<()> {
+    if cache.contains([' ', '\n']) || key.contains([' ', '\n']) {
+        anyhow::bail!(
+            "cache {cache:?} key {key:?}: a name with a space cannot be recorded in {}",
+            file.display()
+        );
+    }
     let mut s = load(file)?;
-    s.format = 1;
-    let slot = s.seen.entry(format!("{cache} {key}")).or_default();
-    if slot.as_str() >= created_at {
+    let legacy = legacy_path(file);
+    if !s.advance(format!("{cache} {key}"), created_at) && !legacy.exists() {
         return Ok(());
     }
-    *slot = created_at.to_string();
-    let dir = file.parent().expect("seen.json has a parent");
+    let dir = file.parent().expect("the seen record has a parent");
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!("seen.json.tmp-{}", std::process::id()));
-    let text = serde_json::to_string_pretty(&s).expect("seen serializes") + "\n";
+    let tmp = dir.join(format!("seen.tmp-{}", std::process::id()));
+    let mut text = String::from(
+        "# the newest signed created_at this clone has seen per cache key: <cache> <key> <created_at>\n",
+    );
+    for (entry, at) in &s.seen {
+        text.push_str(&format!("{entry} {at}\n"));
+    }
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, file).with_context(|| format!("renaming {}", tmp.display()))?;
-    Ok(())
+    // Its entries are in the line file now.
+    match std::fs::remove_file(&legacy) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(anyhow::Error::new(e).context(format!("removing {}", legacy.display())))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The memo of signatures verified as trusted: `<state>/trust/verified`,
@@ -136,7 +202,45 @@ mod tests {
         let s = load(&f).unwrap();
         assert_eq!(s.get("c", "k"), Some("2026-12-01T10:00:05Z"));
         assert_eq!(s.get("c", "j"), Some("2026-12-01T09:00:00Z"));
-        std::fs::write(&f, "{").unwrap();
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(text.contains("\nc k 2026-12-01T10:00:05Z\n"), "{text}");
+        for bad in [
+            "c k\n",
+            "c k 2026-12-01 10:00:05Z\n",
+            "c k yesterday\n",
+            " k 2026-12-01T10:00:05Z\n",
+        ] {
+            std::fs::write(&f, bad).unwrap();
+            assert_eq!(
+                crate::exit::code_of(&load(&f).unwrap_err()),
+                Code::Corrupt,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_legacy_json_record_is_merged_then_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = path(tmp.path());
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        let legacy = legacy_path(&f);
+        std::fs::write(
+            &legacy,
+            r#"{"format": 1, "seen": {"c k": "2026-12-01T10:00:05Z"}}"#,
+        )
+        .unwrap();
+        // What the shell bootstrap appends: another key, and an older k.
+        std::fs::write(&f, "c j 2026-12-01T09:00:00Z\nc k 2026-12-01T10:00:01Z\n").unwrap();
+        let s = load(&f).unwrap();
+        assert_eq!(s.get("c", "k"), Some("2026-12-01T10:00:05Z"));
+        assert_eq!(s.get("c", "j"), Some("2026-12-01T09:00:00Z"));
+        record(&f, "c", "i", "2026-12-01T08:00:00Z").unwrap();
+        assert!(!legacy.exists());
+        let s = load(&f).unwrap();
+        assert_eq!(s.get("c", "k"), Some("2026-12-01T10:00:05Z"));
+        assert_eq!(s.get("c", "i"), Some("2026-12-01T08:00:00Z"));
+        std::fs::write(&legacy, "{").unwrap();
         assert_eq!(crate::exit::code_of(&load(&f).unwrap_err()), Code::Corrupt);
     }
 
