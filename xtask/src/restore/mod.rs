@@ -19,7 +19,6 @@ pub mod steps;
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -112,17 +111,6 @@ fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
             }
         }
     }
-}
-
-/// A spinner on a terminal only (indicatif draws nothing when stderr is not one).
-fn spinner(msg: String) -> indicatif::ProgressBar {
-    let pb =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    if std::io::stderr().is_terminal() {
-        pb.enable_steady_tick(std::time::Duration::from_millis(120));
-    }
-    pb.set_message(msg);
-    pb
 }
 
 fn execute(ctx: &Ctx, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
@@ -283,7 +271,7 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row) -> Result<()> {
         ),
     )?;
     let start = Instant::now();
-    let pb = spinner(format!("{}: {why}", step.name));
+    let pb = crate::progress::spinner(format!("{}: {why}", step.name));
     let outcome = steps::run(ctx, step, &mut log)
         .with_context(|| format!("step {}", step.name))
         .unwrap_or_else(|e| steps::Outcome::failed(format!("{e:#}")));
