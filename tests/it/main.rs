@@ -23,6 +23,7 @@ mod demo;
 mod gates;
 mod gates_refs;
 mod net_deadline;
+mod progress;
 mod restore;
 mod restore_cache;
 mod resume;

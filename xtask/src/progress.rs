@@ -90,8 +90,9 @@ fn with_durations(style: ProgressStyle) -> ProgressStyle {
             },
         )
         .with_key("eta", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
-            // Whole seconds: an ETA is an estimate, and tenths would flicker.
-            let eta = Duration::from_secs(s.eta().as_secs());
+            // Whole seconds, at least one: an ETA is an estimate, and
+            // `0.0ms` would read as "done" while bytes are still to come.
+            let eta = Duration::from_secs(s.eta().as_secs_f64().ceil().max(1.0) as u64);
             let _ = w.write_str(&crate::clock::human(eta));
         })
 }
