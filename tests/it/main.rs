@@ -22,6 +22,7 @@ mod containment_property;
 mod demo;
 mod gates;
 mod gates_refs;
+mod git_errors;
 mod net_deadline;
 mod progress;
 mod restore;
