@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# A/B of the restore path: two warmstart binaries restore the same published
+# cache in one run, interleaved, and the medians are compared.
+#
+#   tools/bench-ab.sh BASE_BIN NEW_BIN [SRC]
+#   ROUNDS=5 WARM=21 TTY=0 tools/bench-ab.sh old/warmstart target/debug/warmstart
+#
+# SRC is the tree to cache (default: `rustc --print sysroot`, BENCHMARKS.md's
+# workload, about 1.3 GB). It is published once, by BASE_BIN, to a local bare
+# repository set up like a hosting server (receive.unpackLimit 1,
+# uploadpack.allowFilter true). Then, ROUNDS times (default 3), each binary
+# does a cold `cache restore` (a fresh clone, an empty target) with stderr
+# to a pipe, as BENCHMARKS.md measures it, and, with TTY=1 (the default),
+# a second cold restore on a pseudo-terminal (util-linux `script`), where
+# the progress bars are drawn. The order alternates per round (A B, then
+# B A). Then WARM warm restores (default 15) of each, interleaved. Every
+# restored tree is kept until the end (BENCHMARKS.md, "Method notes":
+# deleting a big tree slows the restores that follow), and `sync` runs,
+# untimed, before each timed command. Prints the medians and NEW/BASE;
+# exits 1 when a ratio is above MAX_RATIO (default 1.05).
+#
+# The machine is shared: run it under `nice`, and compare only the ratios
+# of one run.
+set -euo pipefail
+shopt -s inherit_errexit
+
+if [ $# -lt 2 ] || [ $# -gt 3 ]; then
+  echo "usage: tools/bench-ab.sh BASE_BIN NEW_BIN [SRC]" >&2
+  exit 2
+fi
+base=$(realpath "$1")
+new=$(realpath "$2")
+for b in "$base" "$new"; do
+  [ -x "$b" ] || { echo "bench-ab: $b is not an executable warmstart binary" >&2; exit 2; }
+done
+src=${3:-$(rustc --print sysroot)}
+src=$(realpath "$src")
+[ -d "$src" ] || { echo "bench-ab: $src is not a directory" >&2; exit 2; }
+rounds=${ROUNDS:-3}
+warm=${WARM:-15}
+tty=${TTY:-1}
+max_ratio=${MAX_RATIO:-1.05}
+case "$rounds$warm" in *[!0-9]*) echo "bench-ab: ROUNDS and WARM take whole numbers" >&2; exit 2 ;; esac
+case "$tty" in 0 | 1) ;; *) echo "bench-ab: TTY takes 0 or 1, not $tty" >&2; exit 2 ;; esac
+if [ "$tty" = 1 ] && ! command -v script >/dev/null; then
+  echo "bench-ab: TTY=1 needs util-linux script (apt-get install bsdutils), or run with TTY=0" >&2
+  exit 2
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/bench-ab-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+for v in $(env | sed -n 's/^\(\(GIT\|WARMSTART\)_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+export HOME=$work GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=$work/.gitconfig NO_COLOR=1 \
+  GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@warmstart.invalid \
+  GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@warmstart.invalid
+
+log() { printf 'bench-ab: %s\n' "$*" >&2; }
+
+git init -q --bare "$work/remote.git"
+git -C "$work/remote.git" config receive.unpackLimit 1
+git -C "$work/remote.git" config uploadpack.allowFilter true
+git init -q -b main "$work/repo"
+mkdir "$work/repo/cache-manifests"
+# BENCH_AB_DEST, not a WARMSTART_* name: the binary refuses unknown ones.
+# shellcheck disable=SC2016 # ${BENCH_AB_DEST} is for the binary to expand
+printf '[[key]]\nname = "v"\nliteral = "bench"\n\n[pack]\nroot = "%s"\n\n[restore]\npath = "${BENCH_AB_DEST}"\n' \
+  "$src" >"$work/repo/cache-manifests/bench.toml"
+git -C "$work/repo" add -A
+git -C "$work/repo" commit -q -m bench
+
+# A file every restore must have brought back.
+probe=$(cd "$src" && find . -type f -print -quit)
+[ -n "$probe" ] || { echo "bench-ab: $src has no files" >&2; exit 2; }
+
+log "publishing $src with $base"
+(cd "$work/repo" && BENCH_AB_DEST=$work/unused "$base" cache publish bench --quiet --remote "$work/remote.git")
+
+# Seconds of wall time of "$@" (its output to $work/out), after an untimed sync.
+timed() {
+  sync
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$@" >"$work/out" 2>&1 || {
+    log "$* failed (exit $?): $(tail -n 5 "$work/out")"
+    exit 1
+  }
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", b - a }'
+}
+
+# One cold restore by binary $1 (label $2) in mode $3 (pipe or tty), run $4.
+cold() {
+  local bin=$1 label=$2 mode=$3 run=$4
+  local clone=$work/clone-$label-$mode-$run dest=$work/dest-$label-$mode-$run
+  git clone -q "$work/repo" "$clone"
+  local t
+  if [ "$mode" = tty ]; then
+    t=$(cd "$clone" && BENCH_AB_DEST=$dest TERM=xterm timed script --quiet --return \
+      --command "$bin cache restore bench --remote $work/remote.git" /dev/null)
+  else
+    t=$(cd "$clone" && BENCH_AB_DEST=$dest timed "$bin" cache restore bench --quiet \
+      --remote "$work/remote.git")
+  fi
+  [ -f "$dest/$probe" ] || {
+    log "$label did not restore $probe into $dest: $(tail -n 5 "$work/out")"
+    exit 1
+  }
+  echo "$t" >>"$work/times-$mode-$label"
+  log "round $run: $label $mode cold restore ${t}s"
+  # The warm runs reuse the last pipe-mode clone.
+  if [ "$mode" = pipe ]; then
+    echo "$clone $dest" >"$work/last-$label"
+  fi
+}
+
+warm_one() {
+  local bin=$1 label=$2
+  local clone dest t
+  read -r clone dest <"$work/last-$label"
+  t=$(cd "$clone" && BENCH_AB_DEST=$dest timed "$bin" cache restore bench --quiet \
+    --remote "$work/remote.git")
+  echo "$t" >>"$work/times-warm-$label"
+}
+
+modes=pipe
+[ "$tty" = 1 ] && modes="pipe tty"
+for r in $(seq 1 "$rounds"); do
+  if [ $((r % 2)) = 1 ]; then order="base new"; else order="new base"; fi
+  for mode in $modes; do
+    for who in $order; do
+      if [ "$who" = base ]; then cold "$base" base "$mode" "$r"; else cold "$new" new "$mode" "$r"; fi
+    done
+  done
+done
+for _ in $(seq 1 "$warm"); do
+  warm_one "$base" base
+  warm_one "$new" new
+done
+
+median() { sort -g "$1" | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+status=0
+printf '\n| restore (%s rounds, warm: %s runs) | base s | new s | new / base | <= %s |\n|---|---:|---:|---:|---|\n' \
+  "$rounds" "$warm" "$max_ratio"
+for mode in $modes warm; do
+  b=$(median "$work/times-$mode-base")
+  n=$(median "$work/times-$mode-new")
+  ratio=$(awk -v n="$n" -v b="$b" 'BEGIN { printf "%.3f", n / b }')
+  ok=$(awk -v r="$ratio" -v m="$max_ratio" 'BEGIN { print (r <= m) ? 1 : 0 }')
+  [ "$ok" = 1 ] || status=1
+  case $mode in
+    pipe) what="cold, stderr to a pipe" ;;
+    tty) what="cold, on a pty (bars drawn)" ;;
+    warm) what="warm" ;;
+  esac
+  printf '| %s | %.4f | %.4f | %s | %s |\n' "$what" "$b" "$n" "$ratio" "$([ "$ok" = 1 ] && echo yes || echo no)"
+done
+printf '\nsource: %s (%s files, %s)\n' "$src" "$(find "$src" -type f | wc -l)" "$(du -sh "$src" | cut -f1)"
+exit "$status"
