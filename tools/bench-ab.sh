@@ -13,7 +13,7 @@
 # to a pipe, as BENCHMARKS.md measures it, and, with TTY=1 (the default),
 # a second cold restore on a pseudo-terminal (util-linux `script`), where
 # the progress bars are drawn. The order alternates per round (A B, then
-# B A). Then WARM warm restores (default 15) of each, interleaved. Each is
+# B A), after one untimed restore of each. Then WARM warm restores (default 15) of each, interleaved. Each is
 # timed as wall and CPU (user+sys, git's children included). Every
 # restored tree is kept until the end (BENCHMARKS.md, "Method notes":
 # deleting a big tree slows the restores that follow), and `sync` runs,
@@ -21,6 +21,8 @@
 # exits 1 when a ratio is above MAX_RATIO (default 1.05). On a busy machine
 # the wall times swing by 2x between runs of the same binary; trust the
 # CPU ratios then, and run again when the wall ratios disagree with them.
+#
+# INSNS=1 counts instructions instead (see below; needs valgrind).
 #
 # The machine is shared: run it under `nice`, and compare only the ratios
 # of one run.
@@ -126,8 +128,39 @@ warm_one() {
   echo "$t" >>"$work/times-warm-$label"
 }
 
+if [ "${INSNS:-0}" = 1 ]; then
+  # Instructions instead of times: one cold restore of each under
+  # valgrind (cachegrind, no cache simulation), which counts warmstart's
+  # own instructions only (git, the same for both, runs natively). Slow
+  # (about 50x), but as good as deterministic on a busy machine: use a
+  # tree of tens of MB.
+  command -v valgrind >/dev/null || { echo "bench-ab: INSNS=1 needs valgrind (apt-get install valgrind)" >&2; exit 2; }
+  for who in base new; do
+    if [ "$who" = base ]; then bin=$base; else bin=$new; fi
+    clone=$work/clone-$who-insns
+    git clone -q "$work/repo" "$clone"
+    (cd "$clone" && BENCH_AB_DEST=$work/dest-$who-insns timed valgrind --tool=cachegrind --cache-sim=no \
+      --cachegrind-out-file=/dev/null "$bin" cache restore bench --quiet --remote "$work/remote.git") >/dev/null
+    [ -f "$work/dest-$who-insns/$probe" ] || { log "$who did not restore under valgrind: $(tail -n 5 "$work/out")"; exit 1; }
+    sed -n 's/.*I *refs: *\([0-9,]*\).*/\1/p' "$work/out" | tr -d , >"$work/insns-$who"
+    log "$who: $(cat "$work/insns-$who") instructions"
+  done
+  b=$(cat "$work/insns-base")
+  n=$(cat "$work/insns-new")
+  ratio=$(awk -v n="$n" -v b="$b" 'BEGIN { printf "%.4f", n / b }')
+  printf '\n| cold restore, instructions of the warmstart process | base | new | new / base |\n|---|---:|---:|---:|\n'
+  printf '| %s | %s | %s | %s |\n' "$(basename "$src")" "$b" "$n" "$ratio"
+  awk -v r="$ratio" -v m="$max_ratio" 'BEGIN { exit !(r <= m) }'
+  exit
+fi
+
 modes=pipe
 [ "$tty" = 1 ] && modes="pipe tty"
+# One untimed restore each first: the first restores after the publish
+# took twice the CPU of the later ones, for both binaries.
+cold "$base" base pipe 0
+cold "$new" new pipe 0
+rm -f "$work/times-pipe-base" "$work/times-pipe-new"
 for r in $(seq 1 "$rounds"); do
   if [ $((r % 2)) = 1 ]; then order="base new"; else order="new base"; fi
   for mode in $modes; do
