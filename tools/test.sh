@@ -46,6 +46,8 @@ command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 # objdump: tools/build-wheel.sh checks the wheel's glibc symbols.
 command -v objdump >/dev/null || need_apt+=(binutils)
+# script: a pseudo-terminal for the progress bars (tests/it/progress.rs).
+command -v script >/dev/null || need_apt+=(bsdutils)
 [ -x "$(git --exec-path)/git-daemon" ] || need_apt+=(git-daemon-sysvinit)
 [ -x "$(git --exec-path)/git-http-backend" ] || need_apt+=(git)
 # ssh:// remotes in the network deadline tests (tests/it/net_deadline.rs).

@@ -24,6 +24,7 @@ pub mod glob;
 pub mod init;
 pub mod invocation;
 pub mod net;
+pub mod progress;
 pub mod redact;
 pub mod repo;
 pub mod restore;

@@ -888,15 +888,32 @@ const FIX_SSH_KEY: &str =
 const FIX_HOST_KEY: &str =
     "the server's host key is not known or changed: check it and add it to ~/.ssh/known_hosts";
 
-/// The lines of a git error that say something: progress, hints and
-/// boilerplate dropped (the hung-up line only when something else is left).
+/// Whether a line is git's frame around a push or fetch, which says
+/// where and how much, never why: `To <url>`, `From <url>`, porcelain's
+/// `Done`, the pack's `Total ...` line, `failed to push some refs`, and a
+/// server's empty `remote:` lines.
+fn is_frame(l: &str) -> bool {
+    l.starts_with("To ")
+        || l.starts_with("From ")
+        || l == "Done"
+        || l == "remote:"
+        || (l.starts_with("Total ") && l.contains("reused"))
+        || l.starts_with("error: failed to push some refs")
+}
+
+/// How many of git's lines a cause keeps: a hook's or a server's message
+/// is often a few lines, and all of them say why.
+const CAUSE_LINES: usize = 6;
+
+/// The lines of a git error that say something: progress, hints, git's
+/// frame and boilerplate dropped (the hung-up line only when something
+/// else is left), runs of blanks and tabs as one space.
 pub fn cause_lines(stderr: &str) -> Vec<String> {
     let lines: Vec<String> = stderr
         .split(['\r', '\n'])
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("hint:") && !is_progress(l))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty() && !l.starts_with("hint:") && !is_progress(l) && !is_frame(l))
         .filter(|l| !BOILERPLATE[..3].iter().any(|b| l.contains(b)))
-        .map(str::to_string)
         .collect();
     let hung_up = |l: &String| l.contains(BOILERPLATE[3]);
     if lines.iter().all(hung_up) {
@@ -906,14 +923,14 @@ pub fn cause_lines(stderr: &str) -> Vec<String> {
     }
 }
 
-/// The cause git gave, on one line: its last meaningful lines (two at
-/// most), or the authentication line when there is one.
+/// The cause git gave, on one line: its last meaningful lines
+/// (`CAUSE_LINES` at most), or the authentication line when there is one.
 pub fn cause(stderr: &str) -> String {
     if let Some((line, _)) = auth_refused(stderr) {
         return line;
     }
     let lines = cause_lines(stderr);
-    let s = lines[lines.len().saturating_sub(2)..].join("; ");
+    let s = lines[lines.len().saturating_sub(CAUSE_LINES)..].join("; ");
     if s.is_empty() {
         "no message from git".to_string()
     } else {

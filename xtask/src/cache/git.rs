@@ -853,7 +853,7 @@ impl CacheGit {
         branch: &str,
         commit: &str,
         expected: Option<&str>,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut dyn FnMut(PushProgress),
     ) -> Result<()> {
         check_branch(branch)?;
         let dst = remote_ref(branch);
@@ -1658,24 +1658,36 @@ pub fn parse_ls_tree(out: &[u8]) -> Result<Vec<TreeEntry>> {
     Ok(entries)
 }
 
+/// Where a push is, from git's "Writing objects" line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PushProgress {
+    /// Of the objects.
+    pub percent: u64,
+    /// Bytes sent, once git printed its throughput (`, 1.00 MiB | ...`).
+    pub bytes: Option<u64>,
+}
+
+impl PushProgress {
+    /// Bytes sent: git's count, else `percent` of `total`.
+    pub fn bytes_of(&self, total: u64) -> u64 {
+        let share = u128::from(total) * u128::from(self.percent.min(100)) / 100;
+        self.bytes.unwrap_or(share as u64)
+    }
+}
+
 /// Reads git's progress output (lines ended by `\r` or `\n`) as it
-/// comes, and reports the "Writing objects" percentage.
+/// comes, and reports the "Writing objects" lines.
 #[derive(Default)]
 struct ProgressParser {
     line: Vec<u8>,
 }
 
 impl ProgressParser {
-    fn feed(&mut self, bytes: &[u8], progress: &mut dyn FnMut(u64)) {
+    fn feed(&mut self, bytes: &[u8], progress: &mut dyn FnMut(PushProgress)) {
         for &b in bytes {
             if b == b'\r' || b == b'\n' {
                 let l = String::from_utf8_lossy(&self.line);
-                if let Some(rest) = l
-                    .trim_start_matches("remote: ")
-                    .strip_prefix("Writing objects:")
-                    && let Some(pct) = rest.trim().split('%').next()
-                    && let Ok(p) = pct.trim().parse::<u64>()
-                {
+                if let Some(p) = push_progress(&l) {
                     progress(p);
                 }
                 self.line.clear();
@@ -1684,6 +1696,37 @@ impl ProgressParser {
             }
         }
     }
+}
+
+/// `Writing objects:  40% (2/5), 1.00 MiB | 2.00 MiB/s, done.` read.
+fn push_progress(line: &str) -> Option<PushProgress> {
+    let rest = line
+        .trim_start_matches("remote: ")
+        .strip_prefix("Writing objects:")?;
+    let (pct, rest) = rest.split_once('%')?;
+    let percent = pct.trim().parse::<u64>().ok()?;
+    let bytes = rest
+        .split_once("), ")
+        .and_then(|(_, r)| git_size(r.split(['|', ',']).next()?.trim()));
+    Some(PushProgress { percent, bytes })
+}
+
+/// A size as git's progress prints it (`strbuf_humanise_bytes`):
+/// `512 bytes`, `1 byte`, `1.50 KiB`, `12.00 MiB`, `1.02 GiB`.
+fn git_size(text: &str) -> Option<u64> {
+    let (num, unit) = text.split_once(' ')?;
+    let scale: u64 = match unit {
+        "byte" | "bytes" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
+    Some((n * scale as f64) as u64)
 }
 
 /// git's stderr without its progress updates: whole lines of the final state.
@@ -1860,9 +1903,64 @@ mod tests {
             parser.feed(piece, &mut |p| seen.push(p));
         }
         let rest = final_lines(text);
-        assert_eq!(seen, [40, 100]);
+        let at = |percent, bytes| PushProgress { percent, bytes };
+        assert_eq!(seen, [at(40, None), at(100, Some(1 << 20))]);
         assert!(rest.contains("error: boom"));
         assert!(!rest.contains("Writing objects"));
+    }
+
+    /// `push` shows bytes and a rate: git's throughput is read, in every
+    /// unit git prints, and a line without it falls back to the percentage.
+    #[test]
+    fn push_progress_reads_the_bytes_git_sent() {
+        for (line, want) in [
+            ("Writing objects:  12% (1/8)", (12, None)),
+            (
+                "Writing objects:  50% (4/8), 512 bytes | 512.00 KiB/s",
+                (50, Some(512)),
+            ),
+            (
+                "Writing objects: 100% (1/1), 1 byte | 1 byte/s, done.",
+                (100, Some(1)),
+            ),
+            (
+                "Writing objects:  75% (3/4), 1.50 KiB | 1.00 MiB/s",
+                (75, Some(1536)),
+            ),
+            (
+                "Writing objects:  80% (4/5), 23.50 MiB | 11.75 MiB/s",
+                (80, Some(47 << 19)),
+            ),
+            (
+                "Writing objects: 100% (5/5), 1.25 GiB | 90.00 MiB/s, done.",
+                (100, Some(5 << 28)),
+            ),
+            ("remote: Writing objects:  3% (1/30)", (3, None)),
+        ] {
+            let got = push_progress(line).unwrap_or_else(|| panic!("{line}"));
+            assert_eq!((got.percent, got.bytes), want, "{line}");
+        }
+        for not in [
+            "Counting objects: 40% (2/5)",
+            "Writing objects: lots",
+            "Writing objects:  40% (2/5), many MiB | 1 MiB/s",
+            "",
+        ] {
+            assert!(
+                push_progress(not).is_none_or(|p| p.bytes.is_none()),
+                "{not}"
+            );
+        }
+        let p = PushProgress {
+            percent: 40,
+            bytes: None,
+        };
+        assert_eq!(p.bytes_of(1000), 400);
+        let p = PushProgress {
+            percent: 40,
+            bytes: Some(7),
+        };
+        assert_eq!(p.bytes_of(1000), 7);
     }
 
     #[test]

@@ -462,10 +462,16 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             remote.shown_name(),
             human_bytes(new_bytes)
         ));
-        let bar = out.bar(100, "push");
+        // The bar's total is the new chunks' bytes: git sends those (its
+        // pack adds a few headers and the small files).
+        let bar = out.bar(new_bytes, "push");
         let expected = state.as_ref().map(|s| s.commit.clone());
         let pushed = git.push_branch(&remote, &m.branch, &commit, expected.as_deref(), &mut |p| {
-            bar.set_position(p)
+            let done = p.bytes_of(new_bytes);
+            if done > bar.length().unwrap_or(0) {
+                bar.set_length(done);
+            }
+            bar.set_position(done)
         });
         bar.finish_and_clear();
         match pushed {
@@ -1397,21 +1403,12 @@ impl Reporter {
         eprintln!("warning: {}", msg.as_ref());
     }
 
+    /// A byte bar (`crate::progress`) on a terminal, unless `--quiet`.
     pub(crate) fn bar(&self, len: u64, what: &str) -> indicatif::ProgressBar {
         if !self.tty || self.quiet {
-            return indicatif::ProgressBar::hidden();
+            return crate::progress::hidden();
         }
-        let template = if what == "push" {
-            "{prefix:>5} [{bar:30}] {pos:>3}% {elapsed}"
-        } else {
-            "{prefix:>5} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}"
-        };
-        let style = indicatif::ProgressStyle::with_template(template)
-            .expect("valid template")
-            .progress_chars("=> ");
-        indicatif::ProgressBar::new(len)
-            .with_style(style)
-            .with_prefix(what.to_string())
+        crate::progress::bytes_bar(len, what)
     }
 }
 

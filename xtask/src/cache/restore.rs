@@ -622,36 +622,35 @@ impl Drop for Staging {
     }
 }
 
-/// A progress bar on stderr when `on`, else a hidden one.
-pub fn bar(on: bool, len: u64, what: &str) -> indicatif::ProgressBar {
-    if !on {
-        return indicatif::ProgressBar::hidden();
+/// A spinner (`crate::progress`) when `on`, else a hidden one.
+pub fn spinner(on: bool, what: String) -> indicatif::ProgressBar {
+    if on {
+        crate::progress::spinner(what)
+    } else {
+        crate::progress::hidden()
     }
-    let pb = indicatif::ProgressBar::with_draw_target(
-        Some(len),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
 }
 
-/// A spinner on stderr when `on`, else a hidden one.
-pub fn spinner(on: bool, what: String) -> indicatif::ProgressBar {
+/// The bars of `unpack_into` when `on` (else hidden ones): the compressed
+/// bytes fetched and verified, and the tar bytes unpacked, one above the
+/// other, each with its own total (`verify::Plan::progress_totals`).
+fn restore_bars(
+    on: bool,
+    totals: verify::Totals,
+) -> (
+    Option<indicatif::MultiProgress>,
+    [indicatif::ProgressBar; 2],
+) {
     if !on {
-        return indicatif::ProgressBar::hidden();
+        return (None, [crate::progress::hidden(), crate::progress::hidden()]);
     }
-    let pb =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    pb.set_message(what);
-    pb.enable_steady_tick(Duration::from_millis(100));
-    pb
+    let stack = crate::progress::stack();
+    let fetch = stack.add(crate::progress::bytes_bar(totals.compressed, "fetch"));
+    let unpack = stack.add(match totals.tar {
+        Some(len) => crate::progress::bytes_bar(len, "unpack"),
+        None => crate::progress::bytes_count("unpack"),
+    });
+    (Some(stack), [fetch, unpack])
 }
 
 /// Fetches `m`'s branch into cache.git, without its big chunks (see
@@ -712,7 +711,7 @@ pub fn unpack_into(
     dest: &Path,
     progress: bool,
 ) -> Result<(unpack::Stats, verify::Stats, prefetch::Stats)> {
-    let pb = bar(progress, kp.plan.progress_total(), "verifying");
+    let (_stack, [fetch_bar, unpack_bar]) = restore_bars(progress, kp.plan.progress_totals());
     let chunks = prefetch::Prefetch::start(git, &branch.remote, &branch.name, kp)?;
     let reader = git.clone();
     let oids = kp.oids.clone();
@@ -729,10 +728,15 @@ pub fn unpack_into(
             },
         })
     };
-    let r = verify::stream(&kp.plan, &mut open, &|n| pb.inc(n), |r| {
+    let on_progress = |phase: verify::Phase, n: u64| match phase {
+        verify::Phase::Verified => fetch_bar.inc(n),
+        verify::Phase::Unpacked => unpack_bar.inc(n),
+    };
+    let r = verify::stream(&kp.plan, &mut open, &on_progress, |r| {
         unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
     });
-    pb.finish_and_clear();
+    fetch_bar.finish_and_clear();
+    unpack_bar.finish_and_clear();
     let fetched = chunks.stats();
     drop(chunks);
     r.map(|(u, v)| (u, v, fetched)).map_err(|e| {

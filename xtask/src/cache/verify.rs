@@ -92,12 +92,32 @@ pub struct Plan {
     pub hash_tar: bool,
 }
 
+/// What `stream` reports progress on, each byte once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Compressed bytes hashed and checked on their first read: for a
+    /// chunk still arriving, that is the download.
+    Verified,
+    /// Tar bytes handed to the consumer (the extractor).
+    Unpacked,
+}
+
+/// What each `Phase` adds up to over a whole `stream`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Totals {
+    /// The compressed bytes: the sum of the pieces' sizes.
+    pub compressed: u64,
+    /// The tar's size, when the branch declares it (v1; not legacy).
+    pub tar: Option<u64>,
+}
+
 impl Plan {
-    /// Bytes `stream` reports through `on_progress`: every piece is read
-    /// twice (verify, then decode), for v1 and legacy alike.
-    pub fn progress_total(&self) -> u64 {
-        let once: u64 = self.pieces.iter().map(|p| p.size).sum();
-        once * 2
+    /// The totals of the bytes `stream` reports through `on_progress`.
+    pub fn progress_totals(&self) -> Totals {
+        Totals {
+            compressed: self.pieces.iter().map(|p| p.size).sum(),
+            tar: self.tar_size,
+        }
     }
 }
 
@@ -266,11 +286,12 @@ fn fill(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
 /// returned (a verification failure before a decode error before an unpack
 /// error), with its exit code.
 ///
-/// `on_progress` is called with compressed bytes as they are read.
+/// `on_progress` is called with compressed bytes as they are checked, and
+/// with tar bytes as `consume` reads them (see `Phase`, `Plan::progress_totals`).
 pub fn stream<T>(
     plan: &Plan,
     open: &mut Open<'_>,
-    on_progress: &(dyn Fn(u64) + Sync),
+    on_progress: &(dyn Fn(Phase, u64) + Sync),
     consume: impl FnOnce(&mut dyn Read) -> Result<T>,
 ) -> Result<(T, Stats)> {
     for p in &plan.pieces {
@@ -300,7 +321,11 @@ pub fn stream<T>(
             let r = decode_stage(plan, input, &tar_tx, &tar_recycle_rx);
             r.map_err(|e| failed(&tar_tx, e))
         });
-        let mut tar = BlockReader::new(tar_rx, tar_recycle_tx);
+        let mut tar = Counted {
+            inner: BlockReader::new(tar_rx, tar_recycle_tx),
+            on_progress,
+            pending: 0,
+        };
         let consumed = consume(&mut tar).and_then(|v| {
             // The tar reader stops at the end-of-archive marker; the rest
             // (padding) still has to go through the digest.
@@ -314,6 +339,40 @@ pub fn stream<T>(
         let decoded = decoder.join().expect("decode stage panicked");
         finish(plan, read, decoded, consumed)
     })
+}
+
+/// A reader that reports what it read as `Phase::Unpacked`, a block at a
+/// time (the extractor reads in small bites: a call per read cost 0.5% of
+/// a restore's instructions), and the rest at the end of the stream.
+struct Counted<'a, R> {
+    inner: R,
+    on_progress: &'a (dyn Fn(Phase, u64) + Sync),
+    pending: u64,
+}
+
+impl<R> Counted<'_, R> {
+    fn flush(&mut self) {
+        if self.pending > 0 {
+            (self.on_progress)(Phase::Unpacked, std::mem::take(&mut self.pending));
+        }
+    }
+}
+
+impl<R: Read> Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pending += n as u64;
+        if n == 0 || self.pending >= BLOCK as u64 {
+            self.flush();
+        }
+        Ok(n)
+    }
+}
+
+impl<R> Drop for Counted<'_, R> {
+    fn drop(&mut self) {
+        self.flush();
+    }
 }
 
 /// Picks the verdict: the earliest stage's real failure wins.
@@ -465,7 +524,7 @@ pub fn chunk_mismatch(
 fn read_stage(
     plan: &Plan,
     open: &mut Open<'_>,
-    on_progress: &(dyn Fn(u64) + Sync),
+    on_progress: &(dyn Fn(Phase, u64) + Sync),
     tx: &SyncSender<Msg>,
     recycle: &Receiver<Vec<u8>>,
 ) -> Result<(u64, u64)> {
@@ -475,7 +534,7 @@ fn read_stage(
         for (i, piece) in plan.pieces.iter().enumerate() {
             let mut src = open(i)?.reader;
             stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-                on_progress(buf.len() as u64);
+                on_progress(Phase::Verified, buf.len() as u64);
                 whole.update(&buf);
                 Ok(Some(buf))
             })?;
@@ -500,13 +559,13 @@ fn read_stage(
             let first = open(i)?;
             if first.checked {
                 // Hashed as it arrived, by this process.
-                on_progress(piece.size);
+                on_progress(Phase::Verified, piece.size);
                 hashed += piece.size;
                 Some(first)
             } else {
                 let mut src = first.reader;
                 let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-                    on_progress(buf.len() as u64);
+                    on_progress(Phase::Verified, buf.len() as u64);
                     Ok(Some(buf))
                 })?;
                 if got != expected {
@@ -523,10 +582,10 @@ fn read_stage(
             None => open(i)?.reader,
         };
         // If the next stage hangs up mid-chunk, the chunk is still read to
-        // its end: a chunk that changed is reported as such.
+        // its end: a chunk that changed is reported as such. This second
+        // read reports no progress: the consumer's reads of the tar do.
         let whole_digest = matches!(plan.check, Check::Whole { .. });
         let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-            on_progress(buf.len() as u64);
             if whole_digest {
                 whole.update(&buf);
             }
@@ -736,7 +795,7 @@ mod tests {
         let mut open = move |i: usize| -> Result<Opened> {
             Ok(Opened::unchecked(io::Cursor::new(chunks[i].clone())))
         };
-        stream(plan, &mut open, &|_| {}, |r| {
+        stream(plan, &mut open, &|_, _| {}, |r| {
             let mut out = Vec::new();
             r.read_to_end(&mut out)?;
             Ok(out)
@@ -763,7 +822,72 @@ mod tests {
         assert_eq!(stats.compressed_bytes, compressed);
         // Every chunk is hashed twice (verify pass, decode pass), the tar once.
         assert_eq!(stats.bytes_hashed, 2 * compressed + tar.len() as u64);
-        assert_eq!(plan.progress_total(), 2 * compressed);
+        let totals = plan.progress_totals();
+        assert_eq!(totals.compressed, compressed);
+        assert_eq!(totals.tar, Some(tar.len() as u64));
+    }
+
+    /// Streams `plan` with each chunk opened `checked` or not, and returns
+    /// the bytes reported per phase.
+    fn reported(plan: &Plan, chunks: &[Vec<u8>], checked: bool) -> (u64, u64) {
+        use std::sync::atomic::AtomicU64;
+        let (verified, unpacked) = (AtomicU64::new(0), AtomicU64::new(0));
+        let chunks = chunks.to_vec();
+        let mut open = move |i: usize| -> Result<Opened> {
+            Ok(Opened {
+                reader: Box::new(io::Cursor::new(chunks[i].clone())),
+                checked,
+            })
+        };
+        let on = |phase: Phase, n: u64| {
+            let counter = match phase {
+                Phase::Verified => &verified,
+                Phase::Unpacked => &unpacked,
+            };
+            counter.fetch_add(n, Ordering::Relaxed);
+        };
+        stream(plan, &mut open, &on, |r| {
+            // Read in odd-sized bites, as an extractor does.
+            let mut buf = [0u8; 7919];
+            while r.read(&mut buf)? > 0 {}
+            Ok(())
+        })
+        .unwrap();
+        (verified.into_inner(), unpacked.into_inner())
+    }
+
+    /// Regression: the restore bar counted every chunk twice (its total was
+    /// twice the download, and so was its rate). Each phase now reports
+    /// each of its bytes once, adding up to the totals the bars are given,
+    /// for v1 chunks (checked on arrival or not) and legacy parts.
+    #[test]
+    fn progress_counts_each_compressed_and_each_tar_byte_once() {
+        let tar = big_tar();
+        for parts in [1, 4] {
+            let (plan, chunks) = v1(&tar, parts);
+            let totals = plan.progress_totals();
+            let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+            assert_eq!(totals.compressed, compressed);
+            assert_eq!(totals.tar, Some(tar.len() as u64));
+            for checked in [false, true] {
+                let got = reported(&plan, &chunks, checked);
+                assert_eq!(got, (compressed, tar.len() as u64), "{parts} {checked}");
+            }
+        }
+        let (plan, chunks) = legacy(&tar, 3);
+        let totals = plan.progress_totals();
+        let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
+        assert_eq!(
+            totals,
+            Totals {
+                compressed,
+                tar: None
+            }
+        );
+        assert_eq!(
+            reported(&plan, &chunks, false),
+            (compressed, tar.len() as u64)
+        );
     }
 
     #[test]
@@ -782,7 +906,7 @@ mod tests {
                 order.lock().unwrap().push(i);
                 Ok(Opened::unchecked(io::Cursor::new(chunks[i].clone())))
             };
-            let err = stream(&plan, &mut open, &|_| {}, |r| {
+            let err = stream(&plan, &mut open, &|_, _| {}, |r| {
                 let mut buf = [0u8; 4096];
                 loop {
                     let n = r.read(&mut buf)?;
@@ -826,7 +950,7 @@ mod tests {
             }
             Ok(Opened::unchecked(io::Cursor::new(c)))
         };
-        let err = stream(&plan, &mut open, &|_| {}, |r| {
+        let err = stream(&plan, &mut open, &|_, _| {}, |r| {
             io::copy(r, &mut io::sink())?;
             Ok(())
         })
@@ -857,7 +981,7 @@ mod tests {
                     checked: i != 0,
                 })
             };
-            stream(&plan, &mut open, &|_| {}, |r| {
+            stream(&plan, &mut open, &|_, _| {}, |r| {
                 let mut v = Vec::new();
                 r.read_to_end(&mut v)?;
                 Ok(v)
@@ -994,7 +1118,7 @@ mod tests {
             assert_eq!(out, tar);
             assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
             let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-            assert_eq!(plan.progress_total(), 2 * compressed);
+            assert_eq!(plan.progress_totals().compressed, compressed);
             // A flipped byte anywhere, even in the last part or the gzip
             // trailer: refused, and the consumer never saw a byte. Offsets
             // from a small deterministic PRNG, plus both ends of each part.
@@ -1019,7 +1143,7 @@ mod tests {
                 let mut open = move |i: usize| -> Result<Opened> {
                     Ok(Opened::unchecked(io::Cursor::new(chunks2[i].clone())))
                 };
-                let err = stream(&plan, &mut open, &|_| {}, |r| {
+                let err = stream(&plan, &mut open, &|_, _| {}, |r| {
                     let mut buf = [0u8; 4096];
                     loop {
                         let n = r.read(&mut buf)?;
@@ -1052,7 +1176,7 @@ mod tests {
             }
             Ok(Opened::unchecked(io::Cursor::new(c)))
         };
-        let err = stream(&plan, &mut open, &|_| {}, |r| {
+        let err = stream(&plan, &mut open, &|_, _| {}, |r| {
             io::copy(r, &mut io::sink())?;
             Ok(())
         })
@@ -1072,7 +1196,7 @@ mod tests {
         let mut open = move |i: usize| -> Result<Opened> {
             Ok(Opened::unchecked(io::Cursor::new(chunks[i].clone())))
         };
-        let err = stream(&plan, &mut open, &|_| {}, |_r| -> Result<()> {
+        let err = stream(&plan, &mut open, &|_, _| {}, |_r| -> Result<()> {
             Err(fail(Code::Unsafe, "refusing tar entry `x`"))
         })
         .unwrap_err();

@@ -22,6 +22,7 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::cli::conda::{CondaArgs, CondaCommand, InfoArgs, UnpackArgs};
 use crate::exit::{Code, fail};
+use crate::progress::{bytes_bar as bar, hidden};
 use crate::unpack::{self, Limits, Options, Select};
 use format::{FileMode, Index, MemberKind, Paths, Placeholder};
 use package::{CondaFile, Format, Member};
@@ -120,25 +121,6 @@ fn relative_path(s: &str) -> Option<PathBuf> {
         }
     }
     (!out.as_os_str().is_empty()).then_some(out)
-}
-
-fn hidden() -> indicatif::ProgressBar {
-    indicatif::ProgressBar::hidden()
-}
-
-/// A byte progress bar on a terminal; hidden when stderr is not one.
-fn bar(len: u64, what: &str) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::with_draw_target(
-        Some(len),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
-    ) {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb.set_message(what.to_string());
-    pb
 }
 
 /// Reads the metadata of a `.conda` (from its info member).
@@ -442,7 +424,7 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
             let staging = unpack::staging_dir_for(&prefix)?;
             let guard = StagingGuard(Some(staging.clone()));
             let size = pkg.member(MemberKind::Pkg).size;
-            let pb = bar(size, "unpacking");
+            let pb = bar(size, "unpack");
             let stats = pkg.with_tar(MemberKind::Pkg, &pb, |r| {
                 unpack::extract_tar_select(
                     r,
@@ -461,7 +443,7 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
             let guard = StagingGuard(Some(staging.clone()));
             let mut captured = Captured::default();
             let size = fs::metadata(&args.file).map(|m| m.len()).unwrap_or(0);
-            let pb = bar(size, "unpacking");
+            let pb = bar(size, "unpack");
             let stats = package::with_bz2_tar(&args.file, &pb, |r| {
                 unpack::extract_tar_select(
                     r,

@@ -352,3 +352,34 @@ fn any_mixture_of_git_output_gives_one_clean_line_and_the_right_code() {
         }
     }
 }
+
+/// Regression (issue 14): a push refused by a server hook kept only git's
+/// last line or two, losing the hook's message. All of the hook's lines
+/// are kept, git's frame around the push is dropped.
+#[test]
+fn a_refused_push_keeps_every_line_of_the_hook_and_drops_the_frame() {
+    let said = "To /srv/o.git\n!\tHEAD:refs/heads/art-cache\t[remote rejected] (pre-receive hook declined)\nDone\n\
+Enumerating objects: 2, done.\nCounting objects:  50% (1/2)\rCounting objects: 100% (2/2), done.\n\
+Writing objects: 100% (2/2), 136 bytes | 12.00 KiB/s, done.\nTotal 2 (delta 0), reused 0 (delta 0), pack-reused 0 (from 0)\n\
+remote: cache branches need the release team's approval        \nremote:\n\
+remote: ask in #releases, or see https://wiki.example.invalid/caches        \n\
+remote: policy 42 refused refs/heads/art-cache        \n\
+hint: Updates were rejected because the remote contains work that you do not\n\
+error: failed to push some refs to '/srv/o.git'\n";
+    let line = cause(said);
+    assert_eq!(
+        line,
+        "! HEAD:refs/heads/art-cache [remote rejected] (pre-receive hook declined); \
+remote: cache branches need the release team's approval; \
+remote: ask in #releases, or see https://wiki.example.invalid/caches; \
+remote: policy 42 refused refs/heads/art-cache"
+    );
+    // A fetch's frame too; and the cause stays the last lines when git says more.
+    let fetch = "From /srv/o.git\n ! [rejected] a -> b (non-fast-forward)\n";
+    assert_eq!(cause(fetch), "! [rejected] a -> b (non-fast-forward)");
+    let many: String = (1..=9).map(|i| format!("remote: line {i}\n")).collect();
+    assert_eq!(
+        cause(&many),
+        "remote: line 4; remote: line 5; remote: line 6; remote: line 7; remote: line 8; remote: line 9"
+    );
+}

@@ -26,7 +26,6 @@ pub mod steps;
 use anyhow::{Context, Result};
 use serde_json::json;
 use std::cell::OnceCell;
-use std::io::IsTerminal;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -154,20 +153,6 @@ fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
             }
         }
     }
-}
-
-/// A spinner on a terminal only (indicatif draws nothing when stderr is not one).
-fn spinner(msg: String) -> indicatif::ProgressBar {
-    if crate::contract::quiet() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let pb =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    if std::io::stderr().is_terminal() {
-        pb.enable_steady_tick(std::time::Duration::from_millis(120));
-    }
-    pb.set_message(msg);
-    pb
 }
 
 fn execute(ctx: &Ctx, plan: &Plan, selected: &[&Step], args: &RestoreArgs) -> Result<()> {
@@ -318,7 +303,7 @@ fn schedule_steps(
         })
         .collect();
     let (repo, paths) = (ctx.repo, ctx.paths);
-    let pb = spinner(String::new());
+    let pb = crate::progress::spinner(String::new());
     let results = schedule::run(
         &nodes,
         limit,
@@ -583,7 +568,7 @@ fn run_step(ctx: &Ctx, step: &Step, why: &str, row: &mut Row, spin: bool) -> Res
     )?;
     let start = Instant::now();
     // In a parallel run the scheduler's one spinner names the running steps.
-    let pb = spin.then(|| spinner(format!("{}: {why}", step.name)));
+    let pb = spin.then(|| crate::progress::spinner(format!("{}: {why}", step.name)));
     // No "step NAME" context here: every line that quotes the outcome (the
     // table row, the messages of `execute`, the step's own log) names the
     // step already, and saying it twice read `step x failed: step x: ...`.
