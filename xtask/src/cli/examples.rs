@@ -82,6 +82,18 @@ const EXAMPLES: &[(&str, &str)] = &[
   {bin} restore status --json",
     ),
     (
+        "restore env",
+        "{bin} restore env                 # sh/bash/zsh lines: eval \"$({bin} restore env)\"
+  {bin} restore env --shell fish | source
+  {bin} restore env --github          # GitHub Actions: later steps of the job see them
+  {bin} restore env --append \"$CLAUDE_ENV_FILE\"   # an agent hook's env file",
+    ),
+    (
+        "restore stop",
+        "{bin} restore stop                # stop every service step's process group
+  {bin} restore stop lsp --json       # one service",
+    ),
+    (
         "gates",
         "{bin} gates run                   # run every gate, record the green ones
   {bin} gates check                   # exit 9 unless green for this tree

@@ -60,12 +60,6 @@ pub enum RestoreCommand {
     /// counts, a step only when its last run was done or warm. A failed
     /// step adds nothing; a step still running in the background is left
     /// out with a line on stderr (eval again later).
-    ///
-    /// Examples:
-    ///   eval "$(warmstart restore env)"           # sh, bash, zsh
-    ///   warmstart restore env --shell fish | source
-    ///   restore env --github                      # GitHub Actions: later steps see them
-    ///   restore env --append "$CLAUDE_ENV_FILE"   # an agent hook's env file (sh form)
     Env(EnvArgs),
 }
 
