@@ -162,3 +162,106 @@ fn attack2_restore_env_append_never_writes_through_a_planted_path() {
         "export HOOKED='1'\nexport HOOKED='1'\n"
     );
 }
+
+/// A small deterministic PRNG (xorshift64*), for the hostile cases below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+/// A confused writer's legacy `seen.json` (names and times with line
+/// breaks, spaces, tabs, other shapes): merging it never writes a line into
+/// `seen` that is not one well-formed `<cache> <key> <created_at>`, and never
+/// lowers the newest time recorded for an entry.
+#[test]
+fn attack2_seen_legacy_record_never_injects_lines() {
+    use warmstart::trust::seen;
+    let pieces = [
+        "c",
+        "k",
+        "x",
+        " ",
+        "\n",
+        "\r",
+        "\t",
+        "",
+        "c k",
+        "1999-01-01T00:00:00Z",
+        "9999-12-31T23:59:59Z",
+        "2026-01-01T00:00:00Z\nc k 1970-01-01T00:00:00Z",
+        "\nc k 0001-01-01T00:00:00Z",
+        "2026-1-1T0:0:0Z",
+        "2026-01-01 00:00:00Z",
+        "2026-01-01T00:00:00+01:00",
+        "02026-01-01T00:00:00Z",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("trust/seen");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let mut rng = Rng(0x5eed_a77a_c4c4);
+    let (mut merged, mut refused) = (0, 0);
+    for case in 0..400 {
+        let _ = std::fs::remove_file(&file);
+        let mut entries = serde_json::Map::new();
+        for _ in 0..1 + rng.next() % 3 {
+            let (k, v): (String, String) = if !rng.next().is_multiple_of(4) {
+                let k = rng.pick(&["c k", "c x", "d k"]).to_string();
+                let v = rng.pick(&[
+                    "1999-01-01T00:00:00Z",
+                    "2026-06-01T00:00:00Z",
+                    "9999-12-31T23:59:59Z",
+                ]);
+                (k, v.to_string())
+            } else {
+                (
+                    (0..1 + rng.next() % 4).map(|_| rng.pick(&pieces)).collect(),
+                    (0..1 + rng.next() % 2).map(|_| rng.pick(&pieces)).collect(),
+                )
+            };
+            entries.insert(k, serde_json::Value::String(v));
+        }
+        let legacy = serde_json::json!({ "format": 1, "seen": entries });
+        std::fs::write(file.with_file_name("seen.json"), legacy.to_string()).unwrap();
+        let at = "2026-06-01T00:00:00Z";
+        if seen::record(&file, "c", "k", at).is_err() {
+            // Refused as corrupt: nothing was written, the legacy file stays.
+            assert!(!file.exists(), "case {case}: {legacy}");
+            refused += 1;
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut newest_ck = String::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            // As the bootstrap's awk splits it: on any whitespace.
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(f.len(), 3, "case {case}: line {line:?} from {legacy}");
+            assert_eq!(line, f.join(" "), "case {case}: line {line:?}");
+            warmstart::trust::statement::check_timestamp(f[2])
+                .unwrap_or_else(|e| panic!("case {case}: {e} in {line:?} from {legacy}"));
+            if f[0] == "c" && f[1] == "k" {
+                assert!(newest_ck.is_empty(), "case {case}: c k twice in {text:?}");
+                newest_ck = f[2].to_string();
+            }
+        }
+        assert!(
+            newest_ck.as_str() >= at,
+            "case {case}: c k went back to {newest_ck:?}"
+        );
+        seen::load(&file).unwrap();
+        merged += 1;
+    }
+    // Both ways were taken: the cases are not all refused or all clean.
+    assert!(
+        merged > 20 && refused > 20,
+        "merged {merged}, refused {refused}"
+    );
+}
