@@ -265,3 +265,94 @@ fn attack2_seen_legacy_record_never_injects_lines() {
         "merged {merged}, refused {refused}"
     );
 }
+
+/// A hostile pusher cannot sign, but can edit the branch manifest: the
+/// `key_parts` of a signed key are not in its statement. Relabelled parts
+/// (another platform's key claiming today's platform) never make a
+/// `drop` fallback choose that key; honest entries still match.
+#[test]
+fn attack2_fallback_never_chooses_a_key_its_parts_do_not_spell() {
+    use warmstart::cache::fallback::candidates;
+    use warmstart::cache::format::{BranchManifest, Chunk, KeyEntry, KeyPart};
+    use warmstart::cache::manifest::{Fallback, key_from_parts};
+    let part = |n: &str, v: &str| KeyPart {
+        name: n.into(),
+        value: v.into(),
+    };
+    let entry = |parts: Vec<KeyPart>, n: u64| KeyEntry {
+        archive: "k.tar.zst".into(),
+        compression: "zstd".into(),
+        chunks: vec![Chunk {
+            file: "k.tar.zst.part000".into(),
+            size: 1,
+            sha256: "a".repeat(64),
+        }],
+        tar_sha256: "b".repeat(64),
+        tar_size: 1,
+        files: 1,
+        key_parts: parts,
+        source_commit: None,
+        source_tree: None,
+        gates: serde_json::Value::Null,
+        ungated: false,
+        created_at: format!("2026-01-{:02}T00:00:00Z", 1 + n % 28),
+        tool_version: "t".into(),
+    };
+    let values = [
+        "1",
+        "2",
+        "x",
+        "y",
+        "linux-x86_64",
+        "mac/arm64",
+        "a b",
+        "a_b",
+        ".",
+    ];
+    let mut rng = Rng(0x0bad_5eed_f00d_0001);
+    let (mut honest_chosen, mut forged_tried) = (0, 0);
+    for case in 0..500 {
+        let wanted = key_from_parts(
+            "vc",
+            vec![
+                part("src", rng.pick(&values)),
+                part("platform", rng.pick(&values)),
+            ],
+        );
+        let mut branch = BranchManifest::new();
+        for n in 0..1 + rng.next() % 5 {
+            let real = vec![
+                part("src", rng.pick(&values)),
+                part("platform", rng.pick(&values)),
+            ];
+            let name = key_from_parts("vc", real.clone()).value;
+            let parts = if rng.next().is_multiple_of(2) {
+                // Relabelled: claims today's platform and some source.
+                let claimed = vec![part("src", rng.pick(&values)), wanted.parts[1].clone()];
+                if key_from_parts("vc", claimed.clone()).value != name {
+                    forged_tried += 1;
+                }
+                claimed
+            } else {
+                real
+            };
+            branch.keys.insert(name, entry(parts, n));
+        }
+        let drop_src = [Fallback::Drop(vec!["src".into()])];
+        for c in candidates(&drop_src, &wanted, &branch) {
+            let e = &branch.keys[&c.key];
+            assert_eq!(
+                key_from_parts("vc", e.key_parts.clone()).value,
+                c.key,
+                "case {case}: chose {} for {} by parts it does not have",
+                c.key,
+                wanted.value
+            );
+            honest_chosen += 1;
+        }
+    }
+    assert!(
+        honest_chosen > 20 && forged_tried > 20,
+        "{honest_chosen} {forged_tried}"
+    );
+}
