@@ -34,7 +34,11 @@ fn matches(f: &Fallback, wanted: &Key, key: &str, e: &KeyEntry) -> bool {
         Fallback::Prefix(p) => key.starts_with(p.as_str()),
         Fallback::Drop(dropped) => {
             // Same pins, and every pin that is not dropped has today's value.
-            e.key_parts.len() == wanted.parts.len()
+            // The parts are branch data that no statement signs; the key's
+            // name is signed. Parts that do not spell the name (a pusher
+            // relabelling another platform's key) never match.
+            spells(wanted, key, e)
+                && e.key_parts.len() == wanted.parts.len()
                 && wanted.parts.iter().all(|w| {
                     e.key_parts
                         .iter()
@@ -43,6 +47,19 @@ fn matches(f: &Fallback, wanted: &Key, key: &str, e: &KeyEntry) -> bool {
                 })
         }
     }
+}
+
+/// Whether `key` is the name `e.key_parts` give, after the prefix (the
+/// cache's name) that `wanted` has.
+fn spells(wanted: &Key, key: &str, e: &KeyEntry) -> bool {
+    let tail = |parts: &[crate::cache::format::KeyPart]| {
+        let k = crate::cache::manifest::key_from_parts("x", parts.to_vec()).value;
+        k["x".len()..].to_string()
+    };
+    let Some(prefix) = wanted.value.strip_suffix(&tail(&wanted.parts)) else {
+        return false;
+    };
+    key.strip_prefix(prefix) == Some(tail(&e.key_parts).as_str())
 }
 
 /// The parts that differ between `wanted` and branch key entry `e`.

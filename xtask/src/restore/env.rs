@@ -474,16 +474,46 @@ fn github_files() -> Result<(std::path::PathBuf, std::path::PathBuf)> {
     Ok((get("GITHUB_ENV")?, get("GITHUB_PATH")?))
 }
 
+/// Opens `path` to append, creating it (mode 0644), but never through a
+/// symlink in its last component, never a FIFO or device (`O_NONBLOCK` makes
+/// a FIFO without a reader fail instead of hanging) and never a file another
+/// user owns: in /tmp, another local user could plant any of those to make
+/// warmstart write into a file of theirs choosing or into one they can edit
+/// later.
+pub fn open_append_own(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => anyhow!("it is a symlink: give the real path"),
+            _ => anyhow!(e),
+        })?;
+    let meta = f.metadata()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() {
+        bail!("it is not a regular file: give a path to a file");
+    }
+    if meta.uid() != me {
+        bail!(
+            "it is owned by uid {}, not this user: remove it or choose another path",
+            meta.uid()
+        );
+    }
+    Ok(f)
+}
+
 /// Appends `text` with one write on an `O_APPEND` handle, so that lines of
 /// another writer of the same file are never cut into.
 fn append(file: &Path, text: &str) -> Result<()> {
     if text.is_empty() {
         return Ok(());
     }
-    let mut f = std::fs::File::options()
-        .create(true)
-        .append(true)
-        .open(file)
+    let mut f = open_append_own(file)
         .with_context(|| format!("opening {} to append the exports", file.display()))?;
     f.write_all(text.as_bytes())
         .with_context(|| format!("appending the exports to {}", file.display()))

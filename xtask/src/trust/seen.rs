@@ -69,6 +69,16 @@ fn read_optional(file: &Path) -> Result<Option<String>> {
     }
 }
 
+/// `<cache> <key>`: two non-empty words, nothing the shell bootstrap's awk
+/// would split differently.
+fn is_entry(entry: &str) -> bool {
+    let mut words = entry.split(' ');
+    let word = |w: Option<&str>| {
+        w.is_some_and(|w| !w.is_empty() && !w.contains(|c: char| c.is_whitespace()))
+    };
+    word(words.next()) && word(words.next()) && words.next().is_none()
+}
+
 /// Loads the record (empty when absent), the legacy `seen.json` merged in.
 /// A corrupt one is exit 5, left in place: forgetting it silently would
 /// re-open rollbacks.
@@ -84,6 +94,11 @@ pub fn load(file: &Path) -> Result<Seen> {
             .filter(|s| s.format == 1)
             .ok_or_else(|| corrupt(&legacy))?;
         for (k, v) in old.seen {
+            // Each entry becomes a line of the line file: a name or a time
+            // with a line break or another space would write other lines.
+            if !is_entry(&k) || super::statement::check_timestamp(&v).is_err() {
+                return Err(corrupt(&legacy));
+            }
             s.advance(k, &v);
         }
     }
