@@ -3,6 +3,7 @@
 //! xtask crate of their own, and the standalone binary) restored through the
 //! generated bootstrap script with no compiler.
 
+use crate::util::rng::Rng;
 use crate::util::{TestEnv, run};
 use std::path::{Path, PathBuf};
 
@@ -328,23 +329,13 @@ fn adopt_init_merges_the_session_hook_only_into_a_file_it_understands() {
 
 // --------------------------------------------- the script's key = the binary's
 
-/// A small deterministic PRNG (xorshift64*): hostile cases without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Printable ASCII without `"` and `\` (what the subset allows in a string).
-    fn text(&mut self, max: usize) -> String {
-        let n = (self.next() % (max as u64 + 1)) as usize;
-        (0..n)
-            .map(|_| (b' ' + (self.next() % 95) as u8) as char)
-            .filter(|c| *c != '"' && *c != '\\')
-            .collect()
-    }
+/// Printable ASCII without `"` and `\` (what the subset allows in a string).
+fn text(rng: &mut Rng, max: usize) -> String {
+    let n = rng.below(max + 1);
+    (0..n)
+        .map(|_| (b' ' + rng.below(95) as u8) as char)
+        .filter(|c| *c != '"' && *c != '\\')
+        .collect()
 }
 
 fn bootstrap_cmd(env: &TestEnv, repo: &Path, args: &[&str]) -> crate::util::Run {
@@ -388,8 +379,8 @@ fn adopt_the_script_and_the_binary_compute_the_same_key() {
     let original = std::fs::read_to_string(&manifest).unwrap();
     let mut rng = Rng(0x5eed_ad09);
     for case in 0..40u32 {
-        let lit = rng.text(12);
-        let mut line = rng.text(20);
+        let lit = text(&mut rng, 12);
+        let mut line = text(&mut rng, 20);
         if case.is_multiple_of(5) {
             line = format!(".{line}");
         }

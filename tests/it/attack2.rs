@@ -4,6 +4,7 @@
 //! another user owns), warmstart never writes through it, never hangs on it,
 //! and says why.
 
+use crate::util::rng::Rng;
 use crate::util::{TestEnv, run};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -163,21 +164,6 @@ fn attack2_restore_env_append_never_writes_through_a_planted_path() {
     );
 }
 
-/// A small deterministic PRNG (xorshift64*), for the hostile cases below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-}
-
 /// A confused writer's legacy `seen.json` (names and times with line
 /// breaks, spaces, tabs, other shapes): merging it never writes a line into
 /// `seen` that is not one well-formed `<cache> <key> <created_at>`, and never
@@ -223,8 +209,12 @@ fn attack2_seen_legacy_record_never_injects_lines() {
                 (k, v.to_string())
             } else {
                 (
-                    (0..1 + rng.next() % 4).map(|_| rng.pick(&pieces)).collect(),
-                    (0..1 + rng.next() % 2).map(|_| rng.pick(&pieces)).collect(),
+                    (0..1 + rng.next() % 4)
+                        .map(|_| *rng.pick(&pieces))
+                        .collect(),
+                    (0..1 + rng.next() % 2)
+                        .map(|_| *rng.pick(&pieces))
+                        .collect(),
                 )
             };
             entries.insert(k, serde_json::Value::String(v));
@@ -315,20 +305,23 @@ fn attack2_fallback_never_chooses_a_key_its_parts_do_not_spell() {
         let wanted = key_from_parts(
             "vc",
             vec![
-                part("src", rng.pick(&values)),
-                part("platform", rng.pick(&values)),
+                part("src", values[rng.below(values.len())]),
+                part("platform", values[rng.below(values.len())]),
             ],
         );
         let mut branch = BranchManifest::new();
         for n in 0..1 + rng.next() % 5 {
             let real = vec![
-                part("src", rng.pick(&values)),
-                part("platform", rng.pick(&values)),
+                part("src", values[rng.below(values.len())]),
+                part("platform", values[rng.below(values.len())]),
             ];
             let name = key_from_parts("vc", real.clone()).value;
             let parts = if rng.next().is_multiple_of(2) {
                 // Relabelled: claims today's platform and some source.
-                let claimed = vec![part("src", rng.pick(&values)), wanted.parts[1].clone()];
+                let claimed = vec![
+                    part("src", values[rng.below(values.len())]),
+                    wanted.parts[1].clone(),
+                ];
                 if key_from_parts("vc", claimed.clone()).value != name {
                     forged_tried += 1;
                 }

@@ -3,24 +3,13 @@
 //! installed it, and never removing one the snapshot lacks.
 
 use crate::cache_keys::Fx;
+use crate::util::rng::Rng;
 use serde_json::Value;
 use std::fs;
 use std::path::Path;
 
 fn read(p: &Path) -> String {
     fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// A small deterministic PRNG (xorshift64), for the property test.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 #[test]

@@ -19,6 +19,7 @@
 //! fallback walk; `WARMSTART_CONTAINMENT_SEQUENCES` (default 500) sets the
 //! number of sequences per resolver, `WARMSTART_CONTAINMENT_SEED` the seed.
 
+use crate::util::rng::Rng;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, symlink};
@@ -26,30 +27,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use warmstart::exit::{Code, code_of};
 use warmstart::unpack::{self, Limits, MergeOptions, Options};
-
-/// xorshift64*: small, deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len())]
-    }
-}
 
 #[derive(Clone, Debug)]
 enum Entry {

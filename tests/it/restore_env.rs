@@ -7,6 +7,7 @@
 //! the shell's own `printf` and from the environment its children inherit.
 //! The GitHub files are read back with the runner's own parsing rules.
 
+use crate::util::rng::Rng;
 use crate::util::{Run, TestEnv, run};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -245,21 +246,6 @@ fn restore_env_default_shell_comes_from_shell_and_the_table_ends_with_the_eval_l
 }
 
 // ------------------------------------------------------------ property
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// Pieces that break naive quoting in at least one shell (or in fish's
 /// internal encoding: its private-use and noncharacter ranges).

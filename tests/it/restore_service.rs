@@ -4,6 +4,7 @@
 //! Every test that starts a service holds a `Stopper`, which runs `restore
 //! stop` when the test ends (passing or not), so no daemon outlives it.
 
+use crate::util::rng::Rng;
 use crate::util::{Run, TestEnv, run};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
@@ -495,24 +496,6 @@ fn restore_stop_ends_the_whole_process_group_children_included() {
         "{}",
         r.stderr()
     );
-}
-
-/// A small deterministic PRNG (xorshift64*): the same cases on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len())]
-    }
 }
 
 /// A hostile pidfile: garbage, or a well-formed one about the wrong process.

@@ -6,27 +6,12 @@
 //! repo. Each test is named after the bug it pins.
 
 use crate::resume::{Idx, PATIENT_MS, node, spawn, wait_all};
+use crate::util::rng::Rng;
 use crate::util::{run, show};
 use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
-
-/// A small deterministic PRNG (xorshift64*), so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Any UTF-16 string as a JSON literal, every unit outside printable ASCII
 /// as a `\uXXXX` escape: how a test hands node strings that no command-line
@@ -53,7 +38,7 @@ fn units(s: &str) -> Vec<u16> {
 /// low surrogates, emoji (surrogate pairs), control characters, quotes and
 /// backslashes, line separators, bidi and zero-width characters, and any
 /// unit at all.
-fn hostile(rng: &mut Rng, max: u64) -> Vec<u16> {
+fn hostile(rng: &mut Rng, max: usize) -> Vec<u16> {
     const ODD: [u16; 12] = [
         0x22, 0x5C, 0x2F, 0x2028, 0x2029, 0x202E, 0x2066, 0x2069, 0xFEFF, 0x200B, 0xAD, 0x85,
     ];
@@ -68,7 +53,7 @@ fn hostile(rng: &mut Rng, max: u64) -> Vec<u16> {
             } else {
                 rng.below(0x20) as u16
             }),
-            4 => out.push(ODD[rng.below(ODD.len() as u64) as usize]),
+            4 => out.push(ODD[rng.below(ODD.len())]),
             5 => out.push(rng.next() as u16),
             6 => out.push(0xC0 + rng.below(0x100) as u16),
             _ => out.push(0x20 + rng.below(0x5F) as u16),
@@ -473,7 +458,7 @@ fn a_repo_with_a_slash_or_format_characters_never_names_the_launcher() {
     let mut rng = Rng(0x1A0_4C4E);
     let benign = |rng: &mut Rng| -> Vec<u16> {
         let words = ["ws", "Warm", "start", "café", "ü", "x-1", "a.b", "_"];
-        units(words[rng.below(words.len() as u64) as usize])
+        units(words[rng.below(words.len())])
     };
     let mut hostile_names: Vec<Vec<u16>> = Vec::new();
     for &c in &cf {
@@ -509,8 +494,8 @@ fn a_repo_with_a_slash_or_format_characters_never_names_the_launcher() {
     for _ in 0..100 {
         let mut name = benign(&mut rng);
         for _ in 0..1 + rng.below(3) {
-            let at = 1 + rng.below(name.len() as u64) as usize;
-            name.insert(at, BAD[rng.below(BAD.len() as u64) as usize]);
+            let at = 1 + rng.below(name.len());
+            name.insert(at, BAD[rng.below(BAD.len())]);
             let more = hostile(&mut rng, 3);
             name.splice(at..at, more);
         }

@@ -9,6 +9,7 @@
 
 pub mod git_daemon;
 pub mod http_backend;
+pub mod rng;
 pub mod servers;
 pub mod tree;
 pub mod wheel;
