@@ -449,7 +449,17 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
         // Wait until a chunk is being written (the relay then holds it).
         let until = Instant::now() + Duration::from_secs(20);
         while fx.partial_files().is_empty() && fx.pack_temp_files().is_empty() {
-            assert!(Instant::now() < until, "no chunk transfer started");
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+                panic!(
+                    "{scheme}: the restore ended ({status}) before a chunk transfer was seen: {err}"
+                );
+            }
+            assert!(
+                Instant::now() < until,
+                "{scheme}: no chunk transfer started"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         // The watchdog notes git's partial pack at its next look (every

@@ -42,6 +42,12 @@ fn shell(env: &TestEnv, name: &str) -> Command {
     cmd.current_dir(env.join("r"))
         .env("WS", crate::util::bin())
         .env_remove("SHELL");
+    // fish decodes its input by the locale: under C (a stock `env -i`) it
+    // maps non-ASCII bytes to its private range, so a value outside ASCII
+    // reads back changed. A user's fish runs in a UTF-8 locale (README).
+    if name == "fish" {
+        cmd.env("LC_ALL", "C.UTF-8");
+    }
     cmd
 }
 
