@@ -276,6 +276,8 @@ fn attack2_fallback_never_chooses_a_key_its_parts_do_not_spell() {
             file: "k.tar.zst.part000".into(),
             size: 1,
             sha256: "a".repeat(64),
+            raw_size: None,
+            raw_sha256: None,
         }],
         tar_sha256: "b".repeat(64),
         tar_size: 1,
@@ -287,6 +289,8 @@ fn attack2_fallback_never_chooses_a_key_its_parts_do_not_spell() {
         ungated: false,
         created_at: format!("2026-01-{:02}T00:00:00Z", 1 + n % 28),
         tool_version: "t".into(),
+        frames: None,
+        index: None,
     };
     let values = [
         "1",

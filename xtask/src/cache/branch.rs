@@ -363,11 +363,15 @@ mod tests {
                         file: "k.tar.zst.part000".into(),
                         size: 5,
                         sha256: "a".repeat(64),
+                        raw_size: None,
+                        raw_sha256: None,
                     },
                     Chunk {
                         file: "k.tar.zst.part001".into(),
                         size: 5,
                         sha256: "b".repeat(64),
+                        raw_size: None,
+                        raw_sha256: None,
                     },
                 ],
                 tar_sha256: "c".repeat(64),
@@ -380,6 +384,8 @@ mod tests {
                 ungated: false,
                 created_at: "2026-11-30T00:00:00Z".into(),
                 tool_version: "warmstart 0.1.0".into(),
+                frames: None,
+                index: None,
             },
         );
         m

@@ -145,6 +145,8 @@ mod tests {
                 file: "k.tar.zst.part000".into(),
                 size: 1,
                 sha256: "a".repeat(64),
+                raw_size: None,
+                raw_sha256: None,
             }],
             tar_sha256: "b".repeat(64),
             tar_size: 1,
@@ -156,6 +158,8 @@ mod tests {
             ungated: false,
             created_at: created.into(),
             tool_version: "t".into(),
+            frames: None,
+            index: None,
         }
     }
 

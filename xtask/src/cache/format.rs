@@ -61,6 +61,57 @@ pub struct KeyEntry {
     pub created_at: String,
     /// `warmstart <version>` that published it.
     pub tool_version: String,
+    /// How the chunks were cut and compressed when each chunk is its own
+    /// zstd frame, cut at content-defined boundaries of the tar (issue 18).
+    /// Absent on branches published before: one zstd stream cut at fixed
+    /// sizes. Either way the concatenation of the chunks is one valid zstd
+    /// stream, so restorers that ignore this field still read the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frames: Option<Frames>,
+    /// The key's per-file index (`cache::files`), a file on the branch that
+    /// `SHA256SUMS` does not list (today's restorers require SHA256SUMS to
+    /// name exactly the chunks). Absent on older branches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexFile>,
+}
+
+/// The one chunker this build writes and reads.
+pub const CHUNKER: &str = "fastcdc-2020";
+
+/// How a key's chunks were made: which content-defined chunker with which
+/// sizes (of the uncompressed tar), and which zstd with which parameters.
+/// Identical tar bytes give identical chunk blobs only for one zstd version
+/// and one set of parameters, so both are recorded: a publisher reuses an
+/// earlier compressed chunk only when they match, and indexes chunks by the
+/// sha256 of their uncompressed bytes (`Chunk::raw_sha256`), so a change of
+/// zstd costs a recompression, never a wrong reuse.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frames {
+    /// `fastcdc-2020`: the only one this build knows.
+    pub chunker: String,
+    /// Bytes of uncompressed tar per chunk: minimum, average (the target),
+    /// maximum. The maximum keeps every compressed chunk under the limit.
+    pub min_size: u64,
+    pub avg_size: u64,
+    pub max_size: u64,
+    /// The zstd library version that compressed (`zstd_safe::version_string`).
+    pub zstd: String,
+    /// The zstd compression level.
+    pub level: i32,
+    /// `window_log` when set explicitly (long-distance matching); absent
+    /// when the level's default applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_log: Option<u32>,
+    /// Whether each frame carries zstd's content checksum.
+    pub checksum: bool,
+}
+
+/// A file on the branch named by the key's entry, with its digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexFile {
+    pub file: String,
+    pub size: u64,
+    pub sha256: String,
 }
 
 /// One chunk file of a key.
@@ -69,6 +120,13 @@ pub struct Chunk {
     pub file: String,
     pub size: u64,
     pub sha256: String,
+    /// Size of the chunk's uncompressed bytes (a slice of the tar) and
+    /// their sha256: present exactly when the key has `frames`. The slice's
+    /// offset in the tar is the sum of the earlier chunks' `raw_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_sha256: Option<String>,
 }
 
 /// One pin of a cache key, as recorded on the branch.
@@ -96,7 +154,9 @@ impl BranchManifest {
             .map_err(|e| anyhow::anyhow!("warmstart.json is not valid: {e}"))?;
         if v.format != FORMAT_VERSION {
             bail!(
-                "warmstart.json has format {} but this warmstart reads format {FORMAT_VERSION}: upgrade warmstart",
+                "warmstart.json has format {} but {} reads format {FORMAT_VERSION} only: upgrade to a warmstart that reads format {}",
+                v.format,
+                concat!("warmstart ", env!("CARGO_PKG_VERSION")),
                 v.format
             );
         }
@@ -147,15 +207,62 @@ impl KeyEntry {
         for c in &self.chunks {
             check_file_name(&c.file)?;
             check_hex(&c.sha256, &c.file)?;
+            if let Some(raw) = &c.raw_sha256 {
+                check_hex(raw, &c.file)?;
+            }
         }
         check_hex(&self.tar_sha256, &self.archive)?;
+        if let Some(f) = &self.frames {
+            if f.chunker != CHUNKER {
+                bail!(
+                    "key {key} was cut by chunker {:?} but {} knows only {CHUNKER}: upgrade to a warmstart that reads chunker {:?}",
+                    f.chunker,
+                    concat!("warmstart ", env!("CARGO_PKG_VERSION")),
+                    f.chunker
+                );
+            }
+            let raw: Option<u64> = self
+                .chunks
+                .iter()
+                .map(|c| c.raw_sha256.as_ref().and(c.raw_size))
+                .sum();
+            if raw != Some(self.tar_size) {
+                bail!(
+                    "key {key} has frames but its chunks' raw_size and raw_sha256 do not cover the {} tar bytes",
+                    self.tar_size
+                );
+            }
+        } else if self
+            .chunks
+            .iter()
+            .any(|c| c.raw_size.is_some() || c.raw_sha256.is_some())
+        {
+            bail!("key {key} gives chunks raw sizes but has no frames");
+        }
+        if let Some(i) = &self.index {
+            check_file_name(&i.file)?;
+            check_hex(&i.sha256, &i.file)?;
+            if self.chunks.iter().any(|c| c.file == i.file) {
+                bail!("key {key} names {} as both a chunk and its index", i.file);
+            }
+        }
         Ok(())
     }
 }
 
-/// The name of chunk `index` of a key: `<key>.tar.zst.part000`.
-pub fn chunk_name(key: &str, index: usize) -> String {
-    format!("{key}.tar.zst.part{index:03}")
+/// The name of chunk `index` of a key with `count` chunks:
+/// `<key>.tar.zst.part000`. The number is zero-padded to the width of the
+/// last index (at least 3 digits), so the names of one key sort in chunk
+/// order as text for any count (`cat <key>.tar.zst.part*` in the coreutils
+/// path relies on it).
+pub fn chunk_name(key: &str, index: usize, count: usize) -> String {
+    let width = count.saturating_sub(1).max(1).to_string().len().max(3);
+    format!("{key}.tar.zst.part{index:0width$}")
+}
+
+/// The name of a key's per-file index on its branch.
+pub fn index_name(key: &str) -> String {
+    format!("{key}.files.zst")
 }
 
 /// The whole-archive name of a key: `<key>.tar.zst`.
@@ -336,9 +443,11 @@ mod tests {
             archive: archive_name(key),
             compression: "zstd".into(),
             chunks: vec![Chunk {
-                file: chunk_name(key, 0),
+                file: chunk_name(key, 0, 1),
                 size: 3,
                 sha256: "a".repeat(64),
+                raw_size: None,
+                raw_sha256: None,
             }],
             tar_sha256: "b".repeat(64),
             tar_size: 10240,
@@ -353,6 +462,8 @@ mod tests {
             ungated: false,
             created_at: "2026-11-30T00:00:00Z".into(),
             tool_version: "warmstart 0.1.0".into(),
+            frames: None,
+            index: None,
         }
     }
 
@@ -449,5 +560,76 @@ mod tests {
         assert!(check_key("a/b").is_err());
         assert!(check_key(".hidden").is_err());
         assert!(check_key("").is_err());
+    }
+
+    #[test]
+    fn chunk_names_sort_in_order_for_any_count() {
+        for count in [1usize, 2, 999, 1000, 1001, 12_345] {
+            let names: Vec<String> = (0..count).map(|i| chunk_name("k", i, count)).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            assert_eq!(sorted, names, "count {count}");
+        }
+        assert_eq!(chunk_name("k", 7, 3), "k.tar.zst.part007");
+        assert_eq!(chunk_name("k", 7, 1400), "k.tar.zst.part0007");
+    }
+
+    fn framed(key: &str) -> KeyEntry {
+        let mut e = entry(key);
+        e.chunks[0].raw_size = Some(e.tar_size);
+        e.chunks[0].raw_sha256 = Some("c".repeat(64));
+        e.frames = Some(Frames {
+            chunker: CHUNKER.into(),
+            min_size: 1 << 20,
+            avg_size: 4 << 20,
+            max_size: 16 << 20,
+            zstd: "1.5.7".into(),
+            level: 3,
+            window_log: None,
+            checksum: true,
+        });
+        e
+    }
+
+    #[test]
+    fn frames_are_additive_and_checked() {
+        let mut m = BranchManifest::new();
+        m.keys.insert("k".into(), framed("k"));
+        let text = m.render();
+        assert_eq!(BranchManifest::parse(&text).unwrap(), m);
+        // An entry without the new fields renders as before: no nulls.
+        let mut old = BranchManifest::new();
+        old.keys.insert("k".into(), entry("k"));
+        assert!(!old.render().contains("frames") && !old.render().contains("raw_"));
+
+        let refuse = |f: &dyn Fn(&mut KeyEntry), what: &str| {
+            let mut e = framed("k");
+            f(&mut e);
+            let err = format!("{:#}", e.validate("k").unwrap_err());
+            assert!(err.contains(what), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        };
+        refuse(
+            &|e| e.frames.as_mut().unwrap().chunker = "rabin-9".into(),
+            "upgrade to a warmstart that reads chunker \"rabin-9\"",
+        );
+        refuse(&|e| e.chunks[0].raw_size = Some(1), "do not cover");
+        refuse(&|e| e.chunks[0].raw_sha256 = None, "do not cover");
+        refuse(&|e| e.frames = None, "has no frames");
+        refuse(
+            &|e| e.chunks[0].raw_sha256 = Some("x".into()),
+            "64 hex digits",
+        );
+    }
+
+    #[test]
+    fn an_unknown_format_names_the_format_it_needs() {
+        let err = BranchManifest::parse(r#"{"format": 2, "keys": {}}"#).unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("upgrade to a warmstart that reads format 2"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'));
     }
 }

@@ -20,6 +20,7 @@ pub mod check;
 pub mod compare;
 pub mod direct;
 pub mod fallback;
+pub mod files;
 pub mod format;
 pub mod git;
 pub mod manifest;

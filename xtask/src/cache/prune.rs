@@ -451,6 +451,8 @@ mod tests {
                 file: format!("{key}.tar.zst.part000"),
                 size: 10,
                 sha256: "a".repeat(64),
+                raw_size: None,
+                raw_sha256: None,
             }],
             tar_sha256: "b".repeat(64),
             tar_size: 1024,
@@ -471,6 +473,8 @@ mod tests {
             ungated: false,
             created_at: created.into(),
             tool_version: "warmstart 0".into(),
+            frames: None,
+            index: None,
         }
     }
 

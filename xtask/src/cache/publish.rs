@@ -1112,11 +1112,13 @@ fn pack_into_git(
         plan,
         opts,
         &scratch.0,
-        &|i| chunk_name(key, i),
+        // Scratch names only: the count, and so the width of the names on
+        // the branch, is known once packing ends.
+        &|i| format!("chunk-{i}"),
         &mut |c: ChunkFile| {
             let same = old
                 .and_then(|o| o.chunks.get(c.index))
-                .filter(|o| o.file == c.name && o.size == c.size && o.sha256 == c.sha256);
+                .filter(|o| o.size == c.size && o.sha256 == c.sha256);
             if let Some(oid) = same.and_then(|o| old_oids.get(&o.file)) {
                 std::fs::remove_file(&c.path)
                     .with_context(|| format!("removing {}", c.path.display()))?;
@@ -1162,9 +1164,11 @@ fn pack_into_git(
             .chunks
             .iter()
             .map(|c| Chunk {
-                file: c.name.clone(),
+                file: chunk_name(key, c.index, n),
                 size: c.size,
                 sha256: c.sha256.clone(),
+                raw_size: None,
+                raw_sha256: None,
             })
             .collect(),
         tar_sha256: packed.tar.sha256,
@@ -1177,6 +1181,8 @@ fn pack_into_git(
         ungated: false,
         created_at: String::new(),
         tool_version: format!("warmstart {}", env!("CARGO_PKG_VERSION")),
+        frames: None,
+        index: None,
     };
     Ok(PackedKey {
         entry,
@@ -1424,6 +1430,8 @@ mod tests {
                 file: "k.tar.zst.part000".into(),
                 size: 10,
                 sha256: sha.repeat(64),
+                raw_size: None,
+                raw_sha256: None,
             }],
             tar_sha256: "b".repeat(64),
             tar_size: 1024,
@@ -1435,6 +1443,8 @@ mod tests {
             ungated: false,
             created_at: "2026-01-01T00:00:00Z".into(),
             tool_version: "warmstart 0".into(),
+            frames: None,
+            index: None,
         }
     }
 

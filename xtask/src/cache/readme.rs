@@ -135,9 +135,11 @@ mod tests {
                     compression: "zstd".into(),
                     chunks: (0..parts)
                         .map(|i| Chunk {
-                            file: chunk_name(key, i as usize),
+                            file: chunk_name(key, i as usize, parts as usize),
                             size: 103_809_024 - i * 100_000_000,
                             sha256: "0".repeat(64),
+                            raw_size: None,
+                            raw_sha256: None,
                         })
                         .collect(),
                     tar_sha256: "1".repeat(64),
@@ -153,6 +155,8 @@ mod tests {
                     ungated: false,
                     created_at: "2026-11-30T02:26:20Z".into(),
                     tool_version: "warmstart 0.1.0".into(),
+                    frames: None,
+                    index: None,
                 },
             );
         }

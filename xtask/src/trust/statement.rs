@@ -257,6 +257,8 @@ mod tests {
                     file: format!("k.tar.zst.part{i:03}"),
                     size: 10 + i,
                     sha256: format!("{i}").repeat(64),
+                    raw_size: None,
+                    raw_sha256: None,
                 })
                 .collect(),
             tar_sha256: "b".repeat(64),
@@ -269,6 +271,8 @@ mod tests {
             ungated: false,
             created_at: "2026-12-01T10:00:00Z".into(),
             tool_version: "warmstart 0".into(),
+            frames: None,
+            index: None,
         }
     }
 
