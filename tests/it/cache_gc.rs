@@ -369,7 +369,6 @@ fn cache_gc_drops_refs_and_objects_of_caches_no_manifest_names() {
     // once the ref moves; then its manifest goes away.
     w.publish("c1", 2);
     w.restore("c1", 2, &[]);
-    std::fs::remove_file(w.env.join("work/cache-manifests/c1.toml")).unwrap();
     let refs = |store: &str| {
         w.env.git(
             "work",
@@ -381,7 +380,11 @@ fn cache_gc_drops_refs_and_objects_of_caches_no_manifest_names() {
             ],
         )
     };
+    // cache-meta.git is where `cache status` reads branches.
+    w.ws("work", &["cache", "status"], &[]).ok();
+    std::fs::remove_file(w.env.join("work/cache-manifests/c1.toml")).unwrap();
     assert!(refs("cache.git").contains("refs/warmstart/c1-cache"));
+    assert!(refs("cache-meta.git").contains("refs/warmstart/c1-cache"));
     let doc = w.gc(&["--dry-run"], &[]);
     assert!(
         refs("cache.git").contains("refs/warmstart/c1-cache"),
@@ -400,6 +403,14 @@ fn cache_gc_drops_refs_and_objects_of_caches_no_manifest_names() {
         store["after_bytes"].as_u64() < store["before_bytes"].as_u64(),
         "{doc:#}"
     );
+    let meta = &doc["stores"][1];
+    assert_eq!(meta["store"], "cache-meta.git", "{doc:#}");
+    assert_eq!(
+        meta["refs_dropped"],
+        serde_json::json!(["c1-cache"]),
+        "{doc:#}"
+    );
+    assert!(!refs("cache-meta.git").contains("c1-cache"));
     let left = refs("cache.git");
     assert!(
         !left.contains("c1-cache") && left.contains("c0-cache"),
@@ -618,4 +629,78 @@ fn cache_gc_busy_store_and_bad_settings_are_refused() {
         );
     }
     assert_eq!(w.chunks(), before, "a refused gc removed something");
+}
+
+/// Sets the mtime of `path` to `days` days ago.
+fn age(path: &Path, days: u64) {
+    let t = std::time::SystemTime::now() - std::time::Duration::from_secs(days * 24 * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+}
+
+#[test]
+fn cache_gc_removes_old_logs_of_steps_restore_toml_no_longer_names() {
+    let w = World::new();
+    std::fs::create_dir_all(w.env.join("work/cache-manifests")).unwrap();
+    std::fs::write(
+        w.env.join("work/cache-manifests/restore.toml"),
+        "[[step]]\nname = \"hello\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"hello.txt\"\n",
+    )
+    .unwrap();
+    let logs = w.state().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let write = |name: &str, bytes: usize, days: u64| {
+        let p = logs.join(name);
+        std::fs::write(&p, "a line of output\n".repeat(bytes / 17 + 1)).unwrap();
+        age(&p, days);
+        p
+    };
+    let named_old = write("hello.log", 100, 90);
+    let gone_old = write("retired.log", 100, 31);
+    let gone_service = write("old-lsp.service.log", 100, 45);
+    let gone_recent = write("recent.log", 100, 3);
+    let worker = write("restore-worker.log", 3 << 20, 1);
+    let dry = w.gc(&["--dry-run"], &[]);
+    assert_eq!(
+        dry["logs"]["removed"].as_array().unwrap().len(),
+        2,
+        "{dry:#}"
+    );
+    assert!(gone_old.exists() && gone_service.exists());
+    assert!(std::fs::metadata(&worker).unwrap().len() > 3 << 20);
+    // The plan loads (else no log would go).
+    w.ws("work", &["restore", "--dry-run"], &[]).ok();
+    let doc = w.gc(&[], &[]);
+    let removed: BTreeSet<String> = doc["logs"]["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        removed,
+        [&gone_old, &gone_service]
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        "{doc:#}"
+    );
+    assert!(!gone_old.exists() && !gone_service.exists());
+    // The log of a step restore.toml names is its latest, however old.
+    assert!(named_old.exists() && gone_recent.exists());
+    let len = std::fs::metadata(&worker).unwrap().len();
+    assert!(len <= 257 << 10 && len > 200 << 10, "{len}\n{doc:#}");
+    let text = std::fs::read_to_string(&worker).unwrap();
+    assert!(text.starts_with("[older lines removed by cache gc]\na line of output\n"));
+
+    // restore.toml that does not load: no log goes.
+    let kept = write("another.log", 100, 60);
+    std::fs::write(w.env.join("work/cache-manifests/restore.toml"), "[[step]\n").unwrap();
+    let doc = w.gc(&[], &[]);
+    assert_eq!(doc["logs"]["removed"], serde_json::json!([]), "{doc:#}");
+    assert!(kept.exists());
 }
