@@ -850,14 +850,14 @@ fn trim_tail(path: &Path, keep: u64) -> Result<()> {
 impl Report {
     /// The text report.
     pub fn lines(&self) -> Vec<String> {
-        let verb = if self.dry_run {
-            "would remove"
+        let (verb, kept) = if self.dry_run {
+            ("would remove", "would keep")
         } else {
-            "removed"
+            ("removed", "kept")
         };
         let c = &self.chunks;
         let mut out = vec![format!(
-            "cache gc: {verb} {} chunk{} ({}); kept {} ({}), {} of them ({}) needed by installed keys",
+            "cache gc: {verb} {} chunk{} ({}); {kept} {} ({}), {} of them ({}) needed by installed keys",
             c.removed,
             if c.removed == 1 { "" } else { "s" },
             human_bytes(c.removed_bytes),
@@ -898,7 +898,7 @@ impl Report {
             out.push(format!("  cut {} to its last lines", p.display()));
         }
         out.push(format!(
-            "  stores: {} -> {} (budget {}, unneeded chunks kept {})",
+            "  stores: {} -> {} (budget {}; chunks no installed key needs stay {} after their last use)",
             human_bytes(self.before_bytes),
             human_bytes(self.after_bytes),
             human_bytes(self.max_bytes),
