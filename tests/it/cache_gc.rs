@@ -385,6 +385,16 @@ fn cache_gc_drops_refs_and_objects_of_caches_no_manifest_names() {
     std::fs::remove_file(w.env.join("work/cache-manifests/c1.toml")).unwrap();
     assert!(refs("cache.git").contains("refs/warmstart/c1-cache"));
     assert!(refs("cache-meta.git").contains("refs/warmstart/c1-cache"));
+    // A ref under refs/warmstart/ that is no cache branch (another
+    // command's temporary ref) is not gc's to drop.
+    let store = ["--git-dir", ".git/warmstart/cache.git"];
+    let git = |args: &[&str]| {
+        let all: Vec<&str> = store.iter().chain(args).copied().collect();
+        w.env.git("work", all).trim().to_string()
+    };
+    let tree = git(&["mktree"]);
+    let commit = git(&["commit-tree", &tree, "-m", "not a cache"]);
+    git(&["update-ref", "refs/warmstart/tmp/push-1", &commit]);
     let doc = w.gc(&["--dry-run"], &[]);
     assert!(
         refs("cache.git").contains("refs/warmstart/c1-cache"),

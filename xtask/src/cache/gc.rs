@@ -671,7 +671,7 @@ fn collect_objects(
     )?;
     for full in refs.lines() {
         let branch = full.trim_start_matches("refs/warmstart/");
-        if branches.is_some_and(|b| !b.contains(branch)) {
+        if branches.is_some_and(|b| !b.contains(branch)) && is_cache_branch(git, full) {
             r.refs_dropped.push(branch.to_string());
             if !opts.dry_run {
                 git_out(git, &["update-ref", "-d", full])?;
@@ -685,6 +685,25 @@ fn collect_objects(
     }
     r.after_bytes = tree_size(&objects);
     Ok(r)
+}
+
+/// Whether `r`'s tree is a cache branch's (`warmstart.json` or a legacy
+/// `SHA256SUMS` at its root): any other ref under `refs/warmstart/` is
+/// someone else's (a push's temporary ref) and stays.
+fn is_cache_branch(git: &CacheGit, r: &str) -> bool {
+    // The tree alone: a blob left out of the fetch must not matter.
+    git_out(
+        git,
+        &[
+            "ls-tree",
+            "--name-only",
+            r,
+            "--",
+            "warmstart.json",
+            "SHA256SUMS",
+        ],
+    )
+    .is_ok_and(|names| !names.trim().is_empty())
 }
 
 /// Rewrites the promisor packs (what filtered fetches brought) to hold only
@@ -939,7 +958,7 @@ pub fn after_restore(sh: &Shell, repo: &Repo) {
         ),
         Ok(_) => {}
         Err(e) if crate::exit::code_of(&e) == Code::Busy => eprintln!(
-            "cache gc: the stores passed WARMSTART_GC_SIZE ({}), but another restore is reading them: the next restore runs gc",
+            "cache gc: the stores passed WARMSTART_GC_SIZE ({}), but another warmstart process of this clone is using them: the next restore runs gc",
             human_bytes(limit)
         ),
         Err(e) => eprintln!(
