@@ -755,3 +755,69 @@ fn cache_gc_removes_old_logs_of_steps_restore_toml_no_longer_names() {
     assert_eq!(doc["logs"]["removed"], serde_json::json!([]), "{doc:#}");
     assert!(kept.exists());
 }
+
+#[test]
+fn cache_gc_keeps_the_objects_of_an_installed_commit_after_its_branch_moved() {
+    let w = World::new();
+    w.publish("c0", 1);
+    w.restore("c0", 1, &[]);
+    let stamp_file = w.state().join("cache/stamps/c0.json");
+    let commit_of = || -> String {
+        let s: Value =
+            serde_json::from_str(&std::fs::read_to_string(&stamp_file).unwrap()).unwrap();
+        s["commit"].as_str().unwrap().to_string()
+    };
+    let installed = commit_of();
+    let present = |oid: &str| {
+        let mut cmd = Command::new("git");
+        w.env.isolate(&mut cmd);
+        cmd.current_dir(w.env.join("work"))
+            .env("GIT_NO_LAZY_FETCH", "1")
+            .args([
+                "--git-dir",
+                ".git/warmstart/cache.git",
+                "cat-file",
+                "-e",
+                oid,
+            ]);
+        cmd.status().unwrap().success()
+    };
+    // What cache.git holds of the installed commit: its tree and the
+    // blobs the branch fetch brought (the small files, the last chunk).
+    let tree = format!("{installed}^{{tree}}");
+    let listing = w.env.git(
+        "work",
+        [
+            "--git-dir",
+            ".git/warmstart/cache.git",
+            "ls-tree",
+            &installed,
+        ],
+    );
+    let held: Vec<String> = listing
+        .lines()
+        .map(|l| l.split_whitespace().nth(2).unwrap().to_string())
+        .filter(|o| present(o))
+        .collect();
+    assert!(present(&tree) && held.len() >= 3, "{listing}");
+    // The branch moves on (a verify fetches it) while v1 stays installed.
+    w.publish("c0", 2);
+    w.manifest("work", "c0", 2);
+    w.ws("work", &["cache", "verify", "c0"], &[]).ok();
+    let doc = w.gc(&["--keep", "0s"], &[]);
+    assert!(present(&tree), "{doc:#}");
+    for o in &held {
+        assert!(present(o), "blob {o} of the installed commit went\n{doc:#}");
+    }
+    // Once v2 is installed, nothing holds v1's commit: its objects go.
+    w.restore("c0", 2, &[]);
+    assert_ne!(commit_of(), installed);
+    let doc = w.gc(&["--keep", "0s"], &[]);
+    assert!(
+        doc["stores"][0]["objects_dropped"].as_u64().unwrap() > 0,
+        "{doc:#}"
+    );
+    assert!(!present(&tree), "{doc:#}");
+    w.ws("work", &["cache", "restore", "c0", "--verify"], &[])
+        .ok();
+}

@@ -679,12 +679,40 @@ fn collect_objects(
         }
     }
     if !opts.dry_run {
-        r.objects_dropped = repack_promisor(git).with_context(|| format!("repacking {name}"))?;
-        git_out(git, &["prune", &format!("--expire={LOOSE_GRACE}")])
-            .with_context(|| format!("pruning {name}"))?;
+        // The commits installs came from stay, with their trees and the
+        // chunk blobs git holds, after their branch moved on.
+        let installed = installed_commits(git);
+        r.objects_dropped =
+            repack_promisor(git, &installed).with_context(|| format!("repacking {name}"))?;
+        let mut prune = vec!["prune".to_string(), format!("--expire={LOOSE_GRACE}")];
+        prune.extend(installed);
+        let prune: Vec<&str> = prune.iter().map(String::as_str).collect();
+        git_out(git, &prune).with_context(|| format!("pruning {name}"))?;
     }
     r.after_bytes = tree_size(&objects);
     Ok(r)
+}
+
+/// The commits of installed keys (per their stamps) that `git` holds.
+fn installed_commits(git: &CacheGit) -> Vec<String> {
+    let Some(state_dir) = git.dir.parent() else {
+        return Vec::new();
+    };
+    let mut out = BTreeSet::new();
+    for e in read_dir_or_empty(&stamp::dir(state_dir)).unwrap_or_default() {
+        if let Loaded::Found(s) = stamp::load(&e.path())
+            && s.commit.len() == 40
+            && s.commit.bytes().all(|b| b.is_ascii_hexdigit())
+            && git_out(
+                git,
+                &["cat-file", "-e", &format!("{}^{{commit}}", s.commit)],
+            )
+            .is_ok()
+        {
+            out.insert(s.commit.clone());
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// Whether `r`'s tree is a cache branch's (`warmstart.json` or a legacy
@@ -710,7 +738,7 @@ fn is_cache_branch(git: &CacheGit, r: &str) -> bool {
 /// objects some ref still reaches; `git gc` keeps every promisor object.
 /// Returns how many objects were dropped. Nothing is written when none is
 /// unreachable.
-fn repack_promisor(git: &CacheGit) -> Result<u64> {
+fn repack_promisor(git: &CacheGit, installed: &[String]) -> Result<u64> {
     let pack_dir = git.dir.join("objects").join("pack");
     let mut packs = Vec::new();
     for e in read_dir_or_empty(&pack_dir)? {
@@ -740,10 +768,9 @@ fn repack_promisor(git: &CacheGit) -> Result<u64> {
             }
         }
     }
-    let reachable = git_out(
-        git,
-        &["rev-list", "--objects", "--all", "--missing=allow-any"],
-    )?;
+    let mut args = vec!["rev-list", "--objects", "--all", "--missing=allow-any"];
+    args.extend(installed.iter().map(String::as_str));
+    let reachable = git_out(git, &args)?;
     let keep: BTreeSet<&str> = reachable
         .lines()
         .filter_map(|l| l.split_whitespace().next())
