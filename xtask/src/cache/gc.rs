@@ -11,9 +11,10 @@
 //!   days; an install refreshes the mtime of every chunk it needs) goes;
 //! - while the stores are still over the budget, the remaining chunks go,
 //!   least recently used first;
-//! - in cache.git and cache-meta.git, refs of branches no manifest names go,
-//!   objects that no ref reaches any more are dropped (also from promisor
-//!   packs, which `git gc` keeps whole), and loose ones a day old are pruned;
+//! - in cache.git and cache-meta.git, refs of cache branches no manifest
+//!   names go, objects that neither a ref nor an installed key's commit
+//!   reaches are dropped (also from promisor packs, which `git gc` keeps
+//!   whole), and unreachable loose ones a day old are pruned;
 //! - logs of steps restore.toml no longer names go after 30 days, and the
 //!   background worker's appended log is cut to its last 256 KiB.
 //!
