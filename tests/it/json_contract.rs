@@ -284,6 +284,24 @@ fn json_contract_cache_commands() {
         false,
     );
     c.check(
+        "cache-gc.ok.dry-run",
+        "cache gc",
+        &ws(&env, w, &["cache", "gc", "--dry-run", "--json"]),
+        true,
+    );
+    c.check(
+        "cache-gc.ok",
+        "cache gc",
+        &ws(&env, w, &["cache", "gc", "--keep", "0s", "--json"]),
+        true,
+    );
+    c.check(
+        "cache-gc.fail",
+        "cache gc",
+        &ws(&env, w, &["cache", "gc", "--keep", "soon", "--json"]),
+        false,
+    );
+    c.check(
         "cache-migrate.fail",
         "cache migrate",
         &ws(&env, w, &["cache", "migrate", "art", "--json"]),

@@ -9,6 +9,7 @@ mod attack2;
 mod broken_pipe;
 mod cache_concurrency;
 mod cache_fetch;
+mod cache_gc;
 mod cache_heal;
 mod cache_keys;
 mod cache_legacy;

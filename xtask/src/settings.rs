@@ -95,6 +95,21 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "tests: age after which `resume` takes over an index lock (default 15000)",
     ),
     (
+        "WARMSTART_GC_SIZE",
+        Kind::Size,
+        "a restore runs `cache gc` when the private stores pass this size; gc's budget (default 4G)",
+    ),
+    (
+        "WARMSTART_GC_KEEP",
+        Kind::Duration,
+        "`cache gc` keeps chunks no installed key needs for this long after their last use (default 14d)",
+    ),
+    (
+        "WARMSTART_TEST_GC_PAUSE_MS",
+        Kind::Millis,
+        "tests: pause of `cache gc` while it holds the store's use lock",
+    ),
+    (
         "WARMSTART_TEST_WRITE_DELAY_MS",
         Kind::Millis,
         "tests: pause in the middle of writing the resume index",

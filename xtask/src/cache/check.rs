@@ -145,6 +145,11 @@ pub fn verify_named(
             None
         }
     };
+    // `cache gc` removes no chunk while this may read one.
+    let _reading = crate::cache::gc::Reading::take(
+        &repo.state_dir(),
+        crate::cache::restore::RestoreOptions::default().lock_timeout,
+    )?;
     let (git, branch) =
         crate::cache::git::healing(|| restore::fetch(sh, repo, &m, remote, progress))?;
     // Scratch trees are staging directories of a target that is never

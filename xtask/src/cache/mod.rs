@@ -12,7 +12,8 @@
 //! them straight from the server's pack stream where it can), `verify` streams it (no unverified byte reaches the decoder), `restore`
 //! installs it (`fallback` picks a stand-in key on an exact miss), `stamp` makes the next run warm, `compare` checks an
 //! installed copy, `check` is `cache verify`, `status` is `cache list` and
-//! `cache status`, `migrate` moves a cache from a branch to a ref.
+//! `cache status`, `migrate` moves a cache from a branch to a ref, `gc`
+//! bounds the chunk store, the private stores' objects and old logs.
 
 pub mod bootstrap;
 pub mod branch;
@@ -22,6 +23,7 @@ pub mod direct;
 pub mod fallback;
 pub mod files;
 pub mod format;
+pub mod gc;
 pub mod git;
 pub mod manifest;
 pub mod migrate;
@@ -53,6 +55,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Migrate(a) => a.network.apply()?,
         CacheCommand::Prune(a) => a.network.apply()?,
         CacheCommand::Resign(a) => a.network.apply()?,
+        CacheCommand::Gc(_) => {}
     }
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
@@ -63,6 +66,7 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Migrate(a) => migrate::run(sh, a),
         CacheCommand::Prune(a) => prune::run(sh, a),
         CacheCommand::Resign(a) => publish::resign_run(sh, a),
+        CacheCommand::Gc(a) => gc::run(sh, a),
     }
 }
 

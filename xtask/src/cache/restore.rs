@@ -351,10 +351,14 @@ pub fn restore_named(
     }
     // A damaged cache.git is rebuilt once and the restore starts over
     // (`git::healing`); nothing was installed by the failed attempt.
+    // `cache gc` removes no chunk while this restore may read one.
+    let reading = crate::cache::gc::Reading::take(&state_dir, opts.lock_timeout)?;
     let mut outcome = crate::cache::git::healing(|| {
         cold(sh, repo, &m, &key, &stamp_file, opts, start, phases.clone())
     })
     .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
+    drop(reading);
+    crate::cache::gc::after_restore(sh, repo);
     outcome.reason = reason;
     Ok(outcome)
 }
@@ -1040,6 +1044,7 @@ fn cold(
         partial: partial.clone(),
     };
     stamp::store(stamp_file, &s)?;
+    crate::cache::gc::installed(&state_dir, &s, &branch);
     phases.install_ms = t.elapsed().as_millis() as u64;
     if let Err(why) = ready(m) {
         return Err(fail(

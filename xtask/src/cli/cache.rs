@@ -47,6 +47,32 @@ pub enum CacheCommand {
     /// Only keys whose signature is trusted at HEAD are re-signed (rotate by
     /// adding the new signer, re-signing, then removing the old one).
     Resign(ResignArgs),
+    /// Bound this clone's local state: unneeded chunks, unreachable objects, old logs.
+    ///
+    /// Never removes a chunk an installed key needs. Removes chunks not
+    /// fetched or used for `--keep`, then, while the stores are over
+    /// `--max-size`, the least recently used others; drops refs of branches
+    /// no manifest names and objects no ref reaches in cache.git and
+    /// cache-meta.git; removes logs of steps restore.toml no longer names
+    /// after 30 days. Waits for running restores (exit 3 after
+    /// WARMSTART_LOCK_TIMEOUT). A restore runs it by itself when the stores
+    /// pass WARMSTART_GC_SIZE.
+    Gc(GcArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// The stores' size budget (`4G`, `512M`; default WARMSTART_GC_SIZE, else 4G).
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size_arg)]
+    pub max_size: Option<u64>,
+    /// Keep unneeded chunks used within this long (`14d`, `12h`, `0s`; default WARMSTART_GC_KEEP, else 14d).
+    #[arg(long, value_name = "DURATION")]
+    pub keep: Option<String>,
+    /// Say what would go, and remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub out: OutputArgs,
 }
 
 #[derive(Debug, Args)]

@@ -64,6 +64,11 @@ const EXAMPLES: &[(&str, &str)] = &[
   {bin} cache resign rust-sdk --key linux-1 --json",
     ),
     (
+        "cache gc",
+        "{bin} cache gc --dry-run          # what would go, and why the rest stays
+  {bin} cache gc --max-size 2G --keep 7d --json",
+    ),
+    (
         "demo",
         "{bin} demo                        # publish and restore this machine's rustlib
   {bin} demo --source ./target/doc --keep",
