@@ -42,10 +42,15 @@ use crate::repo::Repo;
 ///   window over 99 MiB random blobs costs a GiB of memory for nothing).
 /// - No automatic gc: a repack of a multi-GB cache in the middle of a restore
 ///   is a surprise nobody wants.
+/// - No delta search (`pack.window=0`): chunks are zstd and never delta.
+///   It also keeps a push from looking up the blobs of the remote's trees
+///   as delta bases of a thin pack: a restore that read its chunks straight
+///   from the server (`cache::direct`) left them out of cache.git, and
+///   such a lookup fails (`GIT_NO_LAZY_FETCH`).
 /// - Small pack windows: git maps packs in windows of 1 GiB by default, so a
 ///   push of a 250 MB artifact showed 250 MB of resident memory (measured);
 ///   16 MiB windows within 64 MiB keep it bounded whatever the size.
-const CONFIG: [(&str, &str); 8] = [
+const CONFIG: [(&str, &str); 9] = [
     ("core.compression", "0"),
     ("pack.compression", "0"),
     ("core.bigFileThreshold", "1m"),
@@ -54,6 +59,7 @@ const CONFIG: [(&str, &str); 8] = [
     ("gc.auto", "0"),
     ("maintenance.auto", "false"),
     ("receive.autogc", "false"),
+    ("pack.window", "0"),
 ];
 
 /// The name cache.git knows every remote by, for one command at a time
