@@ -562,6 +562,93 @@ impl CacheGit {
         )
     }
 
+    /// Fetches the commits and trees of `refs` (full names or branch
+    /// names) without any blob and without writing a ref: enough to know
+    /// which blobs they hold, and for a push to leave those out (a
+    /// publish's leftover temporary refs, see `cache::push`).
+    pub(crate) fn fetch_trees(&self, remote: &Remote, refs: &[String]) -> Result<()> {
+        let _lock = self.lock()?;
+        let mut cmd = self.fetch_from(remote, false);
+        cmd.args(["--filter=blob:none", "--", PROMISOR])
+            .args(refs.iter().map(|r| remote_ref(r)));
+        let out = self.run_network(&mut cmd, "fetch of temporary refs", remote, &mut |_| {})?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(damaged_or(
+            &self.dir,
+            &stderr,
+            net::remote_failure(
+                &format!("cannot fetch {} temporary ref(s) from {remote}", refs.len()),
+                &stderr,
+            ),
+        ))
+    }
+
+    /// Adds (`add`) or removes parentless `commits` to or from the store's
+    /// `shallow` file, under the store's lock and git's own `shallow.lock`.
+    /// Why: `git push` leaves out the objects of the remote's refs by a
+    /// walk that reaches the trees of unrelated root commits (every cache
+    /// commit is one) only when the store is shallow (pack-objects'
+    /// aggressive edges); a branch fetch makes its commit shallow that way,
+    /// and a publish's temporary refs need the same to be left out of the
+    /// root push. A parentless commit means the same shallow or not.
+    pub(crate) fn set_shallow(&self, commits: &[String], add: bool) -> Result<()> {
+        let _lock = self.lock()?;
+        let path = self.dir.join("shallow");
+        let old = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(anyhow!(e).context(format!("reading {}", path.display()))),
+        };
+        let mut lines: Vec<String> = old.lines().map(str::to_string).collect();
+        let before = lines.clone();
+        if add {
+            for c in commits {
+                if !lines.contains(c) {
+                    lines.push(c.clone());
+                }
+            }
+        } else {
+            lines.retain(|l| !commits.contains(l));
+        }
+        if lines == before {
+            return Ok(());
+        }
+        let lock = self.dir.join("shallow.lock");
+        let mut f = File::options()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .map_err(|e| {
+                fail(
+                    Code::Busy,
+                    format!(
+                        "cannot take {} ({e}): another git is updating it; try again",
+                        lock.display()
+                    ),
+                )
+            })?;
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let written = f
+            .write_all(text.as_bytes())
+            .and_then(|()| f.sync_all())
+            .and_then(|()| {
+                if lines.is_empty() {
+                    std::fs::remove_file(&lock)
+                        .and_then(|()| std::fs::remove_file(&path).or(Ok(())))
+                } else {
+                    std::fs::rename(&lock, &path)
+                }
+            });
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&lock);
+            return Err(anyhow!(e).context(format!("writing {}", path.display())));
+        }
+        Ok(())
+    }
+
     /// Fetches `branch` again, whole and shallow, even objects already here
     /// (`--refetch`): the fallback for a server that refuses blobs by id.
     /// `pid` gets the process group of the running git, as in `fetch_blob`.

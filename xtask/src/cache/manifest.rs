@@ -149,6 +149,8 @@ struct RawPublish {
     /// Prune on every publish: per platform value, the newest N keys (plus
     /// the one today's pins give) stay.
     keep: Option<u32>,
+    /// The most bytes of new blobs one push sends (`cache::push`).
+    push_limit: Option<crate::size::SizeSpec>,
 }
 
 /// How a restore installs: replace a directory the cache owns, or merge
@@ -232,6 +234,9 @@ pub struct CacheManifest {
     /// `[publish] keep = N`: after each publish that pushes, keep per
     /// platform value the key today's pins give plus the N newest.
     pub keep: Option<usize>,
+    /// `[publish] push_limit`: new blobs over it are pushed in batches
+    /// (`None`: the default, see `cache::push::limit`).
+    pub push_limit: Option<u64>,
     /// `[[restore.fallback]]`, in order, and `restore.recheck` (set exactly
     /// when there are fallbacks).
     pub fallbacks: Vec<Fallback>,
@@ -409,6 +414,12 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         lease_deadline,
         network: raw.network.resolve()?,
         keep: raw.publish.keep.map(|n| n as usize),
+        push_limit: raw
+            .publish
+            .push_limit
+            .as_ref()
+            .map(|s| s.resolve("publish.push_limit"))
+            .transpose()?,
         fallbacks,
         recheck,
         trust: raw.trust,

@@ -1,0 +1,270 @@
+//! Publishes over the per-push limit (GitHub refuses a push over 2 GiB):
+//! with `WARMSTART_PUSH_LIMIT` lowered to 600 KiB over 3 MiB of
+//! incompressible chunks, the new blobs go in batches through temporary
+//! refs, then the root commit, then the temporary refs are deleted. The
+//! server (`receive.unpackLimit = 1`) keeps one pack per push, which is how
+//! the batches are counted on its side. An interrupted batched publish
+//! (SIGKILL after its first batch) leaves a temporary ref that the next
+//! publish reuses (it sends fewer bytes) and removes, leaving alone the
+//! refs in that namespace that are not ours. Over git daemon, smart HTTP
+//! (nginx + `git http-backend`) and ssh.
+
+use crate::transports::{Fx, json_of};
+use crate::util::git_daemon::GitDaemon;
+use crate::util::servers::{GIT_PASSWORD, GIT_USER, Nginx, Sshd};
+use crate::util::tree::assert_same_tree;
+use crate::util::{Run, run, show};
+use serde_json::Value;
+use std::path::Path;
+
+const LIMIT: u64 = 600 << 10;
+
+/// 3 MiB of noise in chunks of 256 KiB: about 12 new chunks, two per batch.
+fn fixture() -> Fx {
+    Fx::with(3 << 20, 256 << 10)
+}
+
+fn publish(fx: &Fx, extra: &[(&str, &str)]) -> Run {
+    let mut cmd = fx.command("work", &["cache", "publish", "art", "--json"]);
+    cmd.env("WARMSTART_PUSH_LIMIT", LIMIT.to_string());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+/// The packs on the server, by name, with their sizes.
+fn packs(bare: &Path) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = std::fs::read_dir(bare.join("objects/pack"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".pack"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Packs in `after` that are not in `before`.
+fn new_packs(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<u64> {
+    after
+        .iter()
+        .filter(|p| !before.contains(p))
+        .map(|p| p.1)
+        .collect()
+}
+
+/// Refs on the server under the two temporary namespaces.
+fn temp_refs(fx: &Fx) -> Vec<String> {
+    fx.env
+        .git(
+            "origin.git",
+            [
+                "for-each-ref",
+                "--format=%(refname)",
+                "refs/warmstart/tmp/",
+                "refs/heads/warmstart-tmp/",
+            ],
+        )
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn push_of(j: &Value) -> &Value {
+    let p = &j["push"];
+    assert!(p.is_object(), "{j}");
+    p
+}
+
+/// A publish in batches: their count from --json and from the server's
+/// packs, each pack under the limit (plus pack headers), no temporary ref
+/// left, one root commit on `cache_ref`, `git fsck` clean, and a restore
+/// from a fresh state that gives back the tree.
+fn batched_round(fx: &Fx, url: &str, cache_ref: &str) {
+    fx.set_remote(url);
+    let origin = fx.env.join("origin.git");
+    let before = packs(&origin);
+    let j = json_of(&publish(fx, &[]).ok());
+    assert_eq!(j["status"], "published", "{j}");
+    let p = push_of(&j);
+    let chunk_bytes: u64 = j["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["size"].as_u64().unwrap())
+        .sum();
+    let batches = p["batches"].as_u64().unwrap();
+    assert!(batches >= chunk_bytes.div_ceil(LIMIT), "{j}");
+    assert!(batches >= 4, "{j}");
+    assert_eq!(p["limit_bytes"], LIMIT, "{j}");
+    assert!(p["new_bytes"].as_u64().unwrap() >= chunk_bytes, "{j}");
+    assert_eq!(p["reused_bytes"], 0, "{j}");
+    assert_eq!(p["temp_refs_removed"], batches, "{j}");
+    let added = new_packs(&before, &packs(&origin));
+    // One pack per batch, one for the root commit.
+    assert_eq!(added.len() as u64, batches + 1, "{added:?}\n{j}");
+    for size in &added {
+        assert!(
+            *size <= LIMIT + (16 << 10),
+            "a pack of {size} bytes: {added:?}"
+        );
+    }
+    assert_eq!(temp_refs(fx), Vec::<String>::new());
+    let commit = j["commit"].as_str().unwrap();
+    assert_eq!(
+        fx.env.git("origin.git", ["rev-parse", cache_ref]).trim(),
+        commit
+    );
+    assert_eq!(
+        fx.env
+            .git("origin.git", ["rev-list", "--count", cache_ref])
+            .trim(),
+        "1"
+    );
+    fx.env
+        .git("origin.git", ["fsck", "--full", "--no-progress"]);
+
+    fx.forget();
+    let r = json_of(&fx.xtask(&["cache", "restore", "art", "--json"]).ok());
+    assert_eq!(r["state"], "restored", "{r}");
+    assert_same_tree(&fx.src, &fx.target);
+
+    // Under the limit, one push and no temporary ref: an unchanged
+    // publish does not push at all, so change one small file.
+    std::fs::write(fx.src.join("small-change.txt"), "one more file\n").unwrap();
+    let j = json_of(&publish(fx, &[("WARMSTART_PUSH_LIMIT", "1G")]).ok());
+    assert_eq!(push_of(&j)["batches"], 0, "{j}");
+    assert!(push_of(&j)["new_bytes"].as_u64().unwrap() < LIMIT, "{j}");
+}
+
+#[test]
+fn cache_push_batches_over_git_daemon_on_branches() {
+    let fx = fixture();
+    let daemon = GitDaemon::start(fx.env.path());
+    batched_round(&fx, &daemon.url("origin.git"), "refs/heads/art-cache");
+}
+
+#[test]
+fn cache_push_batches_over_https_on_a_ref_outside_branches() {
+    let fx = fixture();
+    let manifest = fx.work.join("cache-manifests/art.toml");
+    let mut text = std::fs::read_to_string(&manifest).unwrap();
+    text.push_str("\n[cache]\nref = \"refs/warmstart/cache/art\"\n");
+    std::fs::write(&manifest, text).unwrap();
+    fx.env.git("work", ["commit", "-qam", "cache.ref"]);
+    let server = Nginx::start(&fx.env.join("."));
+    fx.global_config(&format!(
+        "[http]\n\tsslCAInfo = {}\n",
+        server.ca.cert.display()
+    ));
+    let url = server.url_with("origin.git", GIT_USER, GIT_PASSWORD);
+    batched_round(&fx, &url, "refs/warmstart/cache/art");
+    // The URL's password never reaches the output.
+    let j = publish(&fx, &[]).ok();
+    assert!(!j.stdout().contains(GIT_PASSWORD), "{}", show(&j.out));
+}
+
+/// Killed after its first batch; the next publish sends fewer bytes,
+/// removes the leftover and its own temporary refs, and leaves alone the
+/// refs in the namespace that are not ours.
+#[test]
+fn cache_push_after_an_interrupted_batched_publish_reuses_and_removes_leftovers_over_ssh() {
+    let mut fx = fixture();
+    let server = Sshd::start();
+    fx.var("GIT_SSH_COMMAND", &server.ssh_command(&server.key));
+    let origin = fx.env.join("origin.git");
+    fx.set_remote(&server.url(&origin));
+    let before = packs(&origin);
+    let killed = publish(&fx, &[("WARMSTART_TEST_KILL_AT", "publish:batch-pushed")]);
+    assert_eq!(killed.out.status.code(), None, "{}", show(&killed.out));
+    let left = temp_refs(&fx);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left[0].starts_with("refs/heads/warmstart-tmp/art/"),
+        "{left:?}"
+    );
+    let first = new_packs(&before, &packs(&origin));
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    // Not ours: a name of another shape, our shape on a commit that is not
+    // a batch (and old enough to be stale), and another cache's namespace.
+    let foreign = [
+        "refs/heads/warmstart-tmp/art/notours",
+        "refs/heads/warmstart-tmp/art/1700000000-0a1b2c3d/001",
+        "refs/heads/warmstart-tmp/other/1700000000-0a1b2c3d/001",
+    ];
+    for r in foreign {
+        fx.git("work", &["push", "-q", "origin", &format!("main:{r}")]);
+    }
+
+    let mid = packs(&origin);
+    let r = publish(&fx, &[]).ok();
+    let j = json_of(&r);
+    assert_eq!(j["status"], "published", "{j}");
+    let p = push_of(&j);
+    let (new, reused) = (
+        p["new_bytes"].as_u64().unwrap(),
+        p["reused_bytes"].as_u64().unwrap(),
+    );
+    assert!(((256 << 10)..=LIMIT).contains(&reused), "{j}");
+    let batches = p["batches"].as_u64().unwrap();
+    assert!(batches >= 3, "{j}");
+    assert_eq!(p["temp_refs_removed"], batches + 1, "{j}");
+    let second = new_packs(&mid, &packs(&origin));
+    let sent: u64 = second.iter().sum();
+    // Only what had not landed: less than all new bytes by the first batch.
+    assert!(sent < new - reused + (16 << 10), "{second:?}\n{j}");
+    assert!(sent + first[0] >= new, "{second:?} {first:?}\n{j}");
+    let mut left = temp_refs(&fx);
+    left.sort();
+    let mut want: Vec<String> = foreign.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(left, want);
+    assert!(
+        r.stderr().contains("warmstart-tmp/art/notours")
+            && r.stderr().contains("does not hold a warmstart push batch"),
+        "{}",
+        show(&r.out)
+    );
+    fx.env
+        .git("origin.git", ["fsck", "--full", "--no-progress"]);
+    fx.forget();
+    fx.xtask(&["cache", "restore", "art"]).ok();
+    assert_same_tree(&fx.src, &fx.target);
+    // No marker of a dead run is left: the next publish needs no look-up.
+    let runs = fx.work.join(".git/warmstart/push-runs/art");
+    let markers: Vec<_> = std::fs::read_dir(&runs)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(markers.is_empty(), "{markers:?}");
+}
+
+#[test]
+fn cache_push_limits_that_are_not_sizes_are_refused() {
+    let fx = fixture();
+    fx.set_remote("../origin.git");
+    for bad in ["0", "1.5GB", "lots"] {
+        let r = publish(&fx, &[("WARMSTART_PUSH_LIMIT", bad)]).expect_code(10);
+        assert!(
+            r.stderr().contains("WARMSTART_PUSH_LIMIT"),
+            "{}",
+            show(&r.out)
+        );
+    }
+    let manifest = fx.work.join("cache-manifests/art.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    for bad in ["\"1.5GB\"", "0", "-1"] {
+        let edited = text.replace("[publish]\n", &format!("[publish]\npush_limit = {bad}\n"));
+        std::fs::write(&manifest, edited).unwrap();
+        let mut cmd = fx.command("work", &["cache", "publish", "art"]);
+        let r = run(&mut cmd).expect_code(10);
+        assert!(r.stderr().contains("push_limit"), "{}", show(&r.out));
+        assert_eq!(temp_refs(&fx), Vec::<String>::new());
+    }
+}
