@@ -12,7 +12,7 @@
 use crate::transports::{Fx, json_of};
 use crate::util::git_daemon::GitDaemon;
 use crate::util::servers::{GIT_PASSWORD, GIT_USER, Nginx, Sshd};
-use crate::util::tree::assert_same_tree;
+use crate::util::tree::{assert_same_tree, write_pseudo_random};
 use crate::util::{Run, run, show};
 use serde_json::Value;
 use std::path::Path;
@@ -86,11 +86,13 @@ fn push_of(j: &Value) -> &Value {
 /// packs, each pack under the limit (plus pack headers), no temporary ref
 /// left, one root commit on `cache_ref`, `git fsck` clean, and a restore
 /// from a fresh state that gives back the tree.
-fn batched_round(fx: &Fx, url: &str, cache_ref: &str) {
+/// What the batched publish printed (stdout without `--json`, and stderr).
+fn batched_round(fx: &Fx, url: &str, cache_ref: &str) -> String {
     fx.set_remote(url);
     let origin = fx.env.join("origin.git");
     let before = packs(&origin);
-    let j = json_of(&publish(fx, &[]).ok());
+    let published = publish(fx, &[]).ok();
+    let j = json_of(&published);
     assert_eq!(j["status"], "published", "{j}");
     let p = push_of(&j);
     let chunk_bytes: u64 = j["chunks"]
@@ -141,6 +143,18 @@ fn batched_round(fx: &Fx, url: &str, cache_ref: &str) {
     let j = json_of(&publish(fx, &[("WARMSTART_PUSH_LIMIT", "1G")]).ok());
     assert_eq!(push_of(&j)["batches"], 0, "{j}");
     assert!(push_of(&j)["new_bytes"].as_u64().unwrap() < LIMIT, "{j}");
+    // The words, without --json, of a publish over the limit again.
+    write_pseudo_random(&fx.src.join("more.bin"), 3 * LIMIT, 99);
+    let mut cmd = fx.command("work", &["cache", "publish", "art"]);
+    cmd.env("WARMSTART_PUSH_LIMIT", LIMIT.to_string());
+    let r = run(&mut cmd).ok();
+    let said = format!("{}{}{}", published.stderr(), r.stdout(), r.stderr());
+    assert!(
+        said.contains(" batches under the push limit of 600.00 KiB"),
+        "{said}"
+    );
+    assert_eq!(temp_refs(fx), Vec::<String>::new());
+    said
 }
 
 #[test]
@@ -164,10 +178,10 @@ fn cache_push_batches_over_https_on_a_ref_outside_branches() {
         server.ca.cert.display()
     ));
     let url = server.url_with("origin.git", GIT_USER, GIT_PASSWORD);
-    batched_round(&fx, &url, "refs/warmstart/cache/art");
+    let said = batched_round(&fx, &url, "refs/warmstart/cache/art");
     // The URL's password never reaches the output.
-    let j = publish(&fx, &[]).ok();
-    assert!(!j.stdout().contains(GIT_PASSWORD), "{}", show(&j.out));
+    assert!(!said.contains(GIT_PASSWORD), "{said}");
+    assert!(said.contains("refs/warmstart/tmp/art/"), "{said}");
 }
 
 /// Killed after its first batch; the next publish sends fewer bytes,
@@ -267,4 +281,51 @@ fn cache_push_limits_that_are_not_sizes_are_refused() {
         assert!(r.stderr().contains("push_limit"), "{}", show(&r.out));
         assert_eq!(temp_refs(&fx), Vec::<String>::new());
     }
+}
+
+/// Leftovers this clone has no marker for (another clone's, as far as it
+/// can tell): their blobs count as landed, even when this clone's store
+/// lacks their commits (fetched without blobs), and only a day-old one is
+/// removed; a recent one may be a live publisher's.
+#[test]
+fn cache_push_leftovers_of_another_clone_are_reused_and_removed_only_when_a_day_old() {
+    let fx = fixture();
+    fx.set_remote("../origin.git");
+    let killed = publish(&fx, &[("WARMSTART_TEST_KILL_AT", "publish:batch-pushed")]);
+    assert_eq!(killed.out.status.code(), None, "{}", show(&killed.out));
+    let left = temp_refs(&fx);
+    assert_eq!(left.len(), 1, "{left:?}");
+    let batch = fx.env.git("origin.git", ["rev-parse", &left[0]]);
+    let batch = batch.trim();
+    std::fs::remove_dir_all(fx.work.join(".git/warmstart/push-runs")).unwrap();
+    fx.forget();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let recent = format!("refs/heads/warmstart-tmp/art/{now}-0badc0de/001");
+    let old = "refs/heads/warmstart-tmp/art/1700000000-0badc0de/001";
+    for r in [recent.as_str(), old] {
+        fx.env.git("origin.git", ["update-ref", r, batch]);
+    }
+    fx.env.git("origin.git", ["update-ref", "-d", &left[0]]);
+
+    let before = packs(&fx.env.join("origin.git"));
+    let j = json_of(&publish(&fx, &[]).ok());
+    let p = push_of(&j);
+    let reused = p["reused_bytes"].as_u64().unwrap();
+    assert!(((256 << 10)..=LIMIT).contains(&reused), "{j}");
+    let batches = p["batches"].as_u64().unwrap();
+    assert_eq!(p["temp_refs_removed"], batches + 1, "{j}");
+    assert_eq!(temp_refs(&fx), vec![recent]);
+    let sent: u64 = new_packs(&before, &packs(&fx.env.join("origin.git")))
+        .iter()
+        .sum();
+    let new = p["new_bytes"].as_u64().unwrap();
+    assert!(sent < new - reused + (16 << 10), "sent {sent}\n{j}");
+    fx.env
+        .git("origin.git", ["fsck", "--full", "--no-progress"]);
+    fx.forget();
+    fx.xtask(&["cache", "restore", "art"]).ok();
+    assert_same_tree(&fx.src, &fx.target);
 }

@@ -48,7 +48,7 @@ pub const DEFAULT_PUSH_LIMIT: u64 = 1536 << 20;
 pub const VAR: &str = "WARMSTART_PUSH_LIMIT";
 
 /// How a batch commit's message starts: what marks a leftover as ours.
-const MESSAGE: &str = "warmstart push batch";
+const MESSAGE: &str = "warmstart push batch ";
 
 /// A run of another clone whose temporary refs are this old is taken as
 /// over (a batched push of a few GiB takes minutes, not a day).
@@ -193,6 +193,30 @@ struct Leftover {
     remove: bool,
 }
 
+/// Where one publish pushes: the store, the remote, the cache, and where
+/// its temporary refs and run markers live.
+struct Target<'a> {
+    git: &'a CacheGit,
+    remote: &'a Remote,
+    m: &'a CacheManifest,
+    /// `namespace(m)`.
+    ns: String,
+    /// `markers_dir`.
+    markers: PathBuf,
+    out: &'a Reporter,
+}
+
+/// What the remote lacks, and what an interrupted publish left there.
+struct Survey {
+    /// Blobs to send (id, size), in tree order.
+    new: Vec<(String, u64)>,
+    /// Bytes of new blobs before counting the leftovers' blobs as landed.
+    first_new: u64,
+    leftovers: Vec<Leftover>,
+    /// This clone's runs that are over (their markers).
+    dead: Vec<String>,
+}
+
 /// Pushes `commit` to the cache ref with a lease on `expected` (see
 /// `CacheGit::push_branch`), first in batches under the limit when the
 /// new blobs pass it, and removes temporary refs after. `progress` gets the
@@ -207,30 +231,20 @@ pub(crate) fn push(
     progress: &mut dyn FnMut(PushProgress),
 ) -> Result<Report> {
     let limit = limit(m)?;
-    let ns = namespace(m);
-    let markers = markers_dir(git, &m.name);
-    let mut have: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
-    let (own_run, own_pushed) = match &*run_state().lock().expect("run state") {
-        Some(r) => (Some(r.id.clone()), r.pushed.clone()),
-        None => (None, Vec::new()),
+    let t = Target {
+        git,
+        remote,
+        m,
+        ns: namespace(m),
+        markers: markers_dir(git, &m.name),
+        out,
     };
-    have.extend(own_pushed.iter().map(|(_, c)| c.clone()));
-    let mut new = new_blobs(git, commit, &have)?;
-    let first_new: u64 = new.iter().map(|b| b.1).sum();
-    let dead = dead_local_runs(&markers);
-    let mut leftovers = Vec::new();
-    if first_new > limit || !dead.is_empty() {
-        leftovers = list_leftovers(git, remote, &ns, own_run.as_deref(), &dead, out)?;
-        if !leftovers.is_empty() {
-            have.extend(leftovers.iter().map(|l| l.oid.clone()));
-            new = new_blobs(git, commit, &have)?;
-        }
-    }
-    let new_bytes: u64 = new.iter().map(|b| b.1).sum();
+    let survey = t.survey(commit, expected, limit)?;
+    let new_bytes: u64 = survey.new.iter().map(|b| b.1).sum();
     let mut report = Report {
         limit_bytes: limit,
-        new_bytes: first_new,
-        reused_bytes: first_new - new_bytes,
+        new_bytes: survey.first_new,
+        reused_bytes: survey.first_new - new_bytes,
         ..Report::default()
     };
     if report.reused_bytes > 0 {
@@ -240,62 +254,130 @@ pub(crate) fn push(
         ));
     }
     let mut sent = 0u64;
-    if new_bytes > limit {
-        start_run(&markers)?;
-        let batches = plan_batches(&new, limit);
-        report.batches = batches.len();
+    let pushed = (|| {
+        if new_bytes > limit {
+            report.batches = t.send_batches(&survey.new, limit, &mut sent, progress)?;
+        }
+        t.push_root(commit, expected, &survey.leftovers, &mut |p| {
+            progress(shifted(p, sent, new_bytes - sent))
+        })
+    })();
+    if let Err(e) = pushed {
+        // A lost lease is retried at once (publish merges again), reusing them.
+        if !own_pushed().is_empty() && !git::is_stale_lease(&e) {
+            out.warn(format!(
+                "the temporary refs {}* stay on {remote}: the next publish reuses what they hold and removes them",
+                git::remote_ref(&t.ns)
+            ));
+        }
+        return Err(e);
+    }
+    report.temp_refs_removed = remove_temp_refs(&t, &survey.leftovers, &survey.dead);
+    Ok(report)
+}
+
+/// The temporary refs this process pushed (name, commit).
+fn own_pushed() -> Vec<(String, String)> {
+    run_state()
+        .lock()
+        .expect("run state")
+        .as_ref()
+        .map(|r| r.pushed.clone())
+        .unwrap_or_default()
+}
+
+impl Target<'_> {
+    /// The blobs `commit` has and the remote lacks: not reachable from the
+    /// cache ref's commit (`expected`) nor from this run's temporary refs
+    /// (a lease retry), nor, when leftovers are looked for, from theirs.
+    fn survey(&self, commit: &str, expected: Option<&str>, limit: u64) -> Result<Survey> {
+        let own_run = run_state()
+            .lock()
+            .expect("run state")
+            .as_ref()
+            .map(|r| r.id.clone());
+        let mut have: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+        have.extend(own_pushed().into_iter().map(|(_, c)| c));
+        let mut new = new_blobs(self.git, commit, &have)?;
+        let first_new: u64 = new.iter().map(|b| b.1).sum();
+        let dead = dead_local_runs(&self.markers);
+        let mut leftovers = Vec::new();
+        if first_new > limit || !dead.is_empty() {
+            leftovers = list_leftovers(self, own_run.as_deref(), &dead)?;
+            if !leftovers.is_empty() {
+                have.extend(leftovers.iter().map(|l| l.oid.clone()));
+                new = new_blobs(self.git, commit, &have)?;
+            }
+        }
+        Ok(Survey {
+            new,
+            first_new,
+            leftovers,
+            dead,
+        })
+    }
+
+    /// Pushes `new` in batches under `limit`, each to a temporary ref of
+    /// this run; `sent` counts the bytes as they land. The number of batches.
+    fn send_batches(
+        &self,
+        new: &[(String, u64)],
+        limit: u64,
+        sent: &mut u64,
+        progress: &mut dyn FnMut(PushProgress),
+    ) -> Result<usize> {
+        start_run(&self.markers)?;
+        let batches = plan_batches(new, limit);
         let run = run_state()
             .lock()
             .expect("run state")
             .as_ref()
             .map(|r| r.id.clone());
         let run = run.expect("a started run");
-        out.say(format!(
-            "pushing {} of new blobs in {} batches under the push limit of {} ([publish] push_limit), through temporary refs {ns}{run}/*",
-            human_bytes(new_bytes),
+        // After a lost lease, this run's earlier refs keep their numbers.
+        let first = own_pushed().len();
+        self.out.say(format!(
+            "pushing {} of new blobs in {} batches under the push limit of {} ([publish] push_limit, {VAR}), through temporary refs {}{run}/*",
+            human_bytes(new.iter().map(|b| b.1).sum()),
             batches.len(),
-            human_bytes(limit)
+            human_bytes(limit),
+            git::remote_ref(&self.ns),
         ));
         for (i, batch) in batches.iter().enumerate() {
             let bytes: u64 = batch.iter().map(|b| b.1).sum();
-            push_batch(
-                git,
-                remote,
-                m,
-                &ns,
-                &run,
-                i,
-                batches.len(),
-                batch,
-                &mut |p| progress(shifted(p, sent, bytes)),
-            )?;
-            sent += bytes;
+            let base = *sent;
+            let what = format!("batch {} of {}", i + 1, batches.len());
+            push_batch(self, &run, first + i + 1, &what, batch, &mut |p| {
+                progress(shifted(p, base, bytes))
+            })?;
+            *sent += bytes;
             crate::unpack::kill_point("publish:batch-pushed");
         }
+        Ok(batches.len())
     }
-    // The commits of the temporary refs, for the root push to leave
-    // their blobs out (see `CacheGit::set_shallow`).
-    let mut temps: Vec<String> = leftovers.iter().map(|l| l.oid.clone()).collect();
-    if let Some(r) = run_state().lock().expect("run state").as_ref() {
-        temps.extend(r.pushed.iter().map(|(_, c)| c.clone()));
-    }
-    git.set_shallow(&temps, true)?;
-    let root = git.push_branch(remote, &m.branch, commit, expected, &mut |p| {
-        progress(shifted(p, sent, new_bytes - sent))
-    });
-    if let Err(e) = git.set_shallow(&temps, false) {
-        out.warn(format!("{e:#} (harmless: those commits have no parent)"));
-    }
-    if let Err(e) = root {
-        if report.batches > 0 {
-            out.warn(format!(
-                "the temporary refs {ns}* stay on {remote}: the next publish reuses what they hold and removes them"
-            ));
+
+    /// The root commit's push, with the temporary refs' commits marked
+    /// shallow meanwhile so that git leaves their blobs out (see
+    /// `CacheGit::set_shallow`).
+    fn push_root(
+        &self,
+        commit: &str,
+        expected: Option<&str>,
+        leftovers: &[Leftover],
+        progress: &mut dyn FnMut(PushProgress),
+    ) -> Result<()> {
+        let mut temps: Vec<String> = leftovers.iter().map(|l| l.oid.clone()).collect();
+        temps.extend(own_pushed().into_iter().map(|(_, c)| c));
+        self.git.set_shallow(&temps, true)?;
+        let root = self
+            .git
+            .push_branch(self.remote, &self.m.branch, commit, expected, progress);
+        if let Err(e) = self.git.set_shallow(&temps, false) {
+            self.out
+                .warn(format!("{e:#} (harmless: those commits have no parent)"));
         }
-        return Err(e);
+        root
     }
-    report.temp_refs_removed = remove_temp_refs(git, remote, &markers, &leftovers, &dead, out);
-    Ok(report)
 }
 
 /// A batch push's progress as progress of all pushes: `base` bytes were
@@ -328,17 +410,13 @@ pub(crate) fn plan_batches(blobs: &[(String, u64)], limit: u64) -> Vec<Vec<(Stri
     batches
 }
 
-/// Pushes batch `i` of `n` as a parentless commit of its blobs to a new
-/// temporary ref, and records it in this run.
-#[allow(clippy::too_many_arguments)]
+/// Pushes one batch (`what`: `batch 2 of 5`) as a parentless commit of
+/// its blobs to this run's temporary ref number `n`, and records it.
 fn push_batch(
-    git: &CacheGit,
-    remote: &Remote,
-    m: &CacheManifest,
-    ns: &str,
+    t: &Target,
     run: &str,
-    i: usize,
     n: usize,
+    what: &str,
     batch: &[(String, u64)],
     progress: &mut dyn FnMut(PushProgress),
 ) -> Result<()> {
@@ -352,25 +430,25 @@ fn push_batch(
             name: oid.clone(),
         })
         .collect();
-    let what = format!("batch {} of {n}", i + 1);
-    let tree = git
+    let tree = t
+        .git
         .mktree(&entries)
         .with_context(|| format!("writing the tree of push {what}"))?;
-    let message = format!(
-        "{MESSAGE} {} of {n} for cache {} (run {run})",
-        i + 1,
-        m.name
-    );
-    let commit = git.commit_tree(&tree, &message)?;
-    let name = format!("{ns}{run}/{:03}", i + 1);
-    match git.push_branch(remote, &name, &commit, None, progress) {
+    // `what` is `batch 2 of 5`: the message starts with `MESSAGE`.
+    let message = format!("warmstart push {what} for cache {} (run {run})", t.m.name);
+    let commit = t.git.commit_tree(&tree, &message)?;
+    let name = format!("{}{run}/{n:03}", t.ns);
+    match t.git.push_branch(t.remote, &name, &commit, None, progress) {
         Ok(()) => {}
         // A fresh name that exists already: not the cache ref's lease, so
         // not the publish's retry either.
         Err(e) if git::is_stale_lease(&e) => {
             return Err(fail(
                 Code::Busy,
-                format!("{remote} already has the temporary ref {name}: publish again"),
+                format!(
+                    "{} already has the temporary ref {name}: publish again",
+                    t.remote
+                ),
             ));
         }
         Err(e) => return Err(e.context(format!("pushing {what} to {name}"))),
@@ -426,15 +504,9 @@ fn new_blobs(git: &CacheGit, tip: &str, have: &[String]) -> Result<Vec<(String, 
 /// Lists this cache's temporary refs on the remote (not this run's), makes
 /// sure their commits are here (a fetch without blobs when not), and keeps
 /// the ones that are ours; each marked for removal when its run is over.
-fn list_leftovers(
-    git: &CacheGit,
-    remote: &Remote,
-    ns: &str,
-    own_run: Option<&str>,
-    dead: &[String],
-    out: &Reporter,
-) -> Result<Vec<Leftover>> {
-    let full = git::remote_ref(ns);
+fn list_leftovers(t: &Target, own_run: Option<&str>, dead: &[String]) -> Result<Vec<Leftover>> {
+    let (git, remote, out) = (t.git, t.remote, t.out);
+    let full = git::remote_ref(&t.ns);
     let mut cmd = git.git();
     git.belts(&mut cmd, &remote.url);
     cmd.args(["ls-remote", "--"])
@@ -522,14 +594,8 @@ fn is_our_commit(git: &CacheGit, oid: &str) -> bool {
 /// Deletes this run's temporary refs and the leftovers whose run is over
 /// (one push, each with a lease on the value seen), then their markers.
 /// A failure only warns: the publish landed, and the next one retries.
-fn remove_temp_refs(
-    git: &CacheGit,
-    remote: &Remote,
-    markers: &Path,
-    leftovers: &[Leftover],
-    dead: &[String],
-    out: &Reporter,
-) -> usize {
+fn remove_temp_refs(t: &Target, leftovers: &[Leftover], dead: &[String]) -> usize {
+    let (git, remote, out, markers) = (t.git, t.remote, t.out, &t.markers);
     let mut state = run_state().lock().expect("run state");
     let mut refs: Vec<(String, String)> = leftovers
         .iter()
