@@ -329,3 +329,40 @@ fn cache_push_leftovers_of_another_clone_are_reused_and_removed_only_when_a_day_
     fx.xtask(&["cache", "restore", "art"]).ok();
     assert_same_tree(&fx.src, &fx.target);
 }
+
+/// A host whose rules refuse the temporary refs: exit 8, one line with the
+/// setting to change, and the cache ref untouched.
+#[test]
+fn cache_push_a_host_that_refuses_temporary_refs_gets_the_fix() {
+    for (on_ref, want) in [
+        (
+            true,
+            "set cache.branch (e.g. \"art-cache\") instead of cache.ref",
+        ),
+        (false, "exempt warmstart-tmp/** from the rule"),
+    ] {
+        let fx = fixture();
+        if on_ref {
+            let manifest = fx.work.join("cache-manifests/art.toml");
+            let mut text = std::fs::read_to_string(&manifest).unwrap();
+            text.push_str("\n[cache]\nref = \"refs/warmstart/cache/art\"\n");
+            std::fs::write(&manifest, text).unwrap();
+            fx.env.git("work", ["commit", "-qam", "cache.ref"]);
+        }
+        let hook = fx.env.join("origin.git/hooks/pre-receive");
+        std::fs::write(
+            &hook,
+            "#!/bin/sh\nwhile read old new ref; do\n  case \"$ref\" in\n    refs/warmstart/tmp/*|refs/heads/warmstart-tmp/*) echo \"refusing $ref\" >&2; exit 1;;\n  esac\ndone\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+        fx.set_remote("../origin.git");
+        let r = publish(&fx, &[]).expect_code(8);
+        let err = r.stderr();
+        assert!(err.contains(want), "{}", show(&r.out));
+        assert_eq!(err.trim().lines().count(), 1, "{}", show(&r.out));
+        let refs = fx.env.git("origin.git", ["for-each-ref"]);
+        assert_eq!(refs, "", "{refs}");
+    }
+}

@@ -1168,8 +1168,18 @@ pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
     if !refused {
         return None;
     }
-    // The cache's likely name, for a copyable suggestion.
-    let last = dst.rsplit('/').next().unwrap_or(dst);
+    // A publish's temporary refs (`cache::push`) name their cache.
+    if let Some(rest) = dst.strip_prefix("refs/heads/warmstart-tmp/") {
+        let name = rest.split('/').next().unwrap_or(rest);
+        return Some(format!(
+            "the host refuses the branches under warmstart-tmp/ where a publish over the push limit puts its batches: exempt warmstart-tmp/** from the rule, or raise [publish] push_limit in cache {name}'s manifest if the host takes bigger pushes"
+        ));
+    }
+    let last = match dst.strip_prefix("refs/warmstart/tmp/") {
+        Some(rest) => rest.split('/').next().unwrap_or(rest),
+        // The cache's likely name, for a copyable suggestion.
+        None => dst.rsplit('/').next().unwrap_or(dst),
+    };
     Some(if dst.starts_with("refs/heads/") {
         let name = last.strip_suffix("-cache").unwrap_or(last);
         format!(
@@ -2277,6 +2287,22 @@ mod tests {
             None
         );
         assert!(refusal_hint("refs/warmstart/cache/x", other).is_some());
+        // A batch's temporary ref names its cache, not its batch number.
+        let h = refusal_hint("refs/warmstart/tmp/rust/1764590000-0a1b2c3d/001", hook).unwrap();
+        assert!(h.contains("cache.branch (e.g. \"rust-cache\")"), "{h}");
+        let h = refusal_hint(
+            "refs/heads/warmstart-tmp/rust/1764590000-0a1b2c3d/001",
+            hook,
+        )
+        .unwrap();
+        assert!(
+            h.contains("exempt warmstart-tmp/**") && h.contains("cache rust's"),
+            "{h}"
+        );
+        assert_eq!(
+            refusal_hint("refs/heads/warmstart-tmp/rust/1/001", other),
+            None
+        );
     }
 
     #[test]
