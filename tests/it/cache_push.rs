@@ -366,3 +366,115 @@ fn cache_push_a_host_that_refuses_temporary_refs_gets_the_fix() {
         assert_eq!(refs, "", "{refs}");
     }
 }
+
+/// A push that fails between batches (here the host refuses the second
+/// batch once): exit 8, a warning that the temporary refs stay, and the
+/// next publish reuses the first batch and removes it.
+#[test]
+fn cache_push_a_failure_between_batches_is_finished_by_the_next_publish() {
+    let fx = fixture();
+    let count = fx.env.join("pushes");
+    let hook = fx.env.join("origin.git/hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\necho x >> {count}\nif [ \"$(wc -l < {count})\" -eq 2 ]; then echo 'refusing once' >&2; exit 1; fi\n",
+            count = count.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fx.set_remote("../origin.git");
+    let r = publish(&fx, &[]).expect_code(8);
+    assert!(
+        r.stderr().contains("pushing batch 2 of ")
+            && r.stderr().contains("stay on")
+            && r.stderr()
+                .contains("the next publish reuses what they hold and removes them"),
+        "{}",
+        show(&r.out)
+    );
+    let left = temp_refs(&fx);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].ends_with("/001"), "{left:?}");
+    let j = json_of(&publish(&fx, &[]).ok());
+    let p = push_of(&j);
+    assert!(p["reused_bytes"].as_u64().unwrap() >= 256 << 10, "{j}");
+    assert_eq!(
+        p["temp_refs_removed"].as_u64(),
+        Some(p["batches"].as_u64().unwrap() + 1),
+        "{j}"
+    );
+    assert_eq!(temp_refs(&fx), Vec::<String>::new());
+    fx.forget();
+    fx.xtask(&["cache", "restore", "art"]).ok();
+    assert_same_tree(&fx.src, &fx.target);
+}
+
+/// Three caches on one branch, published at once from one clone (one
+/// cache.git), each over the limit: every publish lands (lost leases are
+/// retried on this run's temporary refs, never pushed again under the same
+/// name), the other runs' live refs are left alone, and none remains.
+#[test]
+fn cache_push_concurrent_batched_publishes_to_one_branch_all_land() {
+    let env = crate::util::TestEnv::new();
+    env.bare_remote("origin.git");
+    let work = env.work_repo("work");
+    let daemon = GitDaemon::start(env.path());
+    env.git(
+        "work",
+        ["remote", "add", "origin", &daemon.url("origin.git")],
+    );
+    std::fs::create_dir_all(work.join("cache-manifests")).unwrap();
+    for i in 0..3 {
+        let src = env.join(format!("src{i}"));
+        std::fs::create_dir_all(&src).unwrap();
+        write_pseudo_random(&src.join("noise.bin"), 1_500_000, 40 + i);
+        std::fs::write(
+            work.join(format!("cache-manifests/c{i}.toml")),
+            format!(
+                "[cache]\nbranch = \"shared-cache\"\n\n[[key]]\nname = \"v\"\nliteral = \"k\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 262144\n\n[restore]\npath = \"restored-{i}\"\n",
+                src.display()
+            ),
+        )
+        .unwrap();
+    }
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            let mut cmd = env.xtask_in("work");
+            cmd.args(["cache", "publish", &format!("c{i}"), "--json"])
+                .env("WARMSTART_PUSH_LIMIT", LIMIT.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    for c in children {
+        let r = Run {
+            out: c.wait_with_output().unwrap(),
+        };
+        let j = json_of(&r.ok());
+        assert!(push_of(&j)["batches"].as_u64().unwrap() >= 2, "{j}");
+    }
+    let refs = env.git(
+        "origin.git",
+        ["for-each-ref", "--format=%(refname)", "refs/heads/"],
+    );
+    assert_eq!(refs.trim(), "refs/heads/shared-cache", "{refs}");
+    let text = env.git("origin.git", ["show", "shared-cache:warmstart.json"]);
+    for i in 0..3 {
+        assert!(text.contains(&format!("\"c{i}-k\"")), "{text}");
+    }
+    env.git("origin.git", ["fsck", "--full", "--no-progress"]);
+    for i in 0..3 {
+        run(env
+            .xtask_in("work")
+            .args(["cache", "restore", &format!("c{i}")]))
+        .ok();
+        crate::util::tree::assert_same_tree(
+            &env.join(format!("src{i}")),
+            &work.join(format!("restored-{i}")),
+        );
+    }
+}

@@ -59,10 +59,12 @@ const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 pub struct Report {
     /// The per-push limit in force.
     pub limit_bytes: u64,
-    /// Bytes of blobs the remote did not have before this publish.
+    /// Bytes of blobs the remote did not have before this publish (the
+    /// ones its batches sent in earlier attempts included).
     pub new_bytes: u64,
-    /// Pushes of blobs through temporary refs before the root commit's
-    /// (0: everything went in the root commit's one push).
+    /// Pushes of blobs through temporary refs before the root commit's,
+    /// over all attempts of the publish (a lost lease is retried on them);
+    /// 0: everything went in the root commit's one push.
     pub batches: usize,
     /// Bytes an interrupted earlier publish had already landed on
     /// temporary refs, not sent again.
@@ -105,6 +107,8 @@ struct Run {
     id: String,
     marker: Option<(PathBuf, File)>,
     pushed: Vec<(String, String)>,
+    /// Bytes of blobs in `pushed`.
+    bytes: u64,
 }
 
 fn run_state() -> &'static Mutex<Option<Run>> {
@@ -180,6 +184,7 @@ fn start_run(dir: &Path) -> Result<()> {
         id,
         marker: Some((path, file)),
         pushed: Vec::new(),
+        bytes: 0,
     });
     Ok(())
 }
@@ -239,11 +244,17 @@ pub(crate) fn push(
         markers: markers_dir(git, &m.name),
         out,
     };
+    // A retry after a lost lease: what this run's batches already sent.
+    let earlier = run_state()
+        .lock()
+        .expect("run state")
+        .as_ref()
+        .map_or(0, |r| r.bytes);
     let survey = t.survey(commit, expected, limit)?;
     let new_bytes: u64 = survey.new.iter().map(|b| b.1).sum();
     let mut report = Report {
         limit_bytes: limit,
-        new_bytes: survey.first_new,
+        new_bytes: survey.first_new + earlier,
         reused_bytes: survey.first_new - new_bytes,
         ..Report::default()
     };
@@ -256,7 +267,7 @@ pub(crate) fn push(
     let mut sent = 0u64;
     let pushed = (|| {
         if new_bytes > limit {
-            report.batches = t.send_batches(&survey.new, limit, &mut sent, progress)?;
+            t.send_batches(&survey.new, limit, &mut sent, progress)?;
         }
         t.push_root(commit, expected, &survey.leftovers, &mut |p| {
             progress(shifted(p, sent, new_bytes - sent))
@@ -272,6 +283,8 @@ pub(crate) fn push(
         }
         return Err(e);
     }
+    // Over every attempt of this publish (lease retries included).
+    report.batches = own_pushed().len();
     report.temp_refs_removed = remove_temp_refs(&t, &survey.leftovers, &survey.dead);
     Ok(report)
 }
@@ -318,14 +331,14 @@ impl Target<'_> {
     }
 
     /// Pushes `new` in batches under `limit`, each to a temporary ref of
-    /// this run; `sent` counts the bytes as they land. The number of batches.
+    /// this run; `sent` counts the bytes as they land.
     fn send_batches(
         &self,
         new: &[(String, u64)],
         limit: u64,
         sent: &mut u64,
         progress: &mut dyn FnMut(PushProgress),
-    ) -> Result<usize> {
+    ) -> Result<()> {
         start_run(&self.markers)?;
         let batches = plan_batches(new, limit);
         let run = run_state()
@@ -353,7 +366,7 @@ impl Target<'_> {
             *sent += bytes;
             crate::unpack::kill_point("publish:batch-pushed");
         }
-        Ok(batches.len())
+        Ok(())
     }
 
     /// The root commit's push, with the temporary refs' commits marked
@@ -455,6 +468,7 @@ fn push_batch(
     }
     if let Some(r) = run_state().lock().expect("run state").as_mut() {
         r.pushed.push((name, commit));
+        r.bytes += batch.iter().map(|b| b.1).sum::<u64>();
     }
     Ok(())
 }
