@@ -2447,6 +2447,37 @@ mod tests {
         assert_eq!(ssh_of(&git, "ssh://git@127.0.0.1/x.git").0, None);
     }
 
+    /// The shallow file gains and loses exactly the commits named, keeps
+    /// the others (a branch fetch's), and goes when it would be empty; a
+    /// `shallow.lock` another git holds is busy (exit 3), not overwritten.
+    #[test]
+    fn shallow_marks_come_and_go_without_touching_the_others() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sh = Shell::new().unwrap();
+        let root = tmp.path().join("work");
+        cmd!(sh, "git init -q {root}").run().unwrap();
+        let git = CacheGit::open(&sh, &Repo::discover(&root).unwrap()).unwrap();
+        let shallow = git.dir.join("shallow");
+        let (a, b, c) = ("a".repeat(40), "b".repeat(40), "c".repeat(40));
+        git.set_shallow(std::slice::from_ref(&a), true).unwrap();
+        git.set_shallow(&[b.clone(), c.clone(), a.clone()], true)
+            .unwrap();
+        let text = std::fs::read_to_string(&shallow).unwrap();
+        assert_eq!(text, format!("{a}\n{b}\n{c}\n"));
+        git.set_shallow(&[b.clone(), c.clone()], false).unwrap();
+        assert_eq!(std::fs::read_to_string(&shallow).unwrap(), format!("{a}\n"));
+        std::fs::write(git.dir.join("shallow.lock"), "").unwrap();
+        let err = git.set_shallow(std::slice::from_ref(&b), true).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Busy, "{err:#}");
+        assert_eq!(std::fs::read_to_string(&shallow).unwrap(), format!("{a}\n"));
+        std::fs::remove_file(git.dir.join("shallow.lock")).unwrap();
+        git.set_shallow(std::slice::from_ref(&a), false).unwrap();
+        assert!(!shallow.exists());
+        // Nothing to change: no file appears.
+        git.set_shallow(&[], true).unwrap();
+        assert!(!shallow.exists());
+    }
+
     #[test]
     fn unknown_remote_names_are_config_errors() {
         let tmp = tempfile::tempdir().unwrap();

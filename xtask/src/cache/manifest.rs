@@ -898,6 +898,20 @@ mod tests {
     }
 
     #[test]
+    fn push_limit_is_a_size() {
+        let base = "[pack]\nroot = \"out\"\n[restore]\npath = \"dest\"\n[publish]\n";
+        let m = parse_str(Path::new("/r"), base).unwrap();
+        assert_eq!(m.push_limit, None);
+        let m = parse_str(Path::new("/r"), &format!("{base}push_limit = \"1.5GiB\"\n")).unwrap();
+        assert_eq!(m.push_limit, Some(3 << 29));
+        for bad in ["\"1.5GB\"", "-1", "\"lots\"", "1.5"] {
+            let err =
+                parse_str(Path::new("/r"), &format!("{base}push_limit = {bad}\n")).unwrap_err();
+            assert!(format!("{err:#}").contains("push_limit"), "{bad}: {err:#}");
+        }
+    }
+
+    #[test]
     fn lease_deadline_is_a_positive_duration() {
         let base = "[pack]\nroot = \"out\"\n[restore]\npath = \"dest\"\n[publish]\n";
         let m = parse_str(

@@ -539,29 +539,13 @@ fn list_leftovers(t: &Target, own_run: Option<&str>, dead: &[String]) -> Result<
         .as_secs();
     let mut found = Vec::new();
     for line in String::from_utf8_lossy(&ran.stdout).lines() {
-        let Some((oid, name)) = line.split_once('\t') else {
-            continue;
-        };
-        // ls-remote matches patterns from the end: only our namespace counts.
-        let Some(rest) = name.strip_prefix(&full) else {
-            continue;
-        };
-        let Some((run, _)) = parse_temp(rest) else {
-            out.warn(format!(
+        match classify(line, &full, own_run, dead, now) {
+            Some(Ok(l)) => found.push(l),
+            Some(Err(name)) => out.warn(format!(
                 "{name} on {remote} is not named like a warmstart temporary ref: left alone"
-            ));
-            continue;
-        };
-        if Some(run) == own_run {
-            continue;
+            )),
+            None => {}
         }
-        let old = run_started(run).is_some_and(|s| now.saturating_sub(s) > STALE_AFTER.as_secs());
-        found.push(Leftover {
-            name: name.to_string(),
-            oid: oid.to_string(),
-            run: run.to_string(),
-            remove: old || dead.iter().any(|d| d == run),
-        });
     }
     let missing: Vec<String> = found
         .iter()
@@ -584,6 +568,37 @@ fn list_leftovers(t: &Target, own_run: Option<&str>, dead: &[String]) -> Result<
             ours
         })
         .collect())
+}
+
+/// One line of `ls-remote` (`<oid>\t<ref>`) read as a leftover of this
+/// cache (`full`: its namespace as a full ref): `None` for a ref outside
+/// the namespace or of this process's run, `Err(name)` for one inside
+/// whose name or id is not of our shape. `now`: unix seconds.
+fn classify(
+    line: &str,
+    full: &str,
+    own_run: Option<&str>,
+    dead: &[String],
+    now: u64,
+) -> Option<Result<Leftover, String>> {
+    let (oid, name) = line.split_once('\t')?;
+    // ls-remote matches patterns from the end: only our namespace counts.
+    let rest = name.strip_prefix(full)?;
+    let hex = (oid.len() == 40 || oid.len() == 64)
+        && oid.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let Some((run, _)) = parse_temp(rest).filter(|_| hex) else {
+        return Some(Err(name.to_string()));
+    };
+    if Some(run) == own_run {
+        return None;
+    }
+    let old = run_started(run).is_some_and(|s| now.saturating_sub(s) > STALE_AFTER.as_secs());
+    Some(Ok(Leftover {
+        name: name.to_string(),
+        oid: oid.to_string(),
+        run: run.to_string(),
+        remove: old || dead.iter().any(|d| d == run),
+    }))
 }
 
 /// A parentless commit whose message is a batch's.
@@ -735,5 +750,94 @@ mod tests {
         }
         let id = new_run_id();
         assert!(parse_temp(&format!("{id}/001")).is_some(), "{id}");
+    }
+
+    /// Never a leftover outside the namespace, of another shape, with an id
+    /// that is not one (it becomes an argument of git), of this run, or
+    /// removed while its run may live: whatever the server lists.
+    #[test]
+    fn leftovers_are_only_ours_whatever_the_server_lists() {
+        let full = "refs/heads/warmstart-tmp/art/";
+        let pieces = [
+            "refs/heads/warmstart-tmp/art/",
+            "refs/heads/warmstart-tmp/art2/",
+            "refs/heads/warmstart-tmp/",
+            "refs/warmstart/tmp/art/",
+            "x/refs/heads/warmstart-tmp/art/",
+            "1764590000-0a1b2c3d",
+            "1700000000-0badc0de",
+            "1764590000-0A1B2C3D",
+            "17-0a1b2c3d",
+            "/",
+            "001",
+            "01",
+            "..",
+            "-",
+            "\t",
+            " ",
+            "a",
+        ];
+        let oids = [
+            "0123456789abcdef0123456789abcdef01234567",
+            "--output=/tmp/x",
+            "0123456789ABCDEF0123456789ABCDEF01234567",
+            "",
+            "0123",
+        ];
+        let dead = vec!["1764590000-0a1b2c3d".to_string()];
+        let now = 1_764_600_000;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let mut accepted = 0;
+        for case in 0..20_000 {
+            // Half shaped like ours, with any piece swapped for another.
+            let name: String = if next(2) == 0 {
+                (0..1 + next(6))
+                    .map(|_| pieces[next(pieces.len())])
+                    .collect()
+            } else {
+                let mut shape = [pieces[0], pieces[5 + next(4)], "/", pieces[10 + next(2)]];
+                if next(3) == 0 {
+                    shape[next(4)] = pieces[next(pieces.len())];
+                }
+                shape.concat()
+            };
+            let oid = oids[next(oids.len())];
+            let own = ["1764590001-00000000", "1700000000-0badc0de"][next(2)];
+            let line = format!("{oid}\t{name}");
+            match classify(&line, full, Some(own), &dead, now) {
+                None => assert!(
+                    !name.starts_with(full) || name.contains(own),
+                    "case {case}: {line:?} skipped"
+                ),
+                Some(Err(n)) => assert!(n.starts_with(full), "case {case}: {line:?}"),
+                Some(Ok(l)) => {
+                    accepted += 1;
+                    let rest = l.name.strip_prefix(full).expect("in the namespace");
+                    let (run, batch) = rest.split_once('/').unwrap();
+                    assert_ne!(run, own, "case {case}");
+                    assert_eq!(format!("{full}{run}/{batch}"), name, "case {case}");
+                    assert!(batch.len() >= 3 && batch.bytes().all(|b| b.is_ascii_digit()));
+                    assert_eq!(l.oid.len(), 40, "case {case}: {line:?}");
+                    assert!(!l.oid.starts_with('-'), "case {case}");
+                    // Removed only when dead here, or a day old.
+                    let old = run.starts_with("1700000000-");
+                    assert_eq!(
+                        l.remove,
+                        old || dead.contains(&l.run),
+                        "case {case}: {line:?}"
+                    );
+                }
+            }
+        }
+        assert!(
+            accepted > 50,
+            "the generator found too few names of our shape: {accepted}"
+        );
     }
 }
