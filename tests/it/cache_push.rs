@@ -260,7 +260,7 @@ fn cache_push_after_an_interrupted_batched_publish_reuses_and_removes_leftovers_
 }
 
 #[test]
-fn cache_push_limits_that_are_not_sizes_are_refused() {
+fn cache_push_limits_that_are_not_sizes_are_refused_and_the_variable_wins() {
     let fx = fixture();
     fx.set_remote("../origin.git");
     for bad in ["0", "1.5GB", "lots"] {
@@ -281,6 +281,23 @@ fn cache_push_limits_that_are_not_sizes_are_refused() {
         assert!(r.stderr().contains("push_limit"), "{}", show(&r.out));
         assert_eq!(temp_refs(&fx), Vec::<String>::new());
     }
+    assert_eq!(fx.env.git("origin.git", ["for-each-ref"]), "");
+    // The variable wins over the manifest, which wins over the default.
+    let edited = text.replace("[publish]\n", "[publish]\npush_limit = \"600k\"\n");
+    std::fs::write(&manifest, edited).unwrap();
+    let j = json_of(&publish(&fx, &[("WARMSTART_PUSH_LIMIT", "1G")]).ok());
+    assert_eq!(push_of(&j)["batches"], 0, "{j}");
+    assert_eq!(push_of(&j)["limit_bytes"], 1u64 << 30, "{j}");
+    write_pseudo_random(&fx.src.join("more.bin"), 3 * LIMIT, 5);
+    let mut cmd = fx.command("work", &["cache", "publish", "art", "--json"]);
+    let j = json_of(&run(&mut cmd).ok());
+    assert_eq!(push_of(&j)["limit_bytes"], LIMIT, "{j}");
+    assert!(push_of(&j)["batches"].as_u64().unwrap() >= 3, "{j}");
+    std::fs::write(&manifest, &text).unwrap();
+    std::fs::write(fx.src.join("small.txt"), "x\n").unwrap();
+    let mut cmd = fx.command("work", &["cache", "publish", "art", "--json"]);
+    let j = json_of(&run(&mut cmd).ok());
+    assert_eq!(push_of(&j)["limit_bytes"], 1536u64 << 20, "{j}");
 }
 
 /// Leftovers this clone has no marker for (another clone's, as far as it
