@@ -17,6 +17,7 @@ mod cache_nofilter;
 mod cache_overlay;
 mod cache_prune;
 mod cache_publish;
+mod cache_push;
 mod cache_refs;
 mod cache_restore;
 mod cli_contract;

@@ -55,6 +55,11 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "how long `cache publish` keeps retrying a push whose lease went stale",
     ),
     (
+        "WARMSTART_PUSH_LIMIT",
+        Kind::Size,
+        "the most bytes of new blobs one push of `cache publish` sends; more go in batches through temporary refs (default 1.5GiB)",
+    ),
+    (
         "WARMSTART_SIGNING_KEY",
         Kind::Text,
         "the ssh private key `cache publish`, `cache resign` and `gates run --sign` sign with (`--signing-key` wins)",

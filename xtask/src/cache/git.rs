@@ -42,10 +42,15 @@ use crate::repo::Repo;
 ///   window over 99 MiB random blobs costs a GiB of memory for nothing).
 /// - No automatic gc: a repack of a multi-GB cache in the middle of a restore
 ///   is a surprise nobody wants.
+/// - No delta search (`pack.window=0`): chunks are zstd and never delta.
+///   It also keeps a push from looking up the blobs of the remote's trees
+///   as delta bases of a thin pack: a restore that read its chunks straight
+///   from the server (`cache::direct`) left them out of cache.git, and
+///   such a lookup fails (`GIT_NO_LAZY_FETCH`).
 /// - Small pack windows: git maps packs in windows of 1 GiB by default, so a
 ///   push of a 250 MB artifact showed 250 MB of resident memory (measured);
 ///   16 MiB windows within 64 MiB keep it bounded whatever the size.
-const CONFIG: [(&str, &str); 8] = [
+const CONFIG: [(&str, &str); 9] = [
     ("core.compression", "0"),
     ("pack.compression", "0"),
     ("core.bigFileThreshold", "1m"),
@@ -54,6 +59,7 @@ const CONFIG: [(&str, &str); 8] = [
     ("gc.auto", "0"),
     ("maintenance.auto", "false"),
     ("receive.autogc", "false"),
+    ("pack.window", "0"),
 ];
 
 /// The name cache.git knows every remote by, for one command at a time
@@ -554,6 +560,93 @@ impl CacheGit {
                 BlobFetchError::Failed(last_lines(&stderr))
             },
         )
+    }
+
+    /// Fetches the commits and trees of `refs` (full names or branch
+    /// names) without any blob and without writing a ref: enough to know
+    /// which blobs they hold, and for a push to leave those out (a
+    /// publish's leftover temporary refs, see `cache::push`).
+    pub(crate) fn fetch_trees(&self, remote: &Remote, refs: &[String]) -> Result<()> {
+        let _lock = self.lock()?;
+        let mut cmd = self.fetch_from(remote, false);
+        cmd.args(["--filter=blob:none", "--", PROMISOR])
+            .args(refs.iter().map(|r| remote_ref(r)));
+        let out = self.run_network(&mut cmd, "fetch of temporary refs", remote, &mut |_| {})?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(damaged_or(
+            &self.dir,
+            &stderr,
+            net::remote_failure(
+                &format!("cannot fetch {} temporary ref(s) from {remote}", refs.len()),
+                &stderr,
+            ),
+        ))
+    }
+
+    /// Adds (`add`) or removes parentless `commits` to or from the store's
+    /// `shallow` file, under the store's lock and git's own `shallow.lock`.
+    /// Why: `git push` leaves out the objects of the remote's refs by a
+    /// walk that reaches the trees of unrelated root commits (every cache
+    /// commit is one) only when the store is shallow (pack-objects'
+    /// aggressive edges); a branch fetch makes its commit shallow that way,
+    /// and a publish's temporary refs need the same to be left out of the
+    /// root push. A parentless commit means the same shallow or not.
+    pub(crate) fn set_shallow(&self, commits: &[String], add: bool) -> Result<()> {
+        let _lock = self.lock()?;
+        let path = self.dir.join("shallow");
+        let old = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(anyhow!(e).context(format!("reading {}", path.display()))),
+        };
+        let mut lines: Vec<String> = old.lines().map(str::to_string).collect();
+        let before = lines.clone();
+        if add {
+            for c in commits {
+                if !lines.contains(c) {
+                    lines.push(c.clone());
+                }
+            }
+        } else {
+            lines.retain(|l| !commits.contains(l));
+        }
+        if lines == before {
+            return Ok(());
+        }
+        let lock = self.dir.join("shallow.lock");
+        let mut f = File::options()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .map_err(|e| {
+                fail(
+                    Code::Busy,
+                    format!(
+                        "cannot take {} ({e}): another git is updating it; try again",
+                        lock.display()
+                    ),
+                )
+            })?;
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let written = f
+            .write_all(text.as_bytes())
+            .and_then(|()| f.sync_all())
+            .and_then(|()| {
+                if lines.is_empty() {
+                    std::fs::remove_file(&lock)
+                        .and_then(|()| std::fs::remove_file(&path).or(Ok(())))
+                } else {
+                    std::fs::rename(&lock, &path)
+                }
+            });
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&lock);
+            return Err(anyhow!(e).context(format!("writing {}", path.display())));
+        }
+        Ok(())
     }
 
     /// Fetches `branch` again, whole and shallow, even objects already here
@@ -1075,8 +1168,18 @@ pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
     if !refused {
         return None;
     }
-    // The cache's likely name, for a copyable suggestion.
-    let last = dst.rsplit('/').next().unwrap_or(dst);
+    // A publish's temporary refs (`cache::push`) name their cache.
+    if let Some(rest) = dst.strip_prefix("refs/heads/warmstart-tmp/") {
+        let name = rest.split('/').next().unwrap_or(rest);
+        return Some(format!(
+            "the host refuses the branches under warmstart-tmp/ where a publish over the push limit puts its batches: exempt warmstart-tmp/** from the rule, or raise [publish] push_limit in cache {name}'s manifest if the host takes bigger pushes"
+        ));
+    }
+    let last = match dst.strip_prefix("refs/warmstart/tmp/") {
+        Some(rest) => rest.split('/').next().unwrap_or(rest),
+        // The cache's likely name, for a copyable suggestion.
+        None => dst.rsplit('/').next().unwrap_or(dst),
+    };
     Some(if dst.starts_with("refs/heads/") {
         let name = last.strip_suffix("-cache").unwrap_or(last);
         format!(
@@ -2184,6 +2287,22 @@ mod tests {
             None
         );
         assert!(refusal_hint("refs/warmstart/cache/x", other).is_some());
+        // A batch's temporary ref names its cache, not its batch number.
+        let h = refusal_hint("refs/warmstart/tmp/rust/1764590000-0a1b2c3d/001", hook).unwrap();
+        assert!(h.contains("cache.branch (e.g. \"rust-cache\")"), "{h}");
+        let h = refusal_hint(
+            "refs/heads/warmstart-tmp/rust/1764590000-0a1b2c3d/001",
+            hook,
+        )
+        .unwrap();
+        assert!(
+            h.contains("exempt warmstart-tmp/**") && h.contains("cache rust's"),
+            "{h}"
+        );
+        assert_eq!(
+            refusal_hint("refs/heads/warmstart-tmp/rust/1/001", other),
+            None
+        );
     }
 
     #[test]
@@ -2326,6 +2445,37 @@ mod tests {
         .unwrap();
         let git = CacheGit::open(&sh, &repo).unwrap();
         assert_eq!(ssh_of(&git, "ssh://git@127.0.0.1/x.git").0, None);
+    }
+
+    /// The shallow file gains and loses exactly the commits named, keeps
+    /// the others (a branch fetch's), and goes when it would be empty; a
+    /// `shallow.lock` another git holds is busy (exit 3), not overwritten.
+    #[test]
+    fn shallow_marks_come_and_go_without_touching_the_others() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sh = Shell::new().unwrap();
+        let root = tmp.path().join("work");
+        cmd!(sh, "git init -q {root}").run().unwrap();
+        let git = CacheGit::open(&sh, &Repo::discover(&root).unwrap()).unwrap();
+        let shallow = git.dir.join("shallow");
+        let (a, b, c) = ("a".repeat(40), "b".repeat(40), "c".repeat(40));
+        git.set_shallow(std::slice::from_ref(&a), true).unwrap();
+        git.set_shallow(&[b.clone(), c.clone(), a.clone()], true)
+            .unwrap();
+        let text = std::fs::read_to_string(&shallow).unwrap();
+        assert_eq!(text, format!("{a}\n{b}\n{c}\n"));
+        git.set_shallow(&[b.clone(), c.clone()], false).unwrap();
+        assert_eq!(std::fs::read_to_string(&shallow).unwrap(), format!("{a}\n"));
+        std::fs::write(git.dir.join("shallow.lock"), "").unwrap();
+        let err = git.set_shallow(std::slice::from_ref(&b), true).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Busy, "{err:#}");
+        assert_eq!(std::fs::read_to_string(&shallow).unwrap(), format!("{a}\n"));
+        std::fs::remove_file(git.dir.join("shallow.lock")).unwrap();
+        git.set_shallow(std::slice::from_ref(&a), false).unwrap();
+        assert!(!shallow.exists());
+        // Nothing to change: no file appears.
+        git.set_shallow(&[], true).unwrap();
+        assert!(!shallow.exists());
     }
 
     #[test]

@@ -149,6 +149,8 @@ struct RawPublish {
     /// Prune on every publish: per platform value, the newest N keys (plus
     /// the one today's pins give) stay.
     keep: Option<u32>,
+    /// The most bytes of new blobs one push sends (`cache::push`).
+    push_limit: Option<crate::size::SizeSpec>,
 }
 
 /// How a restore installs: replace a directory the cache owns, or merge
@@ -232,6 +234,9 @@ pub struct CacheManifest {
     /// `[publish] keep = N`: after each publish that pushes, keep per
     /// platform value the key today's pins give plus the N newest.
     pub keep: Option<usize>,
+    /// `[publish] push_limit`: new blobs over it are pushed in batches
+    /// (`None`: the default, see `cache::push::limit`).
+    pub push_limit: Option<u64>,
     /// `[[restore.fallback]]`, in order, and `restore.recheck` (set exactly
     /// when there are fallbacks).
     pub fallbacks: Vec<Fallback>,
@@ -409,6 +414,12 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         lease_deadline,
         network: raw.network.resolve()?,
         keep: raw.publish.keep.map(|n| n as usize),
+        push_limit: raw
+            .publish
+            .push_limit
+            .as_ref()
+            .map(|s| s.resolve("publish.push_limit"))
+            .transpose()?,
         fallbacks,
         recheck,
         trust: raw.trust,
@@ -884,6 +895,20 @@ mod tests {
         assert!(parse_str(Path::new("/r"), &typo).is_err());
         let big = format!("{base}[publish]\nchunk_bytes = 104857600\n");
         assert!(parse_str(Path::new("/r"), &big).is_err());
+    }
+
+    #[test]
+    fn push_limit_is_a_size() {
+        let base = "[pack]\nroot = \"out\"\n[restore]\npath = \"dest\"\n[publish]\n";
+        let m = parse_str(Path::new("/r"), base).unwrap();
+        assert_eq!(m.push_limit, None);
+        let m = parse_str(Path::new("/r"), &format!("{base}push_limit = \"1.5GiB\"\n")).unwrap();
+        assert_eq!(m.push_limit, Some(3 << 29));
+        for bad in ["\"1.5GB\"", "-1", "\"lots\"", "1.5"] {
+            let err =
+                parse_str(Path::new("/r"), &format!("{base}push_limit = {bad}\n")).unwrap_err();
+            assert!(format!("{err:#}").contains("push_limit"), "{bad}: {err:#}");
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod packed;
 pub mod prefetch;
 pub mod prune;
 pub mod publish;
+pub mod push;
 pub mod readme;
 pub mod restore;
 pub mod ssh;

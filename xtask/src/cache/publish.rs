@@ -31,6 +31,7 @@ use crate::cache::human_bytes;
 use crate::cache::manifest::{self, CacheManifest, Key};
 use crate::cache::pack::{self, ChunkFile, PackOptions, Plan};
 use crate::cache::packed;
+use crate::cache::push;
 use crate::cache::readme::{self, ReadmeContext};
 use crate::cli::cache::PublishArgs;
 use crate::clock;
@@ -124,6 +125,8 @@ pub struct Summary {
     /// The whole publish (`timings_ms` is its phases, without a total).
     pub duration_ms: Option<u64>,
     pub timings_ms: BTreeMap<&'static str, u64>,
+    /// How the push went (batches under the push limit); null without a push.
+    pub push: Option<push::Report>,
 }
 
 /// The contract's one remote shape, `{name, url}`.
@@ -182,6 +185,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         signed_by: None,
         duration_ms: None,
         timings_ms: BTreeMap::new(),
+        push: None,
     };
     if req.key_only {
         out.say(&key.value);
@@ -465,8 +469,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         // The bar's total is the new chunks' bytes: git sends those (its
         // pack adds a few headers and the small files).
         let bar = out.bar(new_bytes, "push");
-        let expected = state.as_ref().map(|s| s.commit.clone());
-        let pushed = git.push_branch(&remote, &m.branch, &commit, expected.as_deref(), &mut |p| {
+        let expected = state.as_ref().map(|s| s.commit.as_str());
+        let pushed = push::push(&git, &remote, &m, &commit, expected, &out, &mut |p| {
             let done = p.bytes_of(new_bytes);
             if done > bar.length().unwrap_or(0) {
                 bar.set_length(done);
@@ -475,7 +479,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         });
         bar.finish_and_clear();
         match pushed {
-            Ok(()) => {
+            Ok(report) => {
+                summary.push = Some(report);
                 timings.insert("push", ms(t.elapsed()));
                 git.set_local_branch(&m.branch, &commit)?;
                 summary.status = "published";
