@@ -19,6 +19,7 @@ mod cache_publish;
 mod cache_refs;
 mod cache_restore;
 mod cli_contract;
+mod compat18;
 mod conda;
 mod containment;
 mod containment_property;
