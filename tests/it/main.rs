@@ -48,5 +48,6 @@ mod transports_faults;
 mod trust;
 mod trust_bootstrap;
 mod trust_rollback;
+mod trust_v2;
 mod unpack;
 mod wheel;
