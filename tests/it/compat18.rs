@@ -657,3 +657,64 @@ fn a_format_this_binary_does_not_know_is_refused_in_one_line() {
         "upgrade to a warmstart that reads statement version 3",
     );
 }
+
+/// (b) A branch this binary publishes, signed: its statement is version 2
+/// when the entry has a new field, the coreutils path restores it (with
+/// the statement's own chunk lines checked, as README "Trust" shows), and
+/// what an older binary relies on holds.
+#[test]
+fn a_published_branch_restores_through_coreutils_and_keeps_what_old_binaries_rely_on() {
+    let cx = Cx::new();
+    cx.policy(Some("require"));
+    cx.publish(Some("ci")).ok();
+    let files = cx.branch();
+    assert_readable_by_old_binaries(&files, "art-1");
+    let m: Value = serde_json::from_slice(&files["warmstart.json"]).unwrap();
+    let e = &m["keys"]["art-1"];
+    let statement = String::from_utf8(files["art-1.statement"].clone()).unwrap();
+    let new_fields = e.get("frames").is_some() || e.get("index").is_some();
+    let magic = if new_fields {
+        "warmstart-statement 2\n"
+    } else {
+        "warmstart-statement 1\n"
+    };
+    assert!(statement.starts_with(magic), "{statement}\n{e}");
+    if let Some(index) = e.get("index") {
+        let name = index["file"].as_str().unwrap();
+        assert!(
+            files.contains_key(name),
+            "the index {name} is on the branch"
+        );
+        assert!(statement.contains(&format!(" {name}\n")), "{statement}");
+    }
+    let dest = cx.env.join("dest");
+    let out = coreutils_restore(&cx, "art-1", &dest);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_same_tree(&cx.src(), &dest);
+    // The statement's chunk lines, grepped as the README does, are exactly
+    // the chunks, and sha256sum -c accepts them.
+    let lines: Vec<&str> = statement
+        .lines()
+        .filter(|l| {
+            l.len() > 66
+                && l.as_bytes()[..64].iter().all(|b| b.is_ascii_hexdigit())
+                && &l[64..66] == "  "
+        })
+        .collect();
+    assert_eq!(
+        lines.len(),
+        e["chunks"].as_array().unwrap().len(),
+        "{statement}"
+    );
+    let tmp = cx.env.join("plain/tmp");
+    let out = Command::new("sh")
+        .current_dir(&tmp)
+        .arg("-c")
+        .arg("grep -E '^[0-9a-f]{64}  ' art-1.statement | sha256sum --quiet -c")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let r = json_of(&cx.restore(&[]).ok());
+    assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{r}");
+    assert_same_tree(&cx.src(), &cx.target);
+}

@@ -34,12 +34,12 @@ fn setup() -> (Cx, Value, Files) {
         chunks.values().all(|c| c.len() > LIMIT_BYTES),
         "chunks stay out of the branch fetch"
     );
-    let index = crate::compat18::pipe("zstd", &["-q", "-c"], b"warmstart-files 1\n");
-    entry["index"] = serde_json::json!({
-        "file": "art-2.files.zst",
-        "size": index.len(),
-        "sha256": crate::compat18::sha256_hex(&index),
-    });
+    // The published key's own per-file index: the crafted chunks hold the
+    // same tar.
+    let published = cx.branch();
+    entry["index"] = base["index"].clone();
+    let index = published["art-2.files.zst"].clone();
+    assert_eq!(entry["index"]["file"], "art-2.files.zst", "{base}");
     assert!(
         !entry["key_parts"].as_array().unwrap().is_empty(),
         "{entry}"
