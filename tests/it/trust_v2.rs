@@ -10,6 +10,7 @@ use crate::util::rng::Rng;
 use crate::util::{show, source_root};
 use serde_json::Value;
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 /// Chunks above this stay out of the branch fetch, so that a chunk in
 /// cache.git means a chunk was fetched.
@@ -318,4 +319,92 @@ fn the_bootstrap_reads_version_2_and_refuses_an_unknown_version() {
         "{}",
         show(&r.out)
     );
+}
+
+/// A chunk the machine already holds (in its chunk store, from the key it
+/// installed) is reused only after the new key's signature check passed:
+/// the stored copies are damaged on purpose, and a refused key that shares
+/// them leaves them exactly as they were (a read would have found the
+/// damage and replaced them); the honest key then restores.
+#[test]
+fn a_stored_chunk_is_not_read_for_a_key_that_is_refused() {
+    let cx = Cx::new();
+    let env = [("WARMSTART_FETCH_BLOB_LIMIT", BLOB_LIMIT)];
+    // A path remote: chunks are read straight from the server's pack into
+    // the chunk store.
+    let bare = cx.env.join("srv/origin.git");
+    cx.env.git(
+        "work",
+        ["remote", "set-url", "origin", bare.to_str().unwrap()],
+    );
+    cx.policy(Some("require"));
+    cx.publish(Some("ci")).ok();
+    let (tar, base) = tar_of(&cx.branch(), "art-1");
+    let signed = |key: &str, e: &Value, chunks: Files| {
+        let mut files = branch_of(vec![(key, e.clone(), chunks)]);
+        sign_into(&cx, &mut files, key, &statement_of("art", key, e), "ci");
+        files
+    };
+    let (e1, c1) = craft(&cx.env, "art-1", &tar, &base, Shape::Frames(5));
+    cx.push(&signed("art-1", &e1, c1));
+    cx.restore(&env).ok();
+    let before = cx.installed();
+    let stored: Vec<PathBuf> = store(&cx)
+        .iter()
+        .map(|s| cx.work.join(".git/warmstart/cache.git/chunks").join(s))
+        .collect();
+    assert_eq!(
+        stored.len(),
+        5,
+        "the installed key's chunks are in the store"
+    );
+    for p in &stored {
+        let mut bytes = std::fs::read(p).unwrap();
+        bytes.iter_mut().for_each(|b| *b ^= 0x5a);
+        std::fs::write(p, bytes).unwrap();
+    }
+    let damaged: Vec<(Vec<u8>, std::time::SystemTime)> = stored
+        .iter()
+        .map(|p| {
+            (
+                std::fs::read(p).unwrap(),
+                std::fs::metadata(p).unwrap().modified().unwrap(),
+            )
+        })
+        .collect();
+
+    // The same tar under key art-2: the same chunk bytes, so every chunk is
+    // one the machine holds.
+    cx.pin("2", "");
+    cx.commit("pin 2");
+    let mut base2 = base.clone();
+    base2["key_parts"][0]["value"] = "2".into();
+    let (e2, c2) = craft(&cx.env, "art-2", &tar, &base2, Shape::Frames(5));
+    let honest = signed("art-2", &e2, c2.clone());
+    let mut forged = e2.clone();
+    forged["frames"]["level"] = 19.into();
+    let mut branch = branch_of(vec![("art-2", forged, c2)]);
+    for s in ["art-2.statement", "art-2.statement.sig"] {
+        branch.insert(s.into(), honest[s].clone());
+    }
+    cx.push(&branch);
+    let r = cx.restore(&env);
+    assert_eq!(r.code(), 12, "{}", show(&r.out));
+    assert!(r.stderr().contains("`frames`"), "{}", show(&r.out));
+    assert_eq!(cx.installed(), before);
+    for (p, (bytes, mtime)) in stored.iter().zip(&damaged) {
+        assert_eq!(
+            &std::fs::read(p).unwrap(),
+            bytes,
+            "{} was touched",
+            p.display()
+        );
+        assert_eq!(&std::fs::metadata(p).unwrap().modified().unwrap(), mtime);
+    }
+
+    cx.push(&honest);
+    let r = cx.restore(&env).ok();
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v["trust"]["key"]["verdict"], "trusted", "{v}");
+    crate::util::tree::assert_same_tree(&cx.src(), &cx.target);
 }
