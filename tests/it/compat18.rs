@@ -718,3 +718,51 @@ fn a_published_branch_restores_through_coreutils_and_keeps_what_old_binaries_rel
     assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{r}");
     assert_same_tree(&cx.src(), &cx.target);
 }
+
+/// (c) A per-file index of a version this binary does not read never stops
+/// a restore: the index only lets a delta install skip work, and the tar it
+/// describes is format 1, so the key is installed in full, equal to the
+/// tree. Where the delta install reads the index, `delta_fallback` names
+/// the version it needs.
+#[test]
+fn an_unknown_files_index_version_costs_the_delta_never_the_restore() {
+    let cx = Cx::new();
+    cx.publish(None).ok();
+    cx.restore(&[]).ok();
+    cx.pin("2", "");
+    cx.content("v2");
+    cx.commit("pin 2");
+    cx.publish(None).ok();
+    let mut files = cx.branch();
+    let m: Value = serde_json::from_slice(&files["warmstart.json"]).unwrap();
+    let name = m["keys"]["art-2"]["index"]["file"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let text = pipe("zstd", &["-d", "-q", "-c"], &files[&name]);
+    let text =
+        String::from_utf8(text)
+            .unwrap()
+            .replacen("warmstart-files 1\n", "warmstart-files 2\n", 1);
+    assert!(text.starts_with("warmstart-files 2\n"));
+    let index = pipe("zstd", &["-q", "-c"], text.as_bytes());
+    let mut m = m;
+    m["keys"]["art-2"]["index"]["size"] = index.len().into();
+    m["keys"]["art-2"]["index"]["sha256"] = sha256_hex(&index).into();
+    files.insert(name, index);
+    files.insert(
+        "warmstart.json".into(),
+        (serde_json::to_string_pretty(&m).unwrap() + "\n").into_bytes(),
+    );
+    cx.push(&files);
+    let r = json_of(&cx.restore(&[]).ok());
+    assert_eq!(r["state"], "restored", "{r}");
+    assert_eq!(r["key"], "art-2", "{r}");
+    assert_same_tree(&cx.src(), &cx.target);
+    if let Some(why) = r.get("delta_fallback").and_then(Value::as_str) {
+        assert!(
+            why.contains("upgrade to a warmstart that reads file index version 2"),
+            "{r}"
+        );
+    }
+}
