@@ -445,3 +445,34 @@ fn an_early_change_reuses_most_chunks_and_pushes_little() {
     assert!(full > 10_000_000, "{full}");
     assert!(pushed * 10 < full, "pushed {pushed} of {full}");
 }
+
+/// A level or chunk size the manifest cannot mean is exit 10, in one line
+/// naming the setting and what it allows, and nothing is pushed.
+#[test]
+fn unknown_levels_and_chunk_sizes_are_refused_in_one_line() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    let work = setup(&env, &src, "bad", "one");
+    for (extra, says) in [
+        (
+            "[publish]\nlevel = \"tiny\"\n",
+            "\"fast\" (zstd 3), \"small\" (zstd 19)",
+        ),
+        ("[publish]\nlevel = 22\n", "level from 1 to 19"),
+        ("[publish]\nchunk_avg = \"lots\"\n", "chunk_avg"),
+        (
+            "[publish]\nchunk_avg = \"64MiB\"\n",
+            "chunk_avg must be from 256",
+        ),
+    ] {
+        write_manifest(&work, "bad", &src, "one", extra);
+        let mut cmd = env.xtask_in("work");
+        cmd.args(["cache", "publish", "bad"]);
+        let r = run(&mut cmd).expect_code(10);
+        let err = r.stderr();
+        assert!(err.contains(says), "{extra}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{extra}: {err}");
+    }
+    assert!(env.git("origin.git", ["for-each-ref"]).trim().is_empty());
+}
