@@ -766,3 +766,37 @@ fn an_unknown_files_index_version_costs_the_delta_never_the_restore() {
         );
     }
 }
+
+/// (b) A key this binary publishes in more than 1000 content-defined
+/// chunks (`chunk_avg = "256"`), signed: the chunk numbers widen to four
+/// digits, `cat <key>.tar.zst.part*` in shell order is the zstd stream, and
+/// the coreutils path gives the tree; the statement's chunk lines, as the
+/// README greps them, all check.
+#[test]
+fn a_published_key_of_over_1000_chunks_restores_through_coreutils() {
+    let cx = Cx::new();
+    cx.pin("1", "chunk_avg = \"256\"\n");
+    crate::util::tree::write_pseudo_random(&cx.src().join("big.bin"), 400_000, 99);
+    cx.policy(Some("require"));
+    cx.publish(Some("ci")).ok();
+    let files = cx.branch();
+    let m: Value = serde_json::from_slice(&files["warmstart.json"]).unwrap();
+    let e = &m["keys"]["art-1"];
+    let n = e["chunks"].as_array().unwrap().len();
+    assert!(n > 1000, "{n} chunks");
+    assert_eq!(e["frames"]["avg_size"], 256, "{}", e["frames"]);
+    assert_eq!(e["chunks"][0]["file"], "art-1.tar.zst.part0000");
+    assert_readable_by_old_binaries(&files, "art-1");
+    let dest = cx.env.join("dest");
+    let out = coreutils_restore(&cx, "art-1", &dest);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_same_tree(&cx.src(), &dest);
+    let out = Command::new("sh")
+        .current_dir(cx.env.join("plain/tmp"))
+        .arg("-c")
+        .arg("grep -E '^[0-9a-f]{64}  ' art-1.statement | sha256sum --quiet -c && grep -cE '^[0-9a-f]{64}  ' art-1.statement && grep -c '^raw ' art-1.statement")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{n}\n{n}\n"));
+}
