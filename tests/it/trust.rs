@@ -600,7 +600,14 @@ fn random_single_field_tampering_is_always_refused() {
                 "source_tree" => e["source_tree"] = Value::Null,
                 "ungated" => e["ungated"] = true.into(),
                 "tar_sha256" => e["tar_sha256"] = format!("{:064x}", seed as u128).into(),
-                "tar_size" => e["tar_size"] = (e["tar_size"].as_u64().unwrap() + 512).into(),
+                "tar_size" => {
+                    e["tar_size"] = (e["tar_size"].as_u64().unwrap() + 512).into();
+                    // With frames, the first chunk's raw size grows too, so
+                    // warmstart.json stays valid and the signature decides.
+                    if let Some(raw) = e["chunks"][0]["raw_size"].as_u64() {
+                        e["chunks"][0]["raw_size"] = (raw + 512).into();
+                    }
+                }
                 "files" => e["files"] = (e["files"].as_u64().unwrap() + 1 + seed % 5).into(),
                 "gates" => e["gates"] = serde_json::json!({"forged": "green"}),
                 "chunk_sha" => {

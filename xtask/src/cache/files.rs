@@ -164,9 +164,18 @@ impl Index {
         let mut lines = text.split_terminator('\n');
         match lines.next() {
             Some(MAGIC) => {}
-            Some(other) if other.starts_with("warmstart-files ") => bail!(
-                "the file index says {other:?} but this warmstart reads {MAGIC:?} only: upgrade warmstart"
-            ),
+            Some(other)
+                if other
+                    .strip_prefix("warmstart-files ")
+                    .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())) =>
+            {
+                bail!(
+                    "the file index is version {} but {} reads version 1 only: upgrade to a warmstart that reads file index version {}",
+                    &other["warmstart-files ".len()..],
+                    concat!("warmstart ", env!("CARGO_PKG_VERSION")),
+                    &other["warmstart-files ".len()..]
+                )
+            }
             _ => bail!("the file index does not start with {MAGIC:?}"),
         }
         let mut entries: Vec<Entry> = Vec::new();
@@ -310,5 +319,19 @@ mod tests {
             assert_ne!(bad, &good, "case {i} changed nothing");
             assert!(Index::parse(bad).is_err(), "case {i} parsed:\n{bad}");
         }
+    }
+
+    #[test]
+    fn an_unknown_version_names_the_version_it_needs() {
+        let text = sample()
+            .render()
+            .replacen("warmstart-files 1", "warmstart-files 7", 1);
+        let err = format!("{:#}", Index::parse(&text).unwrap_err());
+        assert!(
+            err.contains("the file index is version 7 but warmstart ")
+                && err.ends_with("upgrade to a warmstart that reads file index version 7"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'));
     }
 }

@@ -269,6 +269,20 @@ trusted_statement() {
     say "binary cache: untrusted: $key on $ref is not signed by an allowed signer (signer seen: ${seen:-none}; who may sign is listed in cache-manifests/allowed_signers at HEAD): refusing it"
     return 1
   fi
+  # Versions 1 and 2 keep the same `field value` lines and the chunks'
+  # sha256sum lines (version 2 only adds lines this script does not need);
+  # a later version may mean something else by them, so it is refused.
+  local magic
+  magic=$(head -n 1 "$st")
+  case "$magic" in
+    "warmstart-statement 1" | "warmstart-statement 2") ;;
+    "warmstart-statement "*)
+      say "binary cache: untrusted: the statement of $key is version ${magic#warmstart-statement } and this script reads versions 1 and 2 only: refusing it (run \`warmstart init\` of a warmstart that reads statement version ${magic#warmstart-statement } to regenerate it)"
+      return 1 ;;
+    *)
+      say "binary cache: untrusted: $key.statement on $ref is not a warmstart statement: refusing it"
+      return 1 ;;
+  esac
   if ! { grep -qxF "cache $name" "$st" && grep -qxF "key $key" "$st"; }; then
     say "binary cache: untrusted: the statement signed by $ok is not for cache $name key $key: refusing it"
     return 1

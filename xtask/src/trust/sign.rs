@@ -73,6 +73,7 @@ pub fn sign_key(
     let statement = Statement::from_entry(&m.name, key, entry)
         .render()
         .into_bytes();
+    check_size(key, statement.len(), entry.chunks.len())?;
     let sig = sshsig::sign(sh, &signing_key, &statement)?;
     let files = KeyFiles {
         statement: Some(statement.clone()),
@@ -108,6 +109,23 @@ pub fn sign_key(
         sig,
         signer: verdict.signer,
     }))
+}
+
+/// A statement larger than a restore reads (`MAX_STATEMENT_BYTES`) could
+/// never be verified: refused before anything is signed or pushed. A
+/// version 2 statement takes about 190 bytes per chunk, so this is a key
+/// of more than about 5,000 chunks.
+pub fn check_size(key: &str, bytes: usize, chunks: usize) -> Result<()> {
+    if bytes as u64 > super::MAX_STATEMENT_BYTES {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "the signed statement of key {key} would be {bytes} bytes ({chunks} chunks), more than the {} a restore reads: publish it in fewer, larger chunks; nothing was pushed",
+                crate::size::human(super::MAX_STATEMENT_BYTES)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `principal (SHA256:...)` when the key of `sig` is listed in the allowed
@@ -156,4 +174,23 @@ pub fn check_kept(
         out.push(v);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statement_a_restore_would_not_read_is_refused() {
+        let max = crate::trust::MAX_STATEMENT_BYTES as usize;
+        assert!(check_size("k", max, 5000).is_ok());
+        let err = check_size("k", max + 1, 5500).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Config);
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("key k would be 1048577 bytes (5500 chunks)"),
+            "{text}"
+        );
+        assert!(!text.contains('\n'), "{text}");
+    }
 }

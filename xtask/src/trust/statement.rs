@@ -5,17 +5,34 @@
 //! `SHA256SUMS` lines of the key's chunks in chunk order (`grep` them out and
 //! `sha256sum -c` them). It is derived from the key's `warmstart.json` entry
 //! and nothing else, so "warmstart.json agrees with the statement" is one
-//! byte comparison of `render(from_entry(..))` with the signed file. This
-//! module never touches git, a file or a process.
+//! comparison of `from_entry(..)` with the parsed signed file. This module
+//! never touches git, a file or a process.
+//!
+//! Two versions. Version 1 binds the fields every entry has. Version 2 is
+//! written exactly when an entry has one of the fields issue 18 added
+//! (`frames`, the chunks' `raw_size`/`raw_sha256`, the per-file `index`),
+//! and binds those too, and the key's `key_parts`: a restore trusts the
+//! raw digests to reuse chunks and the index to link files instead of
+//! writing them, so an unsigned one would let a pusher who cannot sign keep
+//! an old file in place. Version 2 adds lines between `files` and the chunk
+//! lines and changes none of version 1's, so an entry without the new
+//! fields renders the version 1 bytes it always did and every branch signed
+//! before still verifies. See README "Trust" for the layout.
 
 use anyhow::{Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::cache::format::{KeyEntry, check_file_name, check_key};
+use crate::cache::format::{Frames, IndexFile, KeyEntry, check_file_name, check_key};
 use crate::cache::manifest::hex;
 
-/// The first line of every statement this build writes and reads.
+/// The first line of a version 1 statement.
 pub const MAGIC: &str = "warmstart-statement 1";
+
+/// The first line of a version 2 statement.
+pub const MAGIC_V2: &str = "warmstart-statement 2";
+
+/// What every statement's first line starts with, before its version.
+const MAGIC_PREFIX: &str = "warmstart-statement ";
 
 /// The file a key's statement lives in on its branch.
 pub fn file_name(key: &str) -> String {
@@ -30,6 +47,8 @@ pub fn sig_name(key: &str) -> String {
 /// What a signer vouches for about one cache key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Statement {
+    /// 1 or 2: 2 exactly when one of `frames`, `raw` or `index` is set.
+    pub version: u32,
     /// The cache (manifest name): a statement of one cache never vouches for another.
     pub cache: String,
     pub key: String,
@@ -44,6 +63,16 @@ pub struct Statement {
     pub tar_sha256: String,
     pub tar_size: u64,
     pub files: u64,
+    /// Version 2: each pin's `(name, value)`, in order (empty in version 1,
+    /// which binds them only through the key's name).
+    pub key_parts: Vec<(String, String)>,
+    /// Version 2: how the chunks were cut and compressed.
+    pub frames: Option<Frames>,
+    /// Version 2: the per-file index file, its size and sha256.
+    pub index: Option<IndexFile>,
+    /// Version 2: each chunk's `(raw_size, raw_sha256)` in chunk order, or
+    /// empty when no chunk has either.
+    pub raw: Vec<(Option<u64>, Option<String>)>,
     /// `(sha256, file)` of each chunk, in chunk order.
     pub chunks: Vec<(String, String)>,
 }
@@ -58,9 +87,25 @@ pub fn gates_digest(gates: &serde_json::Value) -> Option<String> {
 }
 
 impl Statement {
-    /// The statement of `key` of cache `cache`, as its entry says.
+    /// The statement of `key` of cache `cache`, as its entry says: version 2
+    /// when the entry has any of issue 18's fields, else version 1.
     pub fn from_entry(cache: &str, key: &str, e: &KeyEntry) -> Statement {
+        let mut raw: Vec<(Option<u64>, Option<String>)> = e
+            .chunks
+            .iter()
+            .map(|c| {
+                (
+                    c.raw_size,
+                    c.raw_sha256.as_ref().map(|s| s.to_ascii_lowercase()),
+                )
+            })
+            .collect();
+        if raw.iter().all(|r| *r == (None, None)) {
+            raw.clear();
+        }
+        let v2 = e.frames.is_some() || e.index.is_some() || !raw.is_empty();
         Statement {
+            version: if v2 { 2 } else { 1 },
             cache: cache.to_string(),
             key: key.to_string(),
             created_at: e.created_at.clone(),
@@ -72,6 +117,20 @@ impl Statement {
             tar_sha256: e.tar_sha256.to_ascii_lowercase(),
             tar_size: e.tar_size,
             files: e.files,
+            key_parts: if v2 {
+                e.key_parts
+                    .iter()
+                    .map(|p| (p.name.clone(), p.value.clone()))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            frames: e.frames.clone(),
+            index: e.index.as_ref().map(|i| IndexFile {
+                sha256: i.sha256.to_ascii_lowercase(),
+                ..i.clone()
+            }),
+            raw,
             chunks: e
                 .chunks
                 .iter()
@@ -83,8 +142,9 @@ impl Statement {
     /// The bytes that are signed.
     pub fn render(&self) -> String {
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        let magic = if self.version == 2 { MAGIC_V2 } else { MAGIC };
         let mut s = format!(
-            "{MAGIC}\ncache {}\nkey {}\ncreated_at {}\nsource_commit {}\nsource_tree {}\ngates_sha256 {}\nungated {}\ncompression {}\ntar_sha256 {}\ntar_size {}\nfiles {}\n",
+            "{magic}\ncache {}\nkey {}\ncreated_at {}\nsource_commit {}\nsource_tree {}\ngates_sha256 {}\nungated {}\ncompression {}\ntar_sha256 {}\ntar_size {}\nfiles {}\n",
             self.cache,
             self.key,
             self.created_at,
@@ -97,77 +157,82 @@ impl Statement {
             self.tar_size,
             self.files,
         );
+        if self.version == 2 {
+            self.render_v2(&mut s);
+        }
         for (sha, file) in &self.chunks {
             s.push_str(&format!("{sha}  {file}\n"));
         }
         s
     }
 
-    /// Parses a statement strictly: every field once, in order, nothing else.
+    /// Version 2's lines between `files` and the chunk lines. None of them
+    /// starts with 64 hex digits and two spaces, so `grep` of the chunk
+    /// lines and the shell bootstrap's check see only the chunks.
+    fn render_v2(&self, s: &mut String) {
+        let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        for (name, value) in &self.key_parts {
+            s.push_str(&format!("key_part {} {}\n", word(name), word(value)));
+        }
+        match &self.frames {
+            None => s.push_str("chunker -\n"),
+            Some(f) => s.push_str(&format!(
+                "chunker {}\nmin_size {}\navg_size {}\nmax_size {}\nzstd {}\nlevel {}\nwindow_log {}\nchecksum {}\n",
+                word(&f.chunker),
+                f.min_size,
+                f.avg_size,
+                f.max_size,
+                word(&f.zstd),
+                f.level,
+                dash(f.window_log.map(|w| w.to_string())),
+                f.checksum,
+            )),
+        }
+        match &self.index {
+            None => s.push_str("index -\n"),
+            Some(i) => s.push_str(&format!("index {} {} {}\n", i.size, i.sha256, i.file)),
+        }
+        for ((size, sha), (_, file)) in self.raw.iter().zip(&self.chunks) {
+            s.push_str(&format!(
+                "raw {} {} {file}\n",
+                dash(size.map(|n| n.to_string())),
+                dash(sha.clone())
+            ));
+        }
+    }
+
+    /// Parses a statement strictly: every field once, in order, nothing
+    /// else. A version this build does not know is refused with one line
+    /// naming the version it needs.
     pub fn parse(text: &str) -> Result<Statement> {
-        let mut lines = text.split('\n');
-        if lines.next() != Some(MAGIC) {
-            bail!("does not start with `{MAGIC}`");
-        }
-        let mut field = |name: &str| -> Result<String> {
-            let line = lines.next().unwrap_or_default();
-            match line.split_once(' ') {
-                Some((n, v)) if n == name && !v.is_empty() && !v.contains(' ') => Ok(v.to_string()),
-                _ => bail!("expected `{name} <value>`, found {line:?}"),
-            }
+        let mut lines = text.split('\n').peekable();
+        let first = lines.next().unwrap_or_default();
+        let version = match first {
+            MAGIC => 1,
+            MAGIC_V2 => 2,
+            _ => match first.strip_prefix(MAGIC_PREFIX) {
+                Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => bail!(
+                    "is statement version {v} but {} reads versions 1 and 2 only: upgrade to a warmstart that reads statement version {v}",
+                    concat!("warmstart ", env!("CARGO_PKG_VERSION"))
+                ),
+                _ => bail!("does not start with `{MAGIC}` or `{MAGIC_V2}`"),
+            },
         };
+        let mut f = Fields(&mut lines);
         let opt = |v: String| (v != "-").then_some(v);
-        let cache = field("cache")?;
-        let key = field("key")?;
-        let created_at = field("created_at")?;
-        let source_commit = opt(field("source_commit")?);
-        let source_tree = opt(field("source_tree")?);
-        let gates_sha256 = opt(field("gates_sha256")?);
-        let ungated = match field("ungated")?.as_str() {
-            "true" => true,
-            "false" => false,
-            other => bail!("ungated is {other:?}, not true or false"),
-        };
-        let compression = field("compression")?;
-        let tar_sha256 = field("tar_sha256")?;
-        let tar_size = number(&field("tar_size")?, "tar_size")?;
-        let files = number(&field("files")?, "files")?;
-        let mut chunks = Vec::new();
-        let rest: Vec<&str> = lines.collect();
-        let Some((last, body)) = rest.split_last() else {
-            bail!("ends without a newline");
-        };
-        if !last.is_empty() {
-            bail!("does not end with a newline");
-        }
-        for line in body {
-            let Some((sha, file)) = line.split_once("  ") else {
-                bail!("chunk line {line:?} is not `<sha256>  <file>`");
-            };
-            check_sha(sha, file)?;
-            check_file_name(file)?;
-            chunks.push((sha.to_string(), file.to_string()));
-        }
-        if chunks.is_empty() {
-            bail!("lists no chunks");
-        }
-        check_key(&key)?;
-        check_timestamp(&created_at)?;
-        check_sha(&tar_sha256, "tar_sha256")?;
-        for (v, what) in [
-            (&source_commit, "source_commit"),
-            (&source_tree, "source_tree"),
-        ] {
-            if let Some(v) = v
-                && (v.len() < 40 || !v.bytes().all(|b| b.is_ascii_hexdigit()))
-            {
-                bail!("{what} {v:?} is not an object id");
-            }
-        }
-        if let Some(g) = &gates_sha256 {
-            check_sha(g, "gates_sha256")?;
-        }
-        let s = Statement {
+        let cache = f.field("cache")?;
+        let key = f.field("key")?;
+        let created_at = f.field("created_at")?;
+        let source_commit = opt(f.field("source_commit")?);
+        let source_tree = opt(f.field("source_tree")?);
+        let gates_sha256 = opt(f.field("gates_sha256")?);
+        let ungated = boolean(&f.field("ungated")?, "ungated")?;
+        let compression = f.field("compression")?;
+        let tar_sha256 = f.field("tar_sha256")?;
+        let tar_size = number(&f.field("tar_size")?, "tar_size")?;
+        let files = number(&f.field("files")?, "files")?;
+        let mut s = Statement {
+            version,
             cache,
             key,
             created_at,
@@ -179,8 +244,37 @@ impl Statement {
             tar_sha256,
             tar_size,
             files,
-            chunks,
+            key_parts: Vec::new(),
+            frames: None,
+            index: None,
+            raw: Vec::new(),
+            chunks: Vec::new(),
         };
+        if version == 2 {
+            s.parse_v2_head(&mut f)?;
+        }
+        let rest: Vec<&str> = lines.collect();
+        let Some((last, body)) = rest.split_last() else {
+            bail!("ends without a newline");
+        };
+        if !last.is_empty() {
+            bail!("does not end with a newline");
+        }
+        let (raw_lines, chunk_lines) =
+            body.split_at(body.partition_point(|l| l.starts_with("raw ")));
+        for line in chunk_lines {
+            let Some((sha, file)) = line.split_once("  ") else {
+                bail!("chunk line {line:?} is not `<sha256>  <file>`");
+            };
+            check_sha(sha, file)?;
+            check_file_name(file)?;
+            s.chunks.push((sha.to_string(), file.to_string()));
+        }
+        if s.chunks.is_empty() {
+            bail!("lists no chunks");
+        }
+        s.parse_raw(raw_lines)?;
+        s.check_values()?;
         // Only one spelling of a statement is valid: what was signed is
         // what `render` gives, so two texts never mean the same thing.
         if s.render() != text {
@@ -189,10 +283,112 @@ impl Statement {
         Ok(s)
     }
 
+    /// Version 2's `key_part`, frames and `index` lines.
+    fn parse_v2_head(&mut self, f: &mut Fields) -> Result<()> {
+        while let Some(part) = f.prefixed("key_part ") {
+            let Some((name, value)) = part.split_once(' ') else {
+                bail!("key_part line {part:?} is not `key_part <name> <value>`");
+            };
+            self.key_parts.push((unword(name)?, unword(value)?));
+        }
+        let chunker = f.field("chunker")?;
+        if chunker != "-" {
+            let mut size = |name: &str| -> Result<u64> { number(&f.field(name)?, name) };
+            let (min_size, avg_size, max_size) =
+                (size("min_size")?, size("avg_size")?, size("max_size")?);
+            let zstd = unword(&f.field("zstd")?)?;
+            let level = f.field("level")?;
+            let level: i32 = level
+                .parse()
+                .map_err(|_| anyhow::anyhow!("level {level:?} is not a whole number"))?;
+            let window_log = match f.field("window_log")?.as_str() {
+                "-" => None,
+                w => Some(number(w, "window_log")?.try_into()?),
+            };
+            let checksum = boolean(&f.field("checksum")?, "checksum")?;
+            self.frames = Some(Frames {
+                chunker: unword(&chunker)?,
+                min_size,
+                avg_size,
+                max_size,
+                zstd,
+                level,
+                window_log,
+                checksum,
+            });
+        }
+        let index = f.prefixed("index ").unwrap_or_default();
+        if index != "-" {
+            let mut it = index.splitn(3, ' ');
+            let (Some(size), Some(sha), Some(file)) = (it.next(), it.next(), it.next()) else {
+                bail!("index line {index:?} is not `index <size> <sha256> <file>` or `index -`");
+            };
+            check_sha(sha, file)?;
+            check_file_name(file)?;
+            self.index = Some(IndexFile {
+                file: file.to_string(),
+                size: number(size, "index size")?,
+                sha256: sha.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The `raw <size> <sha256> <file>` lines: none, or one per chunk, each
+    /// naming its chunk's file.
+    fn parse_raw(&mut self, lines: &[&str]) -> Result<()> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        if self.version != 2 || lines.len() != self.chunks.len() {
+            bail!(
+                "has {} raw lines for {} chunks",
+                lines.len(),
+                self.chunks.len()
+            );
+        }
+        for (line, (_, chunk)) in lines.iter().zip(&self.chunks) {
+            let mut it = line["raw ".len()..].splitn(3, ' ');
+            let (Some(size), Some(sha), Some(file)) = (it.next(), it.next(), it.next()) else {
+                bail!("raw line {line:?} is not `raw <size> <sha256> <file>`");
+            };
+            if file != chunk {
+                bail!("raw line {line:?} does not name chunk {chunk}");
+            }
+            let size = (size != "-")
+                .then(|| number(size, "raw size"))
+                .transpose()?;
+            let sha = (sha != "-").then(|| check_sha(sha, file).map(|()| sha.to_string()));
+            self.raw.push((size, sha.transpose()?));
+        }
+        Ok(())
+    }
+
+    /// The checks of values that do not depend on their line.
+    fn check_values(&self) -> Result<()> {
+        check_key(&self.key)?;
+        check_timestamp(&self.created_at)?;
+        check_sha(&self.tar_sha256, "tar_sha256")?;
+        for (v, what) in [
+            (&self.source_commit, "source_commit"),
+            (&self.source_tree, "source_tree"),
+        ] {
+            if let Some(v) = v
+                && (v.len() < 40 || !v.bytes().all(|b| b.is_ascii_hexdigit()))
+            {
+                bail!("{what} {v:?} is not an object id");
+            }
+        }
+        if let Some(g) = &self.gates_sha256 {
+            check_sha(g, "gates_sha256")?;
+        }
+        Ok(())
+    }
+
     /// The first field where `self` (what was signed) and `other` (what the
     /// branch's warmstart.json says) differ, or `None` when they agree.
     pub fn first_difference(&self, other: &Statement) -> Option<&'static str> {
-        let pairs: [(&'static str, bool); 12] = [
+        let pairs: [(&'static str, bool); 17] = [
             ("cache", self.cache == other.cache),
             ("key", self.key == other.key),
             ("created_at", self.created_at == other.created_at),
@@ -204,9 +400,89 @@ impl Statement {
             ("tar_sha256", self.tar_sha256 == other.tar_sha256),
             ("tar_size", self.tar_size == other.tar_size),
             ("files", self.files == other.files),
+            ("key_parts", self.key_parts == other.key_parts),
+            ("frames", self.frames == other.frames),
+            ("index", self.index == other.index),
+            ("raw", self.raw == other.raw),
             ("chunks", self.chunks == other.chunks),
+            // Last: a difference in what the version adds is named first.
+            ("version", self.version == other.version),
         ];
         pairs.iter().find(|(_, same)| !same).map(|(name, _)| *name)
+    }
+}
+
+/// The `field value` lines of a statement, read in order.
+struct Fields<'a, 'b>(&'b mut std::iter::Peekable<std::str::Split<'a, char>>);
+
+impl Fields<'_, '_> {
+    /// The value of the next line, which must be `name value` (one word).
+    fn field(&mut self, name: &str) -> Result<String> {
+        let line = self.0.next().unwrap_or_default();
+        match line.split_once(' ') {
+            Some((n, v)) if n == name && !v.is_empty() && !v.contains(' ') => Ok(v.to_string()),
+            _ => bail!("expected `{name} <value>`, found {line:?}"),
+        }
+    }
+
+    /// The rest of the next line when it starts with `prefix` (consumed),
+    /// else `None` (not consumed).
+    fn prefixed(&mut self, prefix: &str) -> Option<String> {
+        let rest = self.0.peek()?.strip_prefix(prefix)?.to_string();
+        self.0.next();
+        Some(rest)
+    }
+}
+
+/// Free text as one word: every byte outside `!`..`~`, and `%`, as `%XX`;
+/// the empty text as `-` (and the text `-` as `%2D`).
+fn word(text: &str) -> String {
+    if text.is_empty() {
+        return "-".into();
+    }
+    if text == "-" {
+        return "%2D".into();
+    }
+    let mut out = String::new();
+    for b in text.bytes() {
+        if (b'!'..=b'~').contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The inverse of `word`; `render` then refuses every other spelling.
+fn unword(w: &str) -> Result<String> {
+    if w == "-" {
+        return Ok(String::new());
+    }
+    let b = w.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let byte = w
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| anyhow::anyhow!("{w:?} has a bad %XX escape"))?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| anyhow::anyhow!("{w:?} is not UTF-8"))
+}
+
+fn boolean(v: &str, what: &str) -> Result<bool> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => bail!("{what} is {other:?}, not true or false"),
     }
 }
 
@@ -276,6 +552,33 @@ mod tests {
         }
     }
 
+    /// The v1 statement of `entry()` exactly as the build before statement
+    /// v2 rendered it (captured from that code): every branch signed
+    /// before v2 must keep verifying, so its bytes never change.
+    const V1_GOLDEN: &str = "warmstart-statement 1
+cache art
+key k
+created_at 2026-12-01T10:00:00Z
+source_commit cccccccccccccccccccccccccccccccccccccccc
+source_tree dddddddddddddddddddddddddddddddddddddddd
+gates_sha256 7e3345408ed968f6e3606160f275e485bb4f0ca4c30e263606c75afba531ed12
+ungated false
+compression zstd
+tar_sha256 bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
+tar_size 10240
+files 7
+0000000000000000000000000000000000000000000000000000000000000000  k.tar.zst.part000
+1111111111111111111111111111111111111111111111111111111111111111  k.tar.zst.part001
+2222222222222222222222222222222222222222222222222222222222222222  k.tar.zst.part002
+";
+
+    #[test]
+    fn an_entry_without_the_new_fields_renders_the_v1_bytes() {
+        let s = Statement::from_entry("art", "k", &entry());
+        assert_eq!(s.render(), V1_GOLDEN);
+        assert_eq!(Statement::parse(V1_GOLDEN).unwrap(), s);
+    }
+
     #[test]
     fn round_trips_and_is_line_oriented() {
         let s = Statement::from_entry("art", "k", &entry());
@@ -334,7 +637,12 @@ mod tests {
     /// with warmstart.json): none is silently the same one.
     #[test]
     fn random_edits_never_parse_to_the_same_statement() {
-        let s = Statement::from_entry("art", "k", &entry());
+        for e in [entry(), framed()] {
+            random_edits_of(&Statement::from_entry("art", "k", &e));
+        }
+    }
+
+    fn random_edits_of(s: &Statement) {
         let text = s.render().into_bytes();
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
@@ -343,7 +651,7 @@ mod tests {
             rng ^= rng << 17;
             rng
         };
-        let alphabet = b"0123456789abcdefABCDEF -_:\nTZtruefals.";
+        let alphabet = b"0123456789abcdefABCDEF -_:\nTZtruefals.%rw";
         for _ in 0..3000 {
             let mut t = text.clone();
             let at = (next() % t.len() as u64) as usize;
@@ -358,7 +666,7 @@ mod tests {
             if let Ok(text) = std::str::from_utf8(&t)
                 && let Ok(parsed) = Statement::parse(text)
             {
-                assert_ne!(parsed, s, "edited text parsed as the original: {text:?}");
+                assert_ne!(&parsed, s, "edited text parsed as the original: {text:?}");
                 assert_eq!(parsed.render(), text);
             }
         }
@@ -385,5 +693,257 @@ mod tests {
         ] {
             assert!(Statement::parse(&bad).is_err(), "parsed: {bad:?}");
         }
+    }
+
+    /// The entry of `entry()` with every field issue 18 added, and key
+    /// parts whose values need escaping.
+    fn framed() -> KeyEntry {
+        let mut e = entry();
+        for (i, c) in e.chunks.iter_mut().enumerate() {
+            c.raw_size = Some(4096 + i as u64 * 1024);
+            c.raw_sha256 = Some(format!("{}", i + 5).repeat(64));
+        }
+        e.tar_size = 4096 * 3 + 3 * 1024;
+        e.frames = Some(Frames {
+            chunker: "fastcdc-2020".into(),
+            min_size: 1 << 20,
+            avg_size: 4 << 20,
+            max_size: 16 << 20,
+            zstd: "1.5.7".into(),
+            level: 19,
+            window_log: Some(27),
+            checksum: true,
+        });
+        e.index = Some(IndexFile {
+            file: "k.files.zst".into(),
+            size: 321,
+            sha256: "e".repeat(64),
+        });
+        e.key_parts = vec![
+            crate::cache::format::KeyPart {
+                name: "platform".into(),
+                value: "x86_64-linux".into(),
+            },
+            crate::cache::format::KeyPart {
+                name: "rustc".into(),
+                value: "1.95.0 (abc 100%)\n".into(),
+            },
+            crate::cache::format::KeyPart {
+                name: "empty".into(),
+                value: String::new(),
+            },
+            crate::cache::format::KeyPart {
+                name: "dash".into(),
+                value: "-".into(),
+            },
+        ];
+        e
+    }
+
+    /// The version 2 layout, as README "Trust" documents it.
+    const V2_GOLDEN: &str = "warmstart-statement 2
+cache art
+key k
+created_at 2026-12-01T10:00:00Z
+source_commit cccccccccccccccccccccccccccccccccccccccc
+source_tree dddddddddddddddddddddddddddddddddddddddd
+gates_sha256 7e3345408ed968f6e3606160f275e485bb4f0ca4c30e263606c75afba531ed12
+ungated false
+compression zstd
+tar_sha256 bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
+tar_size 15360
+files 7
+key_part platform x86_64-linux
+key_part rustc 1.95.0%20(abc%20100%25)%0A
+key_part empty -
+key_part dash %2D
+chunker fastcdc-2020
+min_size 1048576
+avg_size 4194304
+max_size 16777216
+zstd 1.5.7
+level 19
+window_log 27
+checksum true
+index 321 eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee k.files.zst
+raw 4096 5555555555555555555555555555555555555555555555555555555555555555 k.tar.zst.part000
+raw 5120 6666666666666666666666666666666666666666666666666666666666666666 k.tar.zst.part001
+raw 6144 7777777777777777777777777777777777777777777777777777777777777777 k.tar.zst.part002
+0000000000000000000000000000000000000000000000000000000000000000  k.tar.zst.part000
+1111111111111111111111111111111111111111111111111111111111111111  k.tar.zst.part001
+2222222222222222222222222222222222222222222222222222222222222222  k.tar.zst.part002
+";
+
+    #[test]
+    fn an_entry_with_the_new_fields_renders_version_2() {
+        let s = Statement::from_entry("art", "k", &framed());
+        assert_eq!(s.version, 2);
+        assert_eq!(s.render(), V2_GOLDEN);
+        assert_eq!(Statement::parse(V2_GOLDEN).unwrap(), s);
+        // The chunk lines a shell greps out are exactly the chunks.
+        let grepped: Vec<&str> = V2_GOLDEN
+            .lines()
+            .filter(|l| {
+                l.len() > 66
+                    && l.as_bytes()[..64].iter().all(u8::is_ascii_hexdigit)
+                    && &l[64..66] == "  "
+            })
+            .collect();
+        assert_eq!(grepped.len(), 3);
+        assert!(grepped.iter().all(|l| l.contains("  k.tar.zst.part")));
+        // Any one of the new fields alone makes it version 2; the others
+        // then render as `-` or are absent.
+        let mut e = entry();
+        e.index = framed().index;
+        let s = Statement::from_entry("art", "k", &e);
+        assert_eq!(s.version, 2);
+        let text = s.render();
+        assert!(text.contains("\nchunker -\nindex 321 "), "{text}");
+        assert!(!text.contains("\nraw "), "{text}");
+        assert_eq!(Statement::parse(&text).unwrap(), s);
+        let mut e = entry();
+        e.chunks[1].raw_size = Some(7);
+        let s = Statement::from_entry("art", "k", &e);
+        let text = s.render();
+        assert!(
+            text.contains("\nindex -\nraw - - k.tar.zst.part000\nraw 7 - k.tar.zst.part001\n"),
+            "{text}"
+        );
+        assert_eq!(Statement::parse(&text).unwrap(), s);
+    }
+
+    #[test]
+    fn every_new_field_is_bound_in_version_2() {
+        let base = Statement::from_entry("art", "k", &framed());
+        type Edit = Box<dyn Fn(&mut KeyEntry)>;
+        fn f(e: &mut KeyEntry) -> &mut Frames {
+            e.frames.as_mut().unwrap()
+        }
+        let edits: Vec<(&str, Edit)> = vec![
+            (
+                "key_parts",
+                Box::new(|e| e.key_parts[0].value = "aarch64-linux".into()),
+            ),
+            (
+                "key_parts",
+                Box::new(|e| e.key_parts[1].name = "rust".into()),
+            ),
+            ("key_parts", Box::new(|e| drop(e.key_parts.pop()))),
+            ("key_parts", Box::new(|e| e.key_parts.swap(0, 1))),
+            ("key_parts", Box::new(|e| e.key_parts.clear())),
+            ("frames", Box::new(|e| f(e).level = 3)),
+            ("frames", Box::new(|e| f(e).window_log = None)),
+            ("frames", Box::new(|e| f(e).avg_size /= 2)),
+            ("frames", Box::new(|e| f(e).min_size += 1)),
+            ("frames", Box::new(|e| f(e).max_size += 1)),
+            ("frames", Box::new(|e| f(e).zstd = "1.5.6".into())),
+            ("frames", Box::new(|e| f(e).checksum = false)),
+            ("frames", Box::new(|e| f(e).chunker = "fastcdc-2016".into())),
+            ("frames", Box::new(|e| e.frames = None)),
+            (
+                "index",
+                Box::new(|e| e.index.as_mut().unwrap().sha256 = "f".repeat(64)),
+            ),
+            ("index", Box::new(|e| e.index.as_mut().unwrap().size += 1)),
+            (
+                "index",
+                Box::new(|e| e.index.as_mut().unwrap().file = "x.files.zst".into()),
+            ),
+            ("index", Box::new(|e| e.index = None)),
+            (
+                "raw",
+                Box::new(|e| e.chunks[1].raw_sha256 = Some("9".repeat(64))),
+            ),
+            ("raw", Box::new(|e| e.chunks[2].raw_size = Some(1))),
+            ("raw", Box::new(|e| e.chunks[0].raw_sha256 = None)),
+            ("chunks", Box::new(|e| e.chunks[2].sha256 = "9".repeat(64))),
+        ];
+        for (field, edit) in edits {
+            let mut e = framed();
+            edit(&mut e);
+            let other = Statement::from_entry("art", "k", &e);
+            assert_eq!(base.first_difference(&other), Some(field), "{other:?}");
+        }
+        // Stripping every new field turns the entry into version 1, which
+        // a signed version 2 statement never matches.
+        let mut e = framed();
+        e.frames = None;
+        e.index = None;
+        for c in &mut e.chunks {
+            (c.raw_size, c.raw_sha256) = (None, None);
+        }
+        let other = Statement::from_entry("art", "k", &e);
+        assert_eq!(other.version, 1);
+        assert_eq!(base.first_difference(&other), Some("key_parts"));
+        let mut v1_signed = other.clone();
+        v1_signed.version = 2;
+        assert_eq!(v1_signed.first_difference(&other), Some("version"));
+    }
+
+    #[test]
+    fn an_unknown_version_names_the_version_it_needs() {
+        let good = Statement::from_entry("art", "k", &framed()).render();
+        for v in ["3", "10"] {
+            let text = good.replacen(
+                "warmstart-statement 2",
+                &format!("warmstart-statement {v}"),
+                1,
+            );
+            let err = format!("{:#}", Statement::parse(&text).unwrap_err());
+            assert!(
+                err.contains(&format!("is statement version {v} but warmstart "))
+                    && err.contains(&format!(
+                        "upgrade to a warmstart that reads statement version {v}"
+                    )),
+                "{err}"
+            );
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let err = Statement::parse("warmstart-statement x\n").unwrap_err();
+        assert!(err.to_string().contains("does not start with"), "{err}");
+    }
+
+    #[test]
+    fn hostile_version_2_statements_are_refused() {
+        let good = Statement::from_entry("art", "k", &framed()).render();
+        for bad in [
+            // Version 2's lines in a version 1 statement, and the reverse.
+            good.replacen("warmstart-statement 2", "warmstart-statement 1", 1),
+            good.replacen("chunker fastcdc-2020\n", "", 1),
+            good.replacen("index 321 ", "index 0321 ", 1),
+            good.replacen("index 321 eeee", "index 321 EEEE", 1),
+            good.replacen(" k.files.zst\n", " ../k.files.zst\n", 1),
+            good.replacen("level 19", "level +19", 1),
+            good.replacen("window_log 27", "window_log 99999999999", 1),
+            good.replacen("checksum true", "checksum yes", 1),
+            good.replacen("key_part dash %2D", "key_part dash -%", 1),
+            good.replacen("key_part dash %2D", "key_part dash %2d", 1),
+            good.replacen("key_part empty -", "key_part empty %41", 1),
+            good.replacen("raw 5120 6666", "raw 5120 GGGG", 1),
+            good.replacen(" k.tar.zst.part001\nraw", " k.tar.zst.part009\nraw", 1),
+            good.replacen("raw 6144 ", "raw 06144 ", 1),
+            good.replacen(
+                "raw 6144 7777777777777777777777777777777777777777777777777777777777777777 k.tar.zst.part002\n",
+                "",
+                1,
+            ),
+            format!("{good}raw 1 {} k.tar.zst.part002\n", "1".repeat(64)),
+        ] {
+            assert_ne!(bad, good, "the edit did not apply");
+            assert!(Statement::parse(&bad).is_err(), "parsed: {bad:?}");
+        }
+    }
+
+    #[test]
+    fn words_round_trip_and_have_one_spelling() {
+        for t in ["", "-", "%", "a b", "x86_64-linux", "ü\t\n", "--", "%2D"] {
+            let w = word(t);
+            assert!(
+                !w.is_empty() && !w.contains(' ') && !w.contains('\n'),
+                "{w:?}"
+            );
+            assert_eq!(unword(&w).unwrap(), t);
+        }
+        assert!(unword("%4").is_err() && unword("%zz").is_err() && unword("%FF").is_err());
     }
 }
