@@ -18,6 +18,7 @@ mod cache_prune;
 mod cache_publish;
 mod cache_refs;
 mod cache_restore;
+mod cache_reuse;
 mod cli_contract;
 mod conda;
 mod containment;
