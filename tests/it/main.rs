@@ -7,6 +7,7 @@ mod adopt_ci;
 mod attack;
 mod attack2;
 mod broken_pipe;
+mod cache_batch;
 mod cache_concurrency;
 mod cache_fetch;
 mod cache_heal;
