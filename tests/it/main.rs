@@ -10,6 +10,7 @@ mod broken_pipe;
 mod cache_batch;
 mod cache_concurrency;
 mod cache_fetch;
+mod cache_frames;
 mod cache_heal;
 mod cache_keys;
 mod cache_legacy;
