@@ -466,6 +466,20 @@ enum Pkt {
 
 /// Reads one pkt-line into `buf` (its payload, for `Pkt::Data`).
 fn read_pkt(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<Pkt, Error> {
+    let pkt = read_pkt_len(r)?;
+    if let Pkt::Data(n) = pkt {
+        // Grows once to the largest packet; never zero-filled again.
+        if buf.len() < n {
+            buf.resize(65520, 0);
+        }
+        r.read_exact(&mut buf[..n])?;
+    }
+    Ok(pkt)
+}
+
+/// Reads one pkt-line's length: `Pkt::Data(n)` leaves its `n` payload
+/// bytes unread.
+fn read_pkt_len(r: &mut impl Read) -> Result<Pkt, Error> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -484,14 +498,7 @@ fn read_pkt(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<Pkt, Error> {
         2 => Pkt::ResponseEnd,
         3 => return Err(Error::Unsupported("pkt-line of length 3".into())),
         n if n > 65520 => return Err(Error::Unsupported(format!("pkt-line of length {n}"))),
-        n => {
-            // Grows once to the largest packet; never zero-filled again.
-            if buf.len() < n - 4 {
-                buf.resize(65520, 0);
-            }
-            r.read_exact(&mut buf[..n - 4])?;
-            Pkt::Data(n - 4)
-        }
+        n => Pkt::Data(n - 4),
     })
 }
 
@@ -553,7 +560,26 @@ fn response(r: &mut impl Read, sink: &mut PackSink<'_>) -> Result<(), Error> {
     let mut buf = Vec::with_capacity(65520);
     let mut in_pack = false;
     loop {
-        match read_pkt(r, &mut buf)? {
+        let pkt = if in_pack {
+            match read_pkt_len(r)? {
+                Pkt::Data(n) if n > 0 => {
+                    let mut band = [0u8; 1];
+                    r.read_exact(&mut band)?;
+                    if band[0] == 1 {
+                        stream_band(r, n - 1, &mut buf, sink)?;
+                        continue;
+                    }
+                    buf.resize(buf.len().max(n), 0);
+                    buf[0] = band[0];
+                    r.read_exact(&mut buf[1..n])?;
+                    Pkt::Data(n)
+                }
+                other => other,
+            }
+        } else {
+            read_pkt(r, &mut buf)?
+        };
+        match pkt {
             Pkt::Flush if in_pack => return Ok(()),
             Pkt::Data(n) if !in_pack => {
                 let buf = &buf[..n];
@@ -575,7 +601,7 @@ fn response(r: &mut impl Read, sink: &mut PackSink<'_>) -> Result<(), Error> {
                 }
             }
             Pkt::Data(n) if n > 0 => match buf[0] {
-                1 => sink.feed(&buf[1..n])?,
+                1 => unreachable!("pack data is streamed below"),
                 2 => {}
                 3 => {
                     let msg = String::from_utf8_lossy(&buf[1..n]).trim().to_string();
@@ -590,6 +616,31 @@ fn response(r: &mut impl Read, sink: &mut PackSink<'_>) -> Result<(), Error> {
             _ => return Err(Error::Unsupported("unexpected packet in the pack".into())),
         }
     }
+}
+
+/// Feeds `left` bytes of pack data to `sink` as they arrive, not a whole
+/// 64 KiB packet at a time: a transfer that stalls keeps every chunk that
+/// was complete before it.
+fn stream_band(
+    r: &mut impl Read,
+    mut left: usize,
+    buf: &mut Vec<u8>,
+    sink: &mut PackSink<'_>,
+) -> Result<(), Error> {
+    if buf.len() < 65520 {
+        buf.resize(65520, 0);
+    }
+    while left > 0 {
+        let n = match r.read(&mut buf[..left]) {
+            Ok(0) => return Err(Error::Failed(anyhow!("the server hung up"))),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        sink.feed(&buf[..n])?;
+        left -= n;
+    }
+    Ok(())
 }
 
 #[derive(Debug, PartialEq, Eq)]
