@@ -2,9 +2,9 @@
 //! 18), over every transport: git daemon (through `git fetch` of a whole
 //! batch), smart HTTP and ssh (through the direct reader's multi-want
 //! protocol v2 request). Each test counts, on the server's side, the
-//! requests a cold restore of 74 chunks made.
+//! requests a cold restore of about a hundred chunks made.
 
-use crate::transports::{Fx, big_chunks, json_of};
+use crate::transports::{Fx, json_of};
 use crate::util::git_daemon::free_port;
 use crate::util::http_backend::HttpGit;
 use crate::util::servers::Sshd;
@@ -14,9 +14,23 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// 740 kB of noise in 10 kB chunks: 74 chunks, two batches.
+/// 740 kB of noise in chunks of at most 10 kB: about a hundred chunks,
+/// two batches, each chunk left out of the branch fetch (blobs of 2 KiB
+/// or more are).
 fn fixture() -> Fx {
-    Fx::with(740_000, 10_000)
+    let mut fx = Fx::with(740_000, 10_000);
+    fx.var("WARMSTART_FETCH_BLOB_LIMIT", "2k");
+    fx
+}
+
+/// Chunks of 2 KiB or more: the ones a restore fetches by id.
+fn big_chunks(published: &serde_json::Value) -> u64 {
+    published["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["size"].as_u64().unwrap() >= 2048)
+        .count() as u64
 }
 
 /// `ceil(chunks / 64)`: the batches a restore asks for.
@@ -122,8 +136,8 @@ fn cache_batch_over_git_daemon_fetches_a_batch_per_git_fetch() {
             .is_some_and(|w| w.contains("git://")),
         "{j}"
     );
-    // The branch fetch, the fetch of its warmstart.json (74 chunks make it
-    // pass the 8 KiB blob limit), then one pack per batch of chunks.
+    // The branch fetch, the fetch of its warmstart.json (a hundred chunks make
+    // it pass the 2 KiB blob limit), then one pack per batch of chunks.
     assert_eq!(packs() - before.get(), 2 + batches(big), "{j}");
 }
 
@@ -164,6 +178,6 @@ fn cache_batch_over_ssh_reads_each_batch_in_one_login() {
     assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
     assert!(j["direct_fallback"].is_null(), "{j}");
     // One login for the branch fetch, one for its warmstart.json (past the
-    // 8 KiB blob limit), one per batch.
+    // 2 KiB blob limit), one per batch.
     assert_eq!(logins() - before.get(), 2 + batches(big), "{j}");
 }
