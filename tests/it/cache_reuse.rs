@@ -272,7 +272,7 @@ fn fingerprint(fx: &Fx, dir: &str) -> (String, u64) {
 }
 
 #[test]
-fn cache_reuse_a_full_clone_gives_its_chunk_blobs_hashed_and_fetches_nothing_again() {
+fn cache_reuse_a_full_clone_gives_its_chunk_blobs_hashed_and_nothing_is_fetched_or_copied() {
     let fx = Fx::new();
     let all = chunks(&fx.publish());
     fx.env.git("work", ["push", "-q", "origin", "HEAD:main"]);
@@ -301,6 +301,9 @@ fn cache_reuse_a_full_clone_gives_its_chunk_blobs_hashed_and_fetches_nothing_aga
         objects < small + total / 4,
         "cache.git holds {objects} of {total}"
     );
+    // Nor were they copied into the chunk store: they are read from the
+    // clone itself (hashed before use, and again before decoding).
+    assert_eq!(bytes_under(&store_of(&clone)), 0);
     assert_eq!(fingerprint(&fx, "full"), before);
 }
 

@@ -90,40 +90,6 @@ impl Store {
         Ok(true)
     }
 
-    /// Copies `size` bytes of `src` into the store as the chunk with this
-    /// digest, hashing them on the way: `Ok(true)` once stored, `Ok(false)`
-    /// (nothing stored) when they are fewer or have another digest. Reads
-    /// at most `size` bytes, so a stream of several objects stays in step.
-    pub fn put(&self, src: &mut dyn Read, size: u64, sha256: &[u8; 32]) -> Result<bool> {
-        std::fs::create_dir_all(&self.dir)
-            .with_context(|| format!("creating {}", self.dir.display()))?;
-        let (tmp, file) = self
-            .create_tmp(sha256)
-            .with_context(|| format!("creating a chunk file in {}", self.dir.display()))?;
-        let _guard = crate::net::register_temp(&tmp);
-        let mut hashing = HashingWriter {
-            file,
-            hasher: Sha256::new(),
-        };
-        let copied = io::copy(&mut src.take(size), &mut hashing);
-        let ok = match copied {
-            Ok(n) => n == size && <[u8; 32]>::from(hashing.hasher.finalize()) == *sha256,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(anyhow!(e).context(format!("writing {}", tmp.display())));
-            }
-        };
-        if !ok {
-            let _ = std::fs::remove_file(&tmp);
-            return Ok(false);
-        }
-        std::fs::rename(&tmp, self.path(sha256)).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            anyhow!(e).context(format!("storing {}", tmp.display()))
-        })?;
-        Ok(true)
-    }
-
     /// Removes partial files nobody has written to for `STALE` (a killed
     /// restore leaves up to a chunk's worth of bytes behind). Age, not a
     /// pid, tells them apart: a clone may be shared by containers with pid
@@ -168,24 +134,6 @@ impl Store {
                 Err(e) => return Err(e),
             }
         }
-    }
-}
-
-/// A file that hashes what is written to it.
-struct HashingWriter {
-    file: File,
-    hasher: Sha256,
-}
-
-impl Write for HashingWriter {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
     }
 }
 

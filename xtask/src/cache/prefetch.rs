@@ -125,6 +125,10 @@ pub enum At {
     /// A file of the chunk store, whose size and digest this process
     /// checked.
     Store(std::path::PathBuf),
+    /// A blob of the user's repository, whose size and digest this process
+    /// checked once (it is read again from there, so `verify` hashes it
+    /// again: unchecked).
+    Clone(String),
 }
 
 enum Slot {
@@ -445,9 +449,9 @@ impl Drop for Prefetch {
 }
 
 impl Job {
-    /// Takes the chunks found in the chunk store or the user's repository
-    /// (`local`, in plan order) into the store, hashed; one that does not
-    /// match is fetched on its own.
+    /// Hashes the chunks found in the chunk store or the user's repository
+    /// (`local`, in plan order); one that does not match is fetched on its
+    /// own.
     fn run_local(&self, shared: &Shared, local: &[(usize, Found)]) {
         let mut clone: Option<reuse::Clone> = None;
         for &(j, found) in local {
@@ -465,20 +469,22 @@ impl Job {
                         clone = reuse::Clone::open(&self.git).ok();
                     }
                     // A repository that cannot be read gives nothing.
-                    Ok(clone.as_mut().is_some_and(|c| {
-                        c.copy(&self.oids[j], size, &digest, &self.store)
-                            .unwrap_or(false)
-                    }))
+                    Ok(clone
+                        .as_mut()
+                        .is_some_and(|c| c.check(&self.oids[j], size, &digest).unwrap_or(false)))
                 }
             };
             match taken {
                 Ok(true) => {
                     let mut st = shared.lock();
                     st.reuse.chunks_reused += 1;
-                    if found == Found::Clone {
+                    let at = if found == Found::Clone {
                         st.reuse.chunks_from_clone += 1;
-                    }
-                    shared.settle(&mut st, j, Slot::Ready(At::Store(self.store.path(&digest))));
+                        At::Clone(self.oids[j].clone())
+                    } else {
+                        At::Store(self.store.path(&digest))
+                    };
+                    shared.settle(&mut st, j, Slot::Ready(at));
                 }
                 Ok(false) => {
                     // Damaged, or not the declared bytes: fetched instead.

@@ -792,6 +792,9 @@ pub fn unpack_into(
     let mut open = move |i: usize| -> Result<verify::Opened> {
         Ok(match chunks_ref.wait(i)? {
             prefetch::At::Git => verify::Opened::unchecked(reader.read_blob(&oids[i])?),
+            prefetch::At::Clone(oid) => {
+                verify::Opened::unchecked(crate::cache::reuse::open_blob(&reader, &oid)?)
+            }
             prefetch::At::Store(path) => verify::Opened {
                 reader: Box::new(
                     std::fs::File::open(&path)

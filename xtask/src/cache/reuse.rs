@@ -11,13 +11,16 @@
 //! Looking is cheap (sizes only: one `git cat-file --batch-check` per
 //! repository, one `stat` per chunk); a chunk is trusted only once its
 //! bytes hashed to the sha256 `warmstart.json` gives it: `Store::check`
-//! hashes a stored chunk again, and `Clone::copy` hashes a blob of the
-//! user's repository on its way into the store. A chunk that does not
-//! match is fetched instead. The user's repository is only ever read
+//! hashes a stored chunk again, and `Clone::check` a blob of the user's
+//! repository, which the restore then reads from there (no copy: a full
+//! clone's chunks do not take their size on disk twice), and `verify`
+//! hashes again before decoding. A chunk that does not match is fetched
+//! instead. The user's repository is only ever read
 //! (`git cat-file`, with `GIT_NO_LAZY_FETCH`): no object, ref or config of
 //! it changes.
 
 use anyhow::{Context, Result, anyhow};
+use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
@@ -31,8 +34,8 @@ pub enum Found {
     Git,
     /// A chunk-store file of its declared size (to be hashed).
     Store,
-    /// A blob of the user's repository of its declared size (to be copied
-    /// into the store, hashed).
+    /// A blob of the user's repository of its declared size (to be
+    /// hashed, then read from there).
     Clone,
     /// Nowhere here: fetch it.
     Missing,
@@ -162,10 +165,12 @@ impl Clone {
         })
     }
 
-    /// Copies blob `oid` into `store` as the chunk of `size` bytes and
-    /// digest `sha256`: `Ok(true)` once stored (hashed), `Ok(false)` when
-    /// the repository does not have it with that size and content.
-    pub fn copy(&mut self, oid: &str, size: u64, sha256: &[u8; 32], store: &Store) -> Result<bool> {
+    /// Hashes blob `oid` of the user's repository: `Ok(true)` when it is
+    /// there with `size` bytes and the sha256 `warmstart.json` gives the
+    /// chunk. Nothing is copied: the restore reads the blob from the
+    /// repository again (`open_blob`), and `verify` hashes it once more
+    /// before a byte of it is decoded.
+    pub fn check(&mut self, oid: &str, size: u64, sha256: &[u8; 32]) -> Result<bool> {
         writeln!(self.stdin, "{oid}").context("asking git cat-file --batch")?;
         self.stdin.flush().context("asking git cat-file --batch")?;
         let mut header = String::new();
@@ -173,30 +178,79 @@ impl Clone {
             .read_line(&mut header)
             .context("reading git cat-file --batch")?;
         let f: Vec<&str> = header.split_whitespace().collect();
-        let Some(len) = (match f[..] {
-            [_, kind, len] => len.parse::<u64>().ok().map(|n| (kind, n)),
-            _ => None,
-        }) else {
-            // `<oid> missing` (or anything unexpected): no content follows.
-            return Ok(false);
+        let (kind, len) = match f[..] {
+            [_, kind, len] => match len.parse::<u64>() {
+                Ok(n) => (kind, n),
+                Err(_) => return Ok(false),
+            },
+            // `<oid> missing`: no content follows.
+            _ => return Ok(false),
         };
-        let (kind, len) = len;
-        // `put` reads the whole object (it stops at `size` bytes); else it
-        // is skipped: either way the next answer starts after its newline.
-        let stored = if kind == "blob" && len == size {
-            store.put(&mut self.stdout, size, sha256)?
-        } else {
-            let skipped = std::io::copy(&mut (&mut self.stdout).take(len), &mut std::io::sink())?;
-            if skipped != len {
-                return Err(anyhow!("git cat-file --batch ended inside object {oid}"));
-            }
-            false
-        };
+        // The whole object is read (hashed or not), then its newline: the
+        // next answer starts after them.
+        let mut hasher = Sha256::new();
+        let read = std::io::copy(&mut (&mut self.stdout).take(len), &mut hasher)?;
+        if read != len {
+            return Err(anyhow!("git cat-file --batch ended inside object {oid}"));
+        }
         let mut nl = [0u8; 1];
         self.stdout
             .read_exact(&mut nl)
             .context("reading git cat-file --batch")?;
-        Ok(stored)
+        let got: [u8; 32] = hasher.finalize().into();
+        Ok(kind == "blob" && len == size && got == *sha256)
+    }
+}
+
+/// A blob of the user's repository, streamed (`git cat-file blob`): the
+/// reader fails rather than ending early if git fails.
+pub fn open_blob(git: &CacheGit, oid: &str) -> Result<CloneBlob> {
+    let mut child = git
+        .user_git()
+        .args(["cat-file", "blob", oid])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("running git cat-file in the repository")?;
+    let stdout = child.stdout.take().expect("piped");
+    Ok(CloneBlob {
+        child: Some(child),
+        stdout,
+        oid: oid.to_string(),
+    })
+}
+
+/// See `open_blob`.
+pub struct CloneBlob {
+    child: Option<Child>,
+    stdout: ChildStdout,
+    oid: String,
+}
+
+impl Read for CloneBlob {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.stdout.read(buf)?;
+        if n == 0
+            && !buf.is_empty()
+            && let Some(mut child) = self.child.take()
+            && !child.wait()?.success()
+        {
+            return Err(std::io::Error::other(format!(
+                "git cat-file blob {} failed in the repository",
+                self.oid
+            )));
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for CloneBlob {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
