@@ -37,6 +37,7 @@ pub mod publish;
 pub mod push;
 pub mod readme;
 pub mod restore;
+pub mod reuse;
 pub mod ssh;
 pub mod stamp;
 pub mod status;
