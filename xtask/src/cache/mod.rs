@@ -18,6 +18,7 @@ pub mod bootstrap;
 pub mod branch;
 pub mod check;
 pub mod compare;
+pub mod delta;
 pub mod direct;
 pub mod fallback;
 pub mod files;
