@@ -8,6 +8,7 @@ mod attack;
 mod attack2;
 mod broken_pipe;
 mod cache_concurrency;
+mod cache_delta;
 mod cache_fetch;
 mod cache_heal;
 mod cache_keys;
