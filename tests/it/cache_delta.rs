@@ -401,11 +401,16 @@ fn cache_delta_killed_at_any_point_ends_complete_and_equal_to_a_cold_restore() {
         let status = match point {
             Some(p) => run(cmd.env("WARMSTART_TEST_KILL_AT", p)).out.status,
             None => {
-                // At a random moment of the restore.
+                // At a random moment of the restore. Only warmstart is
+                // killed, as `kill -9 <pid>` would: a git it runs (in a
+                // process group of its own) finishes on its own, and the
+                // next run starts after it, as a user's would.
                 let mut child = cmd.spawn().unwrap();
-                std::thread::sleep(std::time::Duration::from_millis(rng.below(120) as u64));
+                std::thread::sleep(std::time::Duration::from_millis(rng.below(150) as u64));
                 let _ = child.kill();
-                child.wait().unwrap()
+                let status = child.wait().unwrap();
+                wait_for_orphans(fx.env.path());
+                status
             }
         };
         if point.is_some() {
@@ -416,5 +421,36 @@ fn cache_delta_killed_at_any_point_ends_complete_and_equal_to_a_cold_restore() {
         assert_same_tree(&cold[if next == "1" { 0 } else { 1 }], &fx.target);
         fx.assert_no_leftovers();
         fx.xtask(&["cache", "verify", "dt"]).ok();
+    }
+}
+
+/// Waits until no process runs in `dir` or names it (the git children a
+/// killed warmstart leaves: they hold git's locks until they finish).
+fn wait_for_orphans(dir: &Path) {
+    let me = std::process::id().to_string();
+    let dir = dir.to_string_lossy().into_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let busy = fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| {
+                let pid = e.file_name().to_string_lossy().into_owned();
+                if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
+                    return false;
+                }
+                let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cwd = fs::read_link(e.path().join("cwd")).unwrap_or_default();
+                String::from_utf8_lossy(&cmdline).contains(&dir)
+                    || cwd.to_string_lossy().starts_with(&dir)
+            });
+        if !busy {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes in {dir} never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }

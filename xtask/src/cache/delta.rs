@@ -289,6 +289,23 @@ fn now_ns() -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// `remember`, after the swap removed the tree before (links and that
+/// removal moved ctimes). A failure only costs the next restore its delta:
+/// a warning, never an error (the install itself is complete).
+pub fn remember_or_warn(
+    state_dir: &Path,
+    name: &str,
+    target: &Path,
+    key: &str,
+    tar_sha256: &str,
+    new: &NewIndex,
+) {
+    if let Err(e) = remember(state_dir, name, target, key, tar_sha256, new) {
+        eprintln!("warning: {e:#}; the next restore of {name} installs in full");
+    }
+    unpack::kill_point("delta:recorded");
+}
+
 /// The stat of each `File` entry of `index` in `target`, read through
 /// directory handles that never follow a symlink.
 fn stat_files(target: &Path, index: &Index) -> Result<Vec<FileStat>> {

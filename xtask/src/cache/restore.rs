@@ -969,6 +969,75 @@ fn same_stand_in(
     Ok(Some(o))
 }
 
+/// Where a cold restore puts what it staged.
+struct Installed<'a> {
+    m: &'a CacheManifest,
+    state_dir: &'a Path,
+    stamp_file: &'a Path,
+    journal: &'a Path,
+    overlay_file: &'a Path,
+}
+
+impl Installed<'_> {
+    /// Swaps `dest` in (replace) or merges it (merge, overlay).
+    fn swap_or_merge(&self, dest: &Path, overlay_plan: Option<&overlay::Plan>) -> Result<()> {
+        let (m, target) = (self.m, &self.m.restore_path);
+        // No stamp (nor delta record) while the target is being replaced: a
+        // crash between the swap and the new stamp must not leave the old
+        // stamp describing the new tree.
+        stamp::remove(self.stamp_file)?;
+        delta::forget(self.state_dir, &m.name)?;
+        match m.mode {
+            Mode::Replace => unpack::swap_dir(dest, target)?,
+            Mode::Merge => {
+                unpack::merge_into(dest, target, self.journal)?;
+            }
+            Mode::Overlay => {
+                let plan = overlay_plan.expect("overlay has a plan");
+                // Before the merge, so that a merge completed by the next
+                // run's journal replay leaves files the record knows.
+                overlay::save(self.overlay_file, &plan.record)?;
+                unpack::merge_into(dest, target, self.journal)?;
+                overlay::save(self.overlay_file, &overlay::settle(target, plan)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The stamp of what a cold restore installed.
+fn new_stamp(
+    m: &CacheManifest,
+    key: &Key,
+    branch: &Branch,
+    kp: &KeyPlan,
+    vstats: &verify::Stats,
+    files: u64,
+    partial: Option<stamp::Partial>,
+) -> Stamp {
+    let now = clock::now_ms();
+    Stamp {
+        format: stamp::STAMP_FORMAT,
+        name: m.name.clone(),
+        key: key.value.clone(),
+        key_parts: key.parts.clone(),
+        target: m.restore_path.clone(),
+        mode: stamp::mode_name(m.mode).to_string(),
+        branch: branch.name.clone(),
+        source: branch.remote.to_string(),
+        commit: branch.commit.clone(),
+        layout: kp.layout.to_string(),
+        manifest_sha256: branch.manifest_sha256.clone(),
+        tar_sha256: vstats.tar_sha256.clone(),
+        // The key's (a delta decodes only part of it).
+        tar_size: kp.plan.tar_size.unwrap_or(vstats.tar_bytes),
+        files,
+        restored_at: clock::rfc3339(now),
+        restored_at_ms: now,
+        partial,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn cold(
     sh: &Shell,
@@ -1024,21 +1093,19 @@ fn cold(
         Mode::Replace => delta::fetch_index(&git, &branch, &key.value)?,
         _ => None,
     };
-    let staged = delta::stage(
-        &delta::Ctx {
-            git: &git,
-            branch: &branch,
-            kp: &kp,
-            name: &m.name,
-            target,
-            state_dir: &state_dir,
-            stamp_file,
-            index: index.as_ref(),
-            allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
-            progress: opts.progress,
-        },
-        &dest,
-    )?;
+    let ctx = delta::Ctx {
+        git: &git,
+        branch: &branch,
+        kp: &kp,
+        name: &m.name,
+        target,
+        state_dir: &state_dir,
+        stamp_file,
+        index: index.as_ref(),
+        allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
+        progress: opts.progress,
+    };
+    let staged = delta::stage(&ctx, &dest)?;
     let (ustats, vstats, fetched) = (staged.unpacked, &staged.verified, &staged.fetched);
     phases.unpack_ms = t.elapsed().as_millis() as u64;
     phases.chunk_fetch_ms = fetched.fetch_ms;
@@ -1073,68 +1140,24 @@ fn cold(
 
     let t = Instant::now();
     if state != State::Verified {
-        // No stamp while the target is being replaced: a crash between the
-        // swap and the new stamp must not leave the old stamp describing the
-        // new tree.
-        stamp::remove(stamp_file)?;
-        delta::forget(&state_dir, &m.name)?;
-        match m.mode {
-            Mode::Replace => unpack::swap_dir(&dest, target)?,
-            Mode::Merge => {
-                unpack::merge_into(&dest, target, &journal)?;
-            }
-            Mode::Overlay => {
-                let plan = overlay_plan.as_ref().expect("overlay has a plan");
-                // Before the merge, so that a merge completed by the next
-                // run's journal replay leaves files the record knows.
-                overlay::save(&overlay_file, &plan.record)?;
-                unpack::merge_into(&dest, target, &journal)?;
-                overlay::save(&overlay_file, &overlay::settle(target, plan)?)?;
-            }
-        }
+        let installed = Installed {
+            m,
+            state_dir: &state_dir,
+            stamp_file,
+            journal: &journal,
+            overlay_file: &overlay_file,
+        };
+        installed.swap_or_merge(&dest, overlay_plan.as_ref())?;
         staging.0 = None;
         unpack::kill_point("restore:installed");
         if let Some(Ok(new)) = &index {
-            // After the swap removed the tree before: links moved ctimes.
-            let r = delta::remember(
-                &state_dir,
-                &m.name,
-                target,
-                &key.value,
-                &vstats.tar_sha256,
-                new,
-            );
-            if let Err(e) = r {
-                eprintln!(
-                    "warning: {e:#}; the next restore of {} installs in full",
-                    m.name
-                );
-            }
-            unpack::kill_point("delta:recorded");
+            let tar = &vstats.tar_sha256;
+            delta::remember_or_warn(&state_dir, &m.name, target, &key.value, tar, new);
         }
     }
     drop(staging);
     let files = ustats.files + ustats.dirs + ustats.symlinks + ustats.hardlinks;
-    let now = clock::now_ms();
-    let s = Stamp {
-        format: stamp::STAMP_FORMAT,
-        name: m.name.clone(),
-        key: key.value.clone(),
-        key_parts: key.parts.clone(),
-        target: target.clone(),
-        mode: stamp::mode_name(m.mode).to_string(),
-        branch: branch.name.clone(),
-        source: branch.remote.to_string(),
-        commit: branch.commit.clone(),
-        layout: kp.layout.to_string(),
-        manifest_sha256: branch.manifest_sha256.clone(),
-        tar_sha256: vstats.tar_sha256.clone(),
-        tar_size: kp.plan.tar_size.unwrap_or(vstats.tar_bytes),
-        files,
-        restored_at: clock::rfc3339(now),
-        restored_at_ms: now,
-        partial: partial.clone(),
-    };
+    let s = new_stamp(m, key, &branch, &kp, vstats, files, partial.clone());
     stamp::store(stamp_file, &s)?;
     phases.install_ms = t.elapsed().as_millis() as u64;
     if let Err(why) = ready(m) {
