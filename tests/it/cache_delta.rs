@@ -59,10 +59,15 @@ impl Fx {
 
     /// Publishes `dt-<v>`: the artifact with files `changed` at version `v`.
     fn publish(&self, v: &str, changed: &[usize]) {
+        self.publish_as(v, v, changed);
+    }
+
+    /// Publishes key `dt-<v>` with the content of version `content`.
+    fn publish_as(&self, v: &str, content: &str, changed: &[usize]) {
         self.pin(v);
         let art = self.env.join("art");
         let _ = fs::remove_dir_all(&art);
-        artifact(&art, v, changed);
+        artifact(&art, content, changed);
         self.json(&["cache", "publish", "dt", "--json"]);
     }
 
@@ -166,6 +171,12 @@ fn cache_delta_links_what_did_not_change_and_equals_a_cold_restore() {
         "{text}"
     );
     assert_same_tree(&fx.cold("3"), &fx.target);
+    // A new key with nothing changed: every file linked, nothing decoded.
+    fx.publish_as("4", "3", &[7]);
+    let j = fx.restore("4");
+    assert_eq!(j["files_linked"], FILES as u64 + 1, "{j}");
+    assert_eq!(j["tar_bytes"], 0, "{j}");
+    assert_same_tree(&fx.cold("4"), &fx.target);
 }
 
 /// What a user may do to an installed file.

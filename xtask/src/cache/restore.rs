@@ -791,7 +791,13 @@ pub fn stream_key<T>(
         verify::Phase::Verified => fetch_bar.inc(n),
         verify::Phase::Unpacked => unpack_bar.inc(n),
     };
-    let r = verify::stream(&kp.plan, &mut open, &on_progress, consume);
+    let r = if kp.plan.pieces.is_empty() {
+        // A delta install with nothing to decode (zstd refuses an empty
+        // stream): the consumer reads nothing.
+        consume(&mut std::io::empty()).map(|v| (v, verify::Stats::default()))
+    } else {
+        verify::stream(&kp.plan, &mut open, &on_progress, consume)
+    };
     fetch_bar.finish_and_clear();
     unpack_bar.finish_and_clear();
     let fetched = chunks.stats();
