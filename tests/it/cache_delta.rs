@@ -35,7 +35,7 @@ impl Fx {
             ("cold", env.join("cold/dt"), "branch = \"dt-cache\"\n"),
         ] {
             let text = format!(
-                "[cache]\ndescription = \"delta\"\n{branch}\n{pins}\n[pack]\nroot = \"../art\"\n\n[publish]\nchunk_bytes = \"64KiB\"\n\n[restore]\npath = \"{}\"\n",
+                "[cache]\ndescription = \"delta\"\n{branch}\n{pins}\n[pack]\nroot = \"../art\"\n\n[publish]\nchunk_avg = \"8KiB\"\n\n[restore]\npath = \"{}\"\n",
                 path.display()
             );
             fs::create_dir_all(work.join("cache-manifests")).unwrap();
@@ -154,6 +154,12 @@ fn cache_delta_links_what_did_not_change_and_equals_a_cold_restore() {
     // Every file but the two, plus bin/tool; bin/hard is the link of f001.
     assert_eq!(j["files_linked"], FILES as u64 - 2 + 1, "{j}");
     assert!(j["bytes_linked"].as_u64().unwrap() > 198 * 1000, "{j}");
+    // Independent frames: only the chunks holding the two files decoded.
+    let (decoded, skipped) = (
+        j["tar_bytes"].as_u64().unwrap(),
+        j["chunks_skipped"].as_u64().unwrap(),
+    );
+    assert!(skipped >= 10 && decoded < 100_000, "{j}");
     for (i, ino) in before.iter().enumerate() {
         let same = fx.ino(&rel_of(i)) == *ino;
         assert_eq!(same, ![7, 150].contains(&i), "{}", rel_of(i));
