@@ -726,7 +726,7 @@ fn resign(
     args: &crate::cli::cache::ResignArgs,
     out: &Reporter,
 ) -> Result<ResignSummary> {
-    use crate::trust::sign::{Signed, signing_key};
+    use crate::trust::sign::signing_key;
     let m = manifest::load(repo, &args.name)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
@@ -763,64 +763,17 @@ fn resign(
             resigned: Vec::new(),
             skipped: Vec::new(),
         };
-        let mut signatures: BTreeMap<String, Signed> = BTreeMap::new();
-        for (k, e) in &state.manifest.keys {
-            if !args.keys.is_empty() && !args.keys.contains(k) {
-                continue;
-            }
-            let files = state.key_files(&git, k)?;
-            let old = checker.judge(sh, &m, k, e, &files, None)?;
-            if !old.trusted() && old.verdict != "ungated" {
-                let why = format!(
-                    "{}: {}; only keys trusted at HEAD are re-signed (republish it instead)",
-                    old.verdict,
-                    old.reason.as_deref().unwrap_or("not trusted")
-                );
-                out.warn(format!("not re-signing key {k}: {why}"));
-                summary.skipped.push((k.clone(), why));
-                continue;
-            }
-            let statement = statement::Statement::from_entry(&m.name, k, e)
-                .render()
-                .into_bytes();
-            let sig = crate::trust::sshsig::sign(sh, &key_file, &statement)?;
-            let new = crate::trust::KeyFiles {
-                statement: Some(statement.clone()),
-                sig: Some(sig.clone()),
-            };
-            let v = checker.judge(sh, &m, k, e, &new, None)?;
-            if !v.trusted() && v.verdict != "ungated" {
-                return Err(fail(
-                    Code::Untrusted,
-                    format!(
-                        "the signing key {} is not trusted for cache {} ({}; signer seen: {}): add its public key to {} first; nothing was pushed",
-                        key_file.display(),
-                        m.name,
-                        v.reason.as_deref().unwrap_or("not trusted"),
-                        v.signer.as_deref().unwrap_or("none"),
-                        checker.root.signers_where()
-                    ),
-                ));
-            }
-            summary.signed_by = v.signer.clone();
-            summary.resigned.push(k.clone());
-            signatures.insert(
-                k.clone(),
-                Signed {
-                    statement,
-                    sig,
-                    signer: v.signer,
-                },
-            );
-        }
-        for k in &args.keys {
-            if !state.manifest.keys.contains_key(k) {
-                return Err(fail(
-                    Code::NotFound,
-                    format!("{} on {remote} has no key {k}", m.branch),
-                ));
-            }
-        }
+        let signatures = sign_keys(
+            sh,
+            &mut checker,
+            &m,
+            &state,
+            args,
+            &key_file,
+            (&git, &remote),
+            out,
+            &mut summary,
+        )?;
         if signatures.is_empty() {
             out.say(format!("nothing re-signed on {}", m.branch));
             return Ok(summary);
@@ -828,42 +781,9 @@ fn resign(
         // The keys `--key` left out go into the commit byte for byte,
         // checked first as a publish checks the keys it keeps.
         if !args.keys.is_empty() {
-            let others: Vec<String> = state
-                .manifest
-                .keys
-                .keys()
-                .filter(|k| !args.keys.contains(k))
-                .cloned()
-                .collect();
-            let files = crate::trust::files_of_keys(&git, &state.entries, &others)?;
-            let warn = |line: String| out.warn(line);
-            crate::trust::sign::check_kept(
-                sh,
-                &mut checker,
-                &m,
-                &state.manifest,
-                None,
-                &files,
-                &warn,
-            )?;
+            check_others(sh, &mut checker, &m, &git, &state, &args.keys, out)?;
         }
-        let refs: BTreeMap<String, &Signed> =
-            signatures.iter().map(|(k, s)| (k.clone(), s)).collect();
-        let message = format!(
-            "warmstart cache {}: re-sign {}\n\nRe-signed by warmstart {} (no chunk changed).\n",
-            m.name,
-            summary.resigned.join(", "),
-            env!("CARGO_PKG_VERSION")
-        );
-        let commit = write_root_commit(
-            &git,
-            &m,
-            &remote,
-            &state.manifest,
-            &state.oids(),
-            &refs,
-            &message,
-        )?;
+        let commit = resign_commit(&git, &m, &remote, &state, &signatures, &summary)?;
         match git.push_branch(
             &remote,
             &m.branch,
@@ -898,6 +818,137 @@ fn resign(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Checks the keys of `state` that `--key` (`keys`) leaves out, as a
+/// publish checks the keys it keeps.
+fn check_others(
+    sh: &Shell,
+    checker: &mut crate::trust::Checker,
+    m: &CacheManifest,
+    git: &CacheGit,
+    state: &BranchState,
+    keys: &[String],
+    out: &Reporter,
+) -> Result<()> {
+    let others: Vec<String> = state
+        .manifest
+        .keys
+        .keys()
+        .filter(|k| !keys.contains(k))
+        .cloned()
+        .collect();
+    let files = crate::trust::files_of_keys(git, &state.entries, &others)?;
+    let warn = |line: String| out.warn(line);
+    crate::trust::sign::check_kept(sh, checker, m, &state.manifest, None, &files, &warn)?;
+    Ok(())
+}
+
+/// The root commit of `state` with the new `signatures` (chunks and
+/// warmstart.json as they are).
+fn resign_commit(
+    git: &CacheGit,
+    m: &CacheManifest,
+    remote: &Remote,
+    state: &BranchState,
+    signatures: &BTreeMap<String, crate::trust::sign::Signed>,
+    summary: &ResignSummary,
+) -> Result<String> {
+    let refs: BTreeMap<String, &crate::trust::sign::Signed> =
+        signatures.iter().map(|(k, s)| (k.clone(), s)).collect();
+    let message = format!(
+        "warmstart cache {}: re-sign {}\n\nRe-signed by warmstart {} (no chunk changed).\n",
+        m.name,
+        summary.resigned.join(", "),
+        env!("CARGO_PKG_VERSION")
+    );
+    write_root_commit(
+        git,
+        m,
+        remote,
+        &state.manifest,
+        &state.oids(),
+        &refs,
+        &message,
+    )
+}
+
+/// Signs the statement of each key of `state` that `args` names (all
+/// when none) and that is trusted at HEAD, with `key_file`; a key left out
+/// goes into `summary.skipped` with why. Exit 12 when the new signature
+/// would not be trusted itself, exit 4 for a `--key` the branch lacks.
+#[allow(clippy::too_many_arguments)]
+fn sign_keys(
+    sh: &Shell,
+    checker: &mut crate::trust::Checker,
+    m: &CacheManifest,
+    state: &BranchState,
+    args: &crate::cli::cache::ResignArgs,
+    key_file: &Path,
+    (git, remote): (&CacheGit, &Remote),
+    out: &Reporter,
+    summary: &mut ResignSummary,
+) -> Result<BTreeMap<String, crate::trust::sign::Signed>> {
+    use crate::trust::sign::Signed;
+    let mut signatures: BTreeMap<String, Signed> = BTreeMap::new();
+    for (k, e) in &state.manifest.keys {
+        if !args.keys.is_empty() && !args.keys.contains(k) {
+            continue;
+        }
+        let files = state.key_files(git, k)?;
+        let old = checker.judge(sh, m, k, e, &files, None)?;
+        if !old.trusted() && old.verdict != "ungated" {
+            let why = format!(
+                "{}: {}; only keys trusted at HEAD are re-signed (republish it instead)",
+                old.verdict,
+                old.reason.as_deref().unwrap_or("not trusted")
+            );
+            out.warn(format!("not re-signing key {k}: {why}"));
+            summary.skipped.push((k.clone(), why));
+            continue;
+        }
+        let statement = statement::Statement::from_entry(&m.name, k, e)
+            .render()
+            .into_bytes();
+        let sig = crate::trust::sshsig::sign(sh, key_file, &statement)?;
+        let new = crate::trust::KeyFiles {
+            statement: Some(statement.clone()),
+            sig: Some(sig.clone()),
+        };
+        let v = checker.judge(sh, m, k, e, &new, None)?;
+        if !v.trusted() && v.verdict != "ungated" {
+            return Err(fail(
+                Code::Untrusted,
+                format!(
+                    "the signing key {} is not trusted for cache {} ({}; signer seen: {}): add its public key to {} first; nothing was pushed",
+                    key_file.display(),
+                    m.name,
+                    v.reason.as_deref().unwrap_or("not trusted"),
+                    v.signer.as_deref().unwrap_or("none"),
+                    checker.root.signers_where()
+                ),
+            ));
+        }
+        summary.signed_by = v.signer.clone();
+        summary.resigned.push(k.clone());
+        signatures.insert(
+            k.clone(),
+            Signed {
+                statement,
+                sig,
+                signer: v.signer,
+            },
+        );
+    }
+    for k in &args.keys {
+        if !state.manifest.keys.contains_key(k) {
+            return Err(fail(
+                Code::NotFound,
+                format!("{} on {remote} has no key {k}", m.branch),
+            ));
+        }
+    }
+    Ok(signatures)
 }
 
 /// `WARMSTART_PUBLISH_LEASE_DEADLINE`, else `[publish] lease_deadline`,
@@ -1234,28 +1285,7 @@ fn pack_into_git(
     // One chunk queued while git stores another and zstd fills a third:
     // disk use stays at a few chunks whatever the artifact's size.
     let (tx, rx) = mpsc::sync_channel::<ChunkFile>(1);
-    let writer_git = git.clone();
-    let writer = std::thread::spawn(move || -> Result<BTreeMap<usize, String>> {
-        let mut oids = BTreeMap::new();
-        let mut blobs = None;
-        for c in rx {
-            let w = match &mut blobs {
-                Some(w) => w,
-                None => blobs.insert(writer_git.blob_writer()?),
-            };
-            let oid = w
-                .write_file(&c.path)
-                .with_context(|| format!("storing chunk {}", c.name))?;
-            std::fs::remove_file(&c.path)
-                .with_context(|| format!("removing {}", c.path.display()))?;
-            oids.insert(c.index, oid);
-        }
-        if let Some(w) = blobs {
-            w.finish()?;
-        }
-        Ok(oids)
-    });
-
+    let writer = spawn_blob_writer(git.clone(), rx);
     let mut reused = BTreeMap::new();
     let bar = out.bar(plan.file_bytes, "pack");
     let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
@@ -1307,6 +1337,53 @@ fn pack_into_git(
     let n = packed.chunks.len();
     let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();
     oids.extend(reused);
+    let (entry, files) = key_entry(git, key, &packed, oids, opts)?;
+    Ok(PackedKey {
+        entry,
+        oids: files,
+        reused: is_reused,
+    })
+}
+
+/// A thread that stores each chunk file it is sent as a blob in cache.git
+/// and deletes the file; it returns the blob ids by chunk index.
+fn spawn_blob_writer(
+    git: CacheGit,
+    rx: mpsc::Receiver<ChunkFile>,
+) -> std::thread::JoinHandle<Result<BTreeMap<usize, String>>> {
+    std::thread::spawn(move || -> Result<BTreeMap<usize, String>> {
+        let mut oids = BTreeMap::new();
+        let mut blobs = None;
+        for c in rx {
+            let w = match &mut blobs {
+                Some(w) => w,
+                None => blobs.insert(git.blob_writer()?),
+            };
+            let oid = w
+                .write_file(&c.path)
+                .with_context(|| format!("storing chunk {}", c.name))?;
+            std::fs::remove_file(&c.path)
+                .with_context(|| format!("removing {}", c.path.display()))?;
+            oids.insert(c.index, oid);
+        }
+        if let Some(w) = blobs {
+            w.finish()?;
+        }
+        Ok(oids)
+    })
+}
+
+/// The entry of `key` packed as `packed` (chunks named now that their
+/// count is known, the file index stored as a blob), and the blob ids of
+/// its files by name; `oids` holds the chunks' ids by index.
+fn key_entry(
+    git: &CacheGit,
+    key: &str,
+    packed: &pack::Packed,
+    mut oids: BTreeMap<usize, String>,
+    opts: PackOptions,
+) -> Result<(KeyEntry, BTreeMap<String, String>)> {
+    let n = packed.chunks.len();
     let mut files: BTreeMap<String, String> = (0..n)
         .map(|i| {
             let oid = oids
@@ -1339,7 +1416,7 @@ fn pack_into_git(
                 raw_sha256: Some(c.raw_sha256.clone()),
             })
             .collect(),
-        tar_sha256: packed.tar.sha256,
+        tar_sha256: packed.tar.sha256.clone(),
         tar_size: packed.tar.size,
         files: packed.tar.entries,
         key_parts: Vec::new(),
@@ -1352,11 +1429,7 @@ fn pack_into_git(
         frames: Some(opts.params.frames(opts.sizes)),
         index: Some(index),
     };
-    Ok(PackedKey {
-        entry,
-        oids: files,
-        reused: is_reused,
-    })
+    Ok((entry, files))
 }
 
 /// Removes chunk directories left by publishes that were killed (their
