@@ -36,6 +36,7 @@
 //!
 //! Left open: a write into an installed file in the moment between its
 //! check and its link reaches the new tree (the same inode).
+#![warn(clippy::too_many_lines)]
 
 use anyhow::{Context, Result, anyhow};
 use sha2::{Digest, Sha256};
