@@ -9,6 +9,7 @@ mod attack2;
 mod broken_pipe;
 mod cache_batch;
 mod cache_concurrency;
+mod cache_delta;
 mod cache_fetch;
 mod cache_gc;
 mod cache_frames;

@@ -16,6 +16,7 @@
 //! most two maximum chunks, and at most `2 * workers` chunks (and at most
 //! `IN_FLIGHT_BYTES` of them) are being compressed or wait to be handed over.
 
+#![warn(clippy::too_many_lines)]
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

@@ -20,6 +20,7 @@ pub mod branch;
 pub mod check;
 pub mod chunks;
 pub mod compare;
+pub mod delta;
 pub mod direct;
 pub mod fallback;
 pub mod files;

@@ -20,6 +20,7 @@
 //! This module never runs git and never writes outside the chunk directory
 //! it is given.
 
+#![warn(clippy::too_many_lines)]
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -245,6 +246,21 @@ struct Dir {
 /// one `fstatat` relative to the open directory (no path lookup from the
 /// root), the globs as `Rules` says, and one sort of the selected entries.
 pub fn plan_tree(root: &Path, keep_mtime: bool, rules: &Rules) -> Result<Plan> {
+    check_root(root)?;
+    let (mut selected, dirs) = walk(root, rules)?;
+    add_parents(&mut selected, &dirs);
+    let (items, file_bytes) = link_names(selected);
+    Ok(Plan {
+        root: root.to_path_buf(),
+        items,
+        file_bytes,
+        keep_mtime,
+    })
+}
+
+/// The pack root must be a directory: `NotFound` when it is missing
+/// (nothing was built), `Config` when it is something else.
+fn check_root(root: &Path) -> Result<()> {
     let root_md = match fs::metadata(root) {
         Ok(md) => md,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -267,10 +283,24 @@ pub fn plan_tree(root: &Path, keep_mtime: bool, rules: &Rules) -> Result<Plan> {
             ),
         ));
     }
-    let mut selected: Vec<(Item, Option<(u64, u64)>)> = Vec::new();
+    Ok(())
+}
+
+/// A selected entry, with its (device, inode) when it has several names.
+type Selected = (Item, Option<(u64, u64)>);
+
+/// Every directory read, by path: its mode, mtime, stat, and whether it is
+/// selected itself.
+type Dirs = BTreeMap<Vec<u8>, (u32, u64, Stat, bool)>;
+
+/// Reads the tree under `root` as `rules` allow: the selected entries in
+/// walk order, and every directory read. A special file selected is
+/// `Unsafe`, naming the first few.
+fn walk(root: &Path, rules: &Rules) -> Result<(Vec<Selected>, Dirs)> {
+    let mut selected: Vec<Selected> = Vec::new();
     // Every directory to read, with its entry's mode, mtime, stat and
     // whether it is selected itself (for the parents below).
-    let mut dirs: BTreeMap<Vec<u8>, (u32, u64, Stat, bool)> = BTreeMap::new();
+    let mut dirs: Dirs = BTreeMap::new();
     let mut special = Vec::new();
     let mut stack = vec![Dir {
         rel: Vec::new(),
@@ -352,6 +382,12 @@ pub fn plan_tree(root: &Path, keep_mtime: bool, rules: &Rules) -> Result<Plan> {
             ),
         ));
     }
+    Ok((selected, dirs))
+}
+
+/// Adds the directories above selected entries that were not selected
+/// themselves.
+fn add_parents(selected: &mut Vec<Selected>, dirs: &Dirs) {
     // Directories above a selected entry are packed too, so that their
     // modes travel even when only their contents were selected. Entries of
     // one directory are consecutive here, so each directory's ancestors are
@@ -359,7 +395,7 @@ pub fn plan_tree(root: &Path, keep_mtime: bool, rules: &Rules) -> Result<Plan> {
     // already added, whose own ancestors are then already handled.
     let mut parents = BTreeSet::new();
     let mut last_parent: &[u8] = b"";
-    for (item, _) in &selected {
+    for (item, _) in selected.iter() {
         let Some(slash) = item.rel.iter().rposition(|&b| b == b'/') else {
             continue;
         };
@@ -397,6 +433,12 @@ pub fn plan_tree(root: &Path, keep_mtime: bool, rules: &Rules) -> Result<Plan> {
             None,
         ));
     }
+}
+
+/// Sorts the entries into tar order and turns every later name of a
+/// multiply-linked file into a hardlink entry; returns them and the bytes
+/// of regular files.
+fn link_names(mut selected: Vec<Selected>) -> (Vec<Item>, u64) {
     // Paths are unique, so an unstable sort gives the one order there is.
     selected.sort_unstable_by(|a, b| a.0.rel.cmp(&b.0.rel));
     // The first name of a multiply-linked file (in tar order) carries the
@@ -418,12 +460,7 @@ pub fn plan_tree(root: &Path, keep_mtime: bool, rules: &Rules) -> Result<Plan> {
         }
         items.push(item);
     }
-    Ok(Plan {
-        root: root.to_path_buf(),
-        items,
-        file_bytes,
-        keep_mtime,
-    })
+    (items, file_bytes)
 }
 
 fn join(root: &Path, rel: &[u8]) -> PathBuf {

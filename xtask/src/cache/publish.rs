@@ -13,6 +13,7 @@
 //! Never: commit with a parent, push without a lease, replace a branch that
 //! is not a cache branch, or push when this key's bytes are already there.
 
+#![warn(clippy::too_many_lines)]
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use serde_json::Value;
@@ -160,35 +161,10 @@ pub fn run(sh: &Shell, args: PublishArgs) -> Result<()> {
 pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let out = Reporter::new(req.quiet, req.json);
     let started = Instant::now();
-    let mut timings = BTreeMap::new();
     let m = manifest::load(repo, &req.name)?;
     let deadline = lease_deadline(&m)?;
     let key = manifest::compute_key(sh, repo, &m)?;
-    let mut summary = Summary {
-        status: "key-only",
-        name: m.name.clone(),
-        key: key.value.clone(),
-        key_parts: key.parts.clone(),
-        branch: m.branch.clone(),
-        remote: None,
-        commit: None,
-        previous_commit: None,
-        files: None,
-        file_bytes: None,
-        unchanged_by: None,
-        tar_size: None,
-        tar_sha256: None,
-        compressed_size: None,
-        chunks: Vec::new(),
-        keys_on_branch: Vec::new(),
-        pruned: Vec::new(),
-        gates_required: m.gates.clone(),
-        ungated: false,
-        signed_by: None,
-        duration_ms: None,
-        timings_ms: BTreeMap::new(),
-        push: None,
-    };
+    let mut summary = Summary::new(&m, &key);
     if req.key_only {
         out.say(&key.value);
         for p in &key.parts {
@@ -203,13 +179,12 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let t = Instant::now();
     let planned_at_ns = clock::now_ns();
     let plan = pack::plan(&m)?;
-    timings.insert("plan", ms(t.elapsed()));
+    summary.timings_ms.insert("plan", ms(t.elapsed()));
     summary.files = Some(plan.items.len() as u64);
     summary.file_bytes = Some(plan.file_bytes);
 
     if req.dry_run {
         summary.status = "dry-run";
-        summary.timings_ms = timings;
         print_plan(&out, &m, &key, &plan, &remote);
         return Ok(summary);
     }
@@ -220,7 +195,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         stamp: stamp.digest.clone(),
         planned_at_ns,
     };
-    timings.insert("stamp", ms(t.elapsed()));
+    summary.timings_ms.insert("stamp", ms(t.elapsed()));
 
     let (gate_record, ungated) = gate_record(sh, repo, &m, req.allow_ungated, &out)?;
     summary.ungated = ungated;
@@ -232,149 +207,35 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let mut git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
     git.set_network(&m.network)?;
     let t = Instant::now();
-    let mut state = healing(|| BranchState::load(&git, &remote, &m.branch, &out))?;
-    timings.insert("fetch", ms(t.elapsed()));
+    let state = healing(|| BranchState::load(&git, &remote, &m.branch, &out))?;
+    summary.timings_ms.insert("fetch", ms(t.elapsed()));
     summary.previous_commit = state.as_ref().map(|s| s.commit.clone());
 
-    let t = Instant::now();
-    let old_entry = state
-        .as_ref()
-        .and_then(|s| s.manifest.keys.get(&key.value).cloned());
-    let old_oids = state.as_ref().map(|s| s.oids()).unwrap_or_default();
-
-    // An unchanged artifact is found without compressing anything when this
-    // clone's record (module `packed`) says the branch's chunks are what
-    // today's packing of that very tar makes: then the tar's sha256 alone
-    // decides, as `same_artifact` would after a full pack. Hashing the tar
-    // costs a read of the files and SHA-NI, a fraction of zstd and git. And
-    // when the record also says today's files are the very ones that made
-    // that tar (same stamp, not racy), not even the hash is needed.
-    let record_path = packed::path(&repo.state_dir(), &m.name);
+    let cx = Cx {
+        sh,
+        repo,
+        m: &m,
+        key: &key,
+        remote: &remote,
+        git: &git,
+        out: &out,
+    };
     let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
     let params = packed::pack_params(&opts.params.frames(opts.sizes));
-    let record = packed::load(&record_path);
-    if let (Some(s), Some(old)) = (&state, &old_entry)
-        && old.ungated == ungated
-        && let Some(record) = record.filter(|r| {
-            r.vouches_for(
-                &key.value,
-                &s.commit,
-                &old.tar_sha256,
-                old.tar_size,
-                &params,
-            )
-        })
-    {
-        let how = if record.same_tree(&stamp) {
-            Some((
-                "stat",
-                format!(
-                    "lstat of {} as at this clone's last publish, ctime included: nothing read, nothing compressed",
-                    plural(plan.items.len(), "entry", "entries")
-                ),
-            ))
-        } else {
-            let bar = out.bar(plan.file_bytes, "digest");
-            let digest = pack::tar_digest(&plan, &mut |d| bar.set_position(d))?;
-            bar.finish_and_clear();
-            timings.insert("digest", ms(t.elapsed()));
-            if digest.sha256 != old.tar_sha256 || digest.size != old.tar_size {
-                None
-            } else {
-                // The files hashed to the recorded tar: record today's stamp
-                // so that the next publish need not read them.
-                let record = packed::Record {
-                    tree: Some(tree.clone()),
-                    ..record
-                };
-                if let Err(e) = packed::save(&record_path, &record) {
-                    out.warn(format!("{e:#} (the next publish hashes the tar again)"));
-                }
-                Some((
-                    "digest",
-                    format!(
-                        "hashed in {}, nothing compressed",
-                        crate::clock::human(t.elapsed())
-                    ),
-                ))
-            }
-        };
-        if let Some((by, how)) = how {
-            git.set_local_branch(&m.branch, &s.commit)?;
-            summary.status = "unchanged";
-            summary.unchanged_by = Some(by);
-            summary.commit = Some(s.commit.clone());
-            summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
-            summary.tar_size = Some(old.tar_size);
-            summary.tar_sha256 = Some(old.tar_sha256.clone());
-            summary.compressed_size = Some(old.chunks.iter().map(|c| c.size).sum());
-            summary.chunks = old
-                .chunks
-                .iter()
-                .map(|c| ChunkJson {
-                    file: c.file.clone(),
-                    size: c.size,
-                    sha256: c.sha256.clone(),
-                    reused: true,
-                })
-                .collect();
-            out.say(format!(
-                "unchanged: {} on {} already holds key {} with the same tar (sha256 {}; {how}); no commit, no push",
-                m.branch,
-                remote.shown_name(),
-                key.value,
-                &old.tar_sha256[..12],
-            ));
-            summary.duration_ms = Some(ms(started.elapsed()));
-            summary.timings_ms = timings;
-            return Ok(summary);
-        }
-    }
-    let t = Instant::now();
-    let packed = pack_into_git(
-        &git,
-        &m,
-        &key.value,
-        &plan,
-        old_entry.as_ref(),
-        &old_oids,
-        &out,
-    )?;
-    timings.insert("pack", ms(t.elapsed()));
-    summary.tar_size = Some(packed.entry.tar_size);
-    summary.tar_sha256 = Some(packed.entry.tar_sha256.clone());
-    summary.compressed_size = Some(packed.entry.chunks.iter().map(|c| c.size).sum());
-    summary.chunks = packed
-        .entry
-        .chunks
-        .iter()
-        .zip(&packed.reused)
-        .map(|(c, &reused)| ChunkJson {
-            file: c.file.clone(),
-            size: c.size,
-            sha256: c.sha256.clone(),
-            reused,
-        })
-        .collect();
-    out.say(format!(
-        "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s), {}",
-        plural(plan.items.len(), "entry", "entries"),
-        human_bytes(plan.file_bytes),
-        human_bytes(packed.entry.tar_size),
-        human_bytes(summary.compressed_size.unwrap_or(0)),
-        packed.entry.chunks.len(),
-        crate::clock::human(t.elapsed())
-    ));
-
-    let mut entry = KeyEntry {
-        gates: gate_record,
+    let record_path = packed::path(&repo.state_dir(), &m.name);
+    if cx.unchanged_by_record(
+        state.as_ref(),
         ungated,
-        source_commit: rev_parse(sh, &repo.root, "HEAD"),
-        source_tree: rev_parse(sh, &repo.root, "HEAD^{tree}"),
-        key_parts: key.parts.clone(),
-        ..packed.entry
-    };
-    entry.created_at = clock::rfc3339(clock::now_ms());
+        &plan,
+        &stamp,
+        &tree,
+        &params,
+        &mut summary,
+    )? {
+        summary.duration_ms = Some(ms(started.elapsed()));
+        return Ok(summary);
+    }
+    let (entry, oids) = cx.pack(state.as_ref(), &plan, gate_record, ungated, &mut summary)?;
     let t = Instant::now();
     let mut checker = crate::trust::Checker::new(sh, repo)?;
     let warn = |line: String| out.warn(line);
@@ -388,41 +249,375 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         &warn,
     )?;
     summary.signed_by = signed.as_ref().and_then(|s| s.signer.clone());
-    timings.insert("sign", ms(t.elapsed()));
+    summary.timings_ms.insert("sign", ms(t.elapsed()));
 
-    let mut lease = Lease::new(deadline);
-    loop {
-        let old = state.as_ref().and_then(|s| s.manifest.keys.get(&key.value));
-        if let (Some(s), Some(old)) = (&state, old)
-            && same_artifact(old, &entry)
-        {
-            git.set_local_branch(&m.branch, &s.commit)?;
-            summary.status = "unchanged";
-            summary.unchanged_by = Some("pack");
-            summary.commit = Some(s.commit.clone());
-            summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
-            out.say(format!(
-                "unchanged: {} on {} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
-                m.branch,
-                remote.shown_name(),
-                key.value,
-                &entry.tar_sha256[..12]
-            ));
-            break;
+    let new = NewKey {
+        entry: &entry,
+        oids: &oids,
+        signed: signed.as_ref(),
+    };
+    cx.land(state, &new, &mut checker, deadline, &mut summary)?;
+    if let Some(commit) = &summary.commit {
+        save_record(&record_path, &m, &key, commit, &entry, params, tree, &out);
+    }
+    summary.duration_ms = Some(ms(started.elapsed()));
+    Ok(summary)
+}
+
+/// Records in this clone that the branch's `commit` holds `entry`'s tar
+/// packed with `params`, from the plan `tree` (module `packed`).
+#[allow(clippy::too_many_arguments)]
+fn save_record(
+    path: &Path,
+    m: &CacheManifest,
+    key: &Key,
+    commit: &str,
+    entry: &KeyEntry,
+    params: String,
+    tree: packed::TreeRecord,
+    out: &Reporter,
+) {
+    let record = packed::Record {
+        format: packed::RECORD_FORMAT,
+        name: m.name.clone(),
+        key: key.value.clone(),
+        branch: m.branch.clone(),
+        commit: commit.to_string(),
+        tar_sha256: entry.tar_sha256.clone(),
+        tar_size: entry.tar_size,
+        pack: params,
+        tree: Some(tree),
+    };
+    // Only an optimisation is lost without it: the next publish packs in full.
+    if let Err(e) = packed::save(path, &record) {
+        out.warn(format!("{e:#} (the next publish packs in full)"));
+    }
+}
+
+impl Summary {
+    /// What a publish of `key` says before it has done anything.
+    fn new(m: &CacheManifest, key: &Key) -> Summary {
+        Summary {
+            status: "key-only",
+            name: m.name.clone(),
+            key: key.value.clone(),
+            key_parts: key.parts.clone(),
+            branch: m.branch.clone(),
+            remote: None,
+            commit: None,
+            previous_commit: None,
+            files: None,
+            file_bytes: None,
+            unchanged_by: None,
+            tar_size: None,
+            tar_sha256: None,
+            compressed_size: None,
+            chunks: Vec::new(),
+            keys_on_branch: Vec::new(),
+            pruned: Vec::new(),
+            gates_required: m.gates.clone(),
+            ungated: false,
+            signed_by: None,
+            duration_ms: None,
+            timings_ms: BTreeMap::new(),
+            push: None,
         }
-        // `[publish] keep`: the keys to drop in this same commit, judged
-        // again on every attempt (another publisher may have added some).
+    }
+
+    /// The tar and chunks of a packed key.
+    fn fill_packed(&mut self, packed: &PackedKey) {
+        self.tar_size = Some(packed.entry.tar_size);
+        self.tar_sha256 = Some(packed.entry.tar_sha256.clone());
+        self.compressed_size = Some(packed.entry.chunks.iter().map(|c| c.size).sum());
+        self.chunks = packed
+            .entry
+            .chunks
+            .iter()
+            .zip(&packed.reused)
+            .map(|(c, &reused)| ChunkJson {
+                file: c.file.clone(),
+                size: c.size,
+                sha256: c.sha256.clone(),
+                reused,
+            })
+            .collect();
+    }
+
+    /// `unchanged`: the branch at `s` already holds `old`, found out `by`.
+    fn fill_unchanged(&mut self, s: &BranchState, old: &KeyEntry, by: &'static str) {
+        self.status = "unchanged";
+        self.unchanged_by = Some(by);
+        self.commit = Some(s.commit.clone());
+        self.keys_on_branch = s.manifest.keys.keys().cloned().collect();
+        self.tar_size = Some(old.tar_size);
+        self.tar_sha256 = Some(old.tar_sha256.clone());
+        self.compressed_size = Some(old.chunks.iter().map(|c| c.size).sum());
+        self.chunks = old
+            .chunks
+            .iter()
+            .map(|c| ChunkJson {
+                file: c.file.clone(),
+                size: c.size,
+                sha256: c.sha256.clone(),
+                reused: true,
+            })
+            .collect();
+    }
+}
+
+/// What one publish works with, once the branch is fetched.
+struct Cx<'a> {
+    sh: &'a Shell,
+    repo: &'a Repo,
+    m: &'a CacheManifest,
+    key: &'a Key,
+    remote: &'a Remote,
+    git: &'a CacheGit,
+    out: &'a Reporter,
+}
+
+/// The key this publish lands: its entry, the blob ids of its new files
+/// by name, and its signed statement (none when unsigned).
+struct NewKey<'a> {
+    entry: &'a KeyEntry,
+    oids: &'a BTreeMap<String, String>,
+    signed: Option<&'a crate::trust::sign::Signed>,
+}
+
+impl Cx<'_> {
+    /// An unchanged artifact, found without compressing anything: when
+    /// this clone's record (module `packed`) says the branch's chunks are
+    /// what today's packing of that very tar makes, the tar's sha256 alone
+    /// decides, as `same_artifact` would after a full pack. Hashing the tar
+    /// costs a read of the files and SHA-NI, a fraction of zstd and git.
+    /// And when the record also says today's files are the very ones that
+    /// made that tar (same stamp, not racy), not even the hash is needed.
+    /// True (and `summary` says so) when the branch needs nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn unchanged_by_record(
+        &self,
+        state: Option<&BranchState>,
+        ungated: bool,
+        plan: &Plan,
+        stamp: &pack::TreeStamp,
+        tree: &packed::TreeRecord,
+        params: &str,
+        summary: &mut Summary,
+    ) -> Result<bool> {
+        let (m, key, out) = (self.m, self.key, self.out);
+        let Some(s) = state else { return Ok(false) };
+        let Some(old) = s.manifest.keys.get(&key.value) else {
+            return Ok(false);
+        };
+        let record_path = packed::path(&self.repo.state_dir(), &m.name);
+        let record = packed::load(&record_path).filter(|r| {
+            old.ungated == ungated
+                && r.vouches_for(&key.value, &s.commit, &old.tar_sha256, old.tar_size, params)
+        });
+        let Some(record) = record else {
+            return Ok(false);
+        };
+        let t = Instant::now();
+        let (by, how) = if record.same_tree(stamp) {
+            (
+                "stat",
+                format!(
+                    "lstat of {} as at this clone's last publish, ctime included: nothing read, nothing compressed",
+                    plural(plan.items.len(), "entry", "entries")
+                ),
+            )
+        } else {
+            let bar = out.bar(plan.file_bytes, "digest");
+            let digest = pack::tar_digest(plan, &mut |d| bar.set_position(d))?;
+            bar.finish_and_clear();
+            summary.timings_ms.insert("digest", ms(t.elapsed()));
+            if digest.sha256 != old.tar_sha256 || digest.size != old.tar_size {
+                return Ok(false);
+            }
+            // The files hashed to the recorded tar: record today's stamp
+            // so that the next publish need not read them.
+            let record = packed::Record {
+                tree: Some(tree.clone()),
+                ..record
+            };
+            if let Err(e) = packed::save(&record_path, &record) {
+                out.warn(format!("{e:#} (the next publish hashes the tar again)"));
+            }
+            (
+                "digest",
+                format!(
+                    "hashed in {}, nothing compressed",
+                    crate::clock::human(t.elapsed())
+                ),
+            )
+        };
+        self.git.set_local_branch(&m.branch, &s.commit)?;
+        summary.fill_unchanged(s, old, by);
+        out.say(format!(
+            "unchanged: {} on {} already holds key {} with the same tar (sha256 {}; {how}); no commit, no push",
+            m.branch,
+            self.remote.shown_name(),
+            key.value,
+            &old.tar_sha256[..12],
+        ));
+        Ok(true)
+    }
+
+    /// Packs `plan` into chunk blobs in cache.git (reusing the chunks the
+    /// branch at `state` holds) and makes this key's entry; returns it and
+    /// the blob ids of its new files by name.
+    fn pack(
+        &self,
+        state: Option<&BranchState>,
+        plan: &Plan,
+        gate_record: Value,
+        ungated: bool,
+        summary: &mut Summary,
+    ) -> Result<(KeyEntry, BTreeMap<String, String>)> {
+        let (sh, repo, m, key, out) = (self.sh, self.repo, self.m, self.key, self.out);
+        let t = Instant::now();
+        let old_entry = state.and_then(|s| s.manifest.keys.get(&key.value).cloned());
+        let old_oids = state.map(|s| s.oids()).unwrap_or_default();
+        let packed = pack_into_git(
+            self.git,
+            m,
+            &key.value,
+            plan,
+            old_entry.as_ref(),
+            &old_oids,
+            out,
+        )?;
+        summary.timings_ms.insert("pack", ms(t.elapsed()));
+        summary.fill_packed(&packed);
+        out.say(format!(
+            "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s), {}",
+            plural(plan.items.len(), "entry", "entries"),
+            human_bytes(plan.file_bytes),
+            human_bytes(packed.entry.tar_size),
+            human_bytes(summary.compressed_size.unwrap_or(0)),
+            packed.entry.chunks.len(),
+            crate::clock::human(t.elapsed())
+        ));
+
+        let mut entry = KeyEntry {
+            gates: gate_record,
+            ungated,
+            source_commit: rev_parse(sh, &repo.root, "HEAD"),
+            source_tree: rev_parse(sh, &repo.root, "HEAD^{tree}"),
+            key_parts: key.parts.clone(),
+            ..packed.entry
+        };
+        entry.created_at = clock::rfc3339(clock::now_ms());
+        Ok((entry, packed.oids))
+    }
+
+    /// Merges `new` into the branch and pushes one root commit with a
+    /// lease; on a lost lease, fetches, merges and pushes again until the
+    /// deadline. Says what happened in `summary` (unchanged when the branch
+    /// holds the same bytes already).
+    fn land(
+        &self,
+        mut state: Option<BranchState>,
+        new: &NewKey,
+        checker: &mut crate::trust::Checker,
+        deadline: Duration,
+        summary: &mut Summary,
+    ) -> Result<()> {
+        let (m, key, out, git, remote) = (self.m, self.key, self.out, self.git, self.remote);
+        let mut lease = Lease::new(deadline);
+        loop {
+            let old = state.as_ref().and_then(|s| s.manifest.keys.get(&key.value));
+            if let (Some(s), Some(old)) = (&state, old)
+                && same_artifact(old, new.entry)
+            {
+                git.set_local_branch(&m.branch, &s.commit)?;
+                summary.status = "unchanged";
+                summary.unchanged_by = Some("pack");
+                summary.commit = Some(s.commit.clone());
+                summary.keys_on_branch = s.manifest.keys.keys().cloned().collect();
+                out.say(format!(
+                    "unchanged: {} on {} already holds key {} with the same bytes (tar sha256 {}); no commit, no push",
+                    m.branch,
+                    remote.shown_name(),
+                    key.value,
+                    &new.entry.tar_sha256[..12]
+                ));
+                return Ok(());
+            }
+            let (commit, keys, drops) = self.commit_on(state.as_ref(), new, checker, summary)?;
+            let t = Instant::now();
+            match self.push(state.as_ref(), &commit, summary) {
+                Ok(report) => {
+                    summary.push = Some(report);
+                    summary.timings_ms.insert("push", ms(t.elapsed()));
+                    git.set_local_branch(&m.branch, &commit)?;
+                    summary.status = "published";
+                    summary.commit = Some(commit.clone());
+                    summary.keys_on_branch = keys;
+                    if !drops.is_empty() {
+                        out.say(format!(
+                            "pruned {} ([publish] keep = {}): {}",
+                            plural(drops.len(), "key", "keys"),
+                            m.keep.unwrap_or(0),
+                            drops.join(", ")
+                        ));
+                    }
+                    summary.pruned = drops;
+                    out.say(format!(
+                        "published {} to {} on {}: commit {} (one root commit), push {}",
+                        key.value,
+                        m.branch,
+                        remote.shown_name(),
+                        &commit[..12],
+                        crate::clock::human(t.elapsed())
+                    ));
+                    return Ok(());
+                }
+                Err(e) if is_stale_lease(&e) => {
+                    let Some(pause) = lease.lost() else {
+                        return Err(fail(
+                            Code::Busy,
+                            format!(
+                                "lease on {} lost {} in {:.0}s: other publishers kept moving it on {remote}; nothing of key {} was pushed; publish again, or allow more time with [publish] lease_deadline or WARMSTART_PUBLISH_LEASE_DEADLINE",
+                                m.branch,
+                                plural(lease.lost, "time", "times"),
+                                lease.start.elapsed().as_secs_f64(),
+                                key.value
+                            ),
+                        ));
+                    };
+                    out.say(format!(
+                        "{} moved on {remote} while publishing (another publisher): merging again in {} ms",
+                        m.branch,
+                        pause.as_millis()
+                    ));
+                    std::thread::sleep(pause);
+                    state = healing(|| BranchState::load(git, remote, &m.branch, out))?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The root commit of the branch at `state` with `new` merged in and
+    /// the keys `[publish] keep` drops (judged again on every attempt:
+    /// another publisher may have added some) left out, after checking the
+    /// keys it keeps. Returns the commit, its keys and the dropped keys.
+    fn commit_on(
+        &self,
+        state: Option<&BranchState>,
+        new: &NewKey,
+        checker: &mut crate::trust::Checker,
+        summary: &mut Summary,
+    ) -> Result<(String, Vec<String>, Vec<String>)> {
+        let (m, key, out) = (self.m, self.key, self.out);
         let drops = match m.keep {
-            Some(n) => crate::cache::prune::after_publish(
-                &m,
-                &key,
-                state.as_ref().map(|s| &s.manifest),
-                &entry,
-                n,
-            ),
+            Some(n) => {
+                crate::cache::prune::after_publish(m, key, state.map(|s| &s.manifest), new.entry, n)
+            }
             None => Vec::new(),
         };
-        if let Some(s) = &state {
+        if let Some(s) = state {
             let t = Instant::now();
             let kept: Vec<String> = s
                 .manifest
@@ -431,32 +626,44 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
                 .filter(|k| **k != key.value && !drops.contains(*k))
                 .cloned()
                 .collect();
-            let files = crate::trust::files_of_keys(&git, &s.entries, &kept)?;
+            let files = crate::trust::files_of_keys(self.git, &s.entries, &kept)?;
+            let warn = |line: String| out.warn(line);
             crate::trust::sign::check_kept(
-                sh,
-                &mut checker,
-                &m,
+                self.sh,
+                checker,
+                m,
                 &s.manifest,
                 Some(&key.value),
                 &files,
                 &warn,
             )?;
-            timings.insert("check_kept", ms(t.elapsed()));
+            summary.timings_ms.insert("check_kept", ms(t.elapsed()));
         }
         let t = Instant::now();
         let (commit, keys) = build_commit(
-            &git,
-            &m,
-            &remote,
-            state.as_ref(),
+            self.git,
+            m,
+            self.remote,
+            state,
             &key.value,
-            &entry,
-            &packed.oids,
+            new.entry,
+            new.oids,
             &drops,
-            signed.as_ref(),
+            new.signed,
         )?;
-        timings.insert("commit", ms(t.elapsed()));
-        let t = Instant::now();
+        summary.timings_ms.insert("commit", ms(t.elapsed()));
+        Ok((commit, keys, drops))
+    }
+
+    /// Pushes `commit` with a lease on the branch's value at `state`, with
+    /// a bar of the new chunks' bytes.
+    fn push(
+        &self,
+        state: Option<&BranchState>,
+        commit: &str,
+        summary: &Summary,
+    ) -> Result<push::Report> {
+        let (m, out, git, remote) = (self.m, self.out, self.git, self.remote);
         let new_bytes: u64 = summary
             .chunks
             .iter()
@@ -472,8 +679,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         // The bar's total is the new chunks' bytes: git sends those (its
         // pack adds a few headers and the small files).
         let bar = out.bar(new_bytes, "push");
-        let expected = state.as_ref().map(|s| s.commit.as_str());
-        let pushed = push::push(&git, &remote, &m, &commit, expected, &out, &mut |p| {
+        let expected = state.map(|s| s.commit.as_str());
+        let pushed = push::push(git, remote, m, commit, expected, out, &mut |p| {
             let done = p.bytes_of(new_bytes);
             if done > bar.length().unwrap_or(0) {
                 bar.set_length(done);
@@ -481,77 +688,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             bar.set_position(done)
         });
         bar.finish_and_clear();
-        match pushed {
-            Ok(report) => {
-                summary.push = Some(report);
-                timings.insert("push", ms(t.elapsed()));
-                git.set_local_branch(&m.branch, &commit)?;
-                summary.status = "published";
-                summary.commit = Some(commit.clone());
-                summary.keys_on_branch = keys;
-                if !drops.is_empty() {
-                    out.say(format!(
-                        "pruned {} ([publish] keep = {}): {}",
-                        plural(drops.len(), "key", "keys"),
-                        m.keep.unwrap_or(0),
-                        drops.join(", ")
-                    ));
-                }
-                summary.pruned = drops;
-                out.say(format!(
-                    "published {} to {} on {}: commit {} (one root commit), push {}",
-                    key.value,
-                    m.branch,
-                    remote.shown_name(),
-                    &commit[..12],
-                    crate::clock::human(t.elapsed())
-                ));
-                break;
-            }
-            Err(e) if is_stale_lease(&e) => {
-                let Some(pause) = lease.lost() else {
-                    return Err(fail(
-                        Code::Busy,
-                        format!(
-                            "lease on {} lost {} in {:.0}s: other publishers kept moving it on {remote}; nothing of key {} was pushed; publish again, or allow more time with [publish] lease_deadline or WARMSTART_PUBLISH_LEASE_DEADLINE",
-                            m.branch,
-                            plural(lease.lost, "time", "times"),
-                            lease.start.elapsed().as_secs_f64(),
-                            key.value
-                        ),
-                    ));
-                };
-                out.say(format!(
-                    "{} moved on {remote} while publishing (another publisher): merging again in {} ms",
-                    m.branch,
-                    pause.as_millis()
-                ));
-                std::thread::sleep(pause);
-                state = healing(|| BranchState::load(&git, &remote, &m.branch, &out))?;
-            }
-            Err(e) => return Err(e),
-        }
+        pushed
     }
-    if let Some(commit) = &summary.commit {
-        let record = packed::Record {
-            format: packed::RECORD_FORMAT,
-            name: m.name.clone(),
-            key: key.value.clone(),
-            branch: m.branch.clone(),
-            commit: commit.clone(),
-            tar_sha256: entry.tar_sha256.clone(),
-            tar_size: entry.tar_size,
-            pack: params,
-            tree: Some(tree),
-        };
-        // Only an optimisation is lost without it: the next publish packs in full.
-        if let Err(e) = packed::save(&record_path, &record) {
-            out.warn(format!("{e:#} (the next publish packs in full)"));
-        }
-    }
-    summary.duration_ms = Some(ms(started.elapsed()));
-    summary.timings_ms = timings;
-    Ok(summary)
 }
 
 /// What `cache resign` did: the `--json` output.
@@ -598,7 +736,7 @@ fn resign(
     args: &crate::cli::cache::ResignArgs,
     out: &Reporter,
 ) -> Result<ResignSummary> {
-    use crate::trust::sign::{Signed, signing_key};
+    use crate::trust::sign::signing_key;
     let m = manifest::load(repo, &args.name)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
@@ -635,64 +773,17 @@ fn resign(
             resigned: Vec::new(),
             skipped: Vec::new(),
         };
-        let mut signatures: BTreeMap<String, Signed> = BTreeMap::new();
-        for (k, e) in &state.manifest.keys {
-            if !args.keys.is_empty() && !args.keys.contains(k) {
-                continue;
-            }
-            let files = state.key_files(&git, k)?;
-            let old = checker.judge(sh, &m, k, e, &files, None)?;
-            if !old.trusted() && old.verdict != "ungated" {
-                let why = format!(
-                    "{}: {}; only keys trusted at HEAD are re-signed (republish it instead)",
-                    old.verdict,
-                    old.reason.as_deref().unwrap_or("not trusted")
-                );
-                out.warn(format!("not re-signing key {k}: {why}"));
-                summary.skipped.push((k.clone(), why));
-                continue;
-            }
-            let statement = statement::Statement::from_entry(&m.name, k, e)
-                .render()
-                .into_bytes();
-            let sig = crate::trust::sshsig::sign(sh, &key_file, &statement)?;
-            let new = crate::trust::KeyFiles {
-                statement: Some(statement.clone()),
-                sig: Some(sig.clone()),
-            };
-            let v = checker.judge(sh, &m, k, e, &new, None)?;
-            if !v.trusted() && v.verdict != "ungated" {
-                return Err(fail(
-                    Code::Untrusted,
-                    format!(
-                        "the signing key {} is not trusted for cache {} ({}; signer seen: {}): add its public key to {} first; nothing was pushed",
-                        key_file.display(),
-                        m.name,
-                        v.reason.as_deref().unwrap_or("not trusted"),
-                        v.signer.as_deref().unwrap_or("none"),
-                        checker.root.signers_where()
-                    ),
-                ));
-            }
-            summary.signed_by = v.signer.clone();
-            summary.resigned.push(k.clone());
-            signatures.insert(
-                k.clone(),
-                Signed {
-                    statement,
-                    sig,
-                    signer: v.signer,
-                },
-            );
-        }
-        for k in &args.keys {
-            if !state.manifest.keys.contains_key(k) {
-                return Err(fail(
-                    Code::NotFound,
-                    format!("{} on {remote} has no key {k}", m.branch),
-                ));
-            }
-        }
+        let signatures = sign_keys(
+            sh,
+            &mut checker,
+            &m,
+            &state,
+            args,
+            &key_file,
+            (&git, &remote),
+            out,
+            &mut summary,
+        )?;
         if signatures.is_empty() {
             out.say(format!("nothing re-signed on {}", m.branch));
             return Ok(summary);
@@ -700,42 +791,9 @@ fn resign(
         // The keys `--key` left out go into the commit byte for byte,
         // checked first as a publish checks the keys it keeps.
         if !args.keys.is_empty() {
-            let others: Vec<String> = state
-                .manifest
-                .keys
-                .keys()
-                .filter(|k| !args.keys.contains(k))
-                .cloned()
-                .collect();
-            let files = crate::trust::files_of_keys(&git, &state.entries, &others)?;
-            let warn = |line: String| out.warn(line);
-            crate::trust::sign::check_kept(
-                sh,
-                &mut checker,
-                &m,
-                &state.manifest,
-                None,
-                &files,
-                &warn,
-            )?;
+            check_others(sh, &mut checker, &m, &git, &state, &args.keys, out)?;
         }
-        let refs: BTreeMap<String, &Signed> =
-            signatures.iter().map(|(k, s)| (k.clone(), s)).collect();
-        let message = format!(
-            "warmstart cache {}: re-sign {}\n\nRe-signed by warmstart {} (no chunk changed).\n",
-            m.name,
-            summary.resigned.join(", "),
-            env!("CARGO_PKG_VERSION")
-        );
-        let commit = write_root_commit(
-            &git,
-            &m,
-            &remote,
-            &state.manifest,
-            &state.oids(),
-            &refs,
-            &message,
-        )?;
+        let commit = resign_commit(&git, &m, &remote, &state, &signatures, &summary)?;
         match git.push_branch(
             &remote,
             &m.branch,
@@ -770,6 +828,137 @@ fn resign(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Checks the keys of `state` that `--key` (`keys`) leaves out, as a
+/// publish checks the keys it keeps.
+fn check_others(
+    sh: &Shell,
+    checker: &mut crate::trust::Checker,
+    m: &CacheManifest,
+    git: &CacheGit,
+    state: &BranchState,
+    keys: &[String],
+    out: &Reporter,
+) -> Result<()> {
+    let others: Vec<String> = state
+        .manifest
+        .keys
+        .keys()
+        .filter(|k| !keys.contains(k))
+        .cloned()
+        .collect();
+    let files = crate::trust::files_of_keys(git, &state.entries, &others)?;
+    let warn = |line: String| out.warn(line);
+    crate::trust::sign::check_kept(sh, checker, m, &state.manifest, None, &files, &warn)?;
+    Ok(())
+}
+
+/// The root commit of `state` with the new `signatures` (chunks and
+/// warmstart.json as they are).
+fn resign_commit(
+    git: &CacheGit,
+    m: &CacheManifest,
+    remote: &Remote,
+    state: &BranchState,
+    signatures: &BTreeMap<String, crate::trust::sign::Signed>,
+    summary: &ResignSummary,
+) -> Result<String> {
+    let refs: BTreeMap<String, &crate::trust::sign::Signed> =
+        signatures.iter().map(|(k, s)| (k.clone(), s)).collect();
+    let message = format!(
+        "warmstart cache {}: re-sign {}\n\nRe-signed by warmstart {} (no chunk changed).\n",
+        m.name,
+        summary.resigned.join(", "),
+        env!("CARGO_PKG_VERSION")
+    );
+    write_root_commit(
+        git,
+        m,
+        remote,
+        &state.manifest,
+        &state.oids(),
+        &refs,
+        &message,
+    )
+}
+
+/// Signs the statement of each key of `state` that `args` names (all
+/// when none) and that is trusted at HEAD, with `key_file`; a key left out
+/// goes into `summary.skipped` with why. Exit 12 when the new signature
+/// would not be trusted itself, exit 4 for a `--key` the branch lacks.
+#[allow(clippy::too_many_arguments)]
+fn sign_keys(
+    sh: &Shell,
+    checker: &mut crate::trust::Checker,
+    m: &CacheManifest,
+    state: &BranchState,
+    args: &crate::cli::cache::ResignArgs,
+    key_file: &Path,
+    (git, remote): (&CacheGit, &Remote),
+    out: &Reporter,
+    summary: &mut ResignSummary,
+) -> Result<BTreeMap<String, crate::trust::sign::Signed>> {
+    use crate::trust::sign::Signed;
+    let mut signatures: BTreeMap<String, Signed> = BTreeMap::new();
+    for (k, e) in &state.manifest.keys {
+        if !args.keys.is_empty() && !args.keys.contains(k) {
+            continue;
+        }
+        let files = state.key_files(git, k)?;
+        let old = checker.judge(sh, m, k, e, &files, None)?;
+        if !old.trusted() && old.verdict != "ungated" {
+            let why = format!(
+                "{}: {}; only keys trusted at HEAD are re-signed (republish it instead)",
+                old.verdict,
+                old.reason.as_deref().unwrap_or("not trusted")
+            );
+            out.warn(format!("not re-signing key {k}: {why}"));
+            summary.skipped.push((k.clone(), why));
+            continue;
+        }
+        let statement = statement::Statement::from_entry(&m.name, k, e)
+            .render()
+            .into_bytes();
+        let sig = crate::trust::sshsig::sign(sh, key_file, &statement)?;
+        let new = crate::trust::KeyFiles {
+            statement: Some(statement.clone()),
+            sig: Some(sig.clone()),
+        };
+        let v = checker.judge(sh, m, k, e, &new, None)?;
+        if !v.trusted() && v.verdict != "ungated" {
+            return Err(fail(
+                Code::Untrusted,
+                format!(
+                    "the signing key {} is not trusted for cache {} ({}; signer seen: {}): add its public key to {} first; nothing was pushed",
+                    key_file.display(),
+                    m.name,
+                    v.reason.as_deref().unwrap_or("not trusted"),
+                    v.signer.as_deref().unwrap_or("none"),
+                    checker.root.signers_where()
+                ),
+            ));
+        }
+        summary.signed_by = v.signer.clone();
+        summary.resigned.push(k.clone());
+        signatures.insert(
+            k.clone(),
+            Signed {
+                statement,
+                sig,
+                signer: v.signer,
+            },
+        );
+    }
+    for k in &args.keys {
+        if !state.manifest.keys.contains_key(k) {
+            return Err(fail(
+                Code::NotFound,
+                format!("{} on {remote} has no key {k}", m.branch),
+            ));
+        }
+    }
+    Ok(signatures)
 }
 
 /// `WARMSTART_PUBLISH_LEASE_DEADLINE`, else `[publish] lease_deadline`,
@@ -1106,28 +1295,7 @@ fn pack_into_git(
     // One chunk queued while git stores another and zstd fills a third:
     // disk use stays at a few chunks whatever the artifact's size.
     let (tx, rx) = mpsc::sync_channel::<ChunkFile>(1);
-    let writer_git = git.clone();
-    let writer = std::thread::spawn(move || -> Result<BTreeMap<usize, String>> {
-        let mut oids = BTreeMap::new();
-        let mut blobs = None;
-        for c in rx {
-            let w = match &mut blobs {
-                Some(w) => w,
-                None => blobs.insert(writer_git.blob_writer()?),
-            };
-            let oid = w
-                .write_file(&c.path)
-                .with_context(|| format!("storing chunk {}", c.name))?;
-            std::fs::remove_file(&c.path)
-                .with_context(|| format!("removing {}", c.path.display()))?;
-            oids.insert(c.index, oid);
-        }
-        if let Some(w) = blobs {
-            w.finish()?;
-        }
-        Ok(oids)
-    });
-
+    let writer = spawn_blob_writer(git.clone(), rx);
     let mut reused = BTreeMap::new();
     let bar = out.bar(plan.file_bytes, "pack");
     let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
@@ -1179,6 +1347,53 @@ fn pack_into_git(
     let n = packed.chunks.len();
     let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();
     oids.extend(reused);
+    let (entry, files) = key_entry(git, key, &packed, oids, opts)?;
+    Ok(PackedKey {
+        entry,
+        oids: files,
+        reused: is_reused,
+    })
+}
+
+/// A thread that stores each chunk file it is sent as a blob in cache.git
+/// and deletes the file; it returns the blob ids by chunk index.
+fn spawn_blob_writer(
+    git: CacheGit,
+    rx: mpsc::Receiver<ChunkFile>,
+) -> std::thread::JoinHandle<Result<BTreeMap<usize, String>>> {
+    std::thread::spawn(move || -> Result<BTreeMap<usize, String>> {
+        let mut oids = BTreeMap::new();
+        let mut blobs = None;
+        for c in rx {
+            let w = match &mut blobs {
+                Some(w) => w,
+                None => blobs.insert(git.blob_writer()?),
+            };
+            let oid = w
+                .write_file(&c.path)
+                .with_context(|| format!("storing chunk {}", c.name))?;
+            std::fs::remove_file(&c.path)
+                .with_context(|| format!("removing {}", c.path.display()))?;
+            oids.insert(c.index, oid);
+        }
+        if let Some(w) = blobs {
+            w.finish()?;
+        }
+        Ok(oids)
+    })
+}
+
+/// The entry of `key` packed as `packed` (chunks named now that their
+/// count is known, the file index stored as a blob), and the blob ids of
+/// its files by name; `oids` holds the chunks' ids by index.
+fn key_entry(
+    git: &CacheGit,
+    key: &str,
+    packed: &pack::Packed,
+    mut oids: BTreeMap<usize, String>,
+    opts: PackOptions,
+) -> Result<(KeyEntry, BTreeMap<String, String>)> {
+    let n = packed.chunks.len();
     let mut files: BTreeMap<String, String> = (0..n)
         .map(|i| {
             let oid = oids
@@ -1211,7 +1426,7 @@ fn pack_into_git(
                 raw_sha256: Some(c.raw_sha256.clone()),
             })
             .collect(),
-        tar_sha256: packed.tar.sha256,
+        tar_sha256: packed.tar.sha256.clone(),
         tar_size: packed.tar.size,
         files: packed.tar.entries,
         key_parts: Vec::new(),
@@ -1224,11 +1439,7 @@ fn pack_into_git(
         frames: Some(opts.params.frames(opts.sizes)),
         index: Some(index),
     };
-    Ok(PackedKey {
-        entry,
-        oids: files,
-        reused: is_reused,
-    })
+    Ok((entry, files))
 }
 
 /// Removes chunk directories left by publishes that were killed (their

@@ -25,6 +25,7 @@ use xshell::Shell;
 
 use crate::cache::branch::{Branch, Content, KeyPlan};
 use crate::cache::compare;
+use crate::cache::delta;
 use crate::cache::git::{CacheGit, Remote};
 use crate::cache::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
 use crate::cache::overlay;
@@ -213,6 +214,36 @@ pub struct RestoreOutcome {
     /// user changed them since warmstart installed them (or made them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept: Option<u64>,
+    /// The delta install (replace mode, `cache::delta`).
+    #[serde(flatten)]
+    pub delta: DeltaInfo,
+}
+
+/// What a delta install of a new key over an installed one saved (all 0
+/// when none was made), in `--json` beside the fetch counters.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DeltaInfo {
+    /// Files hardlinked (or reflinked) from the installed tree instead of
+    /// written, and their bytes: what this install did not write.
+    pub files_linked: u64,
+    pub bytes_linked: u64,
+    /// Chunks of the key that were not decoded at all.
+    pub chunks_skipped: u64,
+    /// Why a delta was possible but a full install was made instead
+    /// (`null` when not).
+    pub delta_fallback: Option<String>,
+}
+
+impl DeltaInfo {
+    fn of(report: &Option<delta::Report>, fallback: Option<String>) -> DeltaInfo {
+        let r = report.clone().unwrap_or_default();
+        DeltaInfo {
+            files_linked: r.files_linked,
+            bytes_linked: r.bytes_linked,
+            chunks_skipped: r.chunks_total.saturating_sub(r.chunks_decoded),
+            delta_fallback: fallback,
+        }
+    }
 }
 
 /// `cargo xtask cache restore NAME`.
@@ -271,6 +302,18 @@ impl RestoreOutcome {
         )
     }
 
+    /// `; linked 990 unchanged files (1.2 MB) from the installed tree`.
+    fn linked_words(&self) -> String {
+        match self.delta.files_linked {
+            0 => String::new(),
+            n => format!(
+                "; linked {n} unchanged file{} ({}) from the installed tree",
+                if n == 1 { "" } else { "s" },
+                human_bytes(self.delta.bytes_linked)
+            ),
+        }
+    }
+
     /// One line for people.
     pub fn summary(&self) -> String {
         let t = self.target.display();
@@ -291,13 +334,14 @@ impl RestoreOutcome {
                 self.name, self.key
             ),
             State::Restored => format!(
-                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}{}{}",
+                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}{}{}{}",
                 self.name,
                 self.key,
                 human_bytes(self.bytes),
                 self.files,
                 self.fetch_words(),
-                self.kept_words()
+                self.kept_words(),
+                self.linked_words()
             ),
             State::Verified => format!(
                 "cache {}: the installed copy of {} at {t} matches {from} ({secs})",
@@ -572,6 +616,7 @@ fn from_stamp(
         reason: None,
         partial,
         kept: None,
+        delta: DeltaInfo::default(),
     }
 }
 
@@ -788,6 +833,20 @@ pub fn unpack_into(
     dest: &Path,
     progress: bool,
 ) -> Result<(unpack::Stats, verify::Stats, prefetch::Stats)> {
+    stream_key(git, branch, kp, progress, |r| {
+        unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
+    })
+}
+
+/// Streams `kp` through verification into `consume` (the extractor, or a
+/// delta install's writer), fetching chunks as `unpack_into` says.
+pub fn stream_key<T>(
+    git: &CacheGit,
+    branch: &Branch,
+    kp: &KeyPlan,
+    progress: bool,
+    consume: impl FnOnce(&mut dyn Read) -> Result<T>,
+) -> Result<(T, verify::Stats, prefetch::Stats)> {
     let (_stack, [fetch_bar, unpack_bar]) = restore_bars(progress, kp.plan.progress_totals());
     let chunks = prefetch::Prefetch::start(git, &branch.remote, &branch.name, kp, &branch.fresh)?;
     let reader = git.clone();
@@ -812,9 +871,13 @@ pub fn unpack_into(
         verify::Phase::Verified => fetch_bar.inc(n),
         verify::Phase::Unpacked => unpack_bar.inc(n),
     };
-    let r = verify::stream(&kp.plan, &mut open, &on_progress, |r| {
-        unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
-    });
+    let r = if kp.plan.pieces.is_empty() {
+        // A delta install with nothing to decode (zstd refuses an empty
+        // stream): the consumer reads nothing.
+        consume(&mut std::io::empty()).map(|v| (v, verify::Stats::default()))
+    } else {
+        verify::stream(&kp.plan, &mut open, &on_progress, consume)
+    };
     fetch_bar.finish_and_clear();
     unpack_bar.finish_and_clear();
     let fetched = chunks.stats();
@@ -992,6 +1055,75 @@ fn same_stand_in(
     Ok(Some(o))
 }
 
+/// Where a cold restore puts what it staged.
+struct Installed<'a> {
+    m: &'a CacheManifest,
+    state_dir: &'a Path,
+    stamp_file: &'a Path,
+    journal: &'a Path,
+    overlay_file: &'a Path,
+}
+
+impl Installed<'_> {
+    /// Swaps `dest` in (replace) or merges it (merge, overlay).
+    fn swap_or_merge(&self, dest: &Path, overlay_plan: Option<&overlay::Plan>) -> Result<()> {
+        let (m, target) = (self.m, &self.m.restore_path);
+        // No stamp (nor delta record) while the target is being replaced: a
+        // crash between the swap and the new stamp must not leave the old
+        // stamp describing the new tree.
+        stamp::remove(self.stamp_file)?;
+        delta::forget(self.state_dir, &m.name)?;
+        match m.mode {
+            Mode::Replace => unpack::swap_dir(dest, target)?,
+            Mode::Merge => {
+                unpack::merge_into(dest, target, self.journal)?;
+            }
+            Mode::Overlay => {
+                let plan = overlay_plan.expect("overlay has a plan");
+                // Before the merge, so that a merge completed by the next
+                // run's journal replay leaves files the record knows.
+                overlay::save(self.overlay_file, &plan.record)?;
+                unpack::merge_into(dest, target, self.journal)?;
+                overlay::save(self.overlay_file, &overlay::settle(target, plan)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The stamp of what a cold restore installed.
+fn new_stamp(
+    m: &CacheManifest,
+    key: &Key,
+    branch: &Branch,
+    kp: &KeyPlan,
+    vstats: &verify::Stats,
+    files: u64,
+    partial: Option<stamp::Partial>,
+) -> Stamp {
+    let now = clock::now_ms();
+    Stamp {
+        format: stamp::STAMP_FORMAT,
+        name: m.name.clone(),
+        key: key.value.clone(),
+        key_parts: key.parts.clone(),
+        target: m.restore_path.clone(),
+        mode: stamp::mode_name(m.mode).to_string(),
+        branch: branch.name.clone(),
+        source: branch.remote.to_string(),
+        commit: branch.commit.clone(),
+        layout: kp.layout.to_string(),
+        manifest_sha256: branch.manifest_sha256.clone(),
+        tar_sha256: vstats.tar_sha256.clone(),
+        // The key's (a delta decodes only part of it).
+        tar_size: kp.plan.tar_size.unwrap_or(vstats.tar_bytes),
+        files,
+        restored_at: clock::rfc3339(now),
+        restored_at_ms: now,
+        partial,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn cold(
     sh: &Shell,
@@ -1042,7 +1174,25 @@ fn cold(
     let t = Instant::now();
     let mut staging = Staging(Some(unpack::staging_dir_for(target)?));
     let dest = staging.0.clone().expect("staging is set");
-    let (ustats, vstats, fetched) = unpack_into(&git, &branch, &kp, &dest, opts.progress)?;
+    // Replace mode keeps the key's file index, for the next delta install.
+    let index = match m.mode {
+        Mode::Replace => delta::fetch_index(&git, &branch, &key.value)?,
+        _ => None,
+    };
+    let ctx = delta::Ctx {
+        git: &git,
+        branch: &branch,
+        kp: &kp,
+        name: &m.name,
+        target,
+        state_dir: &state_dir,
+        stamp_file,
+        index: index.as_ref(),
+        allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
+        progress: opts.progress,
+    };
+    let staged = delta::stage(&ctx, &dest)?;
+    let (ustats, vstats, fetched) = (staged.unpacked, &staged.verified, &staged.fetched);
     phases.unpack_ms = t.elapsed().as_millis() as u64;
     phases.chunk_fetch_ms = fetched.fetch_ms;
     phases.chunk_wait_ms = fetched.wait_ms;
@@ -1076,49 +1226,24 @@ fn cold(
 
     let t = Instant::now();
     if state != State::Verified {
-        // No stamp while the target is being replaced: a crash between the
-        // swap and the new stamp must not leave the old stamp describing the
-        // new tree.
-        stamp::remove(stamp_file)?;
-        match m.mode {
-            Mode::Replace => unpack::swap_dir(&dest, target)?,
-            Mode::Merge => {
-                unpack::merge_into(&dest, target, &journal)?;
-            }
-            Mode::Overlay => {
-                let plan = overlay_plan.as_ref().expect("overlay has a plan");
-                // Before the merge, so that a merge completed by the next
-                // run's journal replay leaves files the record knows.
-                overlay::save(&overlay_file, &plan.record)?;
-                unpack::merge_into(&dest, target, &journal)?;
-                overlay::save(&overlay_file, &overlay::settle(target, plan)?)?;
-            }
-        }
+        let installed = Installed {
+            m,
+            state_dir: &state_dir,
+            stamp_file,
+            journal: &journal,
+            overlay_file: &overlay_file,
+        };
+        installed.swap_or_merge(&dest, overlay_plan.as_ref())?;
         staging.0 = None;
         unpack::kill_point("restore:installed");
+        if let Some(Ok(new)) = &index {
+            let tar = &vstats.tar_sha256;
+            delta::remember_or_warn(&state_dir, &m.name, target, &key.value, tar, new);
+        }
     }
     drop(staging);
     let files = ustats.files + ustats.dirs + ustats.symlinks + ustats.hardlinks;
-    let now = clock::now_ms();
-    let s = Stamp {
-        format: stamp::STAMP_FORMAT,
-        name: m.name.clone(),
-        key: key.value.clone(),
-        key_parts: key.parts.clone(),
-        target: target.clone(),
-        mode: stamp::mode_name(m.mode).to_string(),
-        branch: branch.name.clone(),
-        source: branch.remote.to_string(),
-        commit: branch.commit.clone(),
-        layout: kp.layout.to_string(),
-        manifest_sha256: branch.manifest_sha256.clone(),
-        tar_sha256: vstats.tar_sha256.clone(),
-        tar_size: vstats.tar_bytes,
-        files,
-        restored_at: clock::rfc3339(now),
-        restored_at_ms: now,
-        partial: partial.clone(),
-    };
+    let s = new_stamp(m, key, &branch, &kp, vstats, files, partial.clone());
     stamp::store(stamp_file, &s)?;
     crate::cache::gc::installed(&state_dir, &s, &branch);
     phases.install_ms = t.elapsed().as_millis() as u64;
@@ -1164,6 +1289,7 @@ fn cold(
         reason: None,
         partial: partial_info(m, &s),
         kept: overlay_plan.map(|p| p.kept.len() as u64),
+        delta: DeltaInfo::of(&staged.delta, staged.fallback),
     })
 }
 

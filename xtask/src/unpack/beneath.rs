@@ -288,6 +288,73 @@ impl Dir {
         Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// An `O_PATH` handle on `name` itself, never what a symlink there
+    /// points to (a symlink gives a handle on the link): what a delta
+    /// install checks (`fstat`) and then links or reads, so that the inode
+    /// it checked is the one it uses, whoever renames things meanwhile.
+    pub fn open_inode_at(&self, name: &OsStr) -> io::Result<File> {
+        let c = single(name)?;
+        // SAFETY: valid fd and NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                self.fd(),
+                c.as_ptr(),
+                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        self.owned(fd)
+    }
+
+    /// Creates `name` here as a new hardlink to the inode `inode` holds
+    /// open (from `open_inode_at`), through its `/proc/self/fd` entry: the
+    /// link names exactly that inode, never a path someone swapped since.
+    pub fn link_inode_at(&self, inode: &File, name: &OsStr) -> io::Result<()> {
+        let c = single(name)?;
+        let at = cstr(OsStr::new(&format!("/proc/self/fd/{}", inode.as_raw_fd())))?;
+        // SAFETY: valid fds and NUL-terminated strings.
+        check(unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                at.as_ptr(),
+                self.fd(),
+                c.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        })
+    }
+
+    /// Creates `to_name` in `to` as a hardlink to `name` here (never to
+    /// what a symlink at `name` points to).
+    pub fn link_at(&self, name: &OsStr, to: &Dir, to_name: &OsStr) -> io::Result<()> {
+        let (a, b) = (single(name)?, single(to_name)?);
+        // SAFETY: valid fds and NUL-terminated names; flags 0 never follows.
+        check(unsafe { libc::linkat(self.fd(), a.as_ptr(), to.fd(), b.as_ptr(), 0) })
+    }
+
+    /// Sets the mtime of `name` itself (a symlink's own, never its target's).
+    pub fn set_mtime_at(&self, name: &OsStr, secs: u64) -> io::Result<()> {
+        let c = single(name)?;
+        let times = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            libc::timespec {
+                tv_sec: secs.min(i64::MAX as u64) as libc::time_t,
+                tv_nsec: 0,
+            },
+        ];
+        // SAFETY: valid fd, NUL-terminated name, two timespecs.
+        check(unsafe {
+            libc::utimensat(
+                self.fd(),
+                c.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })
+    }
+
     /// Sets the permission bits of the directory `name` in this one, never
     /// through a symlink (`ELOOP`, `ENOTDIR`): a directory without read
     /// permission cannot be opened to `fchmod` it, and `fchmodat` follows
@@ -380,6 +447,28 @@ impl Dir {
     pub fn shown(&self) -> Option<PathBuf> {
         std::fs::read_link(format!("/proc/self/fd/{}", self.fd())).ok()
     }
+}
+
+/// `fstat` of an open file (an `O_PATH` handle too).
+pub(crate) fn fstat(file: &File) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the fd is open and `st` is a valid out-pointer.
+    check(unsafe { libc::fstat(file.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
+/// Opens the inode an `O_PATH` handle holds for reading, through its
+/// `/proc/self/fd` entry (the same inode, never a path looked up again).
+pub(crate) fn reopen_for_reading(inode: &File) -> io::Result<File> {
+    let at = cstr(OsStr::new(&format!("/proc/self/fd/{}", inode.as_raw_fd())))?;
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libc::open(at.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is freshly opened and owned by nothing else.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 fn read_link_raw(dirfd: RawFd, name: &CStr) -> io::Result<OsString> {

@@ -27,7 +27,11 @@ mod swap;
 mod writers;
 
 pub use beneath::{FORCE_WALK_ENV, force_walk, resolutions};
+// The delta install (`cache::delta`) builds staging from an installed tree
+// through the same handles.
+pub(crate) use beneath::{Dir, Links, fstat, open_beneath, reopen_for_reading};
 pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
+pub(crate) use extract::{check_symlink_target, safe_relative};
 pub use identity::{Ident, identities};
 pub use merge::{MergeOptions, merge_into, merge_into_with, recover};
 pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
