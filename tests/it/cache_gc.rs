@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Blobs of this size or more are left out of branch fetches here.
-const LIMIT: &str = "15k";
+const LIMIT: &str = "2k";
 /// The smallest chunk that goes to the chunk store (a smaller last chunk
 /// arrives with the branch fetch, into cache.git's objects).
-const BIG: u64 = 15 * 1024;
+const BIG: u64 = 2 * 1024;
 
 struct World {
     env: TestEnv,
@@ -49,7 +49,7 @@ impl World {
         std::fs::write(
             dir.join(format!("{cache}.toml")),
             format!(
-                "[[key]]\nname = \"v\"\nliteral = \"{version}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 16000\n\n[restore]\npath = \"restored/{cache}\"\n",
+                "[[key]]\nname = \"v\"\nliteral = \"{version}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 64000\nchunk_avg = \"8KiB\"\n\n[restore]\npath = \"restored/{cache}\"\n",
                 self.src(cache).display()
             ),
         )
