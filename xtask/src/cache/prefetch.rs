@@ -155,6 +155,9 @@ struct State {
     direct_fallback: Option<String>,
     fetching: Duration,
     waiting: Duration,
+    /// The first failure's exit code and line: what the reader gets for
+    /// any chunk it then waits for, whichever batch that chunk was in.
+    failure: Option<(Code, String)>,
 }
 
 struct Shared {
@@ -205,6 +208,9 @@ impl Shared {
     /// say so, and no batch starts any more.
     fn fail(&self, chunks: &[usize], err: anyhow::Error) {
         let mut st = self.lock();
+        if st.failure.is_none() {
+            st.failure = Some((crate::exit::code_of(&err), format!("{err:#}")));
+        }
         let mut err = Some(err);
         for &j in chunks {
             if matches!(st.slots[j], Slot::Pending) {
@@ -357,6 +363,7 @@ impl Prefetch {
                 direct_fallback: skipped.filter(|_| !missing.is_empty()),
                 fetching: Duration::ZERO,
                 waiting: Duration::ZERO,
+                failure: None,
             }),
             changed: Condvar::new(),
         });
@@ -386,6 +393,9 @@ impl Prefetch {
             self.shared.changed.notify_all();
         }
         loop {
+            // A fetch failed and stopped the others, maybe before this
+            // chunk's batch started: its failure is this chunk's too.
+            let failure = st.failure.clone().filter(|_| st.stop);
             match &mut st.slots[i] {
                 Slot::Ready(at) => {
                     let at = at.clone();
@@ -393,11 +403,15 @@ impl Prefetch {
                     return Ok(at);
                 }
                 Slot::Failed(e) => {
-                    let e = e
-                        .take()
-                        .unwrap_or_else(|| anyhow!("fetching chunk {i} failed (reported above)"));
+                    let e = e.take().or_else(|| failure.map(|(c, m)| fail(c, m)));
+                    let e = e.unwrap_or_else(|| anyhow!("fetching chunk {i} failed"));
                     st.waiting += t.elapsed();
                     return Err(e);
+                }
+                Slot::Pending if failure.is_some() => {
+                    let (c, m) = failure.expect("just checked");
+                    st.waiting += t.elapsed();
+                    return Err(fail(c, m));
                 }
                 Slot::Pending if self.threads.iter().all(|t| t.is_finished()) => {
                     return Err(anyhow!(
