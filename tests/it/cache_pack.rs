@@ -476,3 +476,48 @@ fn unknown_levels_and_chunk_sizes_are_refused_in_one_line() {
     }
     assert!(env.git("origin.git", ["for-each-ref"]).trim().is_empty());
 }
+
+/// A re-publish from the clone that made the last one compresses only the
+/// chunks that changed: the others' frames are in its cache.git, checked
+/// to decode to the chunk before use, and the branch gets the same blobs.
+#[test]
+fn a_republish_compresses_only_what_changed() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    random_tree(&src, 40, 50_000);
+    let extra = "[publish]\nchunk_avg = \"64KiB\"\nlevel = \"small\"\n";
+    setup_in(&env, "work", &src, "re", "a", extra);
+    let a = publish_json(&env, "work", "re");
+    write_pseudo_random(&src.join("d00/f0001.bin"), 50_000, 77);
+    let mut cmd = env.xtask_in("work");
+    cmd.args(["cache", "publish", "re"]);
+    let r = run(&mut cmd).ok();
+    let said = r.stdout();
+    let n: usize = said
+        .split(" not compressed again")
+        .next()
+        .and_then(|head| head.rsplit('(').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no reuse said: {said}"));
+    let chunks = a["chunks"].as_array().unwrap().len();
+    assert!(n * 10 >= chunks * 7, "{n} of {chunks} reused: {said}");
+    assert!(n < chunks, "{said}");
+    let branch = a["branch"].as_str().unwrap();
+    let manifest = branch_json(&env, branch);
+    assert_eq!(
+        manifest["keys"]["re-a"]["frames"]["level"], 19,
+        "{manifest}"
+    );
+    // What is on the branch restores: the chunks decode to the new tar.
+    let entry = &manifest["keys"]["re-a"];
+    let mut stream = Vec::new();
+    for c in entry["chunks"].as_array().unwrap() {
+        let file = c["file"].as_str().unwrap();
+        stream.extend(blob(
+            &env,
+            "origin.git",
+            &format!("refs/heads/{branch}:{file}"),
+        ));
+    }
+    assert_eq!(hex(&Sha256::digest(unzstd(&stream))), entry["tar_sha256"]);
+}

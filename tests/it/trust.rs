@@ -602,10 +602,12 @@ fn random_single_field_tampering_is_always_refused() {
                 "tar_sha256" => e["tar_sha256"] = format!("{:064x}", seed as u128).into(),
                 "tar_size" => {
                     e["tar_size"] = (e["tar_size"].as_u64().unwrap() + 512).into();
-                    // With frames, the first chunk's raw size grows too, so
-                    // warmstart.json stays valid and the signature decides.
-                    if let Some(raw) = e["chunks"][0]["raw_size"].as_u64() {
-                        e["chunks"][0]["raw_size"] = (raw + 512).into();
+                    // Keep the chunks' raw sizes covering the tar, so that
+                    // the signature (not warmstart.json's own check) is
+                    // what refuses it.
+                    let last = e["chunks"].as_array_mut().unwrap().last_mut().unwrap();
+                    if let Some(raw) = last["raw_size"].as_u64() {
+                        last["raw_size"] = (raw + 512).into();
                     }
                 }
                 "files" => e["files"] = (e["files"].as_u64().unwrap() + 1 + seed % 5).into(),

@@ -143,9 +143,22 @@ impl Params {
     }
 }
 
+/// Earlier frames a publish may hand over instead of compressing again:
+/// given the sha256 (hex) of a chunk's raw bytes, the bytes of a frame
+/// made from such a chunk with the same parameters, if one is at hand.
+/// They are used only when they decode to exactly the chunk's bytes.
+pub type Reuse<'a> = &'a (dyn Fn(&str) -> Option<Vec<u8>> + Sync);
+
+/// No earlier frames.
+pub fn no_reuse(_: &str) -> Option<Vec<u8>> {
+    None
+}
+
 /// One compressed chunk, in order.
 #[derive(Clone, Debug)]
 pub struct Frame {
+    /// True when the bytes came from `Reuse` (checked), not from zstd now.
+    pub reused: bool,
     pub index: usize,
     pub bytes: Vec<u8>,
     pub sha256: String,
@@ -170,6 +183,7 @@ pub fn frames<T>(
     params: Params,
     limit: u64,
     workers: usize,
+    reuse: Reuse,
     produce: impl FnOnce(&mut dyn Write) -> Result<T>,
     emit: &mut dyn FnMut(Frame) -> Result<()>,
 ) -> Result<(T, usize)> {
@@ -191,6 +205,12 @@ pub fn frames<T>(
                         _ => return,
                     };
                     let mut frames = Vec::new();
+                    if let Some(f) = reused(&job.raw, limit, reuse) {
+                        if tx.send(Ok((job.index, vec![f]))).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
                     let done = compress(&mut z, &job.raw, sizes, limit, &mut frames)
                         .with_context(|| format!("compressing chunk {}", job.index))
                         .map(|()| (job.index, frames));
@@ -272,8 +292,25 @@ fn compress(
     Ok(())
 }
 
+/// The frame `reuse` has for `raw`, if it fits `limit` and decodes to
+/// exactly `raw` (a wrong or damaged one is ignored: zstd then makes it).
+fn reused(raw: &[u8], limit: u64, reuse: Reuse) -> Option<Frame> {
+    let raw_sha256 = hex(&Sha256::digest(raw));
+    let bytes = reuse(&raw_sha256).filter(|b| b.len() as u64 <= limit)?;
+    let decoded = zstd::bulk::decompress(&bytes, raw.len()).ok()?;
+    (decoded == raw).then(|| Frame {
+        reused: true,
+        index: 0,
+        sha256: hex(&Sha256::digest(&bytes)),
+        bytes,
+        raw_size: raw.len() as u64,
+        raw_sha256,
+    })
+}
+
 fn frame(raw: &[u8], bytes: Vec<u8>) -> Frame {
     Frame {
+        reused: false,
         index: 0,
         sha256: hex(&Sha256::digest(&bytes)),
         bytes,
@@ -513,6 +550,7 @@ mod tests {
             },
             u64::MAX,
             workers,
+            &no_reuse,
             |w| {
                 for p in data.chunks(piece) {
                     w.write_all(p)?;
@@ -611,6 +649,7 @@ mod tests {
             },
             limit,
             2,
+            &no_reuse,
             |w| Ok(w.write_all(&data)?),
             &mut |f| {
                 out.push(f);
@@ -634,6 +673,7 @@ mod tests {
             },
             limit,
             2,
+            &no_reuse,
             |w| Ok(w.write_all(&longer)?),
             &mut |f| {
                 again.push(f.sha256);
@@ -651,12 +691,57 @@ mod tests {
             },
             8,
             1,
+            &no_reuse,
             |w| Ok(w.write_all(&data)?),
             &mut |_| Ok(()),
         )
         .unwrap_err();
         let err = format!("{err:#}");
         assert!(err.contains("raise publish.chunk_bytes"), "{err}");
+    }
+
+    /// A frame from `Reuse` is handed over as it is when it decodes to the
+    /// chunk's bytes, and ignored (zstd makes the frame) when it does not.
+    #[test]
+    fn reused_frames_are_checked_before_use() {
+        let data = noise(1 << 20, 21);
+        let sizes = Sizes::from_avg(64 << 10);
+        let fresh = run(&data, sizes, 2, 1 << 16);
+        let params = Params {
+            level: 3,
+            window_log: None,
+        };
+        let go = |reuse: Reuse| {
+            let mut out = Vec::new();
+            frames(
+                sizes,
+                params,
+                u64::MAX,
+                2,
+                reuse,
+                |w| Ok(w.write_all(&data)?),
+                &mut |f| {
+                    out.push(f);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            out
+        };
+        let by_raw: BTreeMap<String, Vec<u8>> = fresh
+            .iter()
+            .map(|f| (f.raw_sha256.clone(), f.bytes.clone()))
+            .collect();
+        let good = go(&|sha| by_raw.get(sha).cloned());
+        assert!(good.iter().all(|f| f.reused));
+        let other = fresh[0].bytes.clone();
+        let wrong = go(&|_| Some(other.clone()));
+        assert!(wrong.iter().skip(1).all(|f| !f.reused));
+        let garbage = go(&|_| Some(b"not zstd".to_vec()));
+        for got in [&good, &wrong, &garbage] {
+            let ids: Vec<&String> = got.iter().map(|f| &f.sha256).collect();
+            assert_eq!(ids, fresh.iter().map(|f| &f.sha256).collect::<Vec<_>>());
+        }
     }
 
     #[test]
@@ -670,6 +755,7 @@ mod tests {
             },
             u64::MAX,
             2,
+            &no_reuse,
             |w| Ok(w.write_all(&data)?),
             &mut |f| {
                 if f.index == 3 {

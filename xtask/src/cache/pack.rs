@@ -847,6 +847,8 @@ pub struct ChunkFile {
     /// The uncompressed slice of the tar it holds.
     pub raw_size: u64,
     pub raw_sha256: String,
+    /// Its frame was an earlier one (checked), not compressed now.
+    pub reused_frame: bool,
 }
 
 /// What `pack` produced.
@@ -864,10 +866,13 @@ pub struct Packed {
 /// boundaries, each chunk compressed as its own zstd frame on
 /// `opts.threads` workers, and the chunk files, named by `name_of(index)`,
 /// are written into `dir` and passed to `on_chunk` one by one, in order.
-/// The callback may move or delete the file.
+/// The callback may move or delete the file. A chunk whose frame `reuse`
+/// has (checked to decode to it) is not compressed again.
+#[allow(clippy::too_many_arguments)]
 pub fn pack(
     plan: &Plan,
     opts: PackOptions,
+    reuse: chunks::Reuse,
     dir: &Path,
     name_of: &dyn Fn(usize) -> String,
     on_chunk: &mut dyn FnMut(ChunkFile) -> Result<()>,
@@ -888,6 +893,7 @@ pub fn pack(
             sha256: f.sha256,
             raw_size: f.raw_size,
             raw_sha256: f.raw_sha256,
+            reused_frame: f.reused,
         };
         chunks.push(c.clone());
         on_chunk(c)
@@ -897,6 +903,7 @@ pub fn pack(
         opts.params,
         opts.limit,
         opts.threads,
+        reuse,
         |w| write_tar_indexed(plan, w, progress),
         &mut emit,
     )?;
@@ -1066,6 +1073,7 @@ mod tests {
         let packed = pack(
             &plan,
             opts,
+            &chunks::no_reuse,
             &out,
             &|i| format!("k.part{i:03}"),
             &mut |c| {
@@ -1106,6 +1114,7 @@ mod tests {
         let one = pack(
             &plan,
             PackOptions { threads: 1, ..opts },
+            &chunks::no_reuse,
             &out1,
             &|i| format!("k.part{i:03}"),
             &mut |_| Ok(()),
@@ -1130,6 +1139,7 @@ mod tests {
         let err = pack(
             &all(&src),
             opts(1, 1024, 1),
+            &chunks::no_reuse,
             tmp.path(),
             &|i| format!("p{i}"),
             &mut |c| {

@@ -490,12 +490,16 @@ impl Cx<'_> {
         summary.timings_ms.insert("pack", ms(t.elapsed()));
         summary.fill_packed(&packed);
         out.say(format!(
-            "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s), {}",
+            "packed {} ({} of files): tar {} -> zstd {} in {} chunk(s){}, {}",
             plural(plan.items.len(), "entry", "entries"),
             human_bytes(plan.file_bytes),
             human_bytes(packed.entry.tar_size),
             human_bytes(summary.compressed_size.unwrap_or(0)),
             packed.entry.chunks.len(),
+            match packed.frames_reused {
+                0 => String::new(),
+                n => format!(" ({n} not compressed again: their frames were in cache.git)"),
+            },
             crate::clock::human(t.elapsed())
         ));
 
@@ -1272,6 +1276,8 @@ struct PackedKey {
     entry: KeyEntry,
     oids: BTreeMap<String, String>,
     reused: Vec<bool>,
+    /// Chunks whose earlier frame was used instead of compressing again.
+    frames_reused: usize,
 }
 
 /// Packs the plan into chunk blobs in cache.git. Chunk files live in a
@@ -1306,15 +1312,20 @@ fn pack_into_git(
         .flat_map(|o| o.chunks.iter())
         .filter_map(|c| Some((c.sha256.as_str(), old_oids.get(&c.file)?)))
         .collect();
+    let earlier = earlier_frames(old, old_oids, &opts);
+    let reuse = |raw_sha256: &str| local_blob(git, earlier.get(raw_sha256)?);
+    let mut frames_reused = 0;
     let mut tx = Some(tx);
     let result = pack::pack(
         plan,
         opts,
+        &reuse,
         &scratch.0,
         // Scratch names only: the count, and so the width of the names on
         // the branch, is known once packing ends.
         &|i| format!("chunk-{i}"),
         &mut |c: ChunkFile| {
+            frames_reused += usize::from(c.reused_frame);
             if let Some(oid) = on_branch.get(c.sha256.as_str()) {
                 std::fs::remove_file(&c.path)
                     .with_context(|| format!("removing {}", c.path.display()))?;
@@ -1352,7 +1363,40 @@ fn pack_into_git(
         entry,
         oids: files,
         reused: is_reused,
+        frames_reused,
     })
+}
+
+/// The blob ids of the old entry's chunks by the sha256 of their raw
+/// bytes, when its frames were made exactly as today's would be (same
+/// chunker sizes, zstd version and parameters): such a chunk of today's
+/// tar need not be compressed again if its blob is in cache.git (read
+/// with `local_blob`, checked by `chunks` before use).
+fn earlier_frames(
+    old: Option<&KeyEntry>,
+    old_oids: &BTreeMap<String, String>,
+    opts: &PackOptions,
+) -> BTreeMap<String, String> {
+    let today = opts.params.frames(opts.sizes);
+    let Some(old) = old.filter(|o| o.frames.as_ref() == Some(&today)) else {
+        return BTreeMap::new();
+    };
+    old.chunks
+        .iter()
+        .filter_map(|c| Some((c.raw_sha256.clone()?, old_oids.get(&c.file)?.clone())))
+        .collect()
+}
+
+/// The bytes of blob `oid` when cache.git has it, never fetched (a chunk
+/// the branch fetch left on the remote is compressed again instead).
+fn local_blob(git: &CacheGit, oid: &str) -> Option<Vec<u8>> {
+    let mut cmd = git.git();
+    cmd.env("GIT_NO_LAZY_FETCH", "1")
+        .args(["cat-file", "blob", oid])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let out = cmd.output().ok()?;
+    out.status.success().then_some(out.stdout)
 }
 
 /// A thread that stores each chunk file it is sent as a blob in cache.git
