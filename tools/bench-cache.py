@@ -253,23 +253,36 @@ def regular_files_in_tar_order(src):
 
 def pick_change(files, share=0.01, ranges=3):
     """The incremental round's change: `ranges` contiguous runs of the path
-    order holding about `share` of the files and of the bytes, one early in
-    the tar. Each range starts in its own zone (2-10%, 35-55%, 70-90% of the
-    files) where a run of that many files comes closest to its share of the
-    bytes (the sysroot mixes tiny and 100 MB files, so file count and bytes
-    only agree where chosen)."""
+    order holding about `share` of the files and of the bytes, the first
+    one early in the tar (starting in its first 10% of bytes), the others
+    starting in 35-55% and 70-90% of the files. Each run is the one there
+    that comes closest to its share of the bytes: the sysroot mixes tiny and
+    200 MB files (its first 10% of bytes are a dozen binaries), so file
+    count and bytes only agree where chosen. The early run may hold fewer
+    files; the others then share the rest of the count."""
     n = len(files)
-    per = max(1, round(n * share / ranges))
-    want = sum(s for _, s in files) * share / ranges
+    want_files = max(ranges, round(n * share))
+    want_bytes = sum(s for _, s in files) * share
     cum = [0]
     for _, s in files:
         cum.append(cum[-1] + s)
-    zones = [(0.02, 0.10), (0.35, 0.55), (0.70, 0.90)][:ranges]
-    picked = []
-    for lo, hi in zones:
-        first, last = int(n * lo), max(int(n * lo), min(int(n * hi), n - per))
-        best = min(range(first, last + 1), key=lambda i: abs(cum[i + per] - cum[i] - want))
-        picked.append((best, best + per))
+    total = cum[-1]
+    per = max(1, want_files // ranges)
+    early = [i for i in range(n) if cum[i] <= 0.10 * total] or [0]
+    lo, length = min(
+        ((i, k) for i in early for k in range(1, min(per, n - i) + 1)),
+        key=lambda c: (abs(cum[c[0] + c[1]] - cum[c[0]] - want_bytes / ranges), -c[1]),
+    )
+    picked = [(lo, lo + length)]
+    rest = ranges - 1
+    if rest:
+        per = max(1, (want_files - length) // rest)
+        want = max(0.0, want_bytes - (cum[lo + length] - cum[lo])) / rest
+        for zlo, zhi in [(0.35, 0.55), (0.70, 0.90)][:rest]:
+            first = max(int(n * zlo), picked[-1][1])
+            last = max(first, min(int(n * zhi), n - per))
+            best = min(range(first, last + 1), key=lambda i: abs(cum[i + per] - cum[i] - want))
+            picked.append((best, min(n, best + per)))
     return picked
 
 
