@@ -254,7 +254,8 @@ def regular_files_in_tar_order(src):
 def pick_change(files, share=0.01, ranges=3):
     """The incremental round's change: `ranges` contiguous runs of the path
     order holding about `share` of the files and of the bytes, the first
-    one early in the tar (starting in its first 10% of bytes), the others
+    one early in the tar (the earliest run within half its share of the
+    bytes that starts in the first 10% of bytes or 5% of files), the others
     starting in 35-55% and 70-90% of the files. Each run is the one there
     that comes closest to its share of the bytes: the sysroot mixes tiny and
     200 MB files (its first 10% of bytes are a dozen binaries), so file
@@ -268,10 +269,15 @@ def pick_change(files, share=0.01, ranges=3):
         cum.append(cum[-1] + s)
     total = cum[-1]
     per = max(1, want_files // ranges)
-    early = [i for i in range(n) if cum[i] <= 0.10 * total] or [0]
+    early = [i for i in range(n) if cum[i] <= 0.10 * total or i < max(1, n // 20)]
+
+    def off(c):
+        return abs(cum[c[0] + c[1]] - cum[c[0]] - want_bytes / ranges)
+
+    # The earliest run within half its share of the bytes, else the closest.
     lo, length = min(
         ((i, k) for i in early for k in range(1, min(per, n - i) + 1)),
-        key=lambda c: (abs(cum[c[0] + c[1]] - cum[c[0]] - want_bytes / ranges), -c[1]),
+        key=lambda c: (off(c) > want_bytes / ranges / 2, cum[c[0]] if off(c) <= want_bytes / ranges / 2 else 0, off(c)),
     )
     picked = [(lo, lo + length)]
     rest = ranges - 1
