@@ -747,6 +747,10 @@ class Samples:
             extra += f", {s['wire_bytes'] / MB:.1f} MB on the wire"
         if "relay_cpu" in s:
             extra += f", relay cpu {s['relay_cpu']:.1f} s"
+        j = s.get("json") or {}
+        for k in ("chunks_reused", "files_linked", "delta_fallback"):
+            if j.get(k) is not None:
+                extra += f", {k} {j[k]}"
         log(f"  {name}: {s.wall:.2f} s, {s['rss']:.0f} MiB, cpu {s['cpu']:.1f} s{extra}")
 
     def med(self, name, key="wall"):
@@ -1074,6 +1078,7 @@ def report(ctx, build, build_result, runs):
     for w, v, t in targets:
         met = "" if t is None or v is None else ("yes" if v <= t else "NO")
         print(f"| {w.replace('|', chr(92) + '|')} | {'n/a' if v is None else f'{v:.2f}'} | {'' if t is None else f'≤ {t}'} | {met} |")
+    restore_table(ctx)
     if len(ctx.ours) > 1:
         variant_table(ctx)
     if build_result:
@@ -1083,6 +1088,28 @@ def report(ctx, build, build_result, runs):
     print(json.dumps(result, indent=2, default=str))
     if ctx.args.json:
         Path(ctx.args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def restore_table(ctx):
+    """What each warmstart restore reused, fetched and linked (its --json, last round)."""
+    fields = ["chunks_fetched", "chunks_reused", "bytes_fetched", "files_linked", "bytes_linked", "chunks_skipped"]
+    rows = []
+    for name, _ in ctx.args.variants:
+        for kind in KINDS:
+            if not kind.startswith("restore") or not ctx.s.by.get(label(kind, name)):
+                continue
+            j = ctx.s.by[label(kind, name)][-1].get("json") or {}
+            rows.append((label(kind, name), j))
+    if not rows:
+        return
+    print("\n| restore (last round) | " + " | ".join(f.replace("_", " ") for f in fields) + " | delta fallback |")
+    print("|---|" + "---:|" * len(fields) + "---|")
+    for lab, j in rows:
+        cells = []
+        for f in fields:
+            v = j.get(f)
+            cells.append("" if v is None else (f"{v / MB:.1f} MB" if f.startswith("bytes") else str(v)))
+        print(f"| {lab} | " + " | ".join(cells) + f" | {j.get('delta_fallback') or ''} |")
 
 
 def variant_table(ctx):
