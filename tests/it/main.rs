@@ -14,6 +14,7 @@ mod cache_keys;
 mod cache_legacy;
 mod cache_nofilter;
 mod cache_overlay;
+mod cache_pack;
 mod cache_prune;
 mod cache_publish;
 mod cache_refs;

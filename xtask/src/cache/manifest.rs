@@ -795,7 +795,9 @@ pub struct Glob {
 impl Glob {
     pub fn new(glob: &str) -> Result<Glob> {
         crate::glob::check(glob).map_err(|e| anyhow!("{e}"))?;
-        let mut re = String::from("^");
+        // `s`: `.` matches a newline too, so a file whose name holds one is
+        // selected like any other instead of silently left out.
+        let mut re = String::from("(?s)^");
         let mut chars = glob.chars().peekable();
         while let Some(c) = chars.next() {
             match c {
@@ -960,6 +962,15 @@ path = "dest"
         let star = Glob::new("bin/*").unwrap();
         assert!(star.matches("bin/cargo"));
         assert!(!star.matches("bin/sub/cargo"));
+        // A newline in a name is a byte like any other.
+        assert!(Glob::new("**").unwrap().matches("new\nline.txt"));
+        assert!(
+            Glob::new("lib/**/*.so")
+                .unwrap()
+                .matches("lib/a\nb/c\nd.so")
+        );
+        assert!(star.matches("bin/new\nline"));
+        assert!(!star.matches("bin/a\n/b"));
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
+use crate::cache::files;
 use crate::cache::manifest::{CacheManifest, Glob, hex};
 use crate::exit::{Code, fail};
 
@@ -461,12 +462,44 @@ pub struct TarDigest {
 /// Writes the tar of `plan` to `out` and returns its digest. `progress` is
 /// called with file bytes read so far.
 pub fn write_tar(plan: &Plan, out: impl Write, progress: &mut dyn FnMut(u64)) -> Result<TarDigest> {
-    let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), progress)?;
+    let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), None, progress)?;
     Ok(TarDigest {
         sha256: hex(&hasher.expect("a hasher was given").finalize()),
         size,
         entries: plan.items.len() as u64,
     })
+}
+
+/// `write_tar`, also returning the per-file index of the tar it wrote.
+pub fn write_tar_indexed(
+    plan: &Plan,
+    out: impl Write,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(TarDigest, files::Index)> {
+    let mut entries = Vec::with_capacity(plan.items.len());
+    let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), Some(&mut entries), progress)?;
+    let digest = TarDigest {
+        sha256: hex(&hasher.expect("a hasher was given").finalize()),
+        size,
+        entries: plan.items.len() as u64,
+    };
+    Ok((digest, files::Index { entries }))
+}
+
+/// The zstd level of a key's index file: it is small (about 120 bytes of
+/// text per entry) and read on every incremental restore, so it gets the
+/// highest level.
+pub const INDEX_LEVEL: i32 = 19;
+
+/// The bytes of a key's index file on its branch: `index.render()` as one
+/// zstd frame with a checksum and the content size.
+pub fn index_file(index: &files::Index) -> Result<Vec<u8>> {
+    let mut z = zstd::bulk::Compressor::new(INDEX_LEVEL).context("starting zstd for the index")?;
+    z.include_checksum(true)
+        .and_then(|()| z.include_contentsize(true))
+        .context("configuring zstd for the index")?;
+    z.compress(index.render().as_bytes())
+        .context("compressing the file index")
 }
 
 /// The digest `write_tar` would return, without writing the tar anywhere.
@@ -491,7 +524,7 @@ pub fn tar_digest(plan: &Plan, progress: &mut dyn FnMut(u64)) -> Result<TarDiges
         tx,
         recycle: recycle_rx,
     };
-    let size = tar_stream(plan, out, None, progress).map(|(size, _)| size);
+    let size = tar_stream(plan, out, None, None, progress).map(|(size, _)| size);
     // The sender was dropped inside tar_stream (after its final flush), so
     // the hasher has seen every block and ends.
     let h = hasher
@@ -547,13 +580,15 @@ impl Write for BlockSender {
     }
 }
 
-/// Writes the tar of `plan` to `out`, hashing it into `hasher` if given;
-/// returns the size and the hasher. `out` is flushed once, at the end, and
-/// dropped before returning.
+/// Writes the tar of `plan` to `out`, hashing it into `hasher` if given,
+/// and recording each entry's place and content digest into `index` if
+/// given (`cache::files`); returns the size and the hasher. `out` is
+/// flushed once, at the end, and dropped before returning.
 fn tar_stream(
     plan: &Plan,
     out: impl Write,
     hasher: Option<Sha256>,
+    mut index: Option<&mut Vec<files::Entry>>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(u64, Option<Sha256>)> {
     let mut w = HashingWriter {
@@ -579,6 +614,8 @@ fn tar_stream(
         if item.kind == Kind::Dir {
             name.push(b'/');
         }
+        // The entry starts at its first block: a long-name record if any.
+        let offset = w.written;
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(ty);
         h.set_size(size);
@@ -592,6 +629,7 @@ fn tar_stream(
         }
         h.set_cksum();
         w.write_all(h.as_bytes())?;
+        let mut content = index.is_some().then(Sha256::new);
         if item.kind == Kind::File {
             let path = join(&plan.root, &item.rel);
             let mut f = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
@@ -608,6 +646,9 @@ fn tar_stream(
                     );
                 }
                 w.write_all(&buf[..n])?;
+                if let Some(c) = &mut content {
+                    c.update(&buf[..n]);
+                }
                 left -= n as u64;
                 done += n as u64;
                 progress(done);
@@ -620,11 +661,35 @@ fn tar_stream(
             }
             pad(&mut w, item.size)?;
         }
+        if let Some(index) = index.as_deref_mut() {
+            index.push(index_entry(item, offset, w.written, content));
+        }
     }
     // End of archive: two zero blocks, as GNU tar writes.
     w.write_all(&[0u8; 1024])?;
     w.inner.flush()?;
     Ok((w.written, w.hasher))
+}
+
+/// The index line of `item`, whose tar bytes are `offset..end`.
+fn index_entry(item: &Item, offset: u64, end: u64, content: Option<Sha256>) -> files::Entry {
+    let (kind, target) = match &item.kind {
+        Kind::Dir => (files::Kind::Dir, None),
+        Kind::File => (files::Kind::File, None),
+        Kind::Symlink(t) => (files::Kind::Symlink, Some(t.clone())),
+        Kind::Hardlink(t) => (files::Kind::Hardlink, Some(t.clone())),
+    };
+    let is_file = kind == files::Kind::File;
+    files::Entry {
+        offset,
+        end,
+        kind,
+        mode: item.mode,
+        size: if is_file { item.size } else { 0 },
+        sha256: content.filter(|_| is_file).map(|c| c.finalize().into()),
+        path: item.rel.clone(),
+        target,
+    }
 }
 
 enum Field {
@@ -744,6 +809,8 @@ pub struct ChunkFile {
 #[derive(Clone, Debug)]
 pub struct Packed {
     pub tar: TarDigest,
+    /// Where each entry lies in the tar, and its content digest.
+    pub index: files::Index,
     pub chunks: Vec<ChunkFile>,
     /// Total compressed bytes.
     pub compressed: u64,
@@ -784,12 +851,12 @@ pub fn pack(
         .context("enabling multithreaded zstd")?;
     enc.include_checksum(true)
         .context("configuring the zstd encoder")?;
-    let result = write_tar(plan, &mut enc, progress).and_then(|tar| {
+    let result = write_tar_indexed(plan, &mut enc, progress).and_then(|(tar, index)| {
         let mut writer = enc.finish().context("finishing the zstd stream")?;
         writer.finish_chunk()?;
-        Ok((tar, writer.total))
+        Ok((tar, index, writer.total))
     });
-    let (tar, compressed) = match result {
+    let (tar, index, compressed) = match result {
         Ok(r) => r,
         // The callback's own error (e.g. git failing) says more than the
         // io::Error it was squeezed into.
@@ -798,6 +865,7 @@ pub fn pack(
     drop(first_error);
     Ok(Packed {
         tar,
+        index,
         chunks,
         compressed,
     })

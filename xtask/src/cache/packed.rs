@@ -84,9 +84,13 @@ pub struct TreeRecord {
 /// and the chunk sizes (`chunk_bytes` and the ramp of the first chunks).
 pub fn pack_params(level: i32, chunk_bytes: u64) -> String {
     let ramp = crate::cache::pack::RAMP.map(|r| r.to_string()).join(",");
+    // `index`: branches made since carry a file index (`cache::files`)
+    // beside the chunks; a record of an older build vouches for none.
     format!(
-        "zstd {} level {level} chunk_bytes {chunk_bytes} ramp {ramp}",
-        zstd::zstd_safe::version_string()
+        "zstd {} level {level} chunk_bytes {chunk_bytes} ramp {ramp} index {} level {}",
+        zstd::zstd_safe::version_string(),
+        crate::cache::files::MAGIC,
+        crate::cache::pack::INDEX_LEVEL
     )
 }
 

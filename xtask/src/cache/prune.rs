@@ -388,7 +388,7 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
 }
 
 /// The root commit of `state` without the keys `drops`: their chunk files
-/// (as `warmstart.json` lists them) leave the tree, the generated files are
+/// and file indexes (as `warmstart.json` lists them) leave the tree, the generated files are
 /// written anew, and every other file stays as it is.
 fn prune_commit(
     git: &CacheGit,
@@ -402,6 +402,7 @@ fn prune_commit(
     for d in drops {
         if let Some(e) = state.manifest.keys.get(d) {
             gone.extend(e.chunks.iter().map(|c| c.file.clone()));
+            gone.extend(e.index.iter().map(|i| i.file.clone()));
         }
         // A dropped key's statement and signature vouch for nothing left.
         gone.insert(crate::trust::statement::file_name(d));
@@ -413,6 +414,9 @@ fn prune_commit(
     for e in manifest.keys.values() {
         for c in &e.chunks {
             gone.remove(&c.file);
+        }
+        if let Some(i) = &e.index {
+            gone.remove(&i.file);
         }
     }
     const GENERATED: [&str; 3] = ["README.md", "warmstart.json", "SHA256SUMS"];

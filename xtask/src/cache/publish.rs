@@ -16,6 +16,7 @@
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -24,7 +25,8 @@ use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
 use crate::cache::format::{
-    self, BranchManifest, Chunk, KeyEntry, KeyPart, Layout, archive_name, chunk_name, render_sums,
+    self, BranchManifest, Chunk, IndexFile, KeyEntry, KeyPart, Layout, archive_name, chunk_name,
+    index_name, render_sums,
 };
 use crate::cache::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::cache::human_bytes;
@@ -839,6 +841,8 @@ fn same_artifact(old: &KeyEntry, new: &KeyEntry) -> bool {
     old.tar_sha256 == new.tar_sha256
         && old.tar_size == new.tar_size
         && old.chunks == new.chunks
+        && old.frames == new.frames
+        && old.index == new.index
         && old.compression == new.compression
         && old.ungated == new.ungated
 }
@@ -1026,7 +1030,7 @@ fn not_a_cache(branch: &str, remote: &Remote) -> anyhow::Error {
     )
 }
 
-/// Another key whose chunks are not all on the branch cannot be restored;
+/// Another key whose chunks (or file index) are not all on the branch cannot be restored;
 /// keeping it would write a SHA256SUMS that fails. It is dropped, loudly.
 fn drop_broken_keys(m: &mut BranchManifest, entries: &[TreeEntry], branch: &str, out: &Reporter) {
     let sizes: BTreeMap<&str, Option<u64>> = entries
@@ -1039,25 +1043,36 @@ fn drop_broken_keys(m: &mut BranchManifest, entries: &[TreeEntry], branch: &str,
         // the remote: it is on the branch, and its size is the one its id
         // was made with; only chunks missing from the tree, or here with
         // another size, are broken.
-        let missing = e.chunks.iter().find(|c| match sizes.get(c.file.as_str()) {
+        let broken = |file: &str, want: u64| match sizes.get(file) {
             None => true,
             Some(None) => false,
-            Some(Some(size)) => *size != c.size,
-        });
+            Some(Some(size)) => *size != want,
+        };
+        let missing = e.chunks.iter().find(|c| broken(&c.file, c.size));
         if let Some(c) = missing {
             out.warn(format!(
                 "dropping key {key} from {branch}: its chunk {} is missing or has the wrong size",
                 c.file
             ));
+            return false;
         }
-        missing.is_none()
+        // The index is part of the key (a signed statement covers it).
+        if let Some(i) = e.index.as_ref().filter(|i| broken(&i.file, i.size)) {
+            out.warn(format!(
+                "dropping key {key} from {branch}: its file index {} is missing or has the wrong size",
+                i.file
+            ));
+            return false;
+        }
+        true
     });
 }
 
-/// The packed key, its blob ids, and which chunks were already on the branch.
+/// The packed key, the blob ids of its files (chunks and index) by name,
+/// and which chunks were already on the branch.
 struct PackedKey {
     entry: KeyEntry,
-    oids: Vec<String>,
+    oids: BTreeMap<String, String>,
     reused: Vec<bool>,
 }
 
@@ -1151,12 +1166,24 @@ fn pack_into_git(
     let n = packed.chunks.len();
     let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();
     oids.extend(reused);
-    let oids: Vec<String> = (0..n)
+    let mut files: BTreeMap<String, String> = (0..n)
         .map(|i| {
-            oids.remove(&i)
-                .ok_or_else(|| anyhow!("chunk {i} of {key} has no blob"))
+            let oid = oids
+                .remove(&i)
+                .ok_or_else(|| anyhow!("chunk {i} of {key} has no blob"))?;
+            Ok((chunk_name(key, i, n), oid))
         })
         .collect::<Result<_>>()?;
+    let index_bytes = pack::index_file(&packed.index)?;
+    let index = IndexFile {
+        file: index_name(key),
+        size: index_bytes.len() as u64,
+        sha256: crate::cache::manifest::hex(&Sha256::digest(&index_bytes)),
+    };
+    let index_oid = git
+        .write_blob_bytes(&index_bytes)
+        .with_context(|| format!("storing {} in {}", index.file, git.dir.display()))?;
+    files.insert(index.file.clone(), index_oid);
     let entry = KeyEntry {
         archive: archive_name(key),
         compression: "zstd".into(),
@@ -1182,11 +1209,11 @@ fn pack_into_git(
         created_at: String::new(),
         tool_version: format!("warmstart {}", env!("CARGO_PKG_VERSION")),
         frames: None,
-        index: None,
+        index: Some(index),
     };
     Ok(PackedKey {
         entry,
-        oids,
+        oids: files,
         reused: is_reused,
     })
 }
@@ -1295,7 +1322,7 @@ fn build_commit(
     state: Option<&BranchState>,
     key: &str,
     entry: &KeyEntry,
-    chunk_oids: &[String],
+    new_oids: &BTreeMap<String, String>,
     drops: &[String],
     signed: Option<&crate::trust::sign::Signed>,
 ) -> Result<(String, Vec<String>)> {
@@ -1310,9 +1337,7 @@ fn build_commit(
         }
     }
     let mut oids = state.map(|s| s.oids()).unwrap_or_default();
-    for (c, oid) in entry.chunks.iter().zip(chunk_oids) {
-        oids.insert(c.file.clone(), oid.clone());
-    }
+    oids.extend(new_oids.iter().map(|(f, o)| (f.clone(), o.clone())));
     // The old statement of this key vouched for other bytes.
     oids.remove(&statement::file_name(key));
     oids.remove(&statement::sig_name(key));
@@ -1337,7 +1362,7 @@ fn build_commit(
 }
 
 /// Writes the tree of `manifest` (README, warmstart.json, SHA256SUMS, the
-/// chunks and the statements) and one root commit of it. A key's statement
+/// chunks, the file indexes and the statements) and one root commit of it. A key's statement
 /// is `signatures`' new one, else the one in `oids` (kept byte for byte).
 fn write_root_commit(
     git: &CacheGit,
@@ -1358,6 +1383,12 @@ fn write_root_commit(
                 .get(&c.file)
                 .ok_or_else(|| anyhow!("chunk {} is not in cache.git", c.file))?;
             tree.push(blob_entry(&c.file, oid.clone()));
+        }
+        if let Some(i) = &e.index {
+            let oid = oids
+                .get(&i.file)
+                .ok_or_else(|| anyhow!("file index {} is not in cache.git", i.file))?;
+            tree.push(blob_entry(&i.file, oid.clone()));
         }
         let (stmt, sig) = (statement::file_name(k), statement::sig_name(k));
         if let Some(s) = signatures.get(k) {
@@ -1495,5 +1526,25 @@ mod tests {
         }];
         drop_broken_keys(&mut m, &entries, "b", &Reporter::new(true, false));
         assert_eq!(m.keys.keys().collect::<Vec<_>>(), ["k"]);
+        // A key whose file index is missing, or of another size, goes too.
+        let index = |size| IndexFile {
+            file: "k.files.zst".into(),
+            size,
+            sha256: "d".repeat(64),
+        };
+        let mut with_index = entries.clone();
+        with_index.push(TreeEntry {
+            size: Some(7),
+            name: "k.files.zst".into(),
+            ..entries[0].clone()
+        });
+        for (tree, size, kept) in [(&with_index, 7, 1), (&with_index, 8, 0), (&entries, 7, 0)] {
+            let mut m = BranchManifest::new();
+            let mut e = entry("a");
+            e.index = Some(index(size));
+            m.keys.insert("k".into(), e);
+            drop_broken_keys(&mut m, tree, "b", &Reporter::new(true, false));
+            assert_eq!(m.keys.len(), kept, "index size {size}");
+        }
     }
 }
