@@ -44,6 +44,9 @@ pub struct Branch {
     /// sha256 of `warmstart.json` (v1) or of `SHA256SUMS` (legacy): which
     /// branch manifest an install was checked against.
     pub manifest_sha256: String,
+    /// Blobs the branch fetch of this run brought into cache.git (chunks
+    /// under the fetch's size limit come with it): fetched, not reused.
+    pub fresh: std::collections::HashSet<String>,
 }
 
 /// One key, ready to stream.
@@ -143,6 +146,7 @@ impl Branch {
             entries,
             content,
             manifest_sha256,
+            fresh: Default::default(),
         })
     }
 

@@ -90,6 +90,40 @@ impl Store {
         Ok(true)
     }
 
+    /// Copies `size` bytes of `src` into the store as the chunk with this
+    /// digest, hashing them on the way: `Ok(true)` once stored, `Ok(false)`
+    /// (nothing stored) when they are fewer or have another digest. Reads
+    /// at most `size` bytes, so a stream of several objects stays in step.
+    pub fn put(&self, src: &mut dyn Read, size: u64, sha256: &[u8; 32]) -> Result<bool> {
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        let (tmp, file) = self
+            .create_tmp(sha256)
+            .with_context(|| format!("creating a chunk file in {}", self.dir.display()))?;
+        let _guard = crate::net::register_temp(&tmp);
+        let mut hashing = HashingWriter {
+            file,
+            hasher: Sha256::new(),
+        };
+        let copied = io::copy(&mut src.take(size), &mut hashing);
+        let ok = match copied {
+            Ok(n) => n == size && <[u8; 32]>::from(hashing.hasher.finalize()) == *sha256,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(anyhow!(e).context(format!("writing {}", tmp.display())));
+            }
+        };
+        if !ok {
+            let _ = std::fs::remove_file(&tmp);
+            return Ok(false);
+        }
+        std::fs::rename(&tmp, self.path(sha256)).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            anyhow!(e).context(format!("storing {}", tmp.display()))
+        })?;
+        Ok(true)
+    }
+
     /// Removes partial files nobody has written to for `STALE` (a killed
     /// restore leaves up to a chunk's worth of bytes behind). Age, not a
     /// pid, tells them apart: a clone may be shared by containers with pid
@@ -134,6 +168,24 @@ impl Store {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// A file that hashes what is written to it.
+struct HashingWriter {
+    file: File,
+    hasher: Sha256,
+}
+
+impl Write for HashingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
     }
 }
 
@@ -215,18 +267,29 @@ pub fn choose_server(remote: &Remote, git: &CacheGit) -> Result<Server, String> 
     }
 }
 
-/// Why a chunk was not stored.
+/// One chunk a batch asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    pub oid: String,
+    pub size: u64,
+    pub sha256: [u8; 32],
+}
+
+/// Why a batch was not stored (whole or in part: every chunk stored
+/// before the failure was reported through `on_stored` and stays stored,
+/// hashed).
 #[derive(Debug)]
 pub enum Error {
-    /// The server or its answer is not what this reader handles: use
-    /// `git fetch` instead.
+    /// The server or its answer is not what this reader handles (a
+    /// delta, another hash function, protocol v0): use `git fetch`
+    /// instead for what was not stored.
     Unsupported(String),
-    /// The server does not have the object.
-    NotOnRemote,
-    /// The object is not the declared size.
-    Size(u64),
-    /// The content does not have the declared sha256.
-    Digest([u8; 32]),
+    /// The server does not have an object asked for (this one, when it
+    /// said which).
+    NotOnRemote(Option<String>),
+    /// A blob whose content does not have the declared sha256 of the
+    /// awaited chunk of its size.
+    Digest { want: usize, got: [u8; 32] },
     /// Anything else (the server failed, the disk is full).
     Failed(anyhow::Error),
 }
@@ -237,45 +300,23 @@ impl From<io::Error> for Error {
     }
 }
 
-/// Fetches blob `oid` of `size` bytes and digest `sha256` from `server`
-/// into `store`. `pid` gets the process group of the running
-/// `git upload-pack` or remote helper (`None` once it exited), as in
-/// `CacheGit::fetch_blob`.
+/// Fetches the blobs of `wants` from `server` into `store`, in one
+/// protocol v2 request (one `want` per distinct blob): the server answers
+/// with one pack of them all, in its own order, and each blob is inflated
+/// into a partial file while it is hashed, then stored under its sha256
+/// once its size and digest matched a want. `on_stored(i)` is called for
+/// each want as soon as its chunk is in the store (two wants of one digest
+/// both). `pid` gets the process group of the running `git upload-pack`
+/// or remote helper (`None` once it exited), as in `CacheGit::fetch_blob`.
 pub fn fetch(
     git: &CacheGit,
     server: &Server,
-    oid: &str,
-    size: u64,
-    sha256: &[u8; 32],
+    wants: &[Want],
     store: &Store,
     pid: &mut dyn FnMut(Option<u32>),
+    on_stored: &mut dyn FnMut(usize),
 ) -> Result<(), Error> {
     std::fs::create_dir_all(&store.dir)?;
-    let (tmp, file) = store.create_tmp(sha256)?;
-    // SIGTERM or Ctrl-C removes it at once, not 15 minutes on (`sweep`).
-    let _temp = crate::net::register_temp(&tmp);
-    let r = fetch_to(git, server, oid, size, sha256, file, pid);
-    match r {
-        Ok(()) => std::fs::rename(&tmp, store.path(sha256)).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::Failed(anyhow!(e).context(format!("storing {}", tmp.display())))
-        }),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
-}
-
-fn fetch_to(
-    git: &CacheGit,
-    server: &Server,
-    oid: &str,
-    size: u64,
-    sha256: &[u8; 32],
-    file: File,
-    pid: &mut dyn FnMut(Option<u32>),
-) -> Result<(), Error> {
     use std::os::unix::process::CommandExt;
     let mut cmd: Command = match server {
         Server::Local(repo) => git.upload_pack(repo),
@@ -312,16 +353,9 @@ fn fetch_to(
             connect(&mut stdin, &mut out)?;
         }
         advertisement(&mut out)?;
-        let mut req = Vec::new();
-        pkt(&mut req, b"command=fetch\n");
-        req.extend_from_slice(b"0001");
-        pkt(&mut req, format!("want {oid}\n").as_bytes());
-        pkt(&mut req, b"no-progress\n");
-        pkt(&mut req, b"done\n");
-        req.extend_from_slice(b"0000");
-        stdin.write_all(&req)?;
+        stdin.write_all(&request(wants))?;
         drop(stdin);
-        let mut sink = PackSink::new(file, size);
+        let mut sink = PackSink::new(store, wants, on_stored);
         response(&mut out, &mut sink)?;
         if matches!(server, Server::Http(_)) {
             // The helper ends each response with a response-end packet,
@@ -329,7 +363,7 @@ fn fetch_to(
             let mut buf = Vec::new();
             while !matches!(read_pkt(&mut out, &mut buf)?, Pkt::ResponseEnd) {}
         }
-        sink.finish(sha256)
+        sink.finish()
     })();
     drop(out);
     let status = child.wait();
@@ -357,6 +391,27 @@ fn fetch_to(
         ))),
         (Err(e), _) => Err(e),
     }
+}
+
+/// The protocol v2 fetch request: one `want` per distinct blob, no
+/// negotiation (`done` at once: a `have` of a branch commit would make the
+/// server leave the chunks out), no progress, no `ofs-delta` and no
+/// `thin-pack` (so the pack is self-contained; blobs git did store as
+/// deltas still come as `REF_DELTA`, which `PackSink` hands to git fetch).
+fn request(wants: &[Want]) -> Vec<u8> {
+    let mut req = Vec::new();
+    pkt(&mut req, b"command=fetch\n");
+    req.extend_from_slice(b"0001");
+    let mut seen = std::collections::HashSet::new();
+    for w in wants {
+        if seen.insert(w.oid.as_str()) {
+            pkt(&mut req, format!("want {}\n", w.oid).as_bytes());
+        }
+    }
+    pkt(&mut req, b"no-progress\n");
+    pkt(&mut req, b"done\n");
+    req.extend_from_slice(b"0000");
+    req
 }
 
 /// Asks git's HTTP remote helper for a `stateless-connect` to
@@ -484,8 +539,17 @@ fn advertisement(r: &mut impl Read) -> Result<(), Error> {
     Ok(())
 }
 
+/// The object id in a server's `not our ref <oid>`.
+fn not_our_ref(msg: &str) -> Option<String> {
+    let rest = &msg[msg.find("not our ref")? + "not our ref".len()..];
+    let oid = rest.split_whitespace().next()?;
+    oid.bytes()
+        .all(|b| b.is_ascii_hexdigit())
+        .then(|| oid.to_string())
+}
+
 /// The fetch response: a `packfile` section of side-band packets, into `sink`.
-fn response(r: &mut impl Read, sink: &mut PackSink) -> Result<(), Error> {
+fn response(r: &mut impl Read, sink: &mut PackSink<'_>) -> Result<(), Error> {
     let mut buf = Vec::with_capacity(65520);
     let mut in_pack = false;
     loop {
@@ -496,7 +560,7 @@ fn response(r: &mut impl Read, sink: &mut PackSink) -> Result<(), Error> {
                 if let Some(msg) = buf.strip_prefix(b"ERR ") {
                     let msg = String::from_utf8_lossy(msg).trim().to_string();
                     return Err(if msg.contains("not our ref") {
-                        Error::NotOnRemote
+                        Error::NotOnRemote(not_our_ref(&msg))
                     } else {
                         Error::Failed(anyhow!("the server says: {msg}"))
                     });
@@ -516,7 +580,7 @@ fn response(r: &mut impl Read, sink: &mut PackSink) -> Result<(), Error> {
                 3 => {
                     let msg = String::from_utf8_lossy(&buf[1..n]).trim().to_string();
                     return Err(if msg.contains("not our ref") {
-                        Error::NotOnRemote
+                        Error::NotOnRemote(not_our_ref(&msg))
                     } else {
                         Error::Failed(anyhow!("the server says: {msg}"))
                     });
@@ -536,121 +600,235 @@ enum Part {
     Trailer,
 }
 
-/// Parses a pack of one whole blob, inflating it into a file while hashing it.
-struct PackSink {
-    part: Part,
-    /// Bytes of the pack header, the object header or the trailer so far.
-    held: Vec<u8>,
-    inflate: flate2::Decompress,
-    out: Vec<u8>,
+/// The blob being inflated: its partial file in the store.
+struct Current {
+    tmp: PathBuf,
     file: File,
+    /// Removes the partial file on SIGTERM or Ctrl-C (not 15 minutes on,
+    /// `Store::sweep`).
+    _guard: crate::net::TempGuard,
     hasher: Sha256,
     size: u64,
     written: u64,
 }
 
-impl PackSink {
-    fn new(file: File, size: u64) -> PackSink {
+/// Parses a pack of whole blobs, the ones `wants` asks for, inflating
+/// each into a partial file of the store while hashing it, and storing it
+/// under its sha256 once it matched.
+struct PackSink<'a> {
+    part: Part,
+    /// Bytes of the pack header, an object header or the trailer so far.
+    held: Vec<u8>,
+    /// Objects the pack says it holds, and how many were read.
+    count: u32,
+    seen: u32,
+    inflate: flate2::Decompress,
+    out: Vec<u8>,
+    store: &'a Store,
+    wants: &'a [Want],
+    /// Which wants are stored.
+    done: Vec<bool>,
+    current: Option<Current>,
+    on_stored: &'a mut dyn FnMut(usize),
+}
+
+impl<'a> PackSink<'a> {
+    fn new(store: &'a Store, wants: &'a [Want], on_stored: &'a mut dyn FnMut(usize)) -> Self {
         PackSink {
             part: Part::Header,
             held: Vec::new(),
+            count: 0,
+            seen: 0,
             inflate: flate2::Decompress::new(true),
             out: vec![0; 1 << 20],
-            file,
-            hasher: Sha256::new(),
-            size,
-            written: 0,
+            store,
+            wants,
+            done: vec![false; wants.len()],
+            current: None,
+            on_stored,
         }
+    }
+
+    /// The first want still awaited (for messages about the pack as a whole).
+    fn first_awaited(&self) -> usize {
+        self.done.iter().position(|d| !d).unwrap_or(0)
     }
 
     fn feed(&mut self, mut data: &[u8]) -> Result<(), Error> {
         while !data.is_empty() {
-            match self.part {
-                Part::Header => {
-                    let take = (12 - self.held.len()).min(data.len());
-                    self.held.extend_from_slice(&data[..take]);
-                    data = &data[take..];
-                    if self.held.len() == 12 {
-                        let h = &self.held;
-                        let version = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
-                        let count = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
-                        if &h[..4] != b"PACK" || !(version == 2 || version == 3) {
-                            return Err(Error::Unsupported("not a pack".into()));
-                        }
-                        if count != 1 {
-                            return Err(Error::Unsupported(format!("a pack of {count} objects")));
-                        }
-                        self.held.clear();
-                        self.part = Part::Object;
-                    }
-                }
-                Part::Object => {
-                    let b = data[0];
-                    data = &data[1..];
-                    self.held.push(b);
-                    if self.held.len() > 10 {
-                        return Err(Error::Unsupported("an object header over 10 bytes".into()));
-                    }
-                    if b & 0x80 == 0 {
-                        let (kind, size) = object_header(&self.held)?;
-                        if kind != 3 {
-                            return Err(Error::Unsupported(format!("object type {kind}")));
-                        }
-                        if size != self.size {
-                            return Err(Error::Size(size));
-                        }
-                        self.held.clear();
-                        self.part = Part::Body;
-                    }
-                }
-                Part::Body => {
-                    let in0 = self.inflate.total_in();
-                    let out0 = self.inflate.total_out();
-                    let status = self
-                        .inflate
-                        .decompress(data, &mut self.out, flate2::FlushDecompress::None)
-                        .map_err(|e| Error::Failed(anyhow!("the blob does not inflate: {e}")))?;
-                    let used = (self.inflate.total_in() - in0) as usize;
-                    let made = (self.inflate.total_out() - out0) as usize;
-                    data = &data[used..];
-                    self.written += made as u64;
-                    if self.written > self.size {
-                        return Err(Error::Size(self.written));
-                    }
-                    self.hasher.update(&self.out[..made]);
-                    self.file.write_all(&self.out[..made])?;
-                    if status == flate2::Status::StreamEnd {
-                        self.part = Part::Trailer;
-                    } else if used == 0 && made == 0 {
-                        return Err(Error::Failed(anyhow!("the blob does not inflate")));
-                    }
-                }
+            data = match self.part {
+                Part::Header => self.header(data)?,
+                Part::Object => self.object_header(data)?,
+                Part::Body => self.body(data)?,
                 Part::Trailer => {
                     self.held.extend_from_slice(data);
-                    data = &[];
                     if self.held.len() > 20 {
                         return Err(Error::Unsupported("bytes after the pack".into()));
                     }
+                    &[]
                 }
-            }
+            };
         }
         Ok(())
     }
 
-    /// Checks that the pack ended where it should and the blob is the one
-    /// declared.
-    fn finish(self, sha256: &[u8; 32]) -> Result<(), Error> {
+    fn header<'d>(&mut self, data: &'d [u8]) -> Result<&'d [u8], Error> {
+        let take = (12 - self.held.len()).min(data.len());
+        self.held.extend_from_slice(&data[..take]);
+        if self.held.len() == 12 {
+            let h = &self.held;
+            let version = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+            if &h[..4] != b"PACK" || !(version == 2 || version == 3) {
+                return Err(Error::Unsupported("not a pack".into()));
+            }
+            self.count = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
+            self.held.clear();
+            self.part = if self.count == 0 {
+                Part::Trailer
+            } else {
+                Part::Object
+            };
+        }
+        Ok(&data[take..])
+    }
+
+    fn object_header<'d>(&mut self, data: &'d [u8]) -> Result<&'d [u8], Error> {
+        let b = data[0];
+        self.held.push(b);
+        if self.held.len() > 10 {
+            return Err(Error::Unsupported("an object header over 10 bytes".into()));
+        }
+        if b & 0x80 != 0 {
+            return Ok(&data[1..]);
+        }
+        let (kind, size) = object_header(&self.held)?;
+        self.held.clear();
+        match kind {
+            3 => {}
+            6 | 7 => {
+                return Err(Error::Unsupported(
+                    "the server sent a chunk as a delta".into(),
+                ));
+            }
+            k => return Err(Error::Unsupported(format!("object type {k}"))),
+        }
+        if !self
+            .wants
+            .iter()
+            .zip(&self.done)
+            .any(|(w, d)| !d && w.size == size)
+        {
+            // An object nobody asked for, or a chunk of another size than
+            // declared: git fetch takes what the server sends, and the
+            // size check after it gives the verdict.
+            return Err(Error::Unsupported(format!(
+                "the pack holds a blob of {size} bytes, which no chunk asked for has"
+            )));
+        }
+        let (tmp, file) = self.store.create_tmp(&[0; 32])?;
+        self.current = Some(Current {
+            _guard: crate::net::register_temp(&tmp),
+            tmp,
+            file,
+            hasher: Sha256::new(),
+            size,
+            written: 0,
+        });
+        self.inflate = flate2::Decompress::new(true);
+        self.part = Part::Body;
+        Ok(&data[1..])
+    }
+
+    fn body<'d>(&mut self, data: &'d [u8]) -> Result<&'d [u8], Error> {
+        let cur = self.current.as_mut().expect("a body has an object");
+        let in0 = self.inflate.total_in();
+        let out0 = self.inflate.total_out();
+        let status = self
+            .inflate
+            .decompress(data, &mut self.out, flate2::FlushDecompress::None)
+            .map_err(|e| Error::Failed(anyhow!("the blob does not inflate: {e}")))?;
+        let used = (self.inflate.total_in() - in0) as usize;
+        let made = (self.inflate.total_out() - out0) as usize;
+        cur.written += made as u64;
+        if cur.written > cur.size {
+            return Err(Error::Failed(anyhow!(
+                "a blob of {} bytes inflates to more",
+                cur.size
+            )));
+        }
+        cur.hasher.update(&self.out[..made]);
+        cur.file.write_all(&self.out[..made])?;
+        if status == flate2::Status::StreamEnd {
+            self.store_current()?;
+            self.seen += 1;
+            self.part = if self.seen == self.count {
+                Part::Trailer
+            } else {
+                Part::Object
+            };
+        } else if used == 0 && made == 0 {
+            return Err(Error::Failed(anyhow!("the blob does not inflate")));
+        }
+        Ok(&data[used..])
+    }
+
+    /// The blob just inflated: stored under its sha256 if a want awaits
+    /// it (with its size), else refused.
+    fn store_current(&mut self) -> Result<(), Error> {
+        let cur = self.current.take().expect("an object was inflated");
+        let remove = |e: Error| {
+            let _ = std::fs::remove_file(&cur.tmp);
+            e
+        };
+        if cur.written != cur.size {
+            return Err(remove(Error::Failed(anyhow!(
+                "a blob of {} bytes inflates to {}",
+                cur.size,
+                cur.written
+            ))));
+        }
+        let got: [u8; 32] = cur.hasher.clone().finalize().into();
+        let matching: Vec<usize> = (0..self.wants.len())
+            .filter(|&i| !self.done[i] && self.wants[i].sha256 == got)
+            .filter(|&i| self.wants[i].size == cur.size)
+            .collect();
+        if matching.is_empty() {
+            // Named after the first awaited chunk of that size.
+            let want = (0..self.wants.len())
+                .find(|&i| !self.done[i] && self.wants[i].size == cur.size)
+                .unwrap_or_else(|| self.first_awaited());
+            return Err(remove(Error::Digest { want, got }));
+        }
+        let dest = self.store.path(&got);
+        std::fs::rename(&cur.tmp, &dest).map_err(|e| {
+            remove(Error::Failed(
+                anyhow!(e).context(format!("storing {}", dest.display())),
+            ))
+        })?;
+        for i in matching {
+            self.done[i] = true;
+            (self.on_stored)(i);
+        }
+        Ok(())
+    }
+
+    /// Checks that the pack ended where it should and held every want.
+    fn finish(self) -> Result<(), Error> {
         if self.part != Part::Trailer || self.held.len() != 20 {
             return Err(Error::Failed(anyhow!("the pack ended early")));
         }
-        if self.written != self.size {
-            return Err(Error::Size(self.written));
-        }
-        let got: [u8; 32] = self.hasher.finalize().into();
-        if got != *sha256 {
-            return Err(Error::Digest(got));
+        if let Some(i) = self.done.iter().position(|d| !d) {
+            return Err(Error::NotOnRemote(Some(self.wants[i].oid.clone())));
         }
         Ok(())
+    }
+}
+
+impl Drop for PackSink<'_> {
+    fn drop(&mut self) {
+        if let Some(cur) = self.current.take() {
+            let _ = std::fs::remove_file(&cur.tmp);
+        }
     }
 }
 
@@ -712,53 +890,149 @@ mod tests {
         git_in(dir, &["pack-objects", "--stdout", "-q"], list.as_bytes())
     }
 
-    fn sink(dir: &Path, size: u64) -> PackSink {
-        PackSink::new(File::create(dir.join("out")).unwrap(), size)
+    fn store_in(dir: &Path) -> Store {
+        let store = Store {
+            dir: dir.join("chunks"),
+        };
+        std::fs::create_dir_all(&store.dir).unwrap();
+        store
+    }
+
+    fn want(dir: &Path, blob: &[u8]) -> Want {
+        Want {
+            oid: hash_object(dir, blob),
+            size: blob.len() as u64,
+            sha256: Sha256::digest(blob).into(),
+        }
+    }
+
+    /// Feeds `pack` to a sink for `wants` in pieces of `piece` bytes, as
+    /// side-band packets cut it; the wants reported stored, in order.
+    fn feed(
+        store: &Store,
+        wants: &[Want],
+        pack: &[u8],
+        piece: usize,
+    ) -> (Result<(), Error>, Vec<usize>) {
+        let mut stored = Vec::new();
+        let mut on = |i| stored.push(i);
+        let mut s = PackSink::new(store, wants, &mut on);
+        let r = pack
+            .chunks(piece)
+            .try_for_each(|p| s.feed(p))
+            .and_then(|()| s.finish());
+        (r, stored)
+    }
+
+    fn stored_names(store: &Store) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&store.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
     }
 
     #[test]
-    fn a_pack_of_one_blob_from_git_is_stored_byte_for_byte() {
-        let (dir, oids) = repo_with_two_blobs();
-        let pack = pack_of(dir.path(), &[&oids[0]]);
-        let want = b"first blob\n";
-        let digest: [u8; 32] = Sha256::digest(want).into();
-        // Fed in awkward pieces, as side-band packets cut it.
-        let mut s = sink(dir.path(), want.len() as u64);
-        for piece in pack.chunks(5) {
-            s.feed(piece).unwrap();
+    fn a_pack_of_several_blobs_is_stored_byte_for_byte_each_as_it_arrives() {
+        let (dir, _) = repo_with_two_blobs();
+        let store = store_in(dir.path());
+        let blobs: [&[u8]; 3] = [b"first blob\n", b"second blob\n", b"third, longer blob\n"];
+        let mut wants: Vec<Want> = blobs.iter().map(|b| want(dir.path(), b)).collect();
+        // The same chunk twice in one key: asked for once, both stored.
+        wants.push(wants[0].clone());
+        let oids: Vec<&str> = wants[..3].iter().map(|w| w.oid.as_str()).collect();
+        let pack = pack_of(dir.path(), &oids);
+        assert_eq!(
+            request(&wants).windows(5).filter(|w| w == b"want ").count(),
+            3
+        );
+        for piece in [5, 65519] {
+            let _ = std::fs::remove_dir_all(&store.dir);
+            std::fs::create_dir_all(&store.dir).unwrap();
+            let (r, mut stored) = feed(&store, &wants, &pack, piece);
+            r.unwrap();
+            stored.sort();
+            assert_eq!(stored, vec![0, 1, 2, 3]);
+            for (b, w) in blobs.iter().zip(&wants) {
+                assert_eq!(std::fs::read(store.path(&w.sha256)).unwrap(), *b);
+            }
+            // Nothing partial is left behind.
+            assert_eq!(stored_names(&store).len(), 3, "{:?}", stored_names(&store));
         }
-        s.finish(&digest).unwrap();
-        assert_eq!(std::fs::read(dir.path().join("out")).unwrap(), want);
+    }
 
-        // The wrong digest, the wrong size, a cut pack.
-        let mut s = sink(dir.path(), want.len() as u64);
-        s.feed(&pack).unwrap();
-        assert!(matches!(s.finish(&[0; 32]), Err(Error::Digest(d)) if d == digest));
-        let mut s = sink(dir.path(), 3);
-        assert!(matches!(s.feed(&pack), Err(Error::Size(11))));
-        let mut s = sink(dir.path(), want.len() as u64);
-        s.feed(&pack[..pack.len() - 1]).unwrap();
-        assert!(matches!(s.finish(&digest), Err(Error::Failed(_))));
+    #[test]
+    fn a_wrong_blob_size_digest_or_cut_pack_stores_nothing_unchecked() {
+        let (dir, oids) = repo_with_two_blobs();
+        let store = store_in(dir.path());
+        let pack = pack_of(dir.path(), &[&oids[0]]);
+        let good = want(dir.path(), b"first blob\n");
+        // The wrong digest.
+        let mut w = good.clone();
+        w.sha256 = [0; 32];
+        let (r, stored) = feed(&store, &[w], &pack, 7);
+        let digest: [u8; 32] = Sha256::digest(b"first blob\n").into();
+        assert!(matches!(r, Err(Error::Digest { want: 0, got }) if got == digest));
+        assert!(stored.is_empty());
+        // The wrong size (or an object nobody asked for): git fetch, whose
+        // size check gives the verdict.
+        let mut w = good.clone();
+        w.size = 3;
+        let (r, _) = feed(&store, &[w], &pack, 7);
+        assert!(
+            matches!(&r, Err(Error::Unsupported(w)) if w.contains("11 bytes")),
+            "{r:?}"
+        );
+        // A cut pack.
+        let (r, _) = feed(
+            &store,
+            std::slice::from_ref(&good),
+            &pack[..pack.len() - 1],
+            7,
+        );
+        assert!(matches!(r, Err(Error::Failed(_))), "{r:?}");
+        // A want the pack lacks.
+        let other = want(dir.path(), b"second blob\n");
+        let (r, stored) = feed(&store, &[good.clone(), other.clone()], &pack, 7);
+        assert!(
+            matches!(&r, Err(Error::NotOnRemote(Some(o))) if *o == other.oid),
+            "{r:?}"
+        );
+        assert_eq!(
+            not_our_ref("upload-pack: not our ref 0a1b2c").as_deref(),
+            Some("0a1b2c")
+        );
+        assert_eq!(stored, vec![0]);
+        // No partial file is left, and only the checked blob was stored.
+        assert_eq!(stored_names(&store), vec![hex(&good.sha256)]);
     }
 
     #[test]
     fn what_the_reader_does_not_handle_is_unsupported() {
-        let (dir, oids) = repo_with_two_blobs();
-        // Two objects in one pack.
-        let pack = pack_of(dir.path(), &[&oids[0], &oids[1]]);
-        let mut s = sink(dir.path(), 11);
-        assert!(matches!(s.feed(&pack), Err(Error::Unsupported(_))));
+        let (dir, _) = repo_with_two_blobs();
+        let store = store_in(dir.path());
+        // Two similar blobs, which pack-objects stores as a delta.
+        let text: Vec<u8> = (0..4000u32)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        let mut edited = text.clone();
+        edited[100] = b'X';
+        let wants = [want(dir.path(), &text), want(dir.path(), &edited)];
+        let pack = pack_of(dir.path(), &[&wants[0].oid, &wants[1].oid]);
+        let (r, _) = feed(&store, &wants, &pack, 4096);
+        assert!(
+            matches!(&r, Err(Error::Unsupported(w)) if w.contains("delta")),
+            "{r:?}"
+        );
         // An object header that never ends.
-        let mut s = sink(dir.path(), 11);
         let mut endless = b"PACK\0\0\0\x02\0\0\0\x01".to_vec();
         endless.extend([0xb0; 11]);
-        assert!(matches!(s.feed(&endless), Err(Error::Unsupported(_))));
+        let (r, _) = feed(&store, &wants, &endless, 64);
+        assert!(matches!(r, Err(Error::Unsupported(_))));
         // Not a pack at all.
-        let mut s = sink(dir.path(), 11);
-        assert!(matches!(
-            s.feed(b"KCAP\0\0\0\x02\0\0\0\x01"),
-            Err(Error::Unsupported(_))
-        ));
+        let (r, _) = feed(&store, &wants, b"KCAP\0\0\0\x02\0\0\0\x01", 64);
+        assert!(matches!(r, Err(Error::Unsupported(_))));
         // A server that answers in protocol v0 (no GIT_PROTOCOL).
         let mut c = Command::new("git");
         c.args(["upload-pack", "--advertise-refs"])
@@ -808,24 +1082,21 @@ mod tests {
         // Compressible but not trivial, deflated at git's default level:
         // the inflater's 1 MiB output fills many times per packet run.
         let (dir, _) = repo_with_two_blobs();
+        let store = store_in(dir.path());
         let mut blob = Vec::with_capacity(5 << 20);
         let mut x: u32 = 1;
         while blob.len() < 5 << 20 {
             x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             blob.extend_from_slice(format!("{} ", x >> 24).as_bytes());
         }
-        let oid = hash_object(dir.path(), &blob);
-        let pack = pack_of(dir.path(), &[&oid]);
+        let w = want(dir.path(), &blob);
+        let pack = pack_of(dir.path(), &[&w.oid]);
         assert!(pack.len() < blob.len() / 2, "the blob is deflated");
-        let digest: [u8; 32] = Sha256::digest(&blob).into();
-        let mut s = sink(dir.path(), blob.len() as u64);
-        for piece in pack.chunks(65519) {
-            s.feed(piece).unwrap();
-        }
-        s.finish(&digest).unwrap();
-        assert!(std::fs::read(dir.path().join("out")).unwrap() == blob);
+        let (r, stored) = feed(&store, std::slice::from_ref(&w), &pack, 65519);
+        r.unwrap();
+        assert_eq!(stored, vec![0]);
+        assert!(std::fs::read(store.path(&w.sha256)).unwrap() == blob);
     }
-
     #[test]
     fn object_headers_parse() {
         // A blob of 103809024 bytes, as git writes it.

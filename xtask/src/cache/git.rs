@@ -352,6 +352,16 @@ impl CacheGit {
         c
     }
 
+    /// `git` run in the user's own repository (the work tree this store
+    /// belongs to), to read objects it already has (`cache::reuse`):
+    /// never a lazy fetch, messages in English. Callers only read.
+    pub fn user_git(&self) -> Command {
+        let mut c = Command::new("git");
+        self.apply_env(&mut c);
+        c.arg("-C").arg(&self.root);
+        c
+    }
+
     fn apply_env(&self, c: &mut Command) {
         c.env("LC_ALL", "C").env("LANGUAGE", "C");
         // A session-start hook has nobody to answer a username prompt: git
@@ -521,12 +531,28 @@ impl CacheGit {
         oid: &str,
         pid: &mut dyn FnMut(Option<u32>),
     ) -> std::result::Result<(), BlobFetchError> {
+        self.fetch_blobs(remote, &[oid.to_string()], pid)
+    }
+
+    /// `fetch_blob` of several blobs in one `git fetch` (one request, one
+    /// pack): the fallback for a batch of chunks `cache::direct` cannot read.
+    pub fn fetch_blobs(
+        &self,
+        remote: &Remote,
+        oids: &[String],
+        pid: &mut dyn FnMut(Option<u32>),
+    ) -> std::result::Result<(), BlobFetchError> {
         // No negotiation: a `have` of the branch commit would make the
         // server leave the chunk out.
         let mut cmd = self.fetch_from(remote, true);
-        cmd.args(["--no-filter", "--", PROMISOR]).arg(oid);
-        let short = &oid[..oid.len().min(12)];
-        let out = match self.run_network(&mut cmd, &format!("fetch of blob {short}"), remote, pid) {
+        cmd.args(["--no-filter", "--", PROMISOR]).args(oids);
+        let first = oids.first().map_or("", String::as_str);
+        let short = &first[..first.len().min(12)];
+        let what = match oids.len() {
+            1 => format!("fetch of blob {short}"),
+            n => format!("fetch of {n} blobs from {short}"),
+        };
+        let out = match self.run_network(&mut cmd, &what, remote, pid) {
             Ok(out) => out,
             Err(e) if crate::exit::code_of(&e) != Code::Failed => {
                 return Err(BlobFetchError::Network {
@@ -585,6 +611,46 @@ impl CacheGit {
         }
         self.rev_parse(&local_ref(branch))?
             .ok_or_else(|| anyhow!("git fetch of {branch} from {remote} left no ref"))
+    }
+
+    /// The pack files in cache.git now (names of their `.idx` files).
+    pub fn pack_indexes(&self) -> std::collections::HashSet<String> {
+        let dir = self.dir.join("objects").join("pack");
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".idx"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The objects of the packs whose `.idx` files are `names`
+    /// (`git show-index`): what a fetch that made those packs brought.
+    pub fn objects_in_packs<'a>(
+        &self,
+        names: impl Iterator<Item = &'a String>,
+    ) -> Result<std::collections::HashSet<String>> {
+        let mut out = std::collections::HashSet::new();
+        for name in names {
+            let path = self.dir.join("objects").join("pack").join(name);
+            let idx = std::fs::File::open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            let listed = self
+                .git()
+                .arg("show-index")
+                .stdin(idx)
+                .output()
+                .context("running git show-index")?;
+            check_status(&listed, "git show-index", None)?;
+            for line in String::from_utf8_lossy(&listed.stdout).lines() {
+                if let Some(oid) = line.split_whitespace().nth(1) {
+                    out.insert(oid.to_string());
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The size of each blob that is in cache.git (`None`: not here, e.g.

@@ -33,6 +33,7 @@ pub mod prune;
 pub mod publish;
 pub mod readme;
 pub mod restore;
+pub mod reuse;
 pub mod ssh;
 pub mod stamp;
 pub mod status;

@@ -1,35 +1,44 @@
-//! Chunks fetched by id in the background, a little ahead of the reader.
+//! Chunks reused from this machine or fetched in batches, a little ahead of
+//! the reader.
 //!
 //! A branch fetch (`CacheGit::try_fetch_branch`) leaves big chunks out, so a
 //! restore can start as soon as the commit, the tree and the small files
-//! have arrived. `Prefetch` then fetches the chunks one by one, in plan
-//! order, at most `AHEAD` chunks ahead of the one being read, while
-//! `verify::stream` hashes, decodes and unpacks the earlier ones; `wait(i)`
-//! blocks the reader until chunk `i` is in cache.git. Git's own SHA-1 pass
-//! over what it receives is not what authenticates a chunk: `verify` hashes
-//! every byte against `warmstart.json` before the decoder sees it.
+//! have arrived. `Prefetch` then finds each chunk of the plan
+//! (`cache::reuse`): in cache.git, in the chunk store (any earlier key or
+//! cache of this clone put it there: chunks are named by their sha256), or
+//! in the user's own repository (a full clone holds the chunk blobs), and
+//! fetches only the others, while `verify::stream` hashes, decodes and
+//! unpacks the earlier ones; `wait(i)` blocks the reader until chunk `i` is
+//! here. Reused chunks are hashed before they are used (a stored one again,
+//! one of the user's repository on its way into the store); one that does
+//! not match is fetched instead.
 //!
-//! Fallbacks: chunks already in cache.git (an earlier restore, or a server
-//! that ignored the filter and sent everything) are not fetched; a server
-//! that refuses a `want` by id (protocol v0 without
+//! The missing chunks are fetched in batches (at most `BATCH_CHUNKS` chunks
+//! and `BATCH_BYTES` bytes, in plan order, at least one chunk): one request
+//! per batch, not one round trip per chunk, `PARALLEL` batches at a time,
+//! none starting more than `AHEAD_BYTES` of the stream past the chunk being
+//! read, so that a restore that fails early has not downloaded the rest.
+//! When the remote is a repository on this machine, a smart HTTP(S) server
+//! or an ssh server, a batch is read straight from `git upload-pack`'s
+//! answer into the chunk store (`cache::direct`), each chunk hashed as it
+//! arrives and ready as soon as it is stored. Anything else, and every
+//! batch after a server the direct reader does not handle (a delta in the
+//! pack, protocol v0), goes through one `git fetch` of the batch's blobs
+//! into cache.git. Git's own SHA-1 pass over what it receives is not what
+//! authenticates a chunk: `verify` hashes every byte against
+//! `warmstart.json` before the decoder sees it.
+//!
+//! Fallbacks: a server that refuses a `want` by id (protocol v0 without
 //! `uploadpack.allow*SHA1InWant`) gets one whole fetch of the branch
 //! (`CacheGit::refetch_branch`), as before this module existed.
 //!
-//! When the remote is a repository on this machine, a smart HTTP(S)
-//! server or an ssh server, chunks are read straight from
-//! `git upload-pack`'s answer into
-//! the chunk store instead (`cache::direct`), `PARALLEL` at a time, hashed
-//! as they arrive; a chunk already in the store
-//! is hashed again before it is used, and one that does not match is
-//! fetched again. If that reader meets a server it does not handle, this
-//! chunk and the rest go through `git fetch`.
-//!
 //! This module only adds objects to cache.git and files to its chunk
-//! store; it never writes elsewhere, and a dropped `Prefetch` stops its
-//! git (by process group) and its thread.
+//! store; it reads the user's repository and never writes to it, and a
+//! dropped `Prefetch` stops its git (by process group) and its threads.
 
 use anyhow::{Result, anyhow};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,26 +46,33 @@ use std::time::{Duration, Instant};
 use crate::cache::branch::KeyPlan;
 use crate::cache::direct::{self, Store};
 use crate::cache::git::{BlobFetchError, CacheGit, Remote};
+use crate::cache::reuse::{self, Found};
 use crate::cache::verify;
 use crate::exit::{Code, fail};
 
-/// How many chunks the fetcher may run ahead of the reader: enough that the
-/// next chunk is there when the reader wants it, few enough that a restore
-/// that fails early has not downloaded the rest.
-pub const AHEAD: usize = 2;
+/// How far into the compressed stream, past the chunk being read, a batch
+/// may start: two 99 MiB chunks, or a few batches of small ones. Enough
+/// that the next chunk is there when the reader wants it, little enough
+/// that a restore that fails early has not downloaded the rest.
+pub const AHEAD_BYTES: u64 = 200 << 20;
 
-/// How many chunks are read at once by `cache::direct`. One
-/// `git pack-objects`, which SHA-1s all it sends, delivers about 100 MB/s
-/// while the unpack runs, less than the unpack takes: two keep the reader
-/// from waiting (measured in BENCHMARKS.md).
+/// How many batches are fetched at once. One `git pack-objects`, which
+/// SHA-1s all it sends, delivers about 100 MB/s while the unpack runs,
+/// less than the unpack takes: two keep the reader from waiting (measured
+/// in BENCHMARKS.md).
 pub const PARALLEL: usize = 2;
 
-/// How the chunks of a plan reached cache.git.
+/// The most chunks, and bytes, one request asks for (a batch holds at
+/// least one chunk, whatever its size).
+pub const BATCH_CHUNKS: usize = 64;
+pub const BATCH_BYTES: u64 = 64 << 20;
+
+/// How the chunks of a plan reached this machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
-    /// Every chunk was already there (the branch fetch brought it, or an
-    /// earlier run did): nothing fetched.
+    /// Every chunk was already here (cache.git, the chunk store, the
+    /// user's repository): nothing fetched.
     Present,
     /// Fetched by id, overlapping the unpack.
     ById,
@@ -64,14 +80,33 @@ pub enum Source {
     Refetch,
 }
 
+/// What the machine already had, and what crossed the network: the
+/// `chunks_reused`, `chunks_from_clone`, `chunks_fetched` and
+/// `bytes_fetched` of `cache restore --json`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Reuse {
+    /// Chunks already on this machine before this run: in cache.git or
+    /// its chunk store (from any earlier key or cache of this clone), or
+    /// copied out of the user's repository.
+    pub chunks_reused: u64,
+    /// Of those, the ones copied out of the user's repository.
+    pub chunks_from_clone: u64,
+    /// Chunks fetched by id in this run. Chunks small enough to come with
+    /// the branch fetch (under `WARMSTART_FETCH_BLOB_LIMIT`) are in neither
+    /// count; their bytes are in `bytes_fetched`.
+    pub chunks_fetched: u64,
+    /// The compressed bytes of every chunk that crossed the network in
+    /// this run, by id or with the branch fetch (git's pack framing aside).
+    pub bytes_fetched: u64,
+}
+
 /// What the fetcher did.
 #[derive(Clone, Debug)]
 pub struct Stats {
     pub source: Source,
-    /// Chunks fetched by id.
-    pub fetched: u64,
-    /// Of those, chunks read straight from the pack stream into the chunk
-    /// store (`cache::direct`).
+    pub reuse: Reuse,
+    /// Of the chunks fetched, those read straight from the pack stream
+    /// into the chunk store (`cache::direct`).
     pub direct: u64,
     /// Why the direct reader handed the rest to `git fetch`, if it did.
     pub direct_fallback: Option<String>,
@@ -103,11 +138,14 @@ struct State {
     slots: Vec<Slot>,
     /// The highest chunk the reader asked for.
     reader_at: usize,
+    /// The reader hung up, or a fetch failed: no batch starts any more.
     stop: bool,
     /// The process groups of the running fetches, to stop them on drop.
     children: Vec<u32>,
+    /// Batches no fetcher took yet, in plan order.
+    queue: VecDeque<Vec<usize>>,
     source: Source,
-    fetched: u64,
+    reuse: Reuse,
     direct: u64,
     /// Why the direct reader was given up, if it was.
     direct_fallback: Option<String>,
@@ -125,7 +163,7 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A callback for one fetch at a time (`CacheGit::fetch_blob`,
+    /// A callback for one fetch at a time (`CacheGit::fetch_blobs`,
     /// `direct::fetch`): records the running git's process group, and
     /// forgets it when it is told `None` (git exited). A git that starts
     /// after the reader hung up is stopped at once.
@@ -149,6 +187,29 @@ impl Shared {
             }
         }
     }
+
+    /// Sets chunk `j`'s slot if it is still pending, and wakes the reader.
+    fn settle(&self, st: &mut State, j: usize, slot: Slot) {
+        if matches!(st.slots[j], Slot::Pending) {
+            st.slots[j] = slot;
+        }
+        self.changed.notify_all();
+    }
+
+    /// A fetch of `chunks` failed with `err`: the earliest of them still
+    /// pending carries the error (the reader meets it first), the others
+    /// say so, and no batch starts any more.
+    fn fail(&self, chunks: &[usize], err: anyhow::Error) {
+        let mut st = self.lock();
+        let mut err = Some(err);
+        for &j in chunks {
+            if matches!(st.slots[j], Slot::Pending) {
+                st.slots[j] = Slot::Failed(err.take());
+            }
+        }
+        st.stop = true;
+        self.changed.notify_all();
+    }
 }
 
 /// Stops a fetch: SIGTERM to git's process group (it leads one, see
@@ -164,13 +225,13 @@ fn stop_group(pid: u32) {
     }
 }
 
-/// The chunks of one plan, being fetched.
+/// The chunks of one plan, being found or fetched.
 pub struct Prefetch {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
-/// What the fetcher needs to know about the plan, owned by its thread.
+/// What the fetchers need to know about the plan, shared by their threads.
 struct Job {
     git: CacheGit,
     remote: Remote,
@@ -178,71 +239,137 @@ struct Job {
     oids: Vec<String>,
     /// The plan's pieces: file names, declared sizes and digests.
     pieces: Vec<verify::Piece>,
+    /// Where each piece starts in the compressed stream.
+    offsets: Vec<u64>,
     store: Store,
     /// The remote's server, when `cache::direct` can read from it.
     server: Option<direct::Server>,
     /// Cleared when `cache::direct` met a server it does not handle.
     direct_on: AtomicBool,
+    /// One `git fetch` into cache.git at a time.
+    git_fetch: Mutex<()>,
     label: String,
     fix: String,
 }
 
+/// Cuts `chunks` (in plan order) into batches of at most `BATCH_CHUNKS`
+/// chunks and `BATCH_BYTES` bytes, each at least one chunk.
+fn batches(chunks: &[usize], sizes: &[u64]) -> VecDeque<Vec<usize>> {
+    let mut out = VecDeque::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut bytes = 0u64;
+    for &j in chunks {
+        if !cur.is_empty() && (cur.len() == BATCH_CHUNKS || bytes + sizes[j] > BATCH_BYTES) {
+            out.push_back(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+        cur.push(j);
+        bytes += sizes[j];
+    }
+    if !cur.is_empty() {
+        out.push_back(cur);
+    }
+    out
+}
+
 impl Prefetch {
-    /// Looks up which chunks of `kp` cache.git lacks and starts fetching
-    /// them from `remote` (the branch `branch` was fetched from). Chunks
-    /// already there are checked for size now.
-    pub fn start(git: &CacheGit, remote: &Remote, branch: &str, kp: &KeyPlan) -> Result<Prefetch> {
-        let have = git.blob_sizes(&kp.oids)?;
+    /// Finds the chunks of `kp` on this machine (`cache::reuse`) and starts
+    /// fetching the others from `remote` (the branch `branch` was fetched
+    /// from). `fresh` are blobs this run's branch fetch brought into
+    /// cache.git: fetched, not reused. Chunks in cache.git are checked for
+    /// size now.
+    pub fn start(
+        git: &CacheGit,
+        remote: &Remote,
+        branch: &str,
+        kp: &KeyPlan,
+        fresh: &std::collections::HashSet<String>,
+    ) -> Result<Prefetch> {
+        let in_git = git.blob_sizes(&kp.oids)?;
+        let store = Store::of(git);
+        store.sweep();
+        let pieces = kp.plan.pieces.clone();
+        let sizes: Vec<u64> = pieces.iter().map(|p| p.size).collect();
+        let digests: Vec<Option<[u8; 32]>> = pieces.iter().map(|p| p.sha256).collect();
+        let found = reuse::find(git, &store, &kp.oids, &sizes, &digests, &in_git);
+        let missing: Vec<usize> = (0..found.len())
+            .filter(|&j| found[j] == Found::Missing)
+            .collect();
         let (server, skipped) = match direct::choose_server(remote, git) {
             Ok(s) => (Some(s), None),
             Err(why) => (None, Some(why)),
         };
-        let job = Job {
+        let offsets = sizes
+            .iter()
+            .scan(0u64, |at, s| {
+                let here = *at;
+                *at += s;
+                Some(here)
+            })
+            .collect();
+        let job = Arc::new(Job {
             git: git.clone(),
             remote: remote.clone(),
             branch: branch.to_string(),
             oids: kp.oids.clone(),
-            pieces: kp.plan.pieces.clone(),
-            store: Store::of(git),
+            pieces,
+            offsets,
+            store,
             server,
             direct_on: AtomicBool::new(true),
+            git_fetch: Mutex::new(()),
             label: kp.plan.label.clone(),
             fix: kp.plan.fix.clone(),
-        };
-        let slots: Vec<Slot> = have
-            .iter()
-            .enumerate()
-            .map(|(i, size)| match size {
-                None => Slot::Pending,
-                Some(s) => match job.size_check(i, *s) {
-                    Ok(()) => Slot::Ready(At::Git),
+        });
+        let mut reuse = Reuse::default();
+        let slots: Vec<Slot> = (0..found.len())
+            .map(|j| match (found[j], in_git[j]) {
+                (Found::Git, Some(size)) => match job.size_check(j, size) {
+                    Ok(()) if fresh.contains(&job.oids[j]) => {
+                        reuse.bytes_fetched += size;
+                        Slot::Ready(At::Git)
+                    }
+                    Ok(()) => {
+                        reuse.chunks_reused += 1;
+                        Slot::Ready(At::Git)
+                    }
                     Err(e) => Slot::Failed(Some(e)),
                 },
+                _ => Slot::Pending,
             })
             .collect();
-        job.store.sweep();
-        let missing = slots.iter().any(|s| matches!(s, Slot::Pending));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 slots,
                 reader_at: 0,
                 stop: false,
                 children: Vec::new(),
+                queue: batches(&missing, &sizes),
+                // Chunks that came with the branch fetch are `present`.
                 source: Source::Present,
-                fetched: 0,
+                reuse,
                 direct: 0,
                 // Why the direct reader is not used, when it is needed.
-                direct_fallback: skipped.filter(|_| missing),
+                direct_fallback: skipped.filter(|_| !missing.is_empty()),
                 fetching: Duration::ZERO,
                 waiting: Duration::ZERO,
             }),
             changed: Condvar::new(),
         });
-        let thread = missing.then(|| {
-            let shared = shared.clone();
-            std::thread::spawn(move || job.run(&shared))
-        });
-        Ok(Prefetch { shared, thread })
+        let mut threads = Vec::new();
+        let local: Vec<(usize, Found)> = (0..found.len())
+            .filter(|&j| matches!(found[j], Found::Store | Found::Clone))
+            .map(|j| (j, found[j]))
+            .collect();
+        if !local.is_empty() {
+            let (job, shared) = (job.clone(), shared.clone());
+            threads.push(std::thread::spawn(move || job.run_local(&shared, &local)));
+        }
+        for _ in 0..PARALLEL.min(shared.lock().queue.len()) {
+            let (job, shared) = (job.clone(), shared.clone());
+            threads.push(std::thread::spawn(move || job.run_fetcher(&shared)));
+        }
+        Ok(Prefetch { shared, threads })
     }
 
     /// Blocks until chunk `i` is here, and says where; or returns why it
@@ -268,14 +395,14 @@ impl Prefetch {
                     st.waiting += t.elapsed();
                     return Err(e);
                 }
-                Slot::Pending if self.thread.as_ref().is_none_or(|t| t.is_finished()) => {
+                Slot::Pending if self.threads.iter().all(|t| t.is_finished()) => {
                     return Err(anyhow!(
                         "chunk {i} is not in cache.git and nothing fetches it any more"
                     ));
                 }
                 Slot::Pending => {
-                    // With a timeout, so that a fetcher that died (it
-                    // cannot, short of a panic) is noticed above.
+                    // With a timeout, so that fetchers that died (they
+                    // cannot, short of a panic) are noticed above.
                     st = self
                         .shared
                         .changed
@@ -287,12 +414,12 @@ impl Prefetch {
         }
     }
 
-    /// What was fetched, and how long it took.
+    /// What was reused and fetched, and how long it took.
     pub fn stats(&self) -> Stats {
         let st = self.shared.lock();
         Stats {
             source: st.source,
-            fetched: st.fetched,
+            reuse: st.reuse,
             direct: st.direct,
             direct_fallback: st.direct_fallback.clone(),
             fetch_ms: st.fetching.as_millis() as u64,
@@ -311,249 +438,289 @@ impl Drop for Prefetch {
             }
             self.shared.changed.notify_all();
         }
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-/// What `Job::take_from_store` did with a chunk.
-enum Step {
-    /// Its slot is set: on to the next chunk.
-    Done,
-    /// Its slot is set to a failure, or the reader hung up: stop.
-    Stop,
-    /// Fetch it with `git fetch`.
-    Fetch,
-}
-
-/// Whether a fetcher should fetch chunk `j` now.
-enum Turn {
-    Go,
-    /// It is here already (or failed).
-    Skip,
-    /// The reader hung up.
-    Stop,
-}
-
 impl Job {
-    fn run(self, shared: &Shared) {
-        if self.server.is_some() {
-            // Chunks from the store, or read straight from the server, by
-            // `PARALLEL` fetchers taking the next chunk in turn.
-            let next = AtomicUsize::new(0);
-            std::thread::scope(|s| {
-                for _ in 0..PARALLEL {
-                    s.spawn(|| self.run_direct(shared, &next));
-                }
-            });
+    /// Takes the chunks found in the chunk store or the user's repository
+    /// (`local`, in plan order) into the store, hashed; one that does not
+    /// match is fetched on its own.
+    fn run_local(&self, shared: &Shared, local: &[(usize, Found)]) {
+        let mut clone: Option<reuse::Clone> = None;
+        for &(j, found) in local {
             if shared.lock().stop {
                 return;
             }
+            let digest = self.pieces[j]
+                .sha256
+                .expect("only v1 chunks are found locally");
+            let size = self.pieces[j].size;
+            let taken = match found {
+                Found::Store => self.store.check(&digest, size),
+                _ => {
+                    if clone.is_none() {
+                        clone = reuse::Clone::open(&self.git).ok();
+                    }
+                    // A repository that cannot be read gives nothing.
+                    Ok(clone.as_mut().is_some_and(|c| {
+                        c.copy(&self.oids[j], size, &digest, &self.store)
+                            .unwrap_or(false)
+                    }))
+                }
+            };
+            match taken {
+                Ok(true) => {
+                    let mut st = shared.lock();
+                    st.reuse.chunks_reused += 1;
+                    if found == Found::Clone {
+                        st.reuse.chunks_from_clone += 1;
+                    }
+                    shared.settle(&mut st, j, Slot::Ready(At::Store(self.store.path(&digest))));
+                }
+                Ok(false) => {
+                    // Damaged, or not the declared bytes: fetched instead.
+                    if !self.fetch_batch(shared, &[j]) {
+                        return;
+                    }
+                }
+                Err(e) => return shared.fail(&[j], e),
+            }
         }
-        // What is left: everything when the remote is elsewhere, else the
-        // chunks from the first one the direct reader could not handle.
-        self.run_git(shared)
     }
 
-    fn run_direct(&self, shared: &Shared, next: &AtomicUsize) {
-        loop {
-            let j = next.fetch_add(1, Ordering::SeqCst);
-            if j >= self.oids.len() || !self.direct_on.load(Ordering::SeqCst) {
+    /// Fetches queued batches until none is left or one failed.
+    fn run_fetcher(&self, shared: &Shared) {
+        while let Some(batch) = self.next_batch(shared) {
+            if !self.fetch_batch(shared, &batch) {
                 return;
             }
-            match self.turn(shared, j, true) {
-                Turn::Go => {}
-                Turn::Skip => continue,
-                Turn::Stop => return,
-            }
-            match self.take_from_store(j, shared) {
-                Step::Done => {}
-                Step::Stop | Step::Fetch => return,
-            }
         }
     }
 
-    /// Waits until chunk `j` is at most `AHEAD` chunks ahead of the reader.
-    /// `Skip` when it is not pending (here, or failed); `Stop` when the
-    /// reader hung up, and for a direct fetcher (`direct`) also when the
-    /// direct reader was given up: the reader may be waiting for an earlier
-    /// chunk that only `run_git` will fetch now.
-    fn turn(&self, shared: &Shared, j: usize, direct: bool) -> Turn {
+    /// The next batch, once it starts at most `AHEAD_BYTES` past the chunk
+    /// being read; `None` when the queue is empty or fetching stopped.
+    fn next_batch(&self, shared: &Shared) -> Option<Vec<usize>> {
         let mut st = shared.lock();
-        if !matches!(st.slots[j], Slot::Pending) {
-            return Turn::Skip;
-        }
         loop {
-            if st.stop || (direct && !self.direct_on.load(Ordering::SeqCst)) {
-                return Turn::Stop;
+            if st.stop {
+                return None;
             }
-            if j <= st.reader_at + AHEAD {
-                return Turn::Go;
+            let first = *st.queue.front()?.first()?;
+            if self.offsets[first] <= self.offsets[st.reader_at] + AHEAD_BYTES {
+                return st.queue.pop_front();
             }
             st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    /// Fetches the chunks still pending, one by one, with `git fetch`, up
-    /// to the first that failed (the reader stops there).
-    fn run_git(&self, shared: &Shared) {
-        for j in 0..self.oids.len() {
-            if matches!(shared.lock().slots[j], Slot::Failed(_)) {
-                return;
+    /// Fetches the chunks of `batch`: straight into the chunk store when
+    /// the direct reader can, else (and for what it left when it gave up
+    /// on the server) with one `git fetch`. False when fetching stops.
+    fn fetch_batch(&self, shared: &Shared, batch: &[usize]) -> bool {
+        let direct_ok = batch.iter().all(|&j| self.pieces[j].sha256.is_some());
+        if let Some(server) = self
+            .server
+            .as_ref()
+            .filter(|_| direct_ok && self.direct_on.load(Ordering::SeqCst))
+        {
+            match self.fetch_direct(shared, server, batch) {
+                Ok(()) => return true,
+                Err(direct::Error::Unsupported(why)) => {
+                    // Under the lock, so that fetchers see it at once.
+                    let mut st = shared.lock();
+                    self.direct_on.store(false, Ordering::SeqCst);
+                    st.direct_fallback.get_or_insert(why);
+                }
+                Err(e) => {
+                    let first = {
+                        let st = shared.lock();
+                        let pending = batch
+                            .iter()
+                            .find(|&&j| matches!(st.slots[j], Slot::Pending));
+                        pending.copied().unwrap_or(batch[0])
+                    };
+                    let err = self.direct_error(batch, first, e);
+                    shared.fail(batch, err);
+                    return false;
+                }
             }
-            match self.turn(shared, j, false) {
-                Turn::Go => {}
-                Turn::Skip => continue,
-                Turn::Stop => return,
+            if shared.lock().stop {
+                return false;
             }
-            match self.take_from_store(j, shared) {
-                Step::Done => continue,
-                Step::Stop => return,
-                Step::Fetch => {}
+        }
+        let rest: Vec<usize> = {
+            let st = shared.lock();
+            batch
+                .iter()
+                .copied()
+                .filter(|&j| matches!(st.slots[j], Slot::Pending))
+                .collect()
+        };
+        rest.is_empty() || self.fetch_git(shared, &rest)
+    }
+
+    /// One direct read of `batch` into the chunk store; each chunk is
+    /// ready as soon as it is stored.
+    fn fetch_direct(
+        &self,
+        shared: &Shared,
+        server: &direct::Server,
+        batch: &[usize],
+    ) -> Result<(), direct::Error> {
+        let wants: Vec<direct::Want> = batch
+            .iter()
+            .map(|&j| direct::Want {
+                oid: self.oids[j].clone(),
+                size: self.pieces[j].size,
+                sha256: self.pieces[j].sha256.expect("checked by the caller"),
+            })
+            .collect();
+        let t = Instant::now();
+        let mut on_stored = |k: usize| {
+            let j = batch[k];
+            let mut st = shared.lock();
+            st.reuse.chunks_fetched += 1;
+            st.reuse.bytes_fetched += self.pieces[j].size;
+            st.direct += 1;
+            st.source = Source::ById;
+            let at = At::Store(self.store.path(&wants[k].sha256));
+            shared.settle(&mut st, j, Slot::Ready(at));
+        };
+        let r = direct::fetch(
+            &self.git,
+            server,
+            &wants,
+            &self.store,
+            &mut shared.track(),
+            &mut on_stored,
+        );
+        let mut st = shared.lock();
+        st.fetching += t.elapsed();
+        if st.stop {
+            return Ok(());
+        }
+        r
+    }
+
+    /// The error of a direct read that failed for a reason other than an
+    /// unsupported server.
+    /// `first` is the earliest chunk of the batch still pending.
+    fn direct_error(&self, batch: &[usize], first: usize, e: direct::Error) -> anyhow::Error {
+        match e {
+            direct::Error::Unsupported(_) => unreachable!("handled by the caller"),
+            direct::Error::NotOnRemote(oid) => {
+                let j = oid
+                    .and_then(|o| batch.iter().copied().find(|&j| self.oids[j] == o))
+                    .unwrap_or(first);
+                self.fetch_error(j, BlobFetchError::NotOnRemote)
             }
-            let t = Instant::now();
-            let fetched = self
-                .git
-                .fetch_blob(&self.remote, &self.oids[j], &mut shared.track());
+            direct::Error::Digest { want, got } => {
+                let j = batch[want];
+                let expected = self.pieces[j].sha256.expect("checked by the caller");
+                verify::chunk_mismatch(
+                    &self.pieces[j].file,
+                    &self.label,
+                    &got,
+                    &expected,
+                    &self.fix,
+                )
+            }
+            direct::Error::Failed(e) => self.fetch_error(
+                first,
+                match crate::exit::code_of(&e) {
+                    Code::Failed => BlobFetchError::Failed(format!("{e:#}")),
+                    code => BlobFetchError::Network {
+                        code,
+                        message: format!("{e:#}"),
+                    },
+                },
+            ),
+        }
+    }
+
+    /// One `git fetch` of the blobs of `chunks` into cache.git (or, for a
+    /// server that refuses blobs by id, the whole branch). False when
+    /// fetching stops.
+    fn fetch_git(&self, shared: &Shared, chunks: &[usize]) -> bool {
+        let _one = self.git_fetch.lock().unwrap_or_else(|p| p.into_inner());
+        let oids: Vec<String> = chunks.iter().map(|&j| self.oids[j].clone()).collect();
+        let t = Instant::now();
+        let fetched = self
+            .git
+            .fetch_blobs(&self.remote, &oids, &mut shared.track());
+        {
             let mut st = shared.lock();
             st.fetching += t.elapsed();
             if st.stop {
-                return;
+                return false;
             }
-            match fetched {
-                Ok(()) => {
-                    st.fetched += 1;
-                    st.source = Source::ById;
-                    drop(st);
-                    let slot = self.arrived(j);
-                    let failed = matches!(slot, Slot::Failed(_));
-                    shared.lock().slots[j] = slot;
-                    shared.changed.notify_all();
-                    if failed {
-                        return;
+        }
+        match fetched {
+            Ok(()) => {
+                let arrived: Vec<(usize, Slot)> =
+                    chunks.iter().map(|&j| (j, self.arrived(j))).collect();
+                let mut st = shared.lock();
+                let mut ok = true;
+                for (j, slot) in arrived {
+                    ok &= !matches!(slot, Slot::Failed(_));
+                    if matches!(slot, Slot::Ready(_)) {
+                        st.reuse.chunks_fetched += 1;
+                        st.reuse.bytes_fetched += self.pieces[j].size;
+                        st.source = Source::ById;
                     }
+                    shared.settle(&mut st, j, slot);
                 }
-                Err(BlobFetchError::Refused) => {
-                    drop(st);
-                    let t = Instant::now();
-                    let r =
-                        self.git
-                            .refetch_branch(&self.remote, &self.branch, &mut shared.track());
-                    let mut st = shared.lock();
-                    st.fetching += t.elapsed();
-                    st.source = Source::Refetch;
-                    drop(st);
-                    // Fill every pending slot from what is there now.
-                    let slots: Vec<(usize, Slot)> = (j..self.oids.len())
-                        .map(|k| {
-                            let slot = match &r {
-                                Ok(_) => self.arrived(k),
-                                Err(e) => Slot::Failed(Some(fail(
-                                    crate::exit::code_of(e),
-                                    format!("{e:#}"),
-                                ))),
-                            };
-                            (k, slot)
-                        })
-                        .collect();
-                    let mut st = shared.lock();
-                    for (k, slot) in slots {
-                        if matches!(st.slots[k], Slot::Pending) {
-                            st.slots[k] = slot;
-                        }
-                    }
-                    shared.changed.notify_all();
-                    return;
-                }
-                Err(e) => {
-                    st.slots[j] = Slot::Failed(Some(self.fetch_error(j, e)));
-                    shared.changed.notify_all();
-                    return;
-                }
+                st.stop |= !ok;
+                ok
+            }
+            Err(BlobFetchError::Refused) => {
+                self.refetch(shared);
+                false
+            }
+            Err(e) => {
+                shared.fail(chunks, self.fetch_error(chunks[0], e));
+                false
             }
         }
     }
 
-    /// Chunk `j` from the chunk store: kept there by an earlier run (and
-    /// hashed again now), or read straight from a remote on this machine
-    /// (`cache::direct`). `Step::Fetch` when it has to come through
-    /// `git fetch`: a legacy piece without a digest, a remote elsewhere, or
-    /// a server the direct reader does not handle (then for every later
-    /// chunk too).
-    fn take_from_store(&self, j: usize, shared: &Shared) -> Step {
-        let Some(digest) = self.pieces[j].sha256 else {
-            return Step::Fetch;
+    /// The server refuses blobs by id: the branch is fetched whole, and
+    /// every chunk still pending is taken from what arrived.
+    fn refetch(&self, shared: &Shared) {
+        let t = Instant::now();
+        let r = self
+            .git
+            .refetch_branch(&self.remote, &self.branch, &mut shared.track());
+        let pending: Vec<usize> = {
+            let mut st = shared.lock();
+            st.fetching += t.elapsed();
+            st.source = Source::Refetch;
+            st.queue.clear();
+            (0..st.slots.len())
+                .filter(|&j| matches!(st.slots[j], Slot::Pending))
+                .collect()
         };
-        let slot = match self.store.check(&digest, self.pieces[j].size) {
-            Ok(true) => Slot::Ready(At::Store(self.store.path(&digest))),
-            Err(e) => Slot::Failed(Some(e)),
-            Ok(false) => {
-                let Some(server) = self
-                    .server
-                    .as_ref()
-                    .filter(|_| self.direct_on.load(Ordering::SeqCst))
-                else {
-                    return Step::Fetch;
+        let slots: Vec<(usize, Slot)> = pending
+            .iter()
+            .map(|&k| {
+                let slot = match &r {
+                    Ok(_) => self.arrived(k),
+                    Err(e) => Slot::Failed(Some(fail(crate::exit::code_of(e), format!("{e:#}")))),
                 };
-                let t = Instant::now();
-                let r = direct::fetch(
-                    &self.git,
-                    server,
-                    &self.oids[j],
-                    self.pieces[j].size,
-                    &digest,
-                    &self.store,
-                    &mut shared.track(),
-                );
-                let mut st = shared.lock();
-                st.fetching += t.elapsed();
-                if st.stop {
-                    return Step::Stop;
-                }
-                match r {
-                    Ok(()) => {
-                        st.fetched += 1;
-                        st.direct += 1;
-                        st.source = Source::ById;
-                        Slot::Ready(At::Store(self.store.path(&digest)))
-                    }
-                    Err(direct::Error::Unsupported(why)) => {
-                        // Under the lock, so that a direct fetcher waiting
-                        // in `turn` sees it when it wakes.
-                        self.direct_on.store(false, Ordering::SeqCst);
-                        st.direct_fallback.get_or_insert(why);
-                        shared.changed.notify_all();
-                        return Step::Fetch;
-                    }
-                    Err(direct::Error::NotOnRemote) => {
-                        Slot::Failed(Some(self.fetch_error(j, BlobFetchError::NotOnRemote)))
-                    }
-                    Err(direct::Error::Size(n)) => Slot::Failed(Some(self.size_error(j, n))),
-                    Err(direct::Error::Digest(got)) => Slot::Failed(Some(verify::chunk_mismatch(
-                        &self.pieces[j].file,
-                        &self.label,
-                        &got,
-                        &digest,
-                        &self.fix,
-                    ))),
-                    Err(direct::Error::Failed(e)) => Slot::Failed(Some(self.fetch_error(
-                        j,
-                        match crate::exit::code_of(&e) {
-                            Code::Failed => BlobFetchError::Failed(format!("{e:#}")),
-                            code => BlobFetchError::Network {
-                                code,
-                                message: format!("{e:#}"),
-                            },
-                        },
-                    ))),
-                }
+                (k, slot)
+            })
+            .collect();
+        let mut st = shared.lock();
+        for (k, slot) in slots {
+            // Not by id: only the bytes count.
+            if matches!(slot, Slot::Ready(_)) {
+                st.reuse.bytes_fetched += self.pieces[k].size;
             }
-        };
-        let failed = matches!(slot, Slot::Failed(_));
-        shared.lock().slots[j] = slot;
-        shared.changed.notify_all();
-        if failed { Step::Stop } else { Step::Done }
+            shared.settle(&mut st, k, slot);
+        }
     }
 
     /// The slot of chunk `j` once a fetch said it arrived: ready if it is

@@ -172,8 +172,10 @@ pub struct RestoreOutcome {
     /// `refetch` (the server refuses objects by id: the branch was fetched
     /// whole); `null` when nothing was unpacked.
     pub chunk_source: Option<prefetch::Source>,
-    /// Chunks fetched by id in this run.
-    pub chunks_fetched: u64,
+    /// What the machine had and what was fetched: `chunks_reused`,
+    /// `chunks_from_clone`, `chunks_fetched`, `bytes_fetched` (issue 18).
+    #[serde(flatten)]
+    pub reuse: prefetch::Reuse,
     /// Of those, chunks read straight from the pack a remote on this
     /// machine sent, without `git fetch` (see `cache::direct`).
     pub chunks_direct: u64,
@@ -249,6 +251,26 @@ impl RestoreOutcome {
         }
     }
 
+    /// `; fetched 3 chunks (1.2 MiB), reused 37 (12 from the repository)`
+    /// when chunks were read, else nothing.
+    pub fn fetch_words(&self) -> String {
+        let r = &self.reuse;
+        if r.chunks_fetched + r.chunks_reused == 0 {
+            return String::new();
+        }
+        let clone = match r.chunks_from_clone {
+            0 => String::new(),
+            n => format!(" ({n} from the repository)"),
+        };
+        format!(
+            "; fetched {} chunk{} ({}), reused {}{clone}",
+            r.chunks_fetched,
+            if r.chunks_fetched == 1 { "" } else { "s" },
+            human_bytes(r.bytes_fetched),
+            r.chunks_reused
+        )
+    }
+
     /// One line for people.
     pub fn summary(&self) -> String {
         let t = self.target.display();
@@ -269,11 +291,12 @@ impl RestoreOutcome {
                 self.name, self.key
             ),
             State::Restored => format!(
-                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}{}",
+                "cache {}: restored {} into {t}: {} in {} entries from {from} in {secs}{}{}",
                 self.name,
                 self.key,
                 human_bytes(self.bytes),
                 self.files,
+                self.fetch_words(),
                 self.kept_words()
             ),
             State::Verified => format!(
@@ -281,10 +304,11 @@ impl RestoreOutcome {
                 self.name, self.key
             ),
             State::Repaired => format!(
-                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs}{}",
+                "cache {}: the installed copy of {} at {t} differed ({}); replaced it from {from} in {secs}{}{}",
                 self.name,
                 self.key,
                 self.difference.as_deref().unwrap_or("?"),
+                self.fetch_words(),
                 self.kept_words()
             ),
             State::Partial => {
@@ -530,7 +554,7 @@ fn from_stamp(
         bytes: 0,
         compressed_bytes: 0,
         chunk_source: None,
-        chunks_fetched: 0,
+        reuse: prefetch::Reuse::default(),
         chunks_direct: 0,
         direct_fallback: None,
         files: s.files,
@@ -668,10 +692,15 @@ pub fn fetch(
     git.set_network(&m.network)?;
     let remote = git.resolve_remote(sh, remote.unwrap_or(&m.remote))?;
     let spin = spinner(progress, format!("fetching {} from {remote}", m.branch));
+    let packs = git.pack_indexes();
     let commit = git.fetch_branch(&remote, &m.branch);
     spin.finish_and_clear();
     let commit = commit?;
     let mut branch = Branch::read(&git, remote.clone(), &m.branch, commit)?;
+    // What this fetch brought (it keeps its pack: `fetch.unpackLimit=1`),
+    // so that chunks small enough to come with it count as fetched.
+    let new_packs = git.pack_indexes();
+    branch.fresh = git.objects_in_packs(new_packs.difference(&packs))?;
     if let Content::Legacy { parts, .. } = &branch.content {
         let oids: Vec<String> = branch
             .entries
@@ -685,7 +714,10 @@ pub fn fetch(
             spin.finish_and_clear();
             r?;
             let commit = git.fetch_branch_local(&m.branch)?;
+            let mut fresh = std::mem::take(&mut branch.fresh);
+            fresh.extend(oids);
             branch = Branch::read(&git, remote, &m.branch, commit)?;
+            branch.fresh = fresh;
         }
     }
     Ok((git, branch))
@@ -712,7 +744,7 @@ pub fn unpack_into(
     progress: bool,
 ) -> Result<(unpack::Stats, verify::Stats, prefetch::Stats)> {
     let (_stack, [fetch_bar, unpack_bar]) = restore_bars(progress, kp.plan.progress_totals());
-    let chunks = prefetch::Prefetch::start(git, &branch.remote, &branch.name, kp)?;
+    let chunks = prefetch::Prefetch::start(git, &branch.remote, &branch.name, kp, &branch.fresh)?;
     let reader = git.clone();
     let oids = kp.oids.clone();
     let chunks_ref = &chunks;
@@ -1069,7 +1101,7 @@ fn cold(
         bytes: vstats.tar_bytes,
         compressed_bytes: vstats.compressed_bytes,
         chunk_source: Some(fetched.source),
-        chunks_fetched: fetched.fetched,
+        reuse: fetched.reuse,
         chunks_direct: fetched.direct,
         direct_fallback: fetched.direct_fallback.clone(),
         files,

@@ -96,11 +96,12 @@ pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
             format!("{} at {} (from {from})", o.key, o.target.display())
         }
         (State::Restored | State::Repaired, _) => format!(
-            "restored {} into {} from {from}: {} in {} entries",
+            "restored {} into {} from {from}: {} in {} entries{}",
             o.key,
             o.target.display(),
             crate::cache::human_bytes(o.bytes),
-            o.files
+            o.files,
+            o.fetch_words()
         ),
     })
     .with_partial(partial.map(partial_json)))
