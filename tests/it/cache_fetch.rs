@@ -39,7 +39,9 @@ impl Fx {
         );
         let src = env.join("src");
         make_tricky_tree(&src, false);
-        write_pseudo_random(&src.join("noise.bin"), 120_000, 11);
+        // Early in the tar: chunks are content-defined frames, split to fit
+        // chunk_bytes, so the first chunks are the noise's, all big.
+        write_pseudo_random(&src.join("0-noise.bin"), 120_000, 11);
         let fx = Fx {
             target: work.join("restored/art"),
             env,

@@ -6,7 +6,7 @@
 //! is checked here against the tar itself, parsed by the `tar` crate (not by
 //! our writer), on a tree of names that break naive archivers.
 
-use crate::util::tree::make_tricky_tree;
+use crate::util::tree::{make_tricky_tree, write_pseudo_random};
 use crate::util::{TestEnv, run, show};
 use sha2::{Digest, Sha256};
 use std::ffi::OsStr;
@@ -18,12 +18,24 @@ use warmstart::cache::files::{Index, Kind};
 
 /// A work repository publishing `src` as cache `name` (key `<literal>`) to `origin.git`.
 pub(crate) fn setup(env: &TestEnv, src: &Path, name: &str, literal: &str) -> PathBuf {
+    setup_in(env, "work", src, name, literal, "")
+}
+
+/// `setup` in the work repository `rel`, with `extra` manifest lines.
+pub(crate) fn setup_in(
+    env: &TestEnv,
+    rel: &str,
+    src: &Path,
+    name: &str,
+    literal: &str,
+    extra: &str,
+) -> PathBuf {
     if !env.join("origin.git").exists() {
         env.bare_remote("origin.git");
     }
-    let work = env.work_repo("work");
-    let _ = env.git("work", ["remote", "add", "origin", "../origin.git"]);
-    write_manifest(&work, name, src, literal, "");
+    let work = env.work_repo(rel);
+    env.git(rel, ["remote", "add", "origin", "../origin.git"]);
+    write_manifest(&work, name, src, literal, extra);
     work
 }
 
@@ -297,4 +309,170 @@ fn the_file_index_goes_and_stays_with_its_key() {
         manifest["keys"][&two]["index"]["file"],
         format!("{two}.files.zst")
     );
+}
+
+/// Chunk files and blob ids of `key` on the branch, in order.
+fn chunk_blobs(env: &TestEnv, branch: &str, key: &str) -> Vec<(String, String)> {
+    let manifest = branch_json(env, branch);
+    let listing = env.git("origin.git", ["ls-tree", &format!("refs/heads/{branch}")]);
+    let oid_of = |file: &str| {
+        listing
+            .lines()
+            .find(|l| l.ends_with(&format!("\t{file}")))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .unwrap_or_else(|| panic!("{file} is not on {branch}"))
+            .to_string()
+    };
+    manifest["keys"][key]["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let file = c["file"].as_str().unwrap().to_string();
+            let oid = oid_of(&file);
+            (file, oid)
+        })
+        .collect()
+}
+
+/// Bytes of pack files in a bare repository: with `receive.unpackLimit
+/// = 1` every push lands as one pack, so the growth is what was pushed.
+fn pack_bytes(env: &TestEnv, bare: &str) -> u64 {
+    std::fs::read_dir(env.join(bare).join("objects/pack"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".pack"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+/// A tree of `files` files of `size` pseudo-random bytes each (nothing to
+/// compress: the bytes pushed are the bytes packed).
+fn random_tree(src: &Path, files: usize, size: u64) {
+    for i in 0..files {
+        write_pseudo_random(
+            &src.join(format!("d{:02}/f{i:04}.bin", i / 20)),
+            size,
+            i as u64 + 1,
+        );
+    }
+}
+
+/// Same tree, same chunk blobs: two clones that share nothing but the
+/// remote publish two keys of one tree, and every chunk of the second is
+/// the blob of the first (git stores and sends it once).
+#[test]
+fn the_same_tree_gives_the_same_chunk_blobs_from_any_clone() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    random_tree(&src.join("r"), 8, 300_000);
+    let extra = "[publish]\nchunk_avg = \"64KiB\"\n";
+    setup_in(&env, "one", &src, "det", "a", extra);
+    setup_in(&env, "two", &src, "det", "b", extra);
+    let a = publish_json(&env, "one", "det");
+    let b = publish_json(&env, "two", "det");
+    assert_eq!(a["tar_sha256"], b["tar_sha256"]);
+    let branch = a["branch"].as_str().unwrap();
+    let ka = chunk_blobs(&env, branch, a["key"].as_str().unwrap());
+    let kb = chunk_blobs(&env, branch, b["key"].as_str().unwrap());
+    assert!(ka.len() >= 20, "{} chunks", ka.len());
+    let ids = |k: &[(String, String)]| k.iter().map(|(_, o)| o.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&ka), ids(&kb));
+    // Every chunk is one frame, and the chunks' raw slices tile the tar.
+    let manifest = branch_json(&env, branch);
+    let entry = &manifest["keys"][a["key"].as_str().unwrap()];
+    let frames = &entry["frames"];
+    assert_eq!(frames["chunker"], "fastcdc-2020");
+    assert_eq!(frames["avg_size"], 64 << 10);
+    assert_eq!(frames["level"], 3);
+    let raw: u64 = entry["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["raw_size"].as_u64().unwrap())
+        .sum();
+    assert_eq!(raw, entry["tar_size"].as_u64().unwrap());
+    let (file, oid) = &ka[ka.len() / 2];
+    let one = blob(&env, "origin.git", oid);
+    let c = entry["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["file"] == file.as_str())
+        .unwrap();
+    let raw = unzstd(&one);
+    assert_eq!(raw.len() as u64, c["raw_size"].as_u64().unwrap());
+    assert_eq!(hex(&Sha256::digest(&raw)), c["raw_sha256"]);
+}
+
+/// One file changed early in a 20 MB tree: a publish from a fresh clone
+/// keeps most chunk blobs and pushes a small fraction of a full publish.
+#[test]
+fn an_early_change_reuses_most_chunks_and_pushes_little() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    random_tree(&src, 200, 100_000);
+    let extra = "[publish]\nchunk_avg = \"256KiB\"\n";
+    setup_in(&env, "one", &src, "inc", "a", extra);
+    let before = pack_bytes(&env, "origin.git");
+    let a = publish_json(&env, "one", "inc");
+    let full = pack_bytes(&env, "origin.git") - before;
+    // Same size, new content, in the third file of the tar.
+    write_pseudo_random(&src.join("d00/f0002.bin"), 100_000, 999);
+    setup_in(&env, "two", &src, "inc", "b", extra);
+    let before = pack_bytes(&env, "origin.git");
+    let b = publish_json(&env, "two", "inc");
+    let pushed = pack_bytes(&env, "origin.git") - before;
+    assert_eq!(b["status"], "published", "{b}");
+    let branch = a["branch"].as_str().unwrap();
+    let ka = chunk_blobs(&env, branch, a["key"].as_str().unwrap());
+    let kb = chunk_blobs(&env, branch, b["key"].as_str().unwrap());
+    let old: std::collections::BTreeSet<&String> = ka.iter().map(|(_, o)| o).collect();
+    let kept = kb.iter().filter(|(_, o)| old.contains(o)).count();
+    eprintln!(
+        "1 of 200 files changed: {kept} of {} chunks reused; pushed {pushed} bytes after a full push of {full}",
+        kb.len()
+    );
+    assert!(kb.len() >= 40, "{} chunks", kb.len());
+    assert!(
+        kept * 10 >= kb.len() * 7,
+        "{kept} of {} chunks reused",
+        kb.len()
+    );
+    // The new chunks (the two or three around the change: under a MiB)
+    // and the small files, not the 13 MB of a full publish.
+    assert!(full > 10_000_000, "{full}");
+    assert!(pushed * 10 < full, "pushed {pushed} of {full}");
+}
+
+/// A level or chunk size the manifest cannot mean is exit 10, in one line
+/// naming the setting and what it allows, and nothing is pushed.
+#[test]
+fn unknown_levels_and_chunk_sizes_are_refused_in_one_line() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    let work = setup(&env, &src, "bad", "one");
+    for (extra, says) in [
+        (
+            "[publish]\nlevel = \"tiny\"\n",
+            "\"fast\" (zstd 3), \"small\" (zstd 19)",
+        ),
+        ("[publish]\nlevel = 22\n", "level from 1 to 19"),
+        ("[publish]\nchunk_avg = \"lots\"\n", "chunk_avg"),
+        (
+            "[publish]\nchunk_avg = \"64MiB\"\n",
+            "chunk_avg must be from 256",
+        ),
+    ] {
+        write_manifest(&work, "bad", &src, "one", extra);
+        let mut cmd = env.xtask_in("work");
+        cmd.args(["cache", "publish", "bad"]);
+        let r = run(&mut cmd).expect_code(10);
+        let err = r.stderr();
+        assert!(err.contains(says), "{extra}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{extra}: {err}");
+    }
+    assert!(env.git("origin.git", ["for-each-ref"]).trim().is_empty());
 }

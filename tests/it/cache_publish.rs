@@ -235,10 +235,17 @@ fn big_file_crosses_default_chunks_over_git_daemon() {
     work_with_manifest(&env, "work", &url, "big", &manifest(&src, "1", ""));
     let s = json(&publish(&env, "work", &["big", "--json"]).ok());
     let chunks = s["chunks"].as_array().unwrap();
-    assert_eq!(chunks.len(), 4, "{chunks:?}");
+    // Content-defined chunks of 1 to 16 MiB of tar (4 MiB on average),
+    // each one zstd frame: random bytes do not shrink, so a chunk file is
+    // its raw size plus zstd's few bytes of framing.
     let mib = 1024 * 1024;
-    for (c, size) in chunks.iter().zip([8 * mib, 32 * mib, 99 * mib]) {
-        assert_eq!(c["size"].as_u64().unwrap(), size);
+    assert!(
+        (BIG_FILE_BYTES / (16 * mib)..=BIG_FILE_BYTES / mib).contains(&(chunks.len() as u64)),
+        "{} chunks",
+        chunks.len()
+    );
+    for c in chunks {
+        assert!(c["size"].as_u64().unwrap() <= 16 * mib + 64 * 1024, "{c}");
     }
     assert!(s["compressed_bytes"].as_u64().unwrap() > BIG_FILE_BYTES);
     assert_one_root_commit(&env, "origin.git", "big-cache");

@@ -373,8 +373,9 @@ fn network_settings_that_do_not_parse_are_exit_10_naming_them() {
 /// arrived, leaves no partial file and no process, and the next run
 /// fetches only the chunks the stalled one did not store.
 fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
-    // Enough for the branch fetch and a few chunks, not for all ten.
-    let relay = Relay::start(upstream, 60_000);
+    // Enough for the branch fetch (with the small chunks, warmstart.json
+    // and the file index: about 15 kB) and a few chunks, not for all ten.
+    let relay = Relay::start(upstream, 80_000);
     let url = format!("{scheme}://127.0.0.1:{}/origin.git", relay.port);
     let mut args = vec!["cache", "restore", "art", "--json", "--remote", &url];
     args.extend(STALL);

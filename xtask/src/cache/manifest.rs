@@ -144,11 +144,85 @@ struct RawPublish {
     gates: Vec<String>,
     /// Bytes, or a size such as `"50MiB"` (`size::parse_size`).
     chunk_bytes: Option<crate::size::SizeSpec>,
-    level: Option<i32>,
+    /// The average content-defined chunk, of uncompressed tar (`"4MiB"`).
+    chunk_avg: Option<crate::size::SizeSpec>,
+    /// `"fast"`, `"small"` or a zstd level.
+    level: Option<LevelSpec>,
     lease_deadline: Option<crate::clock::DurationSpec>,
     /// Prune on every publish: per platform value, the newest N keys (plus
     /// the one today's pins give) stay.
     keep: Option<u32>,
+}
+
+/// The named zstd levels of `[publish] level`: `fast` for caches published
+/// often (each publish compresses what changed, and time to publish is what
+/// a landing waits for), `small` for caches written once and read many
+/// times (a toolchain: fewer bytes on every restore's wire). BENCHMARKS.md
+/// has the measured trade-off.
+pub const LEVELS: [(&str, i32); 2] = [("fast", 3), ("small", 19)];
+
+/// The level when the manifest names none.
+pub const DEFAULT_LEVEL: i32 = LEVELS[0].1;
+
+/// `[publish] level`: a name from `LEVELS` or a number.
+#[derive(Debug)]
+enum LevelSpec {
+    Number(i64),
+    Name(String),
+}
+
+impl<'de> Deserialize<'de> for LevelSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = LevelSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "\"fast\", \"small\" or a zstd level from 1 to 19")
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<LevelSpec, E> {
+                Ok(LevelSpec::Number(n))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<LevelSpec, E> {
+                Ok(LevelSpec::Number(i64::try_from(n).unwrap_or(i64::MAX)))
+            }
+            fn visit_str<E: serde::de::Error>(self, t: &str) -> Result<LevelSpec, E> {
+                Ok(LevelSpec::Name(t.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The zstd level `[publish] level` names; unknown names and numbers out
+/// of range are errors that list what is allowed.
+fn level_of(spec: Option<&LevelSpec>) -> Result<i32> {
+    let allowed = || {
+        LEVELS
+            .iter()
+            .map(|(n, l)| format!("\"{n}\" (zstd {l})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match spec {
+        None => Ok(DEFAULT_LEVEL),
+        Some(LevelSpec::Number(n)) => match i32::try_from(*n) {
+            Ok(l) if (1..=19).contains(&l) => Ok(l),
+            _ => bail!(
+                "publish.level = {n} is not a zstd level: give {} or a level from 1 to 19",
+                allowed()
+            ),
+        },
+        Some(LevelSpec::Name(name)) => LEVELS
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| *l)
+            .ok_or_else(|| {
+                anyhow!(
+                    "publish.level = {name:?} is not a level name: give {} or a level from 1 to 19",
+                    allowed()
+                )
+            }),
+    }
 }
 
 /// How a restore installs: replace a directory the cache owns, or merge
@@ -223,6 +297,8 @@ pub struct CacheManifest {
     pub ready: Ready,
     pub gates: Vec<String>,
     pub chunk_bytes: u64,
+    /// Content-defined chunk sizes (of uncompressed tar) within `chunk_bytes`.
+    pub chunk_sizes: crate::cache::chunks::Sizes,
     pub level: i32,
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
@@ -364,10 +440,12 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
             "publish.chunk_bytes must be between 1 and {MAX_CHUNK_BYTES} (GitHub rejects files of 100 MiB)"
         );
     }
-    let level = raw.publish.level.unwrap_or(3);
-    if !(1..=19).contains(&level) {
-        bail!("publish.level must be a zstd level from 1 to 19");
-    }
+    let chunk_avg = match &raw.publish.chunk_avg {
+        Some(spec) => Some(spec.resolve("publish.chunk_avg")?),
+        None => None,
+    };
+    let chunk_sizes = crate::cache::chunks::Sizes::for_limit(chunk_avg, chunk_bytes)?;
+    let level = level_of(raw.publish.level.as_ref())?;
     let lease_deadline = raw
         .publish
         .lease_deadline
@@ -405,6 +483,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         ready,
         gates: raw.publish.gates,
         chunk_bytes,
+        chunk_sizes,
         level,
         lease_deadline,
         network: raw.network.resolve()?,
@@ -886,6 +965,42 @@ mod tests {
         assert!(parse_str(Path::new("/r"), &typo).is_err());
         let big = format!("{base}[publish]\nchunk_bytes = 104857600\n");
         assert!(parse_str(Path::new("/r"), &big).is_err());
+    }
+
+    /// `level` takes the two names or a number; `chunk_avg` a size whose
+    /// chunks fit `chunk_bytes`. Anything else is refused with a line that
+    /// names the setting and what it allows.
+    #[test]
+    fn levels_and_chunk_sizes_are_named_or_refused() {
+        let base = "[pack]\nroot = \"out\"\n[restore]\npath = \"dest\"\n[publish]\n";
+        let m = |extra: &str| parse_str(Path::new("/r"), &format!("{base}{extra}"));
+        assert_eq!(m("").unwrap().level, 3);
+        assert_eq!(m("level = \"fast\"\n").unwrap().level, 3);
+        assert_eq!(m("level = \"small\"\n").unwrap().level, 19);
+        assert_eq!(m("level = 7\n").unwrap().level, 7);
+        for bad in ["\"tiny\"", "\"3\"", "0", "20", "-1", "3.5", "true"] {
+            let err = format!("{:#}", m(&format!("level = {bad}\n")).unwrap_err());
+            assert!(err.contains("level"), "{bad}: {err}");
+            assert!(err.contains("\"fast\""), "{bad}: {err}");
+            assert!(!err.trim_end().contains('\n'), "{bad}: {err}");
+        }
+        let d = m("").unwrap().chunk_sizes;
+        assert_eq!((d.min, d.avg, d.max), (1 << 20, 4 << 20, 16 << 20));
+        let s = m("chunk_avg = \"2MiB\"\n").unwrap().chunk_sizes;
+        assert_eq!((s.min, s.avg, s.max), (512 << 10, 2 << 20, 8 << 20));
+        assert_eq!(m("chunk_avg = 65536\n").unwrap().chunk_sizes.avg, 65536);
+        for (bad, says) in [
+            ("chunk_avg = \"4MB\"", "chunk_avg"),
+            ("chunk_avg = \"100\"", "chunk_avg must be from 256"),
+            ("chunk_avg = \"32MiB\"", "chunk_avg must be from 256"),
+            (
+                "chunk_avg = \"4MiB\"\nchunk_bytes = \"10MiB\"",
+                "lower chunk_avg or raise chunk_bytes",
+            ),
+        ] {
+            let err = format!("{:#}", m(&format!("{bad}\n")).unwrap_err());
+            assert!(err.contains(says), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@
 pub mod bootstrap;
 pub mod branch;
 pub mod check;
+pub mod chunks;
 pub mod compare;
 pub mod direct;
 pub mod fallback;

@@ -1,21 +1,21 @@
-//! Packing: the selected tree as a deterministic tar, through multithreaded
-//! zstd, cut into chunk files as it streams.
+//! Packing: the selected tree as a deterministic tar, cut at
+//! content-defined boundaries into chunks that are each one zstd frame.
 //!
 //! `plan` walks the pack root and decides what goes in (read-only, so
 //! `--dry-run` uses it). `write_tar` turns a plan into tar bytes, and `pack`
-//! runs the whole pipeline: tar -> sha256 of the tar -> zstd -> chunk files
-//! of at most `chunk_bytes` (the first two smaller, see `chunk_limit`), each
-//! hashed as it is written and handed to the caller as soon as it is
-//! complete. Nothing holds the archive in memory or
-//! writes it whole to disk: the caller decides how many finished chunks may
-//! exist at once.
+//! runs the whole pipeline: tar (hashed, and indexed per entry: module
+//! `files`) -> FastCDC cuts -> one zstd frame per chunk on all cores
+//! (module `chunks`) -> chunk files, each handed to the caller, in order,
+//! as soon as it is complete. Nothing holds the archive in memory or writes
+//! it whole to disk: the caller decides how many finished chunks may exist
+//! at once.
 //!
 //! Same input tree, same bytes: entries sorted by path (bytes), uid/gid 0,
 //! no user or group names, a fixed mtime unless asked to keep them, modes
 //! reduced to permission bits, GNU long-name records for names over 99
-//! bytes. zstd's multithreaded mode gives the same frames for any number of
-//! workers (measured with 1, 2, 4 and 8), so chunks do not depend on the
-//! machine's core count.
+//! bytes; and the same tar gives the same chunks on any machine with the
+//! same zstd (cuts depend on the bytes only, frames are single-threaded
+//! with pinned parameters).
 //!
 //! This module never runs git and never writes outside the chunk directory
 //! it is given.
@@ -31,6 +31,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
+use crate::cache::chunks::{self, Frame, Params, Sizes};
 use crate::cache::files;
 use crate::cache::manifest::{CacheManifest, Glob, hex};
 use crate::exit::{Code, fail};
@@ -758,51 +759,57 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-/// How to compress and cut.
+/// How to cut and compress.
 #[derive(Clone, Copy, Debug)]
 pub struct PackOptions {
-    pub level: i32,
-    /// zstd worker threads (at least 1: the output is the same for any count).
-    pub threads: u32,
-    pub chunk_bytes: u64,
+    /// zstd level and window of every frame.
+    pub params: Params,
+    /// Content-defined chunk sizes, of uncompressed tar.
+    pub sizes: Sizes,
+    /// No chunk file is larger (`[publish] chunk_bytes`).
+    pub limit: u64,
+    /// zstd workers (at least 1: the frames are the same for any count).
+    pub threads: usize,
 }
 
 impl PackOptions {
-    pub fn new(level: i32, chunk_bytes: u64) -> PackOptions {
+    /// The options of a manifest: its level and chunk sizes, on every core
+    /// (at most `MAX_THREADS`).
+    pub fn new(level: i32, sizes: Sizes, limit: u64) -> PackOptions {
         let threads = std::thread::available_parallelism()
-            .map(|n| n.get() as u32)
-            .unwrap_or(1);
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(MAX_THREADS);
         PackOptions {
-            level,
+            params: Params {
+                level,
+                window_log: None,
+            },
+            sizes,
+            limit,
             threads,
-            chunk_bytes,
         }
     }
 }
 
-/// The first chunks are cut small: a restore fetches chunk by chunk while it
-/// unpacks (cache/prefetch.rs), so the first chunk is all it waits for before
-/// unpacking starts, and the second is fetched while the first unpacks.
-/// Boundaries are the publisher's choice (DESIGN.md); restorers never rely
-/// on them.
-pub const RAMP: [u64; 2] = [8 << 20, 32 << 20];
-
-/// The size at which chunk `index` is cut: `RAMP` first, then `chunk_bytes`,
-/// never more than `chunk_bytes`.
-pub fn chunk_limit(index: usize, chunk_bytes: u64) -> u64 {
-    RAMP.get(index).map_or(chunk_bytes, |&r| r.min(chunk_bytes))
-}
+/// At most this many zstd workers: each holds a compression context (a
+/// few MiB at fast levels, up to about 100 MiB at level 19) and two chunks
+/// in flight, and past a dozen cores reading the tree is the bottleneck.
+pub const MAX_THREADS: usize = 12;
 
 /// A finished chunk file, handed over as soon as it is complete.
 #[derive(Clone, Debug)]
 pub struct ChunkFile {
     pub index: usize,
-    /// The chunk's name on the branch (`<key>.tar.zst.partNNN`).
+    /// Its scratch name (`name_of(index)`).
     pub name: String,
     /// Where it was written (inside the chunk directory).
     pub path: PathBuf,
     pub size: u64,
     pub sha256: String,
+    /// The uncompressed slice of the tar it holds.
+    pub raw_size: u64,
+    pub raw_sha256: String,
 }
 
 /// What `pack` produced.
@@ -816,9 +823,11 @@ pub struct Packed {
     pub compressed: u64,
 }
 
-/// Runs the pipeline for `plan`: chunk files named by `name_of(index)` are
-/// written into `dir` and passed to `on_chunk` one by one, in order. The
-/// callback may move or delete the file.
+/// Runs the pipeline for `plan`: the tar is cut at content-defined
+/// boundaries, each chunk compressed as its own zstd frame on
+/// `opts.threads` workers, and the chunk files, named by `name_of(index)`,
+/// are written into `dir` and passed to `on_chunk` one by one, in order.
+/// The callback may move or delete the file.
 pub fn pack(
     plan: &Plan,
     opts: PackOptions,
@@ -828,125 +837,38 @@ pub fn pack(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Packed> {
     let mut chunks = Vec::new();
-    let mut first_error = None;
-    let writer = ChunkWriter {
-        dir,
-        name_of,
-        chunk_bytes: opts.chunk_bytes,
-        current: None,
-        index: 0,
-        on_chunk: &mut |c: ChunkFile| {
-            chunks.push(c.clone());
-            on_chunk(c).map_err(|e| {
-                let msg = format!("{e:#}");
-                first_error = Some(e);
-                io::Error::other(msg)
-            })
-        },
-        total: 0,
+    let mut compressed = 0u64;
+    let mut emit = |f: Frame| -> Result<()> {
+        let name = name_of(f.index);
+        let path = dir.join(&name);
+        fs::write(&path, &f.bytes).with_context(|| format!("writing {}", path.display()))?;
+        compressed += f.bytes.len() as u64;
+        let c = ChunkFile {
+            index: f.index,
+            name,
+            path,
+            size: f.bytes.len() as u64,
+            sha256: f.sha256,
+            raw_size: f.raw_size,
+            raw_sha256: f.raw_sha256,
+        };
+        chunks.push(c.clone());
+        on_chunk(c)
     };
-    let mut enc = zstd::stream::write::Encoder::new(writer, opts.level)
-        .context("starting the zstd encoder")?;
-    enc.multithread(opts.threads.max(1))
-        .context("enabling multithreaded zstd")?;
-    enc.include_checksum(true)
-        .context("configuring the zstd encoder")?;
-    let result = write_tar_indexed(plan, &mut enc, progress).and_then(|(tar, index)| {
-        let mut writer = enc.finish().context("finishing the zstd stream")?;
-        writer.finish_chunk()?;
-        Ok((tar, index, writer.total))
-    });
-    let (tar, index, compressed) = match result {
-        Ok(r) => r,
-        // The callback's own error (e.g. git failing) says more than the
-        // io::Error it was squeezed into.
-        Err(e) => return Err(first_error.take().unwrap_or(e)),
-    };
-    drop(first_error);
+    let ((tar, index), _) = chunks::frames(
+        opts.sizes,
+        opts.params,
+        opts.limit,
+        opts.threads,
+        |w| write_tar_indexed(plan, w, progress),
+        &mut emit,
+    )?;
     Ok(Packed {
         tar,
         index,
         chunks,
         compressed,
     })
-}
-
-struct OpenChunk {
-    file: io::BufWriter<File>,
-    path: PathBuf,
-    name: String,
-    hasher: Sha256,
-    size: u64,
-}
-
-/// Cuts the compressed stream into files of `chunk_limit(index,
-/// chunk_bytes)` bytes (the last may be shorter), hashing each as it is
-/// written.
-struct ChunkWriter<'a> {
-    dir: &'a Path,
-    name_of: &'a dyn Fn(usize) -> String,
-    chunk_bytes: u64,
-    current: Option<OpenChunk>,
-    index: usize,
-    on_chunk: &'a mut dyn FnMut(ChunkFile) -> io::Result<()>,
-    total: u64,
-}
-
-impl ChunkWriter<'_> {
-    fn open(&mut self) -> io::Result<&mut OpenChunk> {
-        if self.current.is_none() {
-            let name = (self.name_of)(self.index);
-            let path = self.dir.join(&name);
-            let file = File::create(&path).map_err(|e| {
-                io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))
-            })?;
-            self.current = Some(OpenChunk {
-                file: io::BufWriter::with_capacity(1 << 20, file),
-                path,
-                name,
-                hasher: Sha256::new(),
-                size: 0,
-            });
-        }
-        Ok(self.current.as_mut().expect("just opened"))
-    }
-
-    fn finish_chunk(&mut self) -> io::Result<()> {
-        let Some(c) = self.current.take() else {
-            return Ok(());
-        };
-        c.file.into_inner().map_err(|e| e.into_error())?;
-        let chunk = ChunkFile {
-            index: self.index,
-            name: c.name,
-            path: c.path,
-            size: c.size,
-            sha256: hex(&c.hasher.finalize()),
-        };
-        self.index += 1;
-        (self.on_chunk)(chunk)
-    }
-}
-
-impl Write for ChunkWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let limit = chunk_limit(self.index, self.chunk_bytes);
-        let c = self.open()?;
-        let n = buf.len().min((limit - c.size) as usize);
-        c.file.write_all(&buf[..n])?;
-        c.hasher.update(&buf[..n]);
-        c.size += n as u64;
-        let full = c.size == limit;
-        self.total += n as u64;
-        if full {
-            self.finish_chunk()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -1071,14 +993,16 @@ mod tests {
         assert!(listing.contains(" empty/\n"), "{listing}");
     }
 
-    #[test]
-    fn the_first_chunks_ramp_up_to_the_chunk_size() {
-        let mib = 1 << 20;
-        let sizes: Vec<u64> = (0..4).map(|i| chunk_limit(i, 99 * mib)).collect();
-        assert_eq!(sizes, [8 * mib, 32 * mib, 99 * mib, 99 * mib]);
-        let sizes: Vec<u64> = (0..3).map(|i| chunk_limit(i, 16 * mib)).collect();
-        assert_eq!(sizes, [8 * mib, 16 * mib, 16 * mib]);
-        assert!((0..3).all(|i| chunk_limit(i, 1000) == 1000));
+    fn opts(level: i32, avg: u64, threads: usize) -> PackOptions {
+        PackOptions {
+            params: Params {
+                level,
+                window_log: None,
+            },
+            sizes: Sizes::from_avg(avg),
+            limit: u64::MAX,
+            threads,
+        }
     }
 
     #[test]
@@ -1086,7 +1010,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
         tree(&src);
-        // Incompressible content so that a small chunk size gives several chunks.
+        // Incompressible content so that small chunks stay small.
         let mut x = 1u64;
         let noise: Vec<u8> = (0..300_000)
             .map(|_| {
@@ -1100,11 +1024,7 @@ mod tests {
         let out = tmp.path().join("out");
         fs::create_dir_all(&out).unwrap();
         let plan = all(&src);
-        let opts = PackOptions {
-            level: 3,
-            threads: 2,
-            chunk_bytes: 100_000,
-        };
+        let opts = opts(3, 16 << 10, 2);
         let mut seen = Vec::new();
         let packed = pack(
             &plan,
@@ -1121,14 +1041,18 @@ mod tests {
         assert!(packed.chunks.len() >= 3, "{:?}", packed.chunks);
         assert_eq!(seen.len(), packed.chunks.len());
         let mut stream = Vec::new();
+        let mut raw_total = 0;
         for (i, c) in packed.chunks.iter().enumerate() {
+            assert_eq!(c.index, i);
             let bytes = fs::read(&c.path).unwrap();
             assert_eq!(bytes.len() as u64, c.size);
-            assert!(c.size <= 100_000);
-            if i + 1 < packed.chunks.len() {
-                assert_eq!(c.size, 100_000);
-            }
+            assert!(c.raw_size <= opts.sizes.max);
             assert_eq!(hex(&Sha256::digest(&bytes)), c.sha256);
+            // Each chunk is a frame of its own.
+            let raw = zstd::decode_all(&bytes[..]).unwrap();
+            assert_eq!(raw.len() as u64, c.raw_size);
+            assert_eq!(hex(&Sha256::digest(&raw)), c.raw_sha256);
+            raw_total += c.raw_size;
             stream.extend(bytes);
         }
         assert_eq!(stream.len() as u64, packed.compressed);
@@ -1136,8 +1060,10 @@ mod tests {
         assert_eq!(tar, tar_of(&plan));
         assert_eq!(hex(&Sha256::digest(&tar)), packed.tar.sha256);
         assert_eq!(tar.len() as u64, packed.tar.size);
+        assert_eq!(raw_total, packed.tar.size);
+        assert_eq!(packed.index.entries.len(), plan.items.len());
 
-        // One worker or two: the same chunks.
+        // One worker or four: the same chunks.
         let out1 = tmp.path().join("out1");
         fs::create_dir_all(&out1).unwrap();
         let one = pack(
@@ -1163,13 +1089,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
         tree(&src);
+        fs::write(src.join("zeros"), vec![0u8; 100_000]).unwrap();
         let err = pack(
             &all(&src),
-            PackOptions {
-                level: 1,
-                threads: 1,
-                chunk_bytes: 64,
-            },
+            opts(1, 1024, 1),
             tmp.path(),
             &|i| format!("p{i}"),
             &mut |c| {

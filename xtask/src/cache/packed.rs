@@ -63,7 +63,7 @@ pub struct Record {
     pub commit: String,
     pub tar_sha256: String,
     pub tar_size: u64,
-    /// `pack_params(level, chunk_bytes)` when the chunks were made.
+    /// `pack_params(frames)` when the chunks were made.
     pub pack: String,
     /// The tree the tar was made from (absent in records of older builds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,16 +79,23 @@ pub struct TreeRecord {
     pub planned_at_ns: i64,
 }
 
-/// Everything besides the tar that decides the chunk bytes: the zstd
-/// library version (another version may compress differently), the level
-/// and the chunk sizes (`chunk_bytes` and the ramp of the first chunks).
-pub fn pack_params(level: i32, chunk_bytes: u64) -> String {
-    let ramp = crate::cache::pack::RAMP.map(|r| r.to_string()).join(",");
-    // `index`: branches made since carry a file index (`cache::files`)
-    // beside the chunks; a record of an older build vouches for none.
+/// Everything besides the tar that decides the chunk bytes: the chunker
+/// and its sizes, the zstd library version (another version may compress
+/// differently) and its parameters, as `warmstart.json` records them, and
+/// the file index beside the chunks (a record of an older build, which
+/// wrote none, vouches for nothing).
+pub fn pack_params(frames: &crate::cache::format::Frames) -> String {
+    let f = frames;
     format!(
-        "zstd {} level {level} chunk_bytes {chunk_bytes} ramp {ramp} index {} level {}",
-        zstd::zstd_safe::version_string(),
+        "{} sizes {},{},{} zstd {} level {} window {:?} checksum {} index {} level {}",
+        f.chunker,
+        f.min_size,
+        f.avg_size,
+        f.max_size,
+        f.zstd,
+        f.level,
+        f.window_log,
+        f.checksum,
         crate::cache::files::MAGIC,
         crate::cache::pack::INDEX_LEVEL
     )
@@ -159,6 +166,15 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::chunks::{Params, Sizes};
+
+    fn pack_params(level: i32, avg: u64) -> String {
+        let params = Params {
+            level,
+            window_log: None,
+        };
+        super::pack_params(&params.frames(Sizes::from_avg(avg)))
+    }
 
     fn record() -> Record {
         Record {
@@ -169,7 +185,7 @@ mod tests {
             commit: "c".repeat(40),
             tar_sha256: "a".repeat(64),
             tar_size: 10240,
-            pack: pack_params(3, 99 << 20),
+            pack: pack_params(3, 4 << 20),
             tree: Some(TreeRecord {
                 stamp: "d".repeat(64),
                 planned_at_ns: 1_800_000_000_000_000_000,
@@ -186,14 +202,14 @@ mod tests {
         save(&p, &r).unwrap();
         let back = load(&p).unwrap();
         assert_eq!(back, r);
-        let (c, t, params) = ("c".repeat(40), "a".repeat(64), pack_params(3, 99 << 20));
+        let (c, t, params) = ("c".repeat(40), "a".repeat(64), pack_params(3, 4 << 20));
         assert!(back.vouches_for("linux-1", &c, &t, 10240, &params));
         assert!(!back.vouches_for("linux-2", &c, &t, 10240, &params));
         assert!(!back.vouches_for("linux-1", &"d".repeat(40), &t, 10240, &params));
         assert!(!back.vouches_for("linux-1", &c, &"b".repeat(64), 10240, &params));
         assert!(!back.vouches_for("linux-1", &c, &t, 10752, &params));
-        assert!(!back.vouches_for("linux-1", &c, &t, 10240, &pack_params(4, 99 << 20)));
-        assert!(!back.vouches_for("linux-1", &c, &t, 10240, &pack_params(3, 50 << 20)));
+        assert!(!back.vouches_for("linux-1", &c, &t, 10240, &pack_params(4, 4 << 20)));
+        assert!(!back.vouches_for("linux-1", &c, &t, 10240, &pack_params(3, 2 << 20)));
     }
 
     /// Same stamp and every entry older than the window: trusted. A change
@@ -224,7 +240,7 @@ mod tests {
     fn records_without_a_tree_still_vouch() {
         let dir = tempfile::tempdir().unwrap();
         let p = path(dir.path(), "sdk");
-        let params = pack_params(3, 99 << 20);
+        let params = pack_params(3, 4 << 20);
         let text = format!(
             r#"{{"format": 1, "name": "sdk", "key": "linux-1", "branch": "sdk-cache", "commit": "{}", "tar_sha256": "{}", "tar_size": 10240, "pack": "{params}"}}"#,
             "c".repeat(40),

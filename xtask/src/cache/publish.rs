@@ -246,7 +246,8 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     // when the record also says today's files are the very ones that made
     // that tar (same stamp, not racy), not even the hash is needed.
     let record_path = packed::path(&repo.state_dir(), &m.name);
-    let params = packed::pack_params(m.level, m.chunk_bytes);
+    let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
+    let params = packed::pack_params(&opts.params.frames(opts.sizes));
     let record = packed::load(&record_path);
     if let (Some(s), Some(old)) = (&state, &old_entry)
         && old.ungated == ungated
@@ -864,8 +865,11 @@ fn print_plan(out: &Reporter, m: &CacheManifest, key: &Key, plan: &Plan, remote:
     out.say(format!("branch   {}", m.branch));
     out.say(format!("remote   {remote}"));
     out.say(format!(
-        "pack     zstd level {}, chunks of at most {}",
+        "pack     zstd level {}, one frame per chunk of about {} of tar ({} to {}), at most {} compressed",
         m.level,
+        human_bytes(m.chunk_sizes.avg),
+        human_bytes(m.chunk_sizes.min),
+        human_bytes(m.chunk_sizes.max),
         human_bytes(m.chunk_bytes)
     ));
     if m.gates.is_empty() {
@@ -1121,7 +1125,14 @@ fn pack_into_git(
 
     let mut reused = BTreeMap::new();
     let bar = out.bar(plan.file_bytes, "pack");
-    let opts = PackOptions::new(m.level, m.chunk_bytes);
+    let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
+    // A chunk the branch holds already, at any place (content-defined cuts
+    // move chunks, they do not change them): same bytes, same blob.
+    let on_branch: BTreeMap<&str, &String> = old
+        .iter()
+        .flat_map(|o| o.chunks.iter())
+        .filter_map(|c| Some((c.sha256.as_str(), old_oids.get(&c.file)?)))
+        .collect();
     let mut tx = Some(tx);
     let result = pack::pack(
         plan,
@@ -1131,13 +1142,10 @@ fn pack_into_git(
         // the branch, is known once packing ends.
         &|i| format!("chunk-{i}"),
         &mut |c: ChunkFile| {
-            let same = old
-                .and_then(|o| o.chunks.get(c.index))
-                .filter(|o| o.size == c.size && o.sha256 == c.sha256);
-            if let Some(oid) = same.and_then(|o| old_oids.get(&o.file)) {
+            if let Some(oid) = on_branch.get(c.sha256.as_str()) {
                 std::fs::remove_file(&c.path)
                     .with_context(|| format!("removing {}", c.path.display()))?;
-                reused.insert(c.index, oid.clone());
+                reused.insert(c.index, (*oid).clone());
                 return Ok(());
             }
             tx.as_ref()
@@ -1194,8 +1202,8 @@ fn pack_into_git(
                 file: chunk_name(key, c.index, n),
                 size: c.size,
                 sha256: c.sha256.clone(),
-                raw_size: None,
-                raw_sha256: None,
+                raw_size: Some(c.raw_size),
+                raw_sha256: Some(c.raw_sha256.clone()),
             })
             .collect(),
         tar_sha256: packed.tar.sha256,
@@ -1208,7 +1216,7 @@ fn pack_into_git(
         ungated: false,
         created_at: String::new(),
         tool_version: format!("warmstart {}", env!("CARGO_PKG_VERSION")),
-        frames: None,
+        frames: Some(opts.params.frames(opts.sizes)),
         index: Some(index),
     };
     Ok(PackedKey {

@@ -1,0 +1,683 @@
+//! Content-defined chunks of the tar, each compressed as its own zstd frame, on all cores.
+//!
+//! The uncompressed tar stream is cut by FastCDC (the 2020 variant of the
+//! `fastcdc` crate: its gear hash and masks, our buffer), so that a change
+//! early in the tar moves only the cuts near it: the chunks after it are the
+//! same bytes as before, compress to the same frames, and become the same
+//! git blobs, which git neither stores nor sends again. Each chunk is one
+//! zstd frame made with every parameter set explicitly and single-threaded
+//! (zstd's multithreaded mode cuts its own jobs, so its output may differ),
+//! so the same bytes always give the same frame for one zstd version; the
+//! concatenation of frames is one valid zstd stream, so `cat parts | zstd
+//! -d` still restores.
+//!
+//! Workers compress in parallel; finished frames are handed over in chunk
+//! order. Memory is bounded whatever the artifact: the cut buffer holds at
+//! most two maximum chunks, and at most `2 * workers` chunks (and at most
+//! `IN_FLIGHT_BYTES` of them) are being compressed or wait to be handed over.
+
+use anyhow::{Context, Result, anyhow, bail};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex, mpsc};
+
+use crate::cache::format::{CHUNKER, Frames};
+use crate::cache::manifest::hex;
+
+/// The default average chunk: 4 MiB of tar. Smaller chunks share more
+/// between two versions of a tree; each chunk costs a blob, a pack and a
+/// round trip. H6's measurement (BENCHMARKS.md) decides the final value.
+pub const DEFAULT_AVG: u64 = 4 << 20;
+
+/// The smallest average accepted (the chunker's masks need a few bits).
+pub const MIN_AVG: u64 = 256;
+
+/// The largest average accepted: the chunker has masks up to 2^25, and a
+/// maximum chunk (4 * avg, 64 MiB) must stay well under the 99 MiB files.
+pub const MAX_AVG: u64 = 16 << 20;
+
+/// Uncompressed bytes of chunks being compressed or waiting to be handed
+/// over, at most (one chunk is always allowed, whatever its size).
+pub const IN_FLIGHT_BYTES: u64 = 128 << 20;
+
+/// Chunk sizes in bytes of uncompressed tar: FastCDC cuts no chunk below
+/// `min` (but the last) and none above `max`, and aims at `avg`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    pub min: u64,
+    pub avg: u64,
+    pub max: u64,
+}
+
+impl Sizes {
+    /// `min = avg / 4`, `max = avg * 4`, all even (the cut scans bytes in pairs).
+    pub fn from_avg(avg: u64) -> Sizes {
+        let even = |n: u64| n & !1;
+        Sizes {
+            min: even(avg / 4).max(2),
+            avg: even(avg),
+            max: even(avg * 4),
+        }
+    }
+
+    /// The sizes a publish uses: `avg` (`[publish] chunk_avg`, else
+    /// `DEFAULT_AVG`). A given `avg` must keep even an incompressible
+    /// maximum chunk within `chunk_bytes` (the limit of a compressed chunk
+    /// file). The default may not when `chunk_bytes` is lowered below its
+    /// worst case (tests do, to get several chunks of a small tree): then a
+    /// frame over the limit is split, see `frames`.
+    pub fn for_limit(avg: Option<u64>, chunk_bytes: u64) -> Result<Sizes> {
+        let Some(a) = avg else {
+            return Ok(Sizes::from_avg(DEFAULT_AVG));
+        };
+        if !(MIN_AVG..=MAX_AVG).contains(&a) {
+            bail!(
+                "publish.chunk_avg must be from {MIN_AVG} bytes to {} (e.g. \"4MiB\")",
+                crate::cache::human_bytes(MAX_AVG)
+            );
+        }
+        let s = Sizes::from_avg(a);
+        let worst = bound(s.max);
+        if worst > chunk_bytes {
+            bail!(
+                "publish.chunk_avg = {a} allows chunks of {} bytes of tar, which zstd may compress to {worst} bytes, over publish.chunk_bytes = {chunk_bytes}: lower chunk_avg or raise chunk_bytes",
+                s.max
+            );
+        }
+        Ok(s)
+    }
+}
+
+/// zstd's worst case for `n` input bytes: the compressed size never exceeds it.
+pub fn bound(n: u64) -> u64 {
+    zstd::zstd_safe::compress_bound(n as usize) as u64
+}
+
+/// The zstd parameters of every frame, all pinned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub level: i32,
+    /// Set explicitly when given; else the level's default for the chunk size.
+    pub window_log: Option<u32>,
+}
+
+impl Params {
+    /// A compressor with every parameter that decides the frame bytes set:
+    /// level, window, one thread (no zstdmt jobs), no long-distance
+    /// matching, checksum and content size in the header, no dictionary id.
+    fn compressor(&self) -> Result<zstd::bulk::Compressor<'static>> {
+        use zstd::zstd_safe::CParameter as P;
+        let mut z = zstd::bulk::Compressor::new(self.level).context("starting zstd")?;
+        let mut params = vec![
+            P::CompressionLevel(self.level),
+            P::NbWorkers(0),
+            P::EnableLongDistanceMatching(false),
+            P::ChecksumFlag(true),
+            P::ContentSizeFlag(true),
+            P::DictIdFlag(false),
+        ];
+        if let Some(w) = self.window_log {
+            params.push(P::WindowLog(w));
+        }
+        for p in params {
+            z.set_parameter(p)
+                .with_context(|| format!("setting zstd parameter {p:?}"))?;
+        }
+        Ok(z)
+    }
+
+    /// What `warmstart.json` records of these parameters and `sizes`.
+    pub fn frames(&self, sizes: Sizes) -> Frames {
+        Frames {
+            chunker: CHUNKER.into(),
+            min_size: sizes.min,
+            avg_size: sizes.avg,
+            max_size: sizes.max,
+            zstd: zstd::zstd_safe::version_string().to_string(),
+            level: self.level,
+            window_log: self.window_log,
+            checksum: true,
+        }
+    }
+}
+
+/// One compressed chunk, in order.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    pub index: usize,
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+    pub raw_size: u64,
+    pub raw_sha256: String,
+}
+
+struct Job {
+    index: usize,
+    raw: Vec<u8>,
+}
+
+/// Runs `produce` with a writer that cuts what it writes into chunks and
+/// compresses them on `workers` threads; `emit` gets every frame, in chunk
+/// order, on this thread. A frame over `limit` bytes (possible only when
+/// `limit` is below `bound(sizes.max)`) is split: its raw bytes are cut
+/// again at smaller content-defined sizes until each piece fits, which
+/// depends on the bytes only, so the same tar still gives the same frames. Returns what `produce` returned and the number
+/// of chunks. An error of `emit` stops the run and is returned as is.
+pub fn frames<T>(
+    sizes: Sizes,
+    params: Params,
+    limit: u64,
+    workers: usize,
+    produce: impl FnOnce(&mut dyn Write) -> Result<T>,
+    emit: &mut dyn FnMut(Frame) -> Result<()>,
+) -> Result<(T, usize)> {
+    let workers = workers.max(1);
+    // Every worker's compressor is made (and its parameters checked) first.
+    let compressors: Vec<_> = (0..workers)
+        .map(|_| params.compressor())
+        .collect::<Result<_>>()?;
+    let (job_tx, job_rx) = mpsc::channel::<Job>();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    let (done_tx, done_rx) = mpsc::channel::<Result<(usize, Vec<Frame>)>>();
+    std::thread::scope(|s| {
+        for mut z in compressors {
+            let (rx, tx) = (Arc::clone(&job_rx), done_tx.clone());
+            s.spawn(move || {
+                loop {
+                    let job = match rx.lock().map(|r| r.recv()) {
+                        Ok(Ok(job)) => job,
+                        _ => return,
+                    };
+                    let mut frames = Vec::new();
+                    let done = compress(&mut z, &job.raw, sizes, limit, &mut frames)
+                        .with_context(|| format!("compressing chunk {}", job.index))
+                        .map(|()| (job.index, frames));
+                    if tx.send(done).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let mut cutter = Cutter {
+            sizes,
+            masks: masks(sizes),
+            buf: Vec::with_capacity(2 * sizes.max as usize),
+            start: 0,
+            order: Order {
+                jobs: Some(job_tx),
+                done: done_rx,
+                next_index: 0,
+                next_emit: 0,
+                next_frame: 0,
+                waiting: BTreeMap::new(),
+                in_flight: 0,
+                in_flight_bytes: 0,
+                max_in_flight: 2 * workers,
+                emit,
+                error: None,
+            },
+        };
+        let produced = produce(&mut cutter);
+        let finished = produced.and_then(|t| cutter.finish().map(|n| (t, n)));
+        // Workers end when the job channel closes; the scope joins them.
+        let error = cutter.order.error.take();
+        drop(cutter);
+        match (finished, error) {
+            (_, Some(e)) => Err(e),
+            (r, None) => r,
+        }
+    })
+}
+
+/// Compresses `raw` into frames of at most `limit` bytes (one, unless it
+/// does not fit), appended to `out`; their `index` is set when handed over.
+fn compress(
+    z: &mut zstd::bulk::Compressor<'static>,
+    raw: &[u8],
+    sizes: Sizes,
+    limit: u64,
+    out: &mut Vec<Frame>,
+) -> Result<()> {
+    let bytes = z.compress(raw)?;
+    if bytes.len() as u64 <= limit {
+        out.push(frame(raw, bytes));
+        return Ok(());
+    }
+    // Pieces that fit, merged greedily from the front while the merged
+    // frame fits: frames near the limit, and a piece's group depends only
+    // on the bytes before it and its own, as the cuts do.
+    let mut pieces = Vec::new();
+    split(z, raw, 0, sizes, limit, &mut pieces)?;
+    let mut group: Option<(usize, usize, Vec<u8>)> = None;
+    for (start, end, bytes) in pieces {
+        group = Some(match group {
+            None => (start, end, bytes),
+            Some((s, e, prev)) => {
+                let merged = z.compress(&raw[s..end])?;
+                if merged.len() as u64 <= limit {
+                    (s, end, merged)
+                } else {
+                    out.push(frame(&raw[s..e], prev));
+                    (start, end, bytes)
+                }
+            }
+        });
+    }
+    if let Some((s, e, bytes)) = group {
+        out.push(frame(&raw[s..e], bytes));
+    }
+    Ok(())
+}
+
+fn frame(raw: &[u8], bytes: Vec<u8>) -> Frame {
+    Frame {
+        index: 0,
+        sha256: hex(&Sha256::digest(&bytes)),
+        bytes,
+        raw_size: raw.len() as u64,
+        raw_sha256: hex(&Sha256::digest(raw)),
+    }
+}
+
+/// Pieces of `raw` (at `base` in the chunk) whose frames fit `limit`, with
+/// those frames: a piece that does not fit is cut again by FastCDC at a
+/// quarter of the sizes (so what did not change in it still gives the same
+/// pieces), and, below `MIN_AVG / 4`, in halves.
+fn split(
+    z: &mut zstd::bulk::Compressor<'static>,
+    raw: &[u8],
+    base: usize,
+    sizes: Sizes,
+    limit: u64,
+    out: &mut Vec<(usize, usize, Vec<u8>)>,
+) -> Result<()> {
+    let bytes = z.compress(raw)?;
+    if bytes.len() as u64 <= limit {
+        out.push((base, base + raw.len(), bytes));
+        return Ok(());
+    }
+    if raw.len() < 64 {
+        bail!(
+            "{} bytes of tar do not fit in a zstd frame of publish.chunk_bytes = {limit} bytes: raise publish.chunk_bytes",
+            raw.len()
+        );
+    }
+    if sizes.avg / 4 < MIN_AVG / 4 {
+        let half = raw.len() / 2;
+        split(z, &raw[..half], base, sizes, limit, out)?;
+        return split(z, &raw[half..], base + half, sizes, limit, out);
+    }
+    let smaller = Sizes::from_avg(sizes.avg / 4);
+    let masks = masks(smaller);
+    let mut at = 0;
+    while at < raw.len() {
+        let n = cut(&raw[at..], smaller, masks);
+        split(z, &raw[at..at + n], base + at, smaller, limit, out)?;
+        at += n;
+    }
+    Ok(())
+}
+
+fn masks(sizes: Sizes) -> (u64, u64) {
+    fastcdc::v2020::select_masks(sizes.avg as usize, fastcdc::v2020::Normalization::Level1)
+}
+
+/// The length of the chunk FastCDC cuts off the front of `data` (all of
+/// it when it is no longer than `sizes.min`); it looks at `sizes.max`
+/// bytes at most.
+fn cut(data: &[u8], sizes: Sizes, (mask_s, mask_l): (u64, u64)) -> usize {
+    let (_, n) = fastcdc::v2020::cut(
+        data,
+        sizes.min as usize,
+        sizes.avg as usize,
+        sizes.max as usize,
+        mask_s,
+        mask_l,
+        mask_s << 1,
+        mask_l << 1,
+    );
+    n
+}
+
+/// The writer `produce` writes into: cuts chunks off the front of `buf`
+/// once it holds a maximum chunk (so a cut sees exactly what it would see
+/// in the whole stream), and hands them to `order`.
+struct Cutter<'a> {
+    sizes: Sizes,
+    masks: (u64, u64),
+    buf: Vec<u8>,
+    /// Bytes before `start` were cut already; they are dropped when the
+    /// buffer needs room (one move of less than a maximum chunk).
+    start: usize,
+    order: Order<'a>,
+}
+
+impl Cutter<'_> {
+    /// Cuts one chunk off the front of what is buffered.
+    fn cut_one(&mut self) -> io::Result<()> {
+        let live = &self.buf[self.start..];
+        let n = cut(live, self.sizes, self.masks);
+        let raw = live[..n].to_vec();
+        self.start += n;
+        self.order.submit(raw)
+    }
+
+    /// Cuts and compresses what is left, waits for every frame; returns
+    /// the number of chunks.
+    fn finish(&mut self) -> Result<usize> {
+        let mut run = || -> io::Result<()> {
+            while self.start < self.buf.len() {
+                self.cut_one()?;
+            }
+            // An empty tar cannot happen (it ends in two zero blocks), but
+            // a key needs at least one chunk.
+            if self.order.next_index == 0 {
+                self.order.submit(Vec::new())?;
+            }
+            self.order.jobs.take();
+            while self.order.in_flight > 0 {
+                self.order.wait_one()?;
+            }
+            Ok(())
+        };
+        match run() {
+            Ok(()) => Ok(self.order.next_frame),
+            Err(e) => Err(self.order.error.take().unwrap_or_else(|| anyhow!(e))),
+        }
+    }
+}
+
+impl Write for Cutter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let max = self.sizes.max as usize;
+        if self.buf.len() + data.len() > self.buf.capacity() && self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let room = (2 * max).saturating_sub(self.buf.len()).max(1);
+        let n = data.len().min(room);
+        self.buf.extend_from_slice(&data[..n]);
+        while self.buf.len() - self.start >= max {
+            self.cut_one()?;
+        }
+        Ok(n)
+    }
+
+    /// Nothing to do: a cut depends on the bytes only, never on when the
+    /// producer flushed.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Chunks sent to the workers, and the frames that came back but wait for
+/// an earlier one.
+struct Order<'a> {
+    jobs: Option<mpsc::Sender<Job>>,
+    done: mpsc::Receiver<Result<(usize, Vec<Frame>)>>,
+    /// The next chunk to send, the next to hand over (as cut), and the
+    /// index of the next frame handed over (more when chunks are split).
+    next_index: usize,
+    next_emit: usize,
+    next_frame: usize,
+    waiting: BTreeMap<usize, (u64, Vec<Frame>)>,
+    in_flight: usize,
+    in_flight_bytes: u64,
+    max_in_flight: usize,
+    emit: &'a mut dyn FnMut(Frame) -> Result<()>,
+    /// The first error of a worker or of `emit`, returned as is (the
+    /// io::Error the writer passes up only says that something failed).
+    error: Option<anyhow::Error>,
+}
+
+impl Order<'_> {
+    fn submit(&mut self, raw: Vec<u8>) -> io::Result<()> {
+        let size = raw.len() as u64;
+        while self.in_flight > 0
+            && (self.in_flight >= self.max_in_flight
+                || self.in_flight_bytes + size > IN_FLIGHT_BYTES)
+        {
+            self.wait_one()?;
+        }
+        let jobs = self.jobs.as_ref().expect("jobs are open until finish");
+        jobs.send(Job {
+            index: self.next_index,
+            raw,
+        })
+        .map_err(|_| io::Error::other("the zstd workers stopped"))?;
+        self.next_index += 1;
+        self.in_flight += 1;
+        self.in_flight_bytes += size;
+        Ok(())
+    }
+
+    /// Waits for one chunk's frames, then hands over every frame that is
+    /// next in order.
+    fn wait_one(&mut self) -> io::Result<()> {
+        let (index, frames) = match self.done.recv() {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => return Err(self.fail(e)),
+            Err(_) => return Err(self.fail(anyhow!("the zstd workers stopped"))),
+        };
+        let raw: u64 = frames.iter().map(|f| f.raw_size).sum();
+        self.waiting.insert(index, (raw, frames));
+        while let Some((raw, frames)) = self.waiting.remove(&self.next_emit) {
+            self.in_flight -= 1;
+            self.in_flight_bytes -= raw;
+            self.next_emit += 1;
+            for mut f in frames {
+                f.index = self.next_frame;
+                self.next_frame += 1;
+                if let Err(e) = (self.emit)(f) {
+                    return Err(self.fail(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, e: anyhow::Error) -> io::Error {
+        let msg = format!("{e:#}");
+        self.error.get_or_insert(e);
+        io::Error::other(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes that do not compress and never repeat (xorshift64).
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn run(data: &[u8], sizes: Sizes, workers: usize, piece: usize) -> Vec<Frame> {
+        let mut out = Vec::new();
+        let (_, n) = frames(
+            sizes,
+            Params {
+                level: 3,
+                window_log: None,
+            },
+            u64::MAX,
+            workers,
+            |w| {
+                for p in data.chunks(piece) {
+                    w.write_all(p)?;
+                }
+                Ok(())
+            },
+            &mut |f| {
+                out.push(f);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(n, out.len());
+        out
+    }
+
+    #[test]
+    fn frames_decode_to_the_input_in_order_within_the_sizes() {
+        let data = noise(3 << 20, 7);
+        let sizes = Sizes::from_avg(64 << 10);
+        let frames = run(&data, sizes, 3, 100_000);
+        assert!(frames.len() > 10, "{}", frames.len());
+        let mut back = Vec::new();
+        for (i, f) in frames.iter().enumerate() {
+            assert_eq!(f.index, i);
+            assert!(f.raw_size <= sizes.max);
+            if i + 1 < frames.len() {
+                assert!(f.raw_size >= sizes.min, "chunk {i}: {}", f.raw_size);
+            }
+            assert!(f.bytes.len() as u64 <= bound(f.raw_size));
+            let raw = zstd::decode_all(&f.bytes[..]).unwrap();
+            assert_eq!(raw.len() as u64, f.raw_size);
+            assert_eq!(hex(&Sha256::digest(&raw)), f.raw_sha256);
+            assert_eq!(hex(&Sha256::digest(&f.bytes)), f.sha256);
+            back.extend(raw);
+        }
+        assert_eq!(back, data);
+        // The concatenation is one zstd stream.
+        let all: Vec<u8> = frames.iter().flat_map(|f| f.bytes.clone()).collect();
+        assert_eq!(zstd::decode_all(&all[..]).unwrap(), data);
+    }
+
+    /// The same bytes give the same frames whatever the number of workers
+    /// and however the producer splits its writes; an insertion moves only
+    /// the cuts near it.
+    #[test]
+    fn cuts_depend_on_the_bytes_only() {
+        let data = noise(2 << 20, 11);
+        let sizes = Sizes::from_avg(32 << 10);
+        let ids = |fs: &[Frame]| fs.iter().map(|f| f.sha256.clone()).collect::<Vec<_>>();
+        let a = ids(&run(&data, sizes, 1, 1 << 20));
+        assert_eq!(a, ids(&run(&data, sizes, 4, 777)));
+        assert_eq!(a, ids(&run(&data, sizes, 2, 1)[..]));
+        let mut edited = data.clone();
+        edited.splice(1000..1000, noise(5000, 3));
+        let b = ids(&run(&edited, sizes, 2, 4096));
+        let shared = b.iter().filter(|id| a.contains(id)).count();
+        assert!(
+            shared + 3 >= a.len(),
+            "{shared} of {} chunks survived an early insertion",
+            a.len()
+        );
+    }
+
+    #[test]
+    fn sizes_keep_every_frame_under_the_limit() {
+        let d = Sizes::for_limit(None, 99 << 20).unwrap();
+        assert_eq!((d.min, d.avg, d.max), (1 << 20, 4 << 20, 16 << 20));
+        assert!(bound(d.max) < 99 << 20);
+        assert_eq!(Sizes::for_limit(None, 500).unwrap(), d);
+        let e = Sizes::for_limit(Some(4 << 20), 10 << 20).unwrap_err();
+        assert!(e.to_string().contains("lower chunk_avg"), "{e}");
+        assert!(Sizes::for_limit(Some(100), 99 << 20).is_err());
+        assert!(Sizes::for_limit(Some(32 << 20), 99 << 20).is_err());
+        let big = Sizes::for_limit(Some(16 << 20), 99 << 20).unwrap();
+        assert_eq!(big.max, 64 << 20);
+        assert!(bound(big.max) < 99 << 20);
+    }
+
+    /// Below the worst case of a chunk, a frame over the limit is cut again
+    /// at smaller sizes until each piece fits: every file stays under the
+    /// limit, the frames still decode to the input in order, and a change
+    /// at the end leaves the earlier pieces as they were.
+    #[test]
+    fn a_low_limit_splits_frames_and_keeps_order() {
+        let mut data = noise(300_000, 9);
+        data.extend(vec![0u8; 200_000]);
+        data.extend(noise(100_000, 10));
+        let limit = 20_000;
+        let mut out = Vec::new();
+        frames(
+            Sizes::from_avg(64 << 10),
+            Params {
+                level: 3,
+                window_log: None,
+            },
+            limit,
+            2,
+            |w| Ok(w.write_all(&data)?),
+            &mut |f| {
+                out.push(f);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert!(out.iter().all(|f| f.bytes.len() as u64 <= limit));
+        assert!(out.iter().enumerate().all(|(i, f)| f.index == i));
+        let all: Vec<u8> = out.iter().flat_map(|f| f.bytes.clone()).collect();
+        assert_eq!(zstd::decode_all(&all[..]).unwrap(), data);
+        assert!(out.len() >= 400_000 / 20_000, "{}", out.len());
+        let mut longer = data.clone();
+        longer.extend(noise(5000, 12));
+        let mut again = Vec::new();
+        frames(
+            Sizes::from_avg(64 << 10),
+            Params {
+                level: 3,
+                window_log: None,
+            },
+            limit,
+            2,
+            |w| Ok(w.write_all(&longer)?),
+            &mut |f| {
+                again.push(f.sha256);
+                Ok(())
+            },
+        )
+        .unwrap();
+        let same = out.iter().filter(|f| again.contains(&f.sha256)).count();
+        assert!(same + 3 >= out.len(), "{same} of {} kept", out.len());
+        let err = frames(
+            Sizes::from_avg(1024),
+            Params {
+                level: 3,
+                window_log: None,
+            },
+            8,
+            1,
+            |w| Ok(w.write_all(&data)?),
+            &mut |_| Ok(()),
+        )
+        .unwrap_err();
+        let err = format!("{err:#}");
+        assert!(err.contains("raise publish.chunk_bytes"), "{err}");
+    }
+
+    #[test]
+    fn an_emit_error_stops_the_run_with_that_error() {
+        let data = noise(1 << 20, 5);
+        let err = frames(
+            Sizes::from_avg(16 << 10),
+            Params {
+                level: 1,
+                window_log: None,
+            },
+            u64::MAX,
+            2,
+            |w| Ok(w.write_all(&data)?),
+            &mut |f| {
+                if f.index == 3 {
+                    bail!("git refused chunk {}", f.index)
+                }
+                Ok(())
+            },
+        )
+        .unwrap_err();
+        assert_eq!(format!("{err:#}"), "git refused chunk 3");
+    }
+}
