@@ -175,148 +175,182 @@ impl Branch {
         match &self.content {
             Content::V1(m) => {
                 let Some(entry) = m.keys.get(key) else {
-                    let have = if m.keys.is_empty() {
-                        "no keys".to_string()
-                    } else {
-                        m.keys.keys().cloned().collect::<Vec<_>>().join(", ")
-                    };
-                    return Err(fail(
-                        Code::NotFound,
-                        format!(
-                            "branch {} from {} has no key {key} (it has {have}): publish it, or see which pin differs with `{cmd} cache status`",
-                            self.name,
-                            self.remote,
-                            cmd = crate::invocation::command(),
-                        ),
-                    ));
+                    return Err(self.no_such_key(m, key));
                 };
-                if entry.compression != "zstd" {
-                    return Err(corrupt(
-                        &self.name,
-                        &self.commit,
-                        format!(
-                            "key {key} uses compression {:?}; this warmstart reads zstd: upgrade warmstart",
-                            entry.compression
-                        ),
-                    ));
-                }
-                let mut pieces = Vec::new();
-                let mut oids = Vec::new();
-                for c in &entry.chunks {
-                    let Some(blob) = self.blob(&c.file) else {
-                        return Err(corrupt(
-                            &self.name,
-                            &self.commit,
-                            format!(
-                                "chunk {} of key {key} is listed in warmstart.json but missing from the branch: {fix}",
-                                c.file
-                            ),
-                        ));
-                    };
-                    // No size: the blob is not in cache.git (the branch
-                    // fetch leaves big chunks out); `prefetch` checks its
-                    // size once fetched, and `verify` checks every byte.
-                    let size = blob.size.unwrap_or(c.size);
-                    if size != c.size {
-                        let how = if size < c.size {
-                            "truncated"
-                        } else {
-                            "too long"
-                        };
-                        return Err(corrupt(
-                            &self.name,
-                            &self.commit,
-                            format!(
-                                "chunk {} of key {key} is {size} bytes but warmstart.json says {} ({how}): {fix}",
-                                c.file, c.size
-                            ),
-                        ));
-                    }
-                    pieces.push(Piece {
-                        file: c.file.clone(),
-                        size,
-                        sha256: Some(verify::parse_digest(&c.sha256)?),
-                    });
-                    oids.push(blob.oid.clone());
-                }
-                Ok(KeyPlan {
-                    key: key.to_string(),
-                    plan: Plan {
-                        label: format!("key {key} on branch {}", self.name),
-                        fix: fix.to_string(),
-                        pieces,
-                        check: Check::PerPiece,
-                        codec: Codec::Zstd,
-                        tar_sha256: Some(verify::parse_digest(&entry.tar_sha256)?),
-                        tar_size: Some(entry.tar_size),
-                        tar_cap: entry.tar_size,
-                        hash_tar: true,
-                    },
-                    oids,
-                    // Contents can never exceed the tar itself; one extra
-                    // entry allows for a `./` root the count may leave out.
-                    limits: Limits {
-                        max_bytes: entry.tar_size,
-                        max_entries: entry.files.saturating_add(1),
-                    },
-                    layout: "v1",
-                    files: Some(entry.files),
-                })
+                self.plan_v1(key, entry, fix)
             }
             Content::Legacy {
                 archive,
                 sha256,
                 compression,
                 parts,
-            } => {
-                let mut pieces = Vec::new();
-                let mut oids = Vec::new();
-                for p in parts {
-                    let blob = self.blob(p).ok_or_else(|| {
-                        corrupt(&self.name, &self.commit, format!("part {p} is not a file"))
-                    })?;
-                    pieces.push(Piece {
-                        file: p.clone(),
-                        size: blob.size.unwrap_or(0),
-                        sha256: None,
-                    });
-                    oids.push(blob.oid.clone());
-                }
-                let limits = Limits::GENEROUS;
-                Ok(KeyPlan {
-                    key: key.to_string(),
-                    plan: Plan {
-                        label: format!("legacy branch {}", self.name),
-                        fix: fix.to_string(),
-                        pieces,
-                        check: Check::Whole {
-                            archive: archive.clone(),
-                            sha256: verify::parse_digest(sha256)?,
-                        },
-                        codec: match compression {
-                            Compression::Gzip => Codec::Gzip,
-                            Compression::Zstd => Codec::Zstd,
-                        },
-                        tar_sha256: None,
-                        tar_size: None,
-                        // Contents, plus at most three 512-byte blocks of
-                        // headers and padding per entry, plus the trailer.
-                        tar_cap: limits
-                            .max_bytes
-                            .saturating_add(limits.max_entries.saturating_mul(1536))
-                            .saturating_add(20480),
-                        hash_tar: true,
-                    },
-                    oids,
-                    limits,
-                    layout: match compression {
-                        Compression::Gzip => "legacy-gzip",
-                        Compression::Zstd => "legacy-zstd",
-                    },
-                    files: None,
-                })
-            }
+            } => self.plan_legacy(key, fix, archive, sha256, *compression, parts),
         }
+    }
+
+    /// Exit 4: the branch lacks `key`; the message lists the keys it has.
+    fn no_such_key(&self, m: &BranchManifest, key: &str) -> anyhow::Error {
+        let have = if m.keys.is_empty() {
+            "no keys".to_string()
+        } else {
+            m.keys.keys().cloned().collect::<Vec<_>>().join(", ")
+        };
+        fail(
+            Code::NotFound,
+            format!(
+                "branch {} from {} has no key {key} (it has {have}): publish it, or see which pin differs with `{cmd} cache status`",
+                self.name,
+                self.remote,
+                cmd = crate::invocation::command(),
+            ),
+        )
+    }
+
+    /// The chunk `c` of `key` as a piece, with its blob; refused when the
+    /// branch lacks it or it is not its declared size.
+    fn piece(&self, key: &str, c: &format::Chunk, fix: &str) -> Result<(Piece, String)> {
+        let Some(blob) = self.blob(&c.file) else {
+            return Err(corrupt(
+                &self.name,
+                &self.commit,
+                format!(
+                    "chunk {} of key {key} is listed in warmstart.json but missing from the branch: {fix}",
+                    c.file
+                ),
+            ));
+        };
+        // No size: the blob is not in cache.git (the branch fetch leaves
+        // big chunks out); `prefetch` checks its size once fetched, and
+        // `verify` checks every byte.
+        let size = blob.size.unwrap_or(c.size);
+        if size != c.size {
+            let how = if size < c.size {
+                "truncated"
+            } else {
+                "too long"
+            };
+            return Err(corrupt(
+                &self.name,
+                &self.commit,
+                format!(
+                    "chunk {} of key {key} is {size} bytes but warmstart.json says {} ({how}): {fix}",
+                    c.file, c.size
+                ),
+            ));
+        }
+        let piece = Piece {
+            file: c.file.clone(),
+            size,
+            sha256: Some(verify::parse_digest(&c.sha256)?),
+        };
+        Ok((piece, blob.oid.clone()))
+    }
+
+    fn plan_v1(&self, key: &str, entry: &format::KeyEntry, fix: &str) -> Result<KeyPlan> {
+        if entry.compression != "zstd" {
+            return Err(corrupt(
+                &self.name,
+                &self.commit,
+                format!(
+                    "key {key} uses compression {:?}; this warmstart reads zstd: upgrade warmstart",
+                    entry.compression
+                ),
+            ));
+        }
+        let (pieces, oids): (Vec<Piece>, Vec<String>) = entry
+            .chunks
+            .iter()
+            .map(|c| self.piece(key, c, fix))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        // Each chunk its own frame (validated: every chunk has a raw size).
+        let frames = entry
+            .frames
+            .as_ref()
+            .and_then(|_| entry.chunks.iter().map(|c| c.raw_size).collect());
+        Ok(KeyPlan {
+            key: key.to_string(),
+            plan: Plan {
+                label: format!("key {key} on branch {}", self.name),
+                fix: fix.to_string(),
+                pieces,
+                check: Check::PerPiece,
+                codec: Codec::Zstd,
+                tar_sha256: Some(verify::parse_digest(&entry.tar_sha256)?),
+                tar_size: Some(entry.tar_size),
+                tar_cap: entry.tar_size,
+                hash_tar: true,
+                frames,
+            },
+            oids,
+            // Contents can never exceed the tar itself; one extra entry
+            // allows for a `./` root the count may leave out.
+            limits: Limits {
+                max_bytes: entry.tar_size,
+                max_entries: entry.files.saturating_add(1),
+            },
+            layout: "v1",
+            files: Some(entry.files),
+        })
+    }
+
+    fn plan_legacy(
+        &self,
+        key: &str,
+        fix: &str,
+        archive: &str,
+        sha256: &str,
+        compression: Compression,
+        parts: &[String],
+    ) -> Result<KeyPlan> {
+        let mut pieces = Vec::new();
+        let mut oids = Vec::new();
+        for p in parts {
+            let blob = self.blob(p).ok_or_else(|| {
+                corrupt(&self.name, &self.commit, format!("part {p} is not a file"))
+            })?;
+            pieces.push(Piece {
+                file: p.clone(),
+                size: blob.size.unwrap_or(0),
+                sha256: None,
+            });
+            oids.push(blob.oid.clone());
+        }
+        let limits = Limits::GENEROUS;
+        Ok(KeyPlan {
+            key: key.to_string(),
+            plan: Plan {
+                label: format!("legacy branch {}", self.name),
+                fix: fix.to_string(),
+                pieces,
+                check: Check::Whole {
+                    archive: archive.to_string(),
+                    sha256: verify::parse_digest(sha256)?,
+                },
+                codec: match compression {
+                    Compression::Gzip => Codec::Gzip,
+                    Compression::Zstd => Codec::Zstd,
+                },
+                tar_sha256: None,
+                tar_size: None,
+                // Contents, plus at most three 512-byte blocks of headers
+                // and padding per entry, plus the trailer.
+                tar_cap: limits
+                    .max_bytes
+                    .saturating_add(limits.max_entries.saturating_mul(1536))
+                    .saturating_add(20480),
+                hash_tar: true,
+                frames: None,
+            },
+            oids,
+            limits,
+            layout: match compression {
+                Compression::Gzip => "legacy-gzip",
+                Compression::Zstd => "legacy-zstd",
+            },
+            files: None,
+        })
     }
 }
 

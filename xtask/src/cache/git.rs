@@ -358,6 +358,8 @@ impl CacheGit {
     pub fn user_git(&self) -> Command {
         let mut c = Command::new("git");
         self.apply_env(&mut c);
+        // The objects themselves, not what a `git replace` stands in.
+        c.env("GIT_NO_REPLACE_OBJECTS", "1");
         c.arg("-C").arg(&self.root);
         c
     }

@@ -25,7 +25,7 @@ use xshell::Shell;
 
 use crate::cache::branch::{Branch, Content, KeyPlan};
 use crate::cache::compare;
-use crate::cache::git::CacheGit;
+use crate::cache::git::{CacheGit, Remote};
 use crate::cache::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
 use crate::cache::overlay;
 use crate::cache::prefetch;
@@ -696,6 +696,7 @@ pub fn fetch(
     let commit = git.fetch_branch(&remote, &m.branch);
     spin.finish_and_clear();
     let commit = commit?;
+    fetch_metadata(&git, &remote, &m.branch, &commit)?;
     let mut branch = Branch::read(&git, remote.clone(), &m.branch, commit)?;
     // What this fetch brought (it keeps its pack: `fetch.unpackLimit=1`),
     // so that chunks small enough to come with it count as fetched.
@@ -721,6 +722,46 @@ pub fn fetch(
         }
     }
     Ok((git, branch))
+}
+
+/// Fetches by id the branch's own files that its fetch left out for
+/// their size (a `warmstart.json` of thousands of chunks can pass
+/// `WARMSTART_FETCH_BLOB_LIMIT`), so that the branch can be read: one
+/// `git fetch`, only when one is missing.
+fn fetch_metadata(git: &CacheGit, remote: &Remote, branch: &str, commit: &str) -> Result<()> {
+    const FILES: [&str; 3] = ["warmstart.json", "SHA256SUMS", "README.md"];
+    let entries = git
+        .ls_tree(commit)
+        .with_context(|| format!("listing branch {branch}"))?;
+    let missing: Vec<String> = entries
+        .iter()
+        .filter(|e| e.kind == "blob" && e.size.is_none() && FILES.contains(&e.name.as_str()))
+        .map(|e| e.oid.clone())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    git.fetch_blobs(remote, &missing, &mut |_| {}).map_err(|e| {
+        let why = match e {
+            crate::cache::git::BlobFetchError::Network { code, message } => {
+                return fail(
+                    code,
+                    format!("cannot fetch the files of {branch} from {remote}: {message}"),
+                );
+            }
+            crate::cache::git::BlobFetchError::NotOnRemote => {
+                "the remote does not have them".to_string()
+            }
+            crate::cache::git::BlobFetchError::Refused => {
+                "the server refuses objects by id".to_string()
+            }
+            crate::cache::git::BlobFetchError::Failed(why) => why,
+        };
+        fail(
+            Code::Remote,
+            format!("cannot fetch the files of {branch} from {remote}: {why}"),
+        )
+    })
 }
 
 /// The advice on a damaged branch.

@@ -1,0 +1,169 @@
+//! Many small chunks cost one request per batch, not one per chunk (issue
+//! 18), over every transport: git daemon (through `git fetch` of a whole
+//! batch), smart HTTP and ssh (through the direct reader's multi-want
+//! protocol v2 request). Each test counts, on the server's side, the
+//! requests a cold restore of 74 chunks made.
+
+use crate::transports::{Fx, big_chunks, json_of};
+use crate::util::git_daemon::free_port;
+use crate::util::http_backend::HttpGit;
+use crate::util::servers::Sshd;
+use crate::util::tree::assert_same_tree;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// 740 kB of noise in 10 kB chunks: 74 chunks, two batches.
+fn fixture() -> Fx {
+    Fx::with(740_000, 10_000)
+}
+
+/// `ceil(chunks / 64)`: the batches a restore asks for.
+fn batches(chunks: u64) -> u64 {
+    chunks.div_ceil(64)
+}
+
+/// Publishes through `url`, forgets, restores cold; the restore's JSON.
+fn publish_and_restore(fx: &Fx, url: &str, between: &dyn Fn()) -> (u64, serde_json::Value) {
+    fx.set_remote(url);
+    let published = json_of(&fx.xtask(&["cache", "publish", "art", "--json"]).ok());
+    let big = big_chunks(&published);
+    assert!(big >= 70, "{published}");
+    fx.forget();
+    between();
+    let j = json_of(&fx.xtask(&["cache", "restore", "art", "--json"]).ok());
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
+    assert_eq!(j["chunks_reused"], 0, "{j}");
+    assert_same_tree(&fx.src, &fx.target);
+    (big, j)
+}
+
+/// A `git daemon` whose `git upload-pack`s read `global` (where
+/// `uploadpack.packObjectsHook` may be set, which git reads only there).
+struct Daemon {
+    child: Child,
+    port: u16,
+}
+
+impl Daemon {
+    fn start(fx: &Fx, global: &std::path::Path) -> Daemon {
+        let port = free_port();
+        let base = fx.env.path();
+        let child = Command::new("git")
+            .args([
+                "daemon",
+                "--reuseaddr",
+                "--export-all",
+                "--enable=receive-pack",
+            ])
+            .arg("--listen=127.0.0.1")
+            .arg(format!("--port={port}"))
+            .arg(format!("--base-path={}", base.display()))
+            .arg(base)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", global)
+            .env("HOME", fx.env.home())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting git daemon (tools/test.sh installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "git daemon did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Daemon { child, port }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn cache_batch_over_git_daemon_fetches_a_batch_per_git_fetch() {
+    let fx = fixture();
+    // Every pack the server makes is logged by the hook, one line each.
+    let log = fx.env.join("packs.log");
+    let hook = fx.env.join("pack-hook");
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\necho pack >> {}\nexec \"$@\"\n", log.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let global = fx.env.join("daemon-gitconfig");
+    std::fs::write(
+        &global,
+        format!("[uploadpack]\n\tpackObjectsHook = {}\n", hook.display()),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&fx, &global);
+    let url = format!("git://127.0.0.1:{}/origin.git", daemon.port);
+    let packs = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count() as u64
+    };
+    let before = std::cell::Cell::new(0);
+    let (big, j) = publish_and_restore(&fx, &url, &|| before.set(packs()));
+    assert_eq!(j["chunks_direct"], 0, "{j}");
+    assert!(
+        j["direct_fallback"]
+            .as_str()
+            .is_some_and(|w| w.contains("git://")),
+        "{j}"
+    );
+    // The branch fetch, the fetch of its warmstart.json (74 chunks make it
+    // pass the 8 KiB blob limit), then one pack per batch of chunks.
+    assert_eq!(packs() - before.get(), 2 + batches(big), "{j}");
+}
+
+#[test]
+fn cache_batch_over_smart_http_reads_each_batch_in_one_request() {
+    let fx = fixture();
+    let server = HttpGit::start(&fx.env.join("."));
+    let before = std::cell::Cell::new(0);
+    let (big, j) = publish_and_restore(&fx, &server.url("origin.git"), &|| {
+        before.set(server.requests.load(Ordering::SeqCst))
+    });
+    assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
+    assert!(j["direct_fallback"].is_null(), "{j}");
+    // The branch fetch and the fetch of its warmstart.json (advertisement,
+    // request), then an advertisement and one request per batch.
+    let served = (server.requests.load(Ordering::SeqCst) - before.get()) as u64;
+    assert!(
+        (2 * batches(big)..=5 + 2 * batches(big)).contains(&served),
+        "{served} requests for {big} chunks"
+    );
+}
+
+#[test]
+fn cache_batch_over_ssh_reads_each_batch_in_one_login() {
+    let mut fx = fixture();
+    let server = Sshd::start();
+    fx.var("GIT_SSH_COMMAND", &server.ssh_command(&server.key));
+    let logins = || {
+        server
+            .log()
+            .lines()
+            .filter(|l| l.contains("Accepted publickey for root"))
+            .count() as u64
+    };
+    let before = std::cell::Cell::new(0);
+    let url = server.url(&fx.env.join("origin.git"));
+    let (big, j) = publish_and_restore(&fx, &url, &|| before.set(logins()));
+    assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
+    assert!(j["direct_fallback"].is_null(), "{j}");
+    // One login for the branch fetch, one for its warmstart.json (past the
+    // 8 KiB blob limit), one per batch.
+    assert_eq!(logins() - before.get(), 2 + batches(big), "{j}");
+}
