@@ -643,6 +643,8 @@ def summary(stdout):
         if k == "chunks" and isinstance(v, list):
             keep["chunk_count"] = len(v)
             keep["chunks_reused"] = sum(1 for c in v if c.get("reused"))
+            # Which chunks a refresh shares with the publish before it.
+            keep["chunk_sha256s"] = sorted({c.get("sha256") for c in v})
         elif k in ("trust", "remote", "key_parts", "keys_on_branch", "tar_sha256", "commit", "previous_commit"):
             continue
         elif not isinstance(v, (list, dict)) or k == "timings_ms":
@@ -1124,6 +1126,16 @@ def variant_table(ctx):
     def mb(v):
         return "" if v is None else f"{v / MB:.1f}"
 
+    def new_chunks(L):
+        """Chunks of the refresh that its round's full publish did not have (median over rounds)."""
+        pairs = zip(s.by.get(L("publish"), []), s.by.get(L("publish incremental"), []))
+        counts = [
+            len(set(b["json"]["chunk_sha256s"]) - set(a["json"]["chunk_sha256s"]))
+            for a, b in pairs
+            if (a.get("json") or {}).get("chunk_sha256s") is not None and (b.get("json") or {}).get("chunk_sha256s") is not None
+        ]
+        return statistics.median(counts) if counts else None
+
     columns = [
         ("publish s", lambda L: fmt(s.med(L("publish")), 2)),
         ("publish CPU s", lambda L: fmt(s.med(L("publish"), "cpu"), 1)),
@@ -1133,10 +1145,7 @@ def variant_table(ctx):
         ("restore CPU s", lambda L: fmt(s.med(L("restore"), "cpu"), 1)),
         ("via relay s", lambda L: fmt(s.med(L("restore via relay")), 2)),
         ("incr. pushed MB", lambda L: mb(s.med(L("publish incremental"), "wire_bytes"))),
-        (
-            "incr. new chunks",
-            lambda L: fmt(json_med(L("publish incremental"), lambda j: j.get("chunk_count", 0) - j.get("chunks_reused", 0)), 0),
-        ),
+        ("incr. new chunks", lambda L: fmt(new_chunks(L), 0)),
         ("incr. fetched MB", lambda L: mb(s.med(L("restore incremental"), "wire_bytes"))),
         ("incr. restore s", lambda L: fmt(s.med(L("restore incremental")), 2)),
         ("incr. via relay s", lambda L: fmt(s.med(L("restore incremental via relay")), 2)),
