@@ -169,9 +169,10 @@ stage "wheel (the release build)"
 WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)
 export WARMSTART_TEST_WHEEL
 # Smoke test of the cache benchmark on a small generated tree (~20 s): it
-# must run end to end; it never asserts a time.
+# must run end to end (relay, incremental round, floors, two variants); it
+# never asserts a time.
 stage "bench-cache smoke"
-python3 tools/bench-cache.py --quick >/dev/null
+python3 tools/bench-cache.py --quick --variant l3='level = 3' --variant l9='level = 9' >/dev/null
 # Rounds of each 8-publisher race in tests/it/cache_concurrency.rs (one
 # clone, eight clones); set it higher by hand to hunt for a rare loss.
 export WARMSTART_TEST_CONCURRENT_ROUNDS="${WARMSTART_TEST_CONCURRENT_ROUNDS:-2}"
