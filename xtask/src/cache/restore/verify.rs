@@ -1675,7 +1675,11 @@ mod tests {
         raws[2] += 1;
         let err = run(&plan, &chunks).unwrap_err();
         assert_eq!(code_of(&err), Code::Verify, "{err:#}");
-        assert!(format!("{err:#}").contains("part001"), "{err:#}");
+        // Both frames are wrong and decode on different cores: whichever
+        // finishes first is named.
+        let err = format!("{err:#}");
+        assert!(err.contains("part001") || err.contains("part002"), "{err}");
+        assert!(err.contains("decodes to"), "{err}");
         // A truncated chunk whose digest matches what the branch says
         // (a publisher that cut a frame short) does not decode.
         let (mut plan, mut chunks) = framed_v1(&tar, 4);
