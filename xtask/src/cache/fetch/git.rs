@@ -431,14 +431,7 @@ impl CacheGit {
             if stderr.contains("couldn't find remote ref") {
                 return Ok(None);
             }
-            if let Some(e) = self.lock_contention(&stderr, branch) {
-                return Err(e);
-            }
-            return Err(damaged_or(
-                &self.dir,
-                &stderr,
-                net::remote_failure(&format!("cannot fetch {branch} from {remote}"), &stderr),
-            ));
+            return Err(self.fetch_failed(&stderr, branch, remote));
         }
         self.rev_parse(&local_ref(branch))?
             .map(Some)
@@ -695,14 +688,7 @@ impl CacheGit {
         let out = self.run_network(&mut cmd, &format!("fetch of {branch}"), remote, pid)?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
-            if let Some(e) = self.lock_contention(&stderr, branch) {
-                return Err(e);
-            }
-            return Err(damaged_or(
-                &self.dir,
-                &stderr,
-                net::remote_failure(&format!("cannot fetch {branch} from {remote}"), &stderr),
-            ));
+            return Err(self.fetch_failed(&stderr, branch, remote));
         }
         self.rev_parse(&local_ref(branch))?
             .ok_or_else(|| anyhow!("git fetch of {branch} from {remote} left no ref"))
@@ -1096,6 +1082,19 @@ impl CacheGit {
     /// A fetch that lost a race for one of the store's own ref locks (a
     /// git run in the store by something that does not take `StoreLock`):
     /// contention here, exit 3, not an unreachable remote.
+    /// Why a fetch of `branch` failed: another process's lock, a damaged
+    /// store, or the remote's words (exit 8 or 13).
+    fn fetch_failed(&self, stderr: &str, branch: &str, remote: &Remote) -> anyhow::Error {
+        if let Some(e) = self.lock_contention(stderr, branch) {
+            return e;
+        }
+        damaged_or(
+            &self.dir,
+            stderr,
+            net::remote_failure(&format!("cannot fetch {branch} from {remote}"), stderr),
+        )
+    }
+
     fn lock_contention(&self, stderr: &str, branch: &str) -> Option<anyhow::Error> {
         says_locked(stderr).then(|| {
             fail(

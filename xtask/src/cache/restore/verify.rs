@@ -1079,6 +1079,18 @@ mod tests {
     use crate::exit::code_of;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// Reads `r` to its end, counting in `seen` what the consumer saw.
+    fn drain_counting(r: &mut dyn Read, seen: &std::sync::atomic::AtomicU64) -> Result<()> {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = r.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            seen.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
     fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());
         for (name, data) in files {
@@ -1236,17 +1248,8 @@ mod tests {
                 order.lock().unwrap().push(i);
                 Ok(Opened::unchecked(io::Cursor::new(chunks[i].clone())))
             };
-            let err = stream(&plan, &mut open, &|_, _| {}, |r| {
-                let mut buf = [0u8; 4096];
-                loop {
-                    let n = r.read(&mut buf)?;
-                    if n == 0 {
-                        return Ok(());
-                    }
-                    seen.fetch_add(n as u64, Ordering::Relaxed);
-                }
-            })
-            .unwrap_err();
+            let err =
+                stream(&plan, &mut open, &|_, _| {}, |r| drain_counting(r, &seen)).unwrap_err();
             assert_eq!(code_of(&err), Code::Verify, "{err:#}");
             let msg = format!("{err:#}");
             assert!(msg.contains(&format!("k.tar.zst.part00{bad}")), "{msg}");
@@ -1637,17 +1640,8 @@ mod tests {
                     checked: case % 2 == 0,
                 })
             };
-            let err = stream(&plan, &mut open, &|_, _| {}, |r| {
-                let mut buf = [0u8; 4096];
-                loop {
-                    let n = r.read(&mut buf)?;
-                    if n == 0 {
-                        return Ok(());
-                    }
-                    seen.fetch_add(n as u64, Ordering::Relaxed);
-                }
-            })
-            .unwrap_err();
+            let err =
+                stream(&plan, &mut open, &|_, _| {}, |r| drain_counting(r, &seen)).unwrap_err();
             assert_eq!(code_of(&err), Code::Verify, "case {case}: {err:#}");
             let msg = format!("{err:#}");
             assert!(
