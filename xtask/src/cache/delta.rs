@@ -128,7 +128,7 @@ pub struct Record {
     pub tar_sha256: String,
     /// sha256 of the index file kept beside the record.
     pub index_sha256: String,
-    /// The clock (ns since the epoch) once the stats were read: a file whose
+    /// The clock (ns since the epoch) before the stats were read: a file whose
     /// ctime is within `RACY_NS` of it could be changed again within the
     /// same tick of the file system's coarse clock, unseen by its ctime, so
     /// its bytes are hashed before it is linked (git's "racily clean").
@@ -282,12 +282,16 @@ pub fn remember(
     new: &NewIndex,
     verified: bool,
 ) -> Result<()> {
+    // Before the first stat: a file changed after its stat within the same
+    // coarse tick as its ctime has a ctime no earlier than this less a
+    // tick, however long the walk over the other files takes.
+    let clock_ns = now_ns();
     let stats = stat_files(target, &new.index)?;
     let record = Record {
         key: key.to_string(),
         tar_sha256: tar_sha256.to_string(),
         index_sha256: hex(&Sha256::digest(&new.bytes)),
-        clock_ns: now_ns(),
+        clock_ns,
         verified,
         stats,
     };
