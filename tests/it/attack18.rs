@@ -156,3 +156,124 @@ fn a_lying_index_of_the_installed_key_never_keeps_its_file_in_a_later_key() {
     assert_eq!(j["delta_fallback"], Value::Null, "{j}");
     assert_eq!(j["files_linked"], 3039, "{j}");
 }
+
+/// The cache branch as a pusher sees it: a clone checked out at it.
+fn pusher_checkout(env: &TestEnv) -> String {
+    let refs = env.git("origin.git", ["for-each-ref", "--format=%(refname)"]);
+    let cache_ref = refs
+        .lines()
+        .find(|r| r.contains("dt") && !r.contains("tmp"))
+        .unwrap_or_else(|| panic!("no cache ref in {refs}"))
+        .to_string();
+    let _ = fs::remove_dir_all(env.join("evil"));
+    env.git(".", ["clone", "-q", "--no-checkout", "origin.git", "evil"]);
+    env.git(
+        "evil",
+        ["fetch", "-q", "origin", &format!("+{cache_ref}:refs/x")],
+    );
+    env.git("evil", ["checkout", "-q", "refs/x"]);
+    cache_ref
+}
+
+/// Replaces the cache branch with the checkout, as one parentless commit.
+fn pusher_push(env: &TestEnv, cache_ref: &str) {
+    env.git("evil", ["add", "-A"]);
+    let tree = env.git("evil", ["write-tree"]);
+    let msg = env.git("evil", ["log", "-1", "--format=%B"]);
+    let commit = env.git(
+        "evil",
+        [
+            "-c",
+            "user.name=p",
+            "-c",
+            "user.email=p@x",
+            "commit-tree",
+            tree.trim(),
+            "-m",
+            msg.trim(),
+        ],
+    );
+    let spec = format!("+{}:{cache_ref}", commit.trim());
+    env.git("evil", ["push", "-q", "origin", &spec]);
+}
+
+/// zstd's own CLI, as the coreutils restore line runs it.
+fn zstd_cli(args: &[&str], input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new("zstd")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running zstd (tools/test.sh installs it)");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let w = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    w.join().unwrap().unwrap();
+    out
+}
+
+/// A pusher swaps a key's chunks for frames of the same raw bytes that ask
+/// for a 2 GiB window (`zstd --long=31` from a pipe). The next honest
+/// publish reuses frames by their raw sha256 and, once it checked they
+/// decode to those bytes, puts them in its own key, which CI signs: then
+/// `zstd -d` (the coreutils restore line) and every streaming decoder with
+/// zstd's default memory limit refuse that key.
+#[test]
+fn a_reused_frame_always_decodes_within_zstds_default_window() {
+    let fx = Fx::new();
+    let env = &fx.env;
+    fx.publish("1", "base");
+    let cache_ref = pusher_checkout(env);
+    let wj = env.join("evil/warmstart.json");
+    let mut j: Value = serde_json::from_str(&fs::read_to_string(&wj).unwrap()).unwrap();
+    let chunks = j["keys"]["dt-1"]["chunks"].as_array_mut().unwrap();
+    let mut swaps = Vec::new();
+    for c in chunks.iter_mut() {
+        let path = env.join("evil").join(c["file"].as_str().unwrap());
+        let raw = zstd_decode(&fs::read(&path).unwrap());
+        let big = zstd_cli(&["-q", "-c", "--long=31"], &raw);
+        assert!(big.status.success(), "{}", show(&big));
+        assert!(!zstd_cli(&["-d", "-q", "-c"], &big.stdout).status.success());
+        fs::write(&path, &big.stdout).unwrap();
+        c["size"] = big.stdout.len().into();
+        let new = hex(&Sha256::digest(&big.stdout));
+        swaps.push((c["sha256"].as_str().unwrap().to_string(), new.clone()));
+        c["sha256"] = new.into();
+    }
+    fs::write(&wj, serde_json::to_string_pretty(&j).unwrap()).unwrap();
+    // Every other list of chunk digests (SHA256SUMS) says the same.
+    for e in fs::read_dir(env.join("evil")).unwrap() {
+        let path = e.unwrap().path();
+        let Ok(mut text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        for (old, new) in &swaps {
+            text = text.replace(old.as_str(), new);
+        }
+        fs::write(&path, text).unwrap();
+    }
+    pusher_push(env, &cache_ref);
+
+    // CI restores the cache it refreshes (so cache.git holds its chunks),
+    // then publishes the key again, one file changed.
+    let r = fx.restore("1");
+    assert_eq!(r["state"], "restored", "{r}");
+    fx.publish("1", "next");
+    pusher_checkout(env);
+    let j: Value =
+        serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
+            .unwrap();
+    for c in j["keys"]["dt-1"]["chunks"].as_array().unwrap() {
+        let file = c["file"].as_str().unwrap();
+        let bytes = fs::read(env.join("evil").join(file)).unwrap();
+        let d = zstd_cli(&["-d", "-q", "-c"], &bytes);
+        assert!(
+            d.status.success(),
+            "{file} of the new dt-1 needs more than zstd's default window: {}",
+            show(&d)
+        );
+    }
+}
