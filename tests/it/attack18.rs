@@ -277,3 +277,29 @@ fn a_reused_frame_always_decodes_within_zstds_default_window() {
         );
     }
 }
+
+/// A pusher swaps the bytes of one chunk blob of a key and leaves its
+/// digest in warmstart.json. The next honest publish of that key makes a
+/// chunk with that digest, and takes the branch's blob for it by the
+/// digest warmstart.json gives: the key CI then signs names bytes that no
+/// restore accepts, and each later refresh keeps it so.
+#[test]
+fn a_refresh_never_takes_a_branch_blob_whose_bytes_are_not_its_digest() {
+    let fx = Fx::new();
+    let env = &fx.env;
+    fx.publish("1", "base");
+    let cache_ref = pusher_checkout(env);
+    let j: Value =
+        serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
+            .unwrap();
+    let victim = j["keys"]["dt-1"]["chunks"][1]["file"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fs::write(env.join("evil").join(&victim), "not the chunk\n").unwrap();
+    pusher_push(env, &cache_ref);
+    // The honest refresh: d/f00 changes, the chunk after it does not.
+    fx.publish("1", "next");
+    let r = fx.restore("1");
+    assert_eq!(r["state"], "restored", "{r}");
+}
