@@ -262,9 +262,9 @@ fn attack2_seen_legacy_record_never_injects_lines() {
 /// `drop` fallback choose that key; honest entries still match.
 #[test]
 fn attack2_fallback_never_chooses_a_key_its_parts_do_not_spell() {
-    use warmstart::cache::fallback::candidates;
+    use warmstart::cache::format::fallback::candidates;
+    use warmstart::cache::format::manifest::{Fallback, key_from_parts};
     use warmstart::cache::format::{BranchManifest, Chunk, KeyEntry, KeyPart};
-    use warmstart::cache::manifest::{Fallback, key_from_parts};
     let part = |n: &str, v: &str| KeyPart {
         name: n.into(),
         value: v.into(),

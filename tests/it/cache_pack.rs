@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use warmstart::cache::files::{Index, Kind};
+use warmstart::cache::format::files::{Index, Kind};
 
 /// A work repository publishing `src` as cache `name` (key `<literal>`) to `origin.git`.
 pub(crate) fn setup(env: &TestEnv, src: &Path, name: &str, literal: &str) -> PathBuf {

@@ -841,7 +841,7 @@ fn publish_help_and_json_shape_snapshots() {
     snapshot("cache-publish-json-shape.txt", &shape);
 }
 
-/// The cheap unchanged test (cache::packed): a re-publish of the same tree
+/// The cheap unchanged test (cache::publish::packed): a re-publish of the same tree
 /// hashes the tar and compresses nothing; a content change that keeps size
 /// and mtime is still seen (contents are hashed, not stat'ed); a record that
 /// no longer vouches for the branch (other pack params, gone, corrupt)
@@ -950,7 +950,7 @@ fn date_in_the_future(path: &Path) {
 }
 
 /// Waits until every entry of a just-made tree is older than the racy
-/// window (2 s, cache::packed::RACY_WINDOW_NS) of any later publish.
+/// window (2 s, cache::publish::packed::RACY_WINDOW_NS) of any later publish.
 fn let_the_tree_age() {
     std::thread::sleep(std::time::Duration::from_millis(2100));
 }
@@ -974,7 +974,7 @@ fn digest_path() -> (String, bool, bool) {
     ("digest".into(), true, false)
 }
 
-/// The stat shortcut (cache::packed `tree`): once a tree is older than the
+/// The stat shortcut (cache::publish::packed `tree`): once a tree is older than the
 /// racy window, a re-publish reads no file: every entry's lstat (ctime,
 /// inode, size, mode...) equals the record's, so the tar is the recorded
 /// one. A record without `tree` (an older build's) hashes, then gains it.

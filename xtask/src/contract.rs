@@ -182,14 +182,14 @@ pub struct Remote {
 }
 
 impl Remote {
-    pub fn of(r: &crate::cache::git::Remote) -> Remote {
+    pub fn of(r: &crate::cache::fetch::git::Remote) -> Remote {
         Remote {
             name: r.shown_name(),
             url: r.shown_url(),
         }
     }
 
-    /// From a remote as `cache::git::Remote`'s `Display` wrote it (and as a
+    /// From a remote as `cache::fetch::git::Remote`'s `Display` wrote it (and as a
     /// stamp records it): `name (url)`, or the URL alone.
     pub fn from_shown(shown: &str) -> Remote {
         let (name, url) = match shown.strip_suffix(')').and_then(|s| s.split_once(" (")) {

@@ -19,7 +19,7 @@ use std::time::Instant;
 use xshell::{Shell, cmd};
 
 use crate::cache::human_bytes;
-use crate::cache::pack;
+use crate::cache::publish::pack;
 use crate::cache::publish::{self, Request};
 use crate::cache::restore::{self, RestoreOptions};
 use crate::cli::demo::DemoArgs;

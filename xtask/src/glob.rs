@@ -5,7 +5,7 @@
 //! The dialect: `/`-separated paths relative to a root; `*` and `?` match
 //! within one component; `**` as a whole component matches any number of
 //! components; every other character is literal. Two matchers implement it
-//! (`cache::manifest::Glob` for packing, git's `:(glob)` pathspec magic for
+//! (`cache::format::manifest::Glob` for packing, git's `:(glob)` pathspec magic for
 //! gates, which lets `git status` skip ignored trees itself), and they agree
 //! on exactly this subset. Brackets, braces, negation, escapes, a trailing
 //! `/`, and empty, `.` or `..` components are refused here, so no pattern
@@ -115,12 +115,15 @@ mod tests {
                     accepted += 1;
                     assert!(!p.contains(['[', ']', '{', '}', '\\']), "{p:?}");
                     assert!(!p.starts_with(['!', '/']) && !p.ends_with('/'), "{p:?}");
-                    crate::cache::manifest::Glob::new(&p).unwrap();
+                    crate::cache::format::manifest::Glob::new(&p).unwrap();
                     crate::gates::manifest::parse(&gates).unwrap();
                 }
                 Err(_) => {
                     refused += 1;
-                    assert!(crate::cache::manifest::Glob::new(&p).is_err(), "{p:?}");
+                    assert!(
+                        crate::cache::format::manifest::Glob::new(&p).is_err(),
+                        "{p:?}"
+                    );
                     assert!(crate::gates::manifest::parse(&gates).is_err(), "{p:?}");
                 }
             }

@@ -17,12 +17,12 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use xshell::Shell;
 
-use crate::cache::branch::Content;
-use crate::cache::compare;
+use crate::cache::format::manifest;
 use crate::cache::human_bytes;
-use crate::cache::manifest;
 use crate::cache::restore;
-use crate::cache::stamp::{self, Loaded};
+use crate::cache::restore::branch::Content;
+use crate::cache::restore::compare;
+use crate::cache::restore::stamp::{self, Loaded};
 use crate::cli::cache::VerifyArgs;
 use crate::exit::{Code, code_of, fail};
 use crate::repo::Repo;
@@ -151,7 +151,7 @@ pub fn verify_named(
         crate::cache::restore::RestoreOptions::default().lock_timeout,
     )?;
     let (git, branch) =
-        crate::cache::git::healing(|| restore::fetch(sh, repo, &m, remote, progress))?;
+        crate::cache::fetch::git::healing(|| restore::fetch(sh, repo, &m, remote, progress))?;
     // Scratch trees are staging directories of a target that is never
     // swapped in: `staging_dir_for` also removes those of killed runs.
     let scratch = git.dir.join("warmstart-verify");
@@ -182,7 +182,7 @@ pub fn verify_named(
         // A chunk unreadable in a damaged cache.git: rebuilt once, and the
         // key's chunks are fetched again by id (the plan needs no tree).
         // The scratch tree lives in cache.git, so each attempt makes it anew.
-        let result = crate::cache::git::healing(|| {
+        let result = crate::cache::fetch::git::healing(|| {
             unpack::staging_dir_for(&scratch)?;
             // Trusted before read, as in a restore: exit 12 fetches no chunk.
             crate::trust::check_before_fetch(sh, repo, &m, &git, &branch, &k)?;
@@ -300,11 +300,11 @@ fn check_installed(
         // Files the user changed since they were installed are theirs, not
         // a difference: they leave the scratch copy (inside cache.git), and
         // the overlay record is only read.
-        let record = crate::cache::overlay::load(
-            &crate::cache::overlay::path(&repo.state_dir(), &m.name),
+        let record = crate::cache::restore::overlay::load(
+            &crate::cache::restore::overlay::path(&repo.state_dir(), &m.name),
             &target,
         );
-        crate::cache::overlay::hold_back(verified, &target, &record)?;
+        crate::cache::restore::overlay::hold_back(verified, &target, &record)?;
     }
     let (diff, _) = compare::first_difference(verified, &target, exact)?;
     Ok(InstalledReport {

@@ -36,12 +36,12 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use xshell::Shell;
 
-use crate::cache::branch::{Branch, Content};
+use crate::cache::fetch::git::{CacheGit, STORE_LOCK_WAIT, StoreLock};
 use crate::cache::format::BranchManifest;
-use crate::cache::git::{CacheGit, STORE_LOCK_WAIT, StoreLock};
+use crate::cache::format::manifest;
 use crate::cache::human_bytes;
-use crate::cache::manifest;
-use crate::cache::stamp::{self, Loaded, Stamp};
+use crate::cache::restore::branch::{Branch, Content};
+use crate::cache::restore::stamp::{self, Loaded, Stamp};
 use crate::cli::cache::GcArgs;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;

@@ -15,34 +15,13 @@
 //! `cache status`, `migrate` moves a cache from a branch to a ref, `gc`
 //! bounds the chunk store, the private stores' objects and old logs.
 
-pub mod bootstrap;
-pub mod branch;
 pub mod check;
-pub mod chunks;
-pub mod compare;
-pub mod delta;
-pub mod direct;
-pub mod fallback;
-pub mod files;
+pub mod fetch;
 pub mod format;
 pub mod gc;
-pub mod git;
-pub mod manifest;
-pub mod migrate;
-pub mod overlay;
-pub mod pack;
-pub mod packed;
-pub mod prefetch;
-pub mod prune;
 pub mod publish;
-pub mod push;
-pub mod readme;
 pub mod restore;
-pub mod reuse;
-pub mod ssh;
-pub mod stamp;
 pub mod status;
-pub mod verify;
 
 use anyhow::Result;
 use xshell::Shell;
@@ -67,8 +46,8 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
         CacheCommand::Verify(a) => check::run(sh, a),
         CacheCommand::List(a) => status::list(sh, a),
         CacheCommand::Status(a) => status::status(sh, a),
-        CacheCommand::Migrate(a) => migrate::run(sh, a),
-        CacheCommand::Prune(a) => prune::run(sh, a),
+        CacheCommand::Migrate(a) => publish::migrate::run(sh, a),
+        CacheCommand::Prune(a) => publish::prune::run(sh, a),
         CacheCommand::Resign(a) => publish::resign_run(sh, a),
         CacheCommand::Gc(a) => gc::run(sh, a),
     }

@@ -277,7 +277,7 @@ WARMSTART_SIGNING_KEY=\"$RUNNER_TEMP/signing_key\" {cmd} cache publish NAME"
 /// (none when it is missing or unreadable: the manifest's own load says why).
 fn committed_pip_hashes(repo: &Repo, binary: Binary) -> Vec<String> {
     let name = templates::bin_cache_name(binary);
-    let path = crate::cache::manifest::path_of(repo, name);
+    let path = crate::cache::format::manifest::path_of(repo, name);
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let v: toml::Value = toml::from_str(&text).unwrap_or(toml::Value::Boolean(false));
     v.get("bootstrap")
@@ -295,11 +295,11 @@ fn committed_pip_hashes(repo: &Repo, binary: Binary) -> Vec<String> {
 /// those with a `[bootstrap]` table. The script needs exactly one.
 fn check_bin_caches(repo: &Repo) -> Result<()> {
     let mut found = Vec::new();
-    for name in crate::cache::manifest::names(repo)? {
-        let path = crate::cache::manifest::path_of(repo, &name);
+    for name in crate::cache::format::manifest::names(repo)? {
+        let path = crate::cache::format::manifest::path_of(repo, &name);
         let text = read_optional(&path)?.unwrap_or_default();
         if text.lines().any(|l| l.trim_end() == "[bootstrap]") {
-            crate::cache::manifest::load(repo, &name)?;
+            crate::cache::format::manifest::load(repo, &name)?;
             found.push(name);
         }
     }

@@ -99,7 +99,7 @@ fn path_entry(repo: &Repo, raw: &str) -> Result<String> {
     if raw.is_empty() {
         bail!("`path` has an empty entry (it would put the current directory on PATH)");
     }
-    let expanded = crate::cache::manifest::expand_path(repo, raw)?;
+    let expanded = crate::cache::format::manifest::expand_path(repo, raw)?;
     let s = expanded
         .to_str()
         .ok_or_else(|| anyhow!("`path` entry {raw:?} is not valid UTF-8 once expanded"))?;

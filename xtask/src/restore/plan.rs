@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cache::manifest::expand_path;
+use crate::cache::format::manifest::expand_path;
 use crate::clock::DurationSpec;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
@@ -123,7 +123,7 @@ pub struct Links {
 #[derive(Debug)]
 pub struct LinkGlob {
     pub text: String,
-    pub components: Vec<crate::cache::manifest::Glob>,
+    pub components: Vec<crate::cache::format::manifest::Glob>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -326,7 +326,7 @@ impl Step {
         let detail = match &self.kind {
             Kind::Cache(c) => json!({
                 "cache": c.cache,
-                "manifest": crate::cache::manifest::path_of(repo, &c.cache),
+                "manifest": crate::cache::format::manifest::path_of(repo, &c.cache),
                 // As written (a name or a URL), not resolved: not a `remote`.
                 "remote_name": c.remote.as_deref().map(crate::redact::url),
             }),
@@ -399,7 +399,7 @@ impl Step {
 /// the table is drawn; a manifest that does not load shows its path, and
 /// the step itself says what is wrong).
 fn cache_source(repo: &Repo, c: &CacheStep) -> String {
-    match crate::cache::manifest::load(repo, &c.cache) {
+    match crate::cache::format::manifest::load(repo, &c.cache) {
         Ok(m) => format!(
             "{} @ {}",
             m.branch,
@@ -700,7 +700,7 @@ fn resolve_cache(r: RawCache) -> Result<Kind> {
             r.cache
         );
     }
-    if crate::cache::manifest::RESERVED.contains(&r.cache.as_str()) {
+    if crate::cache::format::manifest::RESERVED.contains(&r.cache.as_str()) {
         bail!(
             "`cache` = {:?} names a reserved file, not a cache manifest",
             r.cache
@@ -828,7 +828,7 @@ fn link_glob(text: &str) -> Result<LinkGlob> {
     }
     let components = text
         .split('/')
-        .map(crate::cache::manifest::Glob::new)
+        .map(crate::cache::format::manifest::Glob::new)
         .collect::<Result<_>>()?;
     Ok(LinkGlob {
         text: text.to_string(),

@@ -23,10 +23,10 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use xshell::Shell;
 
-use crate::cache::branch::{Branch, Content};
+use crate::cache::fetch::git::{CacheGit, TreeEntry};
 use crate::cache::format::KeyEntry;
-use crate::cache::git::{CacheGit, TreeEntry};
-use crate::cache::manifest::CacheManifest;
+use crate::cache::format::manifest::CacheManifest;
+use crate::cache::restore::branch::{Branch, Content};
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
 use policy::{CacheTrust, Policy, Root, Source};

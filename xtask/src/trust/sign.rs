@@ -10,8 +10,8 @@ use anyhow::Result;
 use std::path::{Path, PathBuf};
 use xshell::Shell;
 
+use crate::cache::format::manifest::CacheManifest;
 use crate::cache::format::{BranchManifest, KeyEntry};
-use crate::cache::manifest::CacheManifest;
 use crate::exit::{Code, fail};
 use crate::trust::policy::Policy;
 use crate::trust::statement::Statement;

@@ -22,8 +22,8 @@
 use anyhow::{Result, bail};
 use sha2::{Digest, Sha256};
 
+use crate::cache::format::manifest::hex;
 use crate::cache::format::{Frames, IndexFile, KeyEntry, check_file_name, check_key};
-use crate::cache::manifest::hex;
 
 /// The first line of a version 1 statement.
 pub const MAGIC: &str = "warmstart-statement 1";

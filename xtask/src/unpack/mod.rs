@@ -27,7 +27,7 @@ mod swap;
 mod writers;
 
 pub use beneath::{FORCE_WALK_ENV, force_walk, resolutions};
-// The delta install (`cache::delta`) builds staging from an installed tree
+// The delta install (`cache::restore::delta`) builds staging from an installed tree
 // through the same handles.
 pub(crate) use beneath::{Dir, Links, fstat, open_beneath, reopen_for_reading};
 pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};

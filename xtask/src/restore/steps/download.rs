@@ -36,7 +36,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{Ctx, Outcome, Probe};
-use crate::cache::manifest::hex;
+use crate::cache::format::manifest::hex;
 use crate::cli::conda::{DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, UnpackArgs};
 use crate::conda;
 use crate::restore::plan::Download;

@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, mpsc};
 
+use crate::cache::format::manifest::hex;
 use crate::cache::format::{CHUNKER, Frames};
-use crate::cache::manifest::hex;
 
 /// The default average chunk: 4 MiB of tar. Smaller chunks share more
 /// between two versions of a tree; each chunk costs a blob, a pack and a

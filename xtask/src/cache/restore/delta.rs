@@ -3,7 +3,7 @@
 //! tree from the installed one, so that an unchanged file is not written.
 //!
 //! What it relies on, and where each piece comes from:
-//! - the new key's per-file index (`cache::files`, `<key>.files.zst` on the
+//! - the new key's per-file index (`cache::format::files`, `<key>.files.zst` on the
 //!   branch), trusted only once its size and sha256 match the key's entry in
 //!   `warmstart.json` and it agrees with the key (entry count, tar size);
 //! - the record this module wrote after the previous install was final
@@ -49,14 +49,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::cache::branch::{Branch, Content, KeyPlan};
-use crate::cache::files::{Entry, Index, Kind};
+use crate::cache::fetch::git::CacheGit;
+use crate::cache::fetch::prefetch;
 use crate::cache::format::KeyEntry;
-use crate::cache::git::CacheGit;
-use crate::cache::manifest::hex;
-use crate::cache::pack::FIXED_MTIME;
-use crate::cache::stamp::{self, Loaded};
-use crate::cache::{prefetch, restore, verify};
+use crate::cache::format::files::{Entry, Index, Kind};
+use crate::cache::format::manifest::hex;
+use crate::cache::publish::pack::FIXED_MTIME;
+use crate::cache::restore::branch::{Branch, Content, KeyPlan};
+use crate::cache::restore::stamp::{self, Loaded};
+use crate::cache::restore::{self, verify};
 use crate::unpack::{self, Dir, Links};
 
 /// Why a delta install gave way to a full one: one line, no exit code (the

@@ -45,7 +45,7 @@ use crate::repo::Repo;
 /// - No delta search (`pack.window=0`): chunks are zstd and never delta.
 ///   It also keeps a push from looking up the blobs of the remote's trees
 ///   as delta bases of a thin pack: a restore that read its chunks straight
-///   from the server (`cache::direct`) left them out of cache.git, and
+///   from the server (`cache::fetch::direct`) left them out of cache.git, and
 ///   such a lookup fails (`GIT_NO_LAZY_FETCH`).
 /// - Small pack windows: git maps packs in windows of 1 GiB by default, so a
 ///   push of a 250 MB artifact showed 250 MB of resident memory (measured);
@@ -326,7 +326,7 @@ impl CacheGit {
 
     /// git's remote helper for `url` (`git remote-http` or
     /// `git remote-https`), run in cache.git as `git fetch` runs it, with
-    /// the forwarded transport settings. See `cache::direct`.
+    /// the forwarded transport settings. See `cache::fetch::direct`.
     pub fn remote_helper(&self, url: &str) -> Command {
         let scheme = url.split("://").next().unwrap_or("https");
         let mut c = Command::new("git");
@@ -343,7 +343,7 @@ impl CacheGit {
     /// `git upload-pack` serving the repository at `repo` (on this
     /// machine) in protocol v2, as a local `git fetch` would run it, with
     /// the same memory-bounding pack windows (see `CONFIG`) for the
-    /// `pack-objects` it starts. See `cache::direct`.
+    /// `pack-objects` it starts. See `cache::fetch::direct`.
     pub fn upload_pack(&self, repo: &Path) -> Command {
         let mut c = Command::new("git");
         for (k, v) in CONFIG {
@@ -359,7 +359,7 @@ impl CacheGit {
     }
 
     /// `git` run in the user's own repository (the work tree this store
-    /// belongs to), to read objects it already has (`cache::reuse`):
+    /// belongs to), to read objects it already has (`cache::fetch::reuse`):
     /// never a lazy fetch, messages in English. Callers only read.
     pub fn user_git(&self) -> Command {
         let mut c = Command::new("git");
@@ -412,7 +412,7 @@ impl CacheGit {
     /// of `blob_limit()` bytes or more: the commit, the tree and the small
     /// files (`warmstart.json`, `SHA256SUMS`, the README) arrive in one small
     /// fetch, and the chunks are fetched by id when they are read
-    /// (`fetch_blob`, `cache::prefetch`). A server that ignores the filter
+    /// (`fetch_blob`, `cache::fetch::prefetch`). A server that ignores the filter
     /// (`uploadpack.allowFilter` off) simply sends everything. `Ok(None)`
     /// when the remote has no such branch. Unreachable remote: exit code 8.
     pub fn try_fetch_branch(&self, remote: &Remote, branch: &str) -> Result<Option<String>> {
@@ -543,7 +543,7 @@ impl CacheGit {
     }
 
     /// `fetch_blob` of several blobs in one `git fetch` (one request, one
-    /// pack): the fallback for a batch of chunks `cache::direct` cannot read.
+    /// pack): the fallback for a batch of chunks `cache::fetch::direct` cannot read.
     pub fn fetch_blobs(
         &self,
         remote: &Remote,
@@ -593,7 +593,7 @@ impl CacheGit {
     /// Fetches the commits and trees of `refs` (full names or branch
     /// names) without any blob and without writing a ref: enough to know
     /// which blobs they hold, and for a push to leave those out (a
-    /// publish's leftover temporary refs, see `cache::push`).
+    /// publish's leftover temporary refs, see `cache::publish::push`).
     pub(crate) fn fetch_trees(&self, remote: &Remote, refs: &[String]) -> Result<()> {
         let _lock = self.lock()?;
         let mut cmd = self.fetch_from(remote, false);
@@ -1236,7 +1236,7 @@ pub fn refusal_hint(dst: &str, said: &str) -> Option<String> {
     if !refused {
         return None;
     }
-    // A publish's temporary refs (`cache::push`) name their cache.
+    // A publish's temporary refs (`cache::publish::push`) name their cache.
     if let Some(rest) = dst.strip_prefix("refs/heads/warmstart-tmp/") {
         let name = rest.split('/').next().unwrap_or(rest);
         return Some(format!(

@@ -34,9 +34,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::cache::git::{self, CacheGit, PushProgress, Remote, TreeEntry};
+use crate::cache::fetch::git::{self, CacheGit, PushProgress, Remote, TreeEntry};
+use crate::cache::format::manifest::CacheManifest;
 use crate::cache::human_bytes;
-use crate::cache::manifest::CacheManifest;
 use crate::cache::publish::Reporter;
 use crate::exit::{Code, fail};
 

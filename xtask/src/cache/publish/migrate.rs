@@ -13,8 +13,8 @@ use anyhow::Result;
 use serde::Serialize;
 use xshell::Shell;
 
-use crate::cache::git::{self, CacheGit, Remote};
-use crate::cache::manifest;
+use crate::cache::fetch::git::{self, CacheGit, Remote};
+use crate::cache::format::manifest;
 use crate::cli::cache::MigrateArgs;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;

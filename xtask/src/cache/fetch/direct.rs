@@ -21,7 +21,7 @@
 //! `git upload-pack` on it; smart HTTP(S) through git's own remote helper
 //! in its `stateless-connect` mode, so credentials, proxies and `http.*`
 //! settings stay git's; ssh by running the ssh program git would run, with
-//! git's arguments (`cache::ssh`). Anything else goes through `git fetch`.
+//! git's arguments (`cache::fetch::ssh`). Anything else goes through `git fetch`.
 //!
 //! The pack's own trailing SHA-1 is not checked: the sha256 of the content
 //! is the check that matters, and it is stronger.
@@ -29,7 +29,7 @@
 //! Anything this reader does not expect (a server that does not speak
 //! protocol v2, a delta, more than one object, another hash function) is
 //! `Error::Unsupported`: the caller falls back to `git fetch` for this and
-//! every later chunk (`cache::prefetch`).
+//! every later chunk (`cache::fetch::prefetch`).
 
 use anyhow::{Context, Result, anyhow};
 use sha2::{Digest, Sha256};
@@ -38,9 +38,9 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::cache::git::{CacheGit, Remote};
-use crate::cache::manifest::hex;
-use crate::cache::ssh::{self, Ssh};
+use crate::cache::fetch::git::{CacheGit, Remote};
+use crate::cache::fetch::ssh::{self, Ssh};
+use crate::cache::format::manifest::hex;
 
 /// Verified chunk files, named by their sha256, in `cache.git/chunks`.
 #[derive(Clone, Debug)]
@@ -158,7 +158,7 @@ pub enum Server {
 
 /// The server `remote` names, if this reader can talk to it: an absolute
 /// path, a `file://` URL without escapes, an `http(s)://` URL, or an ssh
-/// URL that `cache::ssh` reaches as git would; and only when no git
+/// URL that `cache::fetch::ssh` reaches as git would; and only when no git
 /// setting could change how git would reach it (`url.*.insteadOf`,
 /// `protocol.*` but `protocol.version=2`), in the system, global or
 /// forwarded configuration. Anything else goes through `git fetch`.

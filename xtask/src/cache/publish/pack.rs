@@ -32,9 +32,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use crate::cache::chunks::{self, Frame, Params, Sizes};
-use crate::cache::files;
-use crate::cache::manifest::{CacheManifest, Glob, hex};
+use crate::cache::format::files;
+use crate::cache::format::manifest::{CacheManifest, Glob, hex};
+use crate::cache::publish::chunks::{self, Frame, Params, Sizes};
 use crate::exit::{Code, fail};
 
 /// The mtime of every entry unless the manifest keeps real ones:
@@ -620,7 +620,7 @@ impl Write for BlockSender {
 
 /// Writes the tar of `plan` to `out`, hashing it into `hasher` if given,
 /// and recording each entry's place and content digest into `index` if
-/// given (`cache::files`); returns the size and the hasher. `out` is
+/// given (`cache::format::files`); returns the size and the hasher. `out` is
 /// flushed once, at the end, and dropped before returning.
 fn tar_stream(
     plan: &Plan,
@@ -1228,7 +1228,7 @@ mod tests {
                 src.display()
             );
             fs::write(repo.manifests_dir().join("t.toml"), text).unwrap();
-            let m = crate::cache::manifest::load(&repo, "t").unwrap();
+            let m = crate::cache::format::manifest::load(&repo, "t").unwrap();
             let mut want: BTreeSet<String> = BTreeSet::new();
             let under_excluded = |rel: &str| {
                 rel.match_indices('/')

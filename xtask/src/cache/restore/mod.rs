@@ -13,6 +13,13 @@
 //! and merge, never installs a byte before every digest matched, and never
 //! leaves a stamp that describes anything but a complete install.
 
+pub mod branch;
+pub mod compare;
+pub mod delta;
+pub mod overlay;
+pub mod stamp;
+pub mod verify;
+
 use crate::cache::human_bytes;
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
@@ -23,15 +30,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use xshell::Shell;
 
-use crate::cache::branch::{Branch, Content, KeyPlan};
-use crate::cache::compare;
-use crate::cache::delta;
-use crate::cache::git::{CacheGit, Remote};
-use crate::cache::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
-use crate::cache::overlay;
-use crate::cache::prefetch;
-use crate::cache::stamp::{self, Loaded, Miss, Stamp};
-use crate::cache::verify;
+use crate::cache::fetch::git::{CacheGit, Remote};
+use crate::cache::fetch::prefetch;
+use crate::cache::format::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
+use crate::cache::restore::branch::{Branch, Content, KeyPlan};
+use crate::cache::restore::stamp::{Loaded, Miss, Stamp};
 use crate::cli::cache::RestoreArgs;
 use crate::clock;
 use crate::exit::{Code, fail};
@@ -112,7 +115,7 @@ pub struct PartialInfo {
     /// The fallback that matched (`drop src`, `prefix vc-`).
     pub fallback: String,
     /// The key parts that differ.
-    pub differs: Vec<crate::cache::fallback::PartDiff>,
+    pub differs: Vec<crate::cache::format::fallback::PartDiff>,
     /// When the next run looks for the exact key again (RFC 3339).
     pub recheck_after: String,
 }
@@ -178,7 +181,7 @@ pub struct RestoreOutcome {
     #[serde(flatten)]
     pub reuse: prefetch::Reuse,
     /// Of those, chunks read straight from the pack a remote on this
-    /// machine sent, without `git fetch` (see `cache::direct`).
+    /// machine sent, without `git fetch` (see `cache::fetch::direct`).
     pub chunks_direct: u64,
     /// Why the rest of the chunks went through `git fetch` after all
     /// (the server's answer was not what the direct reader handles), or
@@ -214,7 +217,7 @@ pub struct RestoreOutcome {
     /// user changed them since warmstart installed them (or made them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept: Option<u64>,
-    /// The delta install (replace mode, `cache::delta`).
+    /// The delta install (replace mode, `cache::restore::delta`).
     #[serde(flatten)]
     pub delta: DeltaInfo,
 }
@@ -421,7 +424,7 @@ pub fn restore_named(
     // (`git::healing`); nothing was installed by the failed attempt.
     // `cache gc` removes no chunk while this restore may read one.
     let reading = crate::cache::gc::Reading::take(&state_dir, opts.lock_timeout)?;
-    let mut outcome = crate::cache::git::healing(|| {
+    let mut outcome = crate::cache::fetch::git::healing(|| {
         cold(sh, repo, &m, &key, &stamp_file, opts, start, phases.clone())
     })
     .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
@@ -501,7 +504,7 @@ fn warm_check(
 }
 
 /// `src 2 -> 1, platform ...`: how a stand-in differs from the exact key.
-fn describe_differs(d: &[crate::cache::fallback::PartDiff]) -> String {
+fn describe_differs(d: &[crate::cache::format::fallback::PartDiff]) -> String {
     d.iter()
         .map(|p| {
             format!(
@@ -523,7 +526,7 @@ fn partial_info(m: &CacheManifest, s: &Stamp) -> Option<PartialInfo> {
         wanted: p.wanted.clone(),
         used: s.key.clone(),
         fallback: p.fallback.clone(),
-        differs: crate::cache::fallback::differs(&p.wanted_parts, &s.key_parts),
+        differs: crate::cache::format::fallback::differs(&p.wanted_parts, &s.key_parts),
         recheck_after: clock::rfc3339(p.checked_at_ms.saturating_add(recheck)),
     })
 }
@@ -792,19 +795,19 @@ fn fetch_metadata(git: &CacheGit, remote: &Remote, branch: &str, commit: &str) -
     }
     git.fetch_blobs(remote, &missing, &mut |_| {}).map_err(|e| {
         let why = match e {
-            crate::cache::git::BlobFetchError::Network { code, message } => {
+            crate::cache::fetch::git::BlobFetchError::Network { code, message } => {
                 return fail(
                     code,
                     format!("cannot fetch the files of {branch} from {remote}: {message}"),
                 );
             }
-            crate::cache::git::BlobFetchError::NotOnRemote => {
+            crate::cache::fetch::git::BlobFetchError::NotOnRemote => {
                 "the remote does not have them".to_string()
             }
-            crate::cache::git::BlobFetchError::Refused => {
+            crate::cache::fetch::git::BlobFetchError::Refused => {
                 "the server refuses objects by id".to_string()
             }
-            crate::cache::git::BlobFetchError::Failed(why) => why,
+            crate::cache::fetch::git::BlobFetchError::Failed(why) => why,
         };
         fail(
             Code::Remote,
@@ -856,7 +859,7 @@ pub fn stream_key<T>(
         Ok(match chunks_ref.wait(i)? {
             prefetch::At::Git => verify::Opened::unchecked(reader.read_blob(&oids[i])?),
             prefetch::At::Clone(oid) => {
-                verify::Opened::unchecked(crate::cache::reuse::open_blob(&reader, &oid)?)
+                verify::Opened::unchecked(crate::cache::fetch::reuse::open_blob(&reader, &oid)?)
             }
             prefetch::At::Store(path) => verify::Opened {
                 reader: Box::new(
@@ -933,7 +936,7 @@ fn choose_keys(
             let Content::V1(bm) = &branch.content else {
                 return Err(e);
             };
-            let found = crate::cache::fallback::candidates(&m.fallbacks, key, bm);
+            let found = crate::cache::format::fallback::candidates(&m.fallbacks, key, bm);
             if found.is_empty() {
                 return Err(fail(
                     Code::NotFound,

@@ -36,7 +36,7 @@ struct RawManifest {
     trust: crate::trust::policy::CacheTrust,
     /// Only in the binary cache that tools/warmstart-bootstrap.sh reads.
     #[serde(default)]
-    bootstrap: Option<crate::cache::bootstrap::RawBootstrap>,
+    bootstrap: Option<crate::cache::format::bootstrap::RawBootstrap>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -152,7 +152,7 @@ struct RawPublish {
     /// Prune on every publish: per platform value, the newest N keys (plus
     /// the one today's pins give) stay.
     keep: Option<u32>,
-    /// The most bytes of new blobs one push sends (`cache::push`).
+    /// The most bytes of new blobs one push sends (`cache::publish::push`).
     push_limit: Option<crate::size::SizeSpec>,
 }
 
@@ -236,7 +236,7 @@ pub enum Mode {
     Replace,
     Merge,
     /// Merge, but never replace a file the user changed since warmstart
-    /// installed it (`cache::overlay`).
+    /// installed it (`cache::restore::overlay`).
     Overlay,
 }
 
@@ -285,7 +285,7 @@ pub struct CacheManifest {
     pub file: PathBuf,
     /// Where the cache lives on the remote: a branch name (`<name>-cache`,
     /// meaning `refs/heads/<name>-cache`) or, from `cache.ref`, a full ref
-    /// starting with `refs/` (see `cache::git::remote_ref`).
+    /// starting with `refs/` (see `cache::fetch::git::remote_ref`).
     pub branch: String,
     pub remote: String,
     pub description: String,
@@ -300,7 +300,7 @@ pub struct CacheManifest {
     pub gates: Vec<String>,
     pub chunk_bytes: u64,
     /// Content-defined chunk sizes (of uncompressed tar) within `chunk_bytes`.
-    pub chunk_sizes: crate::cache::chunks::Sizes,
+    pub chunk_sizes: crate::cache::publish::chunks::Sizes,
     pub level: i32,
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
@@ -311,7 +311,7 @@ pub struct CacheManifest {
     /// platform value the key today's pins give plus the N newest.
     pub keep: Option<usize>,
     /// `[publish] push_limit`: new blobs over it are pushed in batches
-    /// (`None`: the default, see `cache::push::limit`).
+    /// (`None`: the default, see `cache::publish::push::limit`).
     pub push_limit: Option<u64>,
     /// `[[restore.fallback]]`, in order, and `restore.recheck` (set exactly
     /// when there are fallbacks).
@@ -320,7 +320,7 @@ pub struct CacheManifest {
     /// `[trust]`: this cache's policy override, principals and ungated opt-in.
     pub trust: crate::trust::policy::CacheTrust,
     /// `[bootstrap]`: this is the binary cache the bootstrap script reads.
-    pub bootstrap: Option<crate::cache::bootstrap::Bootstrap>,
+    pub bootstrap: Option<crate::cache::format::bootstrap::Bootstrap>,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -387,7 +387,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         None => None,
         Some(b) => {
             let kinds: Vec<&str> = raw.key.iter().map(RawPin::kind).collect();
-            Some(crate::cache::bootstrap::resolve(
+            Some(crate::cache::format::bootstrap::resolve(
                 b,
                 text,
                 &kinds,
@@ -449,7 +449,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         Some(spec) => Some(spec.resolve("publish.chunk_avg")?),
         None => None,
     };
-    let chunk_sizes = crate::cache::chunks::Sizes::for_limit(chunk_avg, chunk_bytes)?;
+    let chunk_sizes = crate::cache::publish::chunks::Sizes::for_limit(chunk_avg, chunk_bytes)?;
     let level = level_of(raw.publish.level.as_ref())?;
     let lease_deadline = raw
         .publish

@@ -4,7 +4,7 @@
 //! A branch fetch (`CacheGit::try_fetch_branch`) leaves big chunks out, so a
 //! restore can start as soon as the commit, the tree and the small files
 //! have arrived. `Prefetch` then finds each chunk of the plan
-//! (`cache::reuse`): in cache.git, in the chunk store (any earlier key or
+//! (`cache::fetch::reuse`): in cache.git, in the chunk store (any earlier key or
 //! cache of this clone put it there: chunks are named by their sha256), or
 //! in the user's own repository (a full clone holds the chunk blobs), and
 //! fetches only the others, while `verify::stream` hashes, decodes and
@@ -20,7 +20,7 @@
 //! read, so that a restore that fails early has not downloaded the rest.
 //! When the remote is a repository on this machine, a smart HTTP(S) server
 //! or an ssh server, a batch is read straight from `git upload-pack`'s
-//! answer into the chunk store (`cache::direct`), each chunk hashed as it
+//! answer into the chunk store (`cache::fetch::direct`), each chunk hashed as it
 //! arrives and ready as soon as it is stored. Anything else, and every
 //! batch after a server the direct reader does not handle (a delta in the
 //! pack, protocol v0), goes through one `git fetch` of the batch's blobs
@@ -43,11 +43,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::cache::branch::KeyPlan;
-use crate::cache::direct::{self, Store};
-use crate::cache::git::{BlobFetchError, CacheGit, Remote};
-use crate::cache::reuse::{self, Found};
-use crate::cache::verify;
+use crate::cache::fetch::direct::{self, Store};
+use crate::cache::fetch::git::{BlobFetchError, CacheGit, Remote};
+use crate::cache::fetch::reuse::{self, Found};
+use crate::cache::restore::branch::KeyPlan;
+use crate::cache::restore::verify;
 use crate::exit::{Code, fail};
 
 /// How far into the compressed stream, past the chunk being read, a batch
@@ -106,7 +106,7 @@ pub struct Stats {
     pub source: Source,
     pub reuse: Reuse,
     /// Of the chunks fetched, those read straight from the pack stream
-    /// into the chunk store (`cache::direct`).
+    /// into the chunk store (`cache::fetch::direct`).
     pub direct: u64,
     /// Why the direct reader handed the rest to `git fetch`, if it did.
     pub direct_fallback: Option<String>,
@@ -252,9 +252,9 @@ struct Job {
     /// Where each piece starts in the compressed stream.
     offsets: Vec<u64>,
     store: Store,
-    /// The remote's server, when `cache::direct` can read from it.
+    /// The remote's server, when `cache::fetch::direct` can read from it.
     server: Option<direct::Server>,
-    /// Cleared when `cache::direct` met a server it does not handle.
+    /// Cleared when `cache::fetch::direct` met a server it does not handle.
     direct_on: AtomicBool,
     /// One `git fetch` into cache.git at a time.
     git_fetch: Mutex<()>,
@@ -283,7 +283,7 @@ fn batches(chunks: &[usize], sizes: &[u64]) -> VecDeque<Vec<usize>> {
 }
 
 impl Prefetch {
-    /// Finds the chunks of `kp` on this machine (`cache::reuse`) and starts
+    /// Finds the chunks of `kp` on this machine (`cache::fetch::reuse`) and starts
     /// fetching the others from `remote` (the branch `branch` was fetched
     /// from). `fresh` are blobs this run's branch fetch brought into
     /// cache.git: fetched, not reused. Chunks in cache.git are checked for

@@ -26,10 +26,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use xshell::Shell;
 
+use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
+use crate::cache::format::manifest::{self, CacheManifest, Key, PinSource};
 use crate::cache::format::{BranchManifest, KeyEntry};
-use crate::cache::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::cache::human_bytes;
-use crate::cache::manifest::{self, CacheManifest, Key, PinSource};
 use crate::cache::publish::{self, BranchState, Lease, Reporter, plural};
 use crate::cli::cache::PruneArgs;
 use crate::clock;
@@ -233,8 +233,8 @@ pub fn run(sh: &Shell, args: PruneArgs) -> Result<()> {
     Ok(())
 }
 
-fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
-    let out = Reporter::new(args.out.quiet(), args.out.json);
+/// `--older-than`, parsed; refused unless `--keep` or it says what may go.
+fn older_than(args: &PruneArgs) -> Result<Option<Duration>> {
     let older_than = args
         .older_than
         .as_deref()
@@ -249,36 +249,87 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
             "cache prune needs --keep N, --older-than D, or both: say which keys may go",
         ));
     }
+    Ok(older_than)
+}
+
+/// The branch as it is now; it must exist and hold keys (format v1).
+fn load_v1(
+    git: &CacheGit,
+    remote: &Remote,
+    m: &CacheManifest,
+    out: &Reporter,
+) -> Result<BranchState> {
+    let state = healing(|| BranchState::load(git, remote, &m.branch, out))?.ok_or_else(|| {
+        fail(
+            Code::NotFound,
+            format!("{} does not exist on {remote}: nothing to prune", m.branch),
+        )
+    })?;
+    if !state.entries.iter().any(|e| e.name == "warmstart.json") {
+        return Err(fail(
+            Code::NotFound,
+            format!(
+                "{} on {remote} is a legacy branch (one archive, no keys): nothing to prune; `{} cache publish {}` replaces it with format v1",
+                m.branch,
+                crate::invocation::command(),
+                m.name
+            ),
+        ));
+    }
+    Ok(state)
+}
+
+/// What a prune of `drops` from `state` drops and keeps.
+fn summarize(
+    m: &CacheManifest,
+    remote: &Remote,
+    state: &BranchState,
+    drops: &[String],
+    part: Option<&str>,
+    retries: usize,
+) -> PruneSummary {
+    let report = |k: &String, e: &KeyEntry| KeyReport {
+        key: k.clone(),
+        created_at: e.created_at.clone(),
+        platform: part_value(e, part),
+        bytes: e.chunks.iter().map(|c| c.size).sum(),
+    };
+    let (dropped, kept): (Vec<_>, Vec<_>) = state
+        .manifest
+        .keys
+        .iter()
+        .map(|(k, e)| (drops.contains(k), report(k, e)))
+        .partition(|(d, _)| *d);
+    PruneSummary {
+        name: m.name.clone(),
+        branch: m.branch.clone(),
+        remote: remote.to_string(),
+        status: "nothing to prune",
+        previous_commit: state.commit.clone(),
+        commit: state.commit.clone(),
+        bytes_dropped: dropped.iter().map(|(_, r)| r.bytes).sum(),
+        dropped: dropped.into_iter().map(|(_, r)| r).collect(),
+        kept: kept.into_iter().map(|(_, r)| r).collect(),
+        retries,
+    }
+}
+
+fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
+    let out = Reporter::new(args.out.quiet(), args.out.json);
+    let older_than = older_than(args)?;
     let repo = Repo::from_cwd()?;
     let m = manifest::load(&repo, &args.name)?;
     let key = manifest::compute_key(sh, &repo, &m)?;
     let deadline = publish::lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
-    let remote = crate::cache::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
     let mut git = CacheGit::open(sh, &repo)?.with_lock_wait(deadline);
     git.set_network(&m.network)?;
     let part = platform_part(&m);
     let mut checker = crate::trust::Checker::new(sh, &repo)?;
     let mut lease = Lease::new(deadline);
     loop {
-        let state =
-            healing(|| BranchState::load(&git, &remote, &m.branch, &out))?.ok_or_else(|| {
-                fail(
-                    Code::NotFound,
-                    format!("{} does not exist on {remote}: nothing to prune", m.branch),
-                )
-            })?;
-        if !state.entries.iter().any(|e| e.name == "warmstart.json") {
-            return Err(fail(
-                Code::NotFound,
-                format!(
-                    "{} on {remote} is a legacy branch (one archive, no keys): nothing to prune; `{} cache publish {}` replaces it with format v1",
-                    m.branch,
-                    crate::invocation::command(),
-                    m.name
-                ),
-            ));
-        }
+        let state = load_v1(&git, &remote, &m, &out)?;
         let policy = Policy {
             keep: args.keep,
             older_than,
@@ -286,30 +337,7 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
             protect: pinned_keys(&m, &key, &state.manifest),
         };
         let drops = select(&state.manifest, part.as_deref(), &policy);
-        let report = |k: &String, e: &KeyEntry| KeyReport {
-            key: k.clone(),
-            created_at: e.created_at.clone(),
-            platform: part_value(e, part.as_deref()),
-            bytes: e.chunks.iter().map(|c| c.size).sum(),
-        };
-        let (dropped, kept): (Vec<_>, Vec<_>) = state
-            .manifest
-            .keys
-            .iter()
-            .map(|(k, e)| (drops.contains(k), report(k, e)))
-            .partition(|(d, _)| *d);
-        let mut summary = PruneSummary {
-            name: m.name.clone(),
-            branch: m.branch.clone(),
-            remote: remote.to_string(),
-            status: "nothing to prune",
-            previous_commit: state.commit.clone(),
-            commit: state.commit.clone(),
-            bytes_dropped: dropped.iter().map(|(_, r)| r.bytes).sum(),
-            dropped: dropped.into_iter().map(|(_, r)| r).collect(),
-            kept: kept.into_iter().map(|(_, r)| r).collect(),
-            retries: lease.lost,
-        };
+        let mut summary = summarize(&m, &remote, &state, &drops, part.as_deref(), lease.lost);
         for r in &summary.dropped {
             out.say(format!(
                 "{} {} (created {}, {})",

@@ -183,7 +183,7 @@ mod tests {
                 &manifest(),
             );
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("src/cache/snapshots")
+                .join("src/cache/format/snapshots")
                 .join(file);
             if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();

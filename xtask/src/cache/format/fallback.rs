@@ -9,9 +9,9 @@
 
 use serde::Serialize;
 
+use crate::cache::format::manifest::{Fallback, Key};
 use crate::cache::format::{BranchManifest, KeyEntry};
-use crate::cache::manifest::{Fallback, Key};
-use crate::cache::prune::parse_rfc3339_ms;
+use crate::cache::publish::prune::parse_rfc3339_ms;
 
 /// One key part whose value differs between the exact key and the one used.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -53,7 +53,7 @@ fn matches(f: &Fallback, wanted: &Key, key: &str, e: &KeyEntry) -> bool {
 /// cache's name) that `wanted` has.
 fn spells(wanted: &Key, key: &str, e: &KeyEntry) -> bool {
     let tail = |parts: &[crate::cache::format::KeyPart]| {
-        let k = crate::cache::manifest::key_from_parts("x", parts.to_vec()).value;
+        let k = crate::cache::format::manifest::key_from_parts("x", parts.to_vec()).value;
         k["x".len()..].to_string()
     };
     let Some(prefix) = wanted.value.strip_suffix(&tail(&wanted.parts)) else {

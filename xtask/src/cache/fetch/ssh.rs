@@ -1,5 +1,5 @@
 //! An ssh remote reached the way `git fetch` reaches it, for the direct
-//! chunk reader (`cache::direct`): the same URL forms, the same ssh program
+//! chunk reader (`cache::fetch::direct`): the same URL forms, the same ssh program
 //! and the same arguments as git's `connect.c` (`parse_connect_url`,
 //! `fill_ssh_args`, `push_ssh_options`, `determine_ssh_variant`), so that a
 //! restore logs in with whatever key, config and wrapper the user's git
@@ -24,7 +24,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::cache::git::CacheGit;
+use crate::cache::fetch::git::CacheGit;
 
 /// Where an ssh URL points, as git's `parse_connect_url` splits it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::cache::format::KeyPart;
-use crate::cache::manifest::Mode;
+use crate::cache::format::manifest::Mode;
 
 /// The `format` field of stamps this build writes and reads.
 pub const STAMP_FORMAT: u32 = 1;

@@ -4,6 +4,12 @@
 //! branch and never touches git, the network or the file system. See
 //! DESIGN.md, "Cache branch format v1" and "Legacy branches".
 
+pub mod bootstrap;
+pub mod fallback;
+pub mod files;
+pub mod manifest;
+pub mod readme;
+
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -68,7 +74,7 @@ pub struct KeyEntry {
     /// stream, so restorers that ignore this field still read the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frames: Option<Frames>,
-    /// The key's per-file index (`cache::files`), a file on the branch that
+    /// The key's per-file index (`cache::format::files`), a file on the branch that
     /// `SHA256SUMS` does not list (today's restorers require SHA256SUMS to
     /// name exactly the chunks). Absent on older branches.
     #[serde(default, skip_serializing_if = "Option::is_none")]

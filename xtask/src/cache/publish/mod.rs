@@ -14,6 +14,13 @@
 //! is not a cache branch, or push when this key's bytes are already there.
 
 #![warn(clippy::too_many_lines)]
+
+pub mod chunks;
+pub mod migrate;
+pub mod pack;
+pub mod packed;
+pub mod prune;
+pub mod push;
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use serde_json::Value;
@@ -25,17 +32,15 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
+use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
+use crate::cache::format::manifest::{self, CacheManifest, Key};
+use crate::cache::format::readme::{self, ReadmeContext};
 use crate::cache::format::{
     self, BranchManifest, Chunk, IndexFile, KeyEntry, KeyPart, Layout, archive_name, chunk_name,
     index_name, render_sums,
 };
-use crate::cache::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::cache::human_bytes;
-use crate::cache::manifest::{self, CacheManifest, Key};
-use crate::cache::pack::{self, ChunkFile, PackOptions, Plan};
-use crate::cache::packed;
-use crate::cache::push;
-use crate::cache::readme::{self, ReadmeContext};
+use crate::cache::publish::pack::{ChunkFile, PackOptions, Plan};
 use crate::cli::cache::PublishArgs;
 use crate::clock;
 use crate::exit::{Code, fail};
@@ -174,7 +179,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     }
 
     let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());
-    let remote = crate::cache::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
     summary.remote = Some(RemoteJson::of(&remote));
     let t = Instant::now();
     let planned_at_ns = clock::now_ns();
@@ -616,9 +621,13 @@ impl Cx<'_> {
     ) -> Result<(String, Vec<String>, Vec<String>)> {
         let (m, key, out) = (self.m, self.key, self.out);
         let drops = match m.keep {
-            Some(n) => {
-                crate::cache::prune::after_publish(m, key, state.map(|s| &s.manifest), new.entry, n)
-            }
+            Some(n) => crate::cache::publish::prune::after_publish(
+                m,
+                key,
+                state.map(|s| &s.manifest),
+                new.entry,
+                n,
+            ),
             None => Vec::new(),
         };
         if let Some(s) = state {
@@ -744,7 +753,7 @@ fn resign(
     let m = manifest::load(repo, &args.name)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
-    let remote = crate::cache::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
     let Some(key_file) = signing_key(args.signing_key.as_deref()) else {
         return Err(fail(
             Code::Config,
@@ -1450,7 +1459,7 @@ fn key_entry(
     let index = IndexFile {
         file: index_name(key),
         size: index_bytes.len() as u64,
-        sha256: crate::cache::manifest::hex(&Sha256::digest(&index_bytes)),
+        sha256: crate::cache::format::manifest::hex(&Sha256::digest(&index_bytes)),
     };
     let index_oid = git
         .write_blob_bytes(&index_bytes)

@@ -6,7 +6,7 @@
 //! filled: chunks are named by content, so a key that shares a chunk with
 //! another one finds it there), and in the user's own repository (a full
 //! clone, or one that fetched the cache branch itself, holds the very chunk
-//! blobs). Only what none of them holds is fetched (`cache::prefetch`).
+//! blobs). Only what none of them holds is fetched (`cache::fetch::prefetch`).
 //!
 //! Looking is cheap (sizes only: one `git cat-file --batch-check` per
 //! repository, one `stat` per chunk); a chunk is trusted only once its
@@ -24,8 +24,8 @@ use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
-use crate::cache::direct::Store;
-use crate::cache::git::CacheGit;
+use crate::cache::fetch::direct::Store;
+use crate::cache::fetch::git::CacheGit;
 
 /// Where a chunk was found, before any hashing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub fn clone_sizes(git: &CacheGit, oids: &[String]) -> Vec<Option<u64>> {
     if oids.is_empty() {
         return Vec::new();
     }
-    if !crate::cache::git::missing_lookups_safe() && is_partial_clone(git) {
+    if !crate::cache::fetch::git::missing_lookups_safe() && is_partial_clone(git) {
         return none();
     }
     let mut cmd = git.user_git();

@@ -38,7 +38,7 @@
 
 use anyhow::{Context, Result};
 
-use crate::cache::pack::TreeStamp;
+use crate::cache::publish::pack::TreeStamp;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -96,8 +96,8 @@ pub fn pack_params(frames: &crate::cache::format::Frames) -> String {
         f.level,
         f.window_log,
         f.checksum,
-        crate::cache::files::MAGIC,
-        crate::cache::pack::INDEX_LEVEL
+        crate::cache::format::files::MAGIC,
+        crate::cache::publish::pack::INDEX_LEVEL
     )
 }
 
@@ -166,7 +166,7 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::chunks::{Params, Sizes};
+    use crate::cache::publish::chunks::{Params, Sizes};
 
     fn pack_params(level: i32, avg: u64) -> String {
         let params = Params {
