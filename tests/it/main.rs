@@ -5,6 +5,7 @@ mod util;
 mod adopt;
 mod adopt_ci;
 mod attack;
+mod attack18;
 mod attack2;
 mod broken_pipe;
 mod cache_batch;

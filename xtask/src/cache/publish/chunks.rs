@@ -20,7 +20,7 @@
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, mpsc};
 
 use crate::cache::format::manifest::hex;
@@ -292,13 +292,24 @@ fn compress(
     Ok(())
 }
 
-/// The frame `reuse` has for `raw`, if it fits `limit` and decodes to
-/// exactly `raw` (a wrong or damaged one is ignored: zstd then makes it).
+/// The frame `reuse` has for `raw`, if it fits `limit`, is one zstd frame,
+/// and a streaming decoder with zstd's default memory limit (as `zstd -d`
+/// in the coreutils line, and our own stream path) decodes it to exactly
+/// `raw` (a wrong or damaged one is ignored: zstd then makes it). The
+/// bytes come from an earlier key a pusher may have written: a frame of
+/// the right bytes that asks for a 2 GiB window would otherwise go into a
+/// key CI signs, which no such decoder then reads.
 fn reused(raw: &[u8], limit: u64, reuse: Reuse) -> Option<Frame> {
     let raw_sha256 = hex(&Sha256::digest(raw));
     let bytes = reuse(&raw_sha256).filter(|b| b.len() as u64 <= limit)?;
-    let decoded = zstd::bulk::decompress(&bytes, raw.len()).ok()?;
-    (decoded == raw).then(|| Frame {
+    let one_frame = zstd::zstd_safe::find_frame_compressed_size(&bytes).ok()? == bytes.len();
+    let mut decoded = Vec::with_capacity(raw.len());
+    zstd::stream::read::Decoder::with_buffer(&bytes[..])
+        .ok()?
+        .take(raw.len() as u64 + 1)
+        .read_to_end(&mut decoded)
+        .ok()?;
+    (one_frame && decoded == raw).then(|| Frame {
         reused: true,
         index: 0,
         sha256: hex(&Sha256::digest(&bytes)),

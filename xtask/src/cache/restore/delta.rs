@@ -129,11 +129,17 @@ pub struct Record {
     pub tar_sha256: String,
     /// sha256 of the index file kept beside the record.
     pub index_sha256: String,
-    /// The clock (ns since the epoch) once the stats were read: a file whose
+    /// The clock (ns since the epoch) before the stats were read: a file whose
     /// ctime is within `RACY_NS` of it could be changed again within the
     /// same tick of the file system's coarse clock, unseen by its ctime, so
     /// its bytes are hashed before it is linked (git's "racily clean").
     pub clock_ns: i64,
+    /// Whether every recorded file was checked against the index's digest
+    /// on this machine: a delta checks what it writes, hashes or inherits
+    /// what it links, so its record is; a full install never compares the
+    /// tar with the index (a pusher's index may lie about its own tar), so
+    /// the next delta hashes each file of its record before linking it.
+    pub verified: bool,
     pub stats: Vec<FileStat>,
 }
 
@@ -143,11 +149,12 @@ pub const RACY_NS: i64 = 20_000_000;
 impl Record {
     pub fn render(&self) -> String {
         let mut s = format!(
-            "{RECORD_MAGIC}\nkey {}\ntar {}\nindex {}\nclock {}\nfiles {}\n",
+            "{RECORD_MAGIC}\nkey {}\ntar {}\nindex {}\nclock {}\nverified {}\nfiles {}\n",
             self.key,
             self.tar_sha256,
             self.index_sha256,
             self.clock_ns,
+            if self.verified { "yes" } else { "no" },
             self.stats.len()
         );
         for st in &self.stats {
@@ -174,6 +181,11 @@ impl Record {
         let tar_sha256 = field("tar")?;
         let index_sha256 = field("index")?;
         let clock_ns: i64 = field("clock")?.parse().context("clock")?;
+        let verified = match field("verified")?.as_str() {
+            "yes" => true,
+            "no" => false,
+            other => anyhow::bail!("verified is {other:?}, not yes or no"),
+        };
         let count: usize = field("files")?.parse().context("files")?;
         let stats = lines.map(parse_stat).collect::<Result<Vec<_>>>()?;
         anyhow::ensure!(
@@ -186,6 +198,7 @@ impl Record {
             tar_sha256,
             index_sha256,
             clock_ns,
+            verified,
             stats,
         })
     }
@@ -260,6 +273,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// After an install is final (swapped in, the tree before removed):
 /// records each file's stat, with the key's index, for the next delta.
+/// `verified`: the install was a delta (see `Record::verified`).
 pub fn remember(
     state_dir: &Path,
     name: &str,
@@ -267,13 +281,19 @@ pub fn remember(
     key: &str,
     tar_sha256: &str,
     new: &NewIndex,
+    verified: bool,
 ) -> Result<()> {
+    // Before the first stat: a file changed after its stat within the same
+    // coarse tick as its ctime has a ctime no earlier than this less a
+    // tick, however long the walk over the other files takes.
+    let clock_ns = now_ns();
     let stats = stat_files(target, &new.index)?;
     let record = Record {
         key: key.to_string(),
         tar_sha256: tar_sha256.to_string(),
         index_sha256: hex(&Sha256::digest(&new.bytes)),
-        clock_ns: now_ns(),
+        clock_ns,
+        verified,
         stats,
     };
     // The index first: the record names it by digest, so a kill between
@@ -301,8 +321,9 @@ pub fn remember_or_warn(
     key: &str,
     tar_sha256: &str,
     new: &NewIndex,
+    verified: bool,
 ) {
-    if let Err(e) = remember(state_dir, name, target, key, tar_sha256, new) {
+    if let Err(e) = remember(state_dir, name, target, key, tar_sha256, new, verified) {
         eprintln!("warning: {e:#}; the next restore of {name} installs in full");
     }
     unpack::kill_point("delta:recorded");
@@ -449,7 +470,12 @@ pub fn installed(
         ));
     }
     let index = decode_index(&bytes, files).map_err(|e| format!("{}: {e}", ipath.display()))?;
-    let clock_ns = record.clock_ns;
+    // Unverified: every file counts as racy, so it is hashed before use.
+    let clock_ns = if record.verified {
+        record.clock_ns
+    } else {
+        i64::MIN.saturating_add(RACY_NS)
+    };
     let mut stats = record.stats.into_iter();
     let aligned: Vec<Option<FileStat>> = index
         .entries
@@ -1587,7 +1613,7 @@ mod tests {
             }
             let state = t.path().join("state");
             let tar_hex = hex(&Sha256::digest(&tar));
-            remember(&state, "c", &target, "k1", &tar_hex, &zst(&old)).unwrap();
+            remember(&state, "c", &target, "k1", &tar_hex, &zst(&old), true).unwrap();
             Fx {
                 t,
                 target,
@@ -1903,6 +1929,7 @@ mod tests {
         );
         for bad in [
             r.replace("clock ", "clock x"),
+            r.replace("verified yes", "verified maybe"),
             r.replacen(" 100644 ", " 10064x ", 1),
             r.replacen(" 100644 ", " ", 1),
             r[..r.trim_end().rfind('\n').unwrap() + 1].to_string(),

@@ -1241,7 +1241,8 @@ fn cold(
         unpack::kill_point("restore:installed");
         if let Some(Ok(new)) = &index {
             let tar = &vstats.tar_sha256;
-            delta::remember_or_warn(&state_dir, &m.name, target, &key.value, tar, new);
+            let verified = staged.delta.is_some();
+            delta::remember_or_warn(&state_dir, &m.name, target, &key.value, tar, new, verified);
         }
     }
     drop(staging);

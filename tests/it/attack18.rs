@@ -1,0 +1,305 @@
+//! Attacks on issue 18's delta install: what a pusher who wrote a lying
+//! file index can keep in a later, honest key's tree.
+
+use crate::util::{Run, TestEnv, run, show};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::io::Read;
+use std::path::PathBuf;
+
+struct Fx {
+    env: TestEnv,
+    target: PathBuf,
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let env = TestEnv::new();
+        env.bare_remote("origin.git");
+        let work = env.work_repo("work");
+        env.git("work", ["remote", "add", "origin", "../origin.git"]);
+        let target = env.join("installed/dt");
+        let text = format!(
+            "[cache]\ndescription = \"delta\"\n\n[[key]]\nname = \"v\"\nregex = {{ file = \"pins.txt\", pattern = 'v=(\\S+)' }}\n\n[pack]\nroot = \"../art\"\n\n[publish]\nchunk_avg = \"8KiB\"\n\n[restore]\npath = \"{}\"\n",
+            target.display()
+        );
+        fs::create_dir_all(work.join("cache-manifests")).unwrap();
+        fs::write(work.join("cache-manifests/dt.toml"), text).unwrap();
+        Fx { env, target }
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let r: Run = run(self.env.xtask_in("work").args(args)).ok();
+        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+    }
+
+    fn pin(&self, v: &str) {
+        fs::write(self.env.join("work/pins.txt"), format!("v={v}\n")).unwrap();
+    }
+
+    /// Publishes `dt-<v>`: forty files, `d/f00` says `first`.
+    fn publish(&self, v: &str, first: &str) {
+        self.pin(v);
+        let art = self.env.join("art");
+        let _ = fs::remove_dir_all(&art);
+        fs::create_dir_all(art.join("d")).unwrap();
+        for i in 0..40 {
+            let tag = if i == 0 { first } else { "base" };
+            fs::write(
+                art.join(format!("d/f{i:02}")),
+                format!("{i} {tag}\n").repeat(200),
+            )
+            .unwrap();
+        }
+        // Written after d/f00, so that its ctime is well before the
+        // install's end (as any file is, an hour later).
+        fs::create_dir_all(art.join("e")).unwrap();
+        for i in 0..3000 {
+            fs::write(art.join(format!("e/g{i:04}")), format!("{i}\n")).unwrap();
+        }
+        self.json(&["cache", "publish", "dt", "--json"]);
+    }
+
+    fn restore(&self, v: &str) -> Value {
+        self.pin(v);
+        self.json(&["cache", "restore", "dt", "--json"])
+    }
+}
+
+fn zstd_decode(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::new(bytes)
+        .unwrap()
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A pusher (no signature asked for yet) publishes a key whose tar holds
+/// one file but whose index claims that file has the content an honest
+/// later key will have. The honest key's delta install then links the
+/// pusher's file into its tree: the tree is not the honest key's tar,
+/// and stays so for every later key where the file does not change.
+#[test]
+fn a_lying_index_of_the_installed_key_never_keeps_its_file_in_a_later_key() {
+    let fx = Fx::new();
+    let evil = "0 evil\n".repeat(200);
+    let good = "0 base\n".repeat(200);
+    fx.publish("1", "evil");
+    // The pusher rewrites dt-1's index: d/f00's digest becomes the good one.
+    let env = &fx.env;
+    let refs = env.git("origin.git", ["for-each-ref", "--format=%(refname)"]);
+    let cache_ref = refs
+        .lines()
+        .find(|r| r.contains("dt") && !r.contains("tmp"))
+        .unwrap_or_else(|| panic!("no cache ref in {refs}"))
+        .to_string();
+    env.git(".", ["clone", "-q", "--no-checkout", "origin.git", "evil"]);
+    env.git(
+        "evil",
+        ["fetch", "-q", "origin", &format!("{cache_ref}:refs/x")],
+    );
+    env.git("evil", ["checkout", "-q", "refs/x"]);
+    let idx_path = env.join("evil/dt-1.files.zst");
+    let text = String::from_utf8(zstd_decode(&fs::read(&idx_path).unwrap())).unwrap();
+    let (evil_hex, good_hex) = (
+        hex(&Sha256::digest(evil.as_bytes())),
+        hex(&Sha256::digest(good.as_bytes())),
+    );
+    assert!(text.contains(&evil_hex), "{text}");
+    let lie = zstd::stream::encode_all(text.replace(&evil_hex, &good_hex).as_bytes(), 3).unwrap();
+    fs::write(&idx_path, &lie).unwrap();
+    let wj = env.join("evil/warmstart.json");
+    let mut j: Value = serde_json::from_str(&fs::read_to_string(&wj).unwrap()).unwrap();
+    let index = &mut j["keys"]["dt-1"]["index"];
+    index["size"] = lie.len().into();
+    index["sha256"] = hex(&Sha256::digest(&lie)).into();
+    fs::write(&wj, serde_json::to_string_pretty(&j).unwrap()).unwrap();
+    // A cache branch is one parentless commit: the pusher replaces it.
+    env.git("evil", ["add", "-A"]);
+    let tree = env.git("evil", ["write-tree"]);
+    let msg = env.git("evil", ["log", "-1", "--format=%B"]);
+    let commit = env.git(
+        "evil",
+        [
+            "-c",
+            "user.name=p",
+            "-c",
+            "user.email=p@x",
+            "commit-tree",
+            tree.trim(),
+            "-m",
+            msg.trim(),
+        ],
+    );
+    let spec = format!("+{}:{cache_ref}", commit.trim());
+    env.git("evil", ["push", "-q", "origin", &spec]);
+
+    let j = fx.restore("1");
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(fs::read_to_string(fx.target.join("d/f00")).unwrap(), evil);
+    // The honest publisher's key: d/f00 is the good content.
+    fx.publish("2", "base");
+    let j = fx.restore("2");
+    assert_eq!(j["state"], "restored", "{j}");
+    assert_eq!(
+        fs::read_to_string(fx.target.join("d/f00")).unwrap(),
+        good,
+        "the delta kept the pusher's file in dt-2's tree: {j}"
+    );
+    // Still a delta: every other file was hashed once, then linked.
+    assert_eq!(j["delta_fallback"], Value::Null, "{j}");
+    assert_eq!(j["files_linked"], 3039, "{j}");
+}
+
+/// The cache branch as a pusher sees it: a clone checked out at it.
+fn pusher_checkout(env: &TestEnv) -> String {
+    let refs = env.git("origin.git", ["for-each-ref", "--format=%(refname)"]);
+    let cache_ref = refs
+        .lines()
+        .find(|r| r.contains("dt") && !r.contains("tmp"))
+        .unwrap_or_else(|| panic!("no cache ref in {refs}"))
+        .to_string();
+    let _ = fs::remove_dir_all(env.join("evil"));
+    env.git(".", ["clone", "-q", "--no-checkout", "origin.git", "evil"]);
+    env.git(
+        "evil",
+        ["fetch", "-q", "origin", &format!("+{cache_ref}:refs/x")],
+    );
+    env.git("evil", ["checkout", "-q", "refs/x"]);
+    cache_ref
+}
+
+/// Replaces the cache branch with the checkout, as one parentless commit.
+fn pusher_push(env: &TestEnv, cache_ref: &str) {
+    env.git("evil", ["add", "-A"]);
+    let tree = env.git("evil", ["write-tree"]);
+    let msg = env.git("evil", ["log", "-1", "--format=%B"]);
+    let commit = env.git(
+        "evil",
+        [
+            "-c",
+            "user.name=p",
+            "-c",
+            "user.email=p@x",
+            "commit-tree",
+            tree.trim(),
+            "-m",
+            msg.trim(),
+        ],
+    );
+    let spec = format!("+{}:{cache_ref}", commit.trim());
+    env.git("evil", ["push", "-q", "origin", &spec]);
+}
+
+/// zstd's own CLI, as the coreutils restore line runs it.
+fn zstd_cli(args: &[&str], input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new("zstd")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running zstd (tools/test.sh installs it)");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let w = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    w.join().unwrap().unwrap();
+    out
+}
+
+/// A pusher swaps a key's chunks for frames of the same raw bytes that ask
+/// for a 2 GiB window (`zstd --long=31` from a pipe). The next honest
+/// publish reuses frames by their raw sha256 and, once it checked they
+/// decode to those bytes, puts them in its own key, which CI signs: then
+/// `zstd -d` (the coreutils restore line) and every streaming decoder with
+/// zstd's default memory limit refuse that key.
+#[test]
+fn a_reused_frame_always_decodes_within_zstds_default_window() {
+    let fx = Fx::new();
+    let env = &fx.env;
+    fx.publish("1", "base");
+    let cache_ref = pusher_checkout(env);
+    let wj = env.join("evil/warmstart.json");
+    let mut j: Value = serde_json::from_str(&fs::read_to_string(&wj).unwrap()).unwrap();
+    let chunks = j["keys"]["dt-1"]["chunks"].as_array_mut().unwrap();
+    let mut swaps = Vec::new();
+    for c in chunks.iter_mut() {
+        let path = env.join("evil").join(c["file"].as_str().unwrap());
+        let raw = zstd_decode(&fs::read(&path).unwrap());
+        let big = zstd_cli(&["-q", "-c", "--long=31"], &raw);
+        assert!(big.status.success(), "{}", show(&big));
+        assert!(!zstd_cli(&["-d", "-q", "-c"], &big.stdout).status.success());
+        fs::write(&path, &big.stdout).unwrap();
+        c["size"] = big.stdout.len().into();
+        let new = hex(&Sha256::digest(&big.stdout));
+        swaps.push((c["sha256"].as_str().unwrap().to_string(), new.clone()));
+        c["sha256"] = new.into();
+    }
+    fs::write(&wj, serde_json::to_string_pretty(&j).unwrap()).unwrap();
+    // Every other list of chunk digests (SHA256SUMS) says the same.
+    for e in fs::read_dir(env.join("evil")).unwrap() {
+        let path = e.unwrap().path();
+        let Ok(mut text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        for (old, new) in &swaps {
+            text = text.replace(old.as_str(), new);
+        }
+        fs::write(&path, text).unwrap();
+    }
+    pusher_push(env, &cache_ref);
+
+    // CI restores the cache it refreshes (so cache.git holds its chunks),
+    // then publishes the key again, one file changed.
+    let r = fx.restore("1");
+    assert_eq!(r["state"], "restored", "{r}");
+    fx.publish("1", "next");
+    pusher_checkout(env);
+    let j: Value =
+        serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
+            .unwrap();
+    for c in j["keys"]["dt-1"]["chunks"].as_array().unwrap() {
+        let file = c["file"].as_str().unwrap();
+        let bytes = fs::read(env.join("evil").join(file)).unwrap();
+        let d = zstd_cli(&["-d", "-q", "-c"], &bytes);
+        assert!(
+            d.status.success(),
+            "{file} of the new dt-1 needs more than zstd's default window: {}",
+            show(&d)
+        );
+    }
+}
+
+/// A pusher swaps the bytes of one chunk blob of a key and leaves its
+/// digest in warmstart.json. The next honest publish of that key makes a
+/// chunk with that digest, and takes the branch's blob for it by the
+/// digest warmstart.json gives: the key CI then signs names bytes that no
+/// restore accepts, and each later refresh keeps it so.
+#[test]
+fn a_refresh_never_takes_a_branch_blob_whose_bytes_are_not_its_digest() {
+    let fx = Fx::new();
+    let env = &fx.env;
+    fx.publish("1", "base");
+    let cache_ref = pusher_checkout(env);
+    let j: Value =
+        serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
+            .unwrap();
+    let victim = j["keys"]["dt-1"]["chunks"][1]["file"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fs::write(env.join("evil").join(&victim), "not the chunk\n").unwrap();
+    pusher_push(env, &cache_ref);
+    // The honest refresh: d/f00 changes, the chunk after it does not.
+    fx.publish("1", "next");
+    let r = fx.restore("1");
+    assert_eq!(r["state"], "restored", "{r}");
+}
