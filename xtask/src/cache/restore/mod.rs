@@ -1127,6 +1127,87 @@ fn new_stamp(
     }
 }
 
+/// Finishes (or undoes) whatever a killed run left, before anything else:
+/// even if the fetch after fails, the target is whole again. Returns the
+/// state directory and the merge journal's path.
+fn recover_first(repo: &Repo, m: &CacheManifest) -> Result<(PathBuf, PathBuf)> {
+    let state_dir = repo.state_dir();
+    let journal = journal_path(&state_dir, &m.name);
+    match m.mode {
+        Mode::Replace => unpack::recover_swap(&m.restore_path)?,
+        Mode::Merge | Mode::Overlay => unpack::recover(&journal, &m.restore_path)?,
+    }
+    Ok((state_dir, journal))
+}
+
+/// Fetches the key's file index (replace mode keeps it for the next delta
+/// install) and builds staging `dest`: a delta of the installed tree where
+/// it can be, else a full unpack.
+#[allow(clippy::too_many_arguments)]
+fn stage(
+    git: &CacheGit,
+    branch: &Branch,
+    kp: &KeyPlan,
+    m: &CacheManifest,
+    key: &Key,
+    (state_dir, stamp_file): (&Path, &Path),
+    opts: &RestoreOptions,
+    dest: &Path,
+) -> Result<(Option<Result<delta::NewIndex, String>>, delta::Staged)> {
+    let index = match m.mode {
+        Mode::Replace => delta::fetch_index(git, branch, &key.value)?,
+        _ => None,
+    };
+    let ctx = delta::Ctx {
+        git,
+        branch,
+        kp,
+        name: &m.name,
+        target: &m.restore_path,
+        state_dir,
+        stamp_file,
+        index: index.as_ref(),
+        allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
+        progress: opts.progress,
+    };
+    let staged = delta::stage(&ctx, dest)?;
+    Ok((index, staged))
+}
+
+/// With `--verify` over an installed copy: `Verified` when staging and the
+/// target agree, else `Repaired` and the first difference.
+fn compared(
+    opts: &RestoreOptions,
+    m: &CacheManifest,
+    dest: &Path,
+) -> Result<(State, Option<String>)> {
+    let target = &m.restore_path;
+    if !opts.verify || std::fs::symlink_metadata(target).is_err() {
+        return Ok((State::Restored, None));
+    }
+    let (diff, _) = compare::first_difference(dest, target, m.mode == Mode::Replace)?;
+    Ok(match diff {
+        None => (State::Verified, None),
+        Some(d) => (State::Repaired, Some(d)),
+    })
+}
+
+/// The ready-probe after an install: a cache that installed but still is
+/// not ready means the probe checks something else (exit 10).
+fn ready_after_install(m: &CacheManifest, key: &Key) -> Result<()> {
+    ready(m).map_err(|why| {
+        fail(
+            Code::Config,
+            format!(
+                "installed {} at {}, but the ready-probe of {} still fails ({why}): fix [ready] so that it checks something the cache contains",
+                key.value,
+                m.restore_path.display(),
+                m.file.display()
+            ),
+        )
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 fn cold(
     sh: &Shell,
@@ -1139,14 +1220,7 @@ fn cold(
     mut phases: Phases,
 ) -> Result<RestoreOutcome> {
     let target = &m.restore_path;
-    let state_dir = repo.state_dir();
-    let journal = journal_path(&state_dir, &m.name);
-    // Finish (or undo) whatever a killed run left, before anything else:
-    // even if the fetch below fails, the target is whole again.
-    match m.mode {
-        Mode::Replace => unpack::recover_swap(target)?,
-        Mode::Merge | Mode::Overlay => unpack::recover(&journal, target)?,
-    }
+    let (state_dir, journal) = recover_first(repo, m)?;
 
     let t = Instant::now();
     let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
@@ -1177,24 +1251,8 @@ fn cold(
     let t = Instant::now();
     let mut staging = Staging(Some(unpack::staging_dir_for(target)?));
     let dest = staging.0.clone().expect("staging is set");
-    // Replace mode keeps the key's file index, for the next delta install.
-    let index = match m.mode {
-        Mode::Replace => delta::fetch_index(&git, &branch, &key.value)?,
-        _ => None,
-    };
-    let ctx = delta::Ctx {
-        git: &git,
-        branch: &branch,
-        kp: &kp,
-        name: &m.name,
-        target,
-        state_dir: &state_dir,
-        stamp_file,
-        index: index.as_ref(),
-        allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
-        progress: opts.progress,
-    };
-    let staged = delta::stage(&ctx, &dest)?;
+    let files = (state_dir.as_path(), stamp_file);
+    let (index, staged) = stage(&git, &branch, &kp, m, key, files, opts, &dest)?;
     let (ustats, vstats, fetched) = (staged.unpacked, &staged.verified, &staged.fetched);
     phases.unpack_ms = t.elapsed().as_millis() as u64;
     phases.chunk_fetch_ms = fetched.fetch_ms;
@@ -1214,18 +1272,7 @@ fn cold(
         )?),
         _ => None,
     };
-    let mut difference = None;
-    let mut state = State::Restored;
-    if opts.verify && std::fs::symlink_metadata(target).is_ok() {
-        let (diff, _) = compare::first_difference(&dest, target, m.mode == Mode::Replace)?;
-        match diff {
-            None => state = State::Verified,
-            Some(d) => {
-                state = State::Repaired;
-                difference = Some(d);
-            }
-        }
-    }
+    let (mut state, difference) = compared(opts, m, &dest)?;
 
     let t = Instant::now();
     if state != State::Verified {
@@ -1251,17 +1298,7 @@ fn cold(
     stamp::store(stamp_file, &s)?;
     crate::cache::gc::installed(&state_dir, &s, &branch);
     phases.install_ms = t.elapsed().as_millis() as u64;
-    if let Err(why) = ready(m) {
-        return Err(fail(
-            Code::Config,
-            format!(
-                "installed {} at {}, but the ready-probe of {} still fails ({why}): fix [ready] so that it checks something the cache contains",
-                key.value,
-                target.display(),
-                m.file.display()
-            ),
-        ));
-    }
+    ready_after_install(m, key)?;
     let duration = start.elapsed();
     if partial.is_some() && state == State::Restored {
         state = State::Partial;
