@@ -65,12 +65,8 @@ pub fn sign(sh: &Shell, key: &Path, data: &[u8]) -> Result<Vec<u8>> {
             ),
         ));
     }
-    let out = cmd!(sh, "ssh-keygen -Y sign -q -f {key} -n {NAMESPACE}")
-        .stdin(data)
-        .quiet()
-        .ignore_status()
-        .output()
-        .map_err(|e| missing_tool(e.into()))?;
+    let out = cmd!(sh, "ssh-keygen -Y sign -q -f {key} -n {NAMESPACE}").quiet();
+    let out = with_stdin(out, data).map_err(|e| missing_tool(e.into()))?;
     if !out.status.success() || !out.stdout.starts_with(b"-----BEGIN SSH SIGNATURE-----") {
         return Err(fail(
             Code::Config,
@@ -82,6 +78,34 @@ pub fn sign(sh: &Shell, key: &Path, data: &[u8]) -> Result<Vec<u8>> {
         ));
     }
     Ok(out.stdout)
+}
+
+/// Runs `cmd` with `data` on its stdin and its output captured, whatever
+/// its exit status. ssh-keygen reads the signature file first and exits
+/// on one it cannot parse (a hostile or broken signature) before reading
+/// its stdin: the broken pipe that leaves us is its verdict, which the exit
+/// status carries, not a failure to run it.
+fn with_stdin(cmd: xshell::Cmd<'_>, data: &[u8]) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut c = std::process::Command::from(cmd);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn()?;
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // ssh-keygen reads all of its stdin before it writes a word (it hashes
+    // the message first), so writing it whole before reading cannot block.
+    let written = stdin.write_all(data);
+    drop(stdin);
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e)
+        }
+        _ => child.wait_with_output(),
+    }
 }
 
 fn missing_tool(e: anyhow::Error) -> anyhow::Error {
@@ -191,11 +215,8 @@ impl Verifier {
                 sh,
                 "ssh-keygen -Y verify -f {allowed} -I {p} -n {NAMESPACE} -s {sig_file}"
             )
-            .stdin(data)
-            .quiet()
-            .ignore_status()
-            .output()
-            .map_err(|e| missing_tool(e.into()))?;
+            .quiet();
+            let out = with_stdin(out, data).map_err(|e| missing_tool(e.into()))?;
             if out.status.success() {
                 let _ = std::fs::remove_file(&sig_file);
                 return Ok(Verdict::Trusted {
@@ -209,11 +230,8 @@ impl Verifier {
             sh,
             "ssh-keygen -Y check-novalidate -n {NAMESPACE} -s {sig_file}"
         )
-        .stdin(data)
-        .quiet()
-        .ignore_status()
-        .output()
-        .map_err(|e| missing_tool(e.into()))?;
+        .quiet();
+        let out = with_stdin(out, data).map_err(|e| missing_tool(e.into()))?;
         let _ = std::fs::remove_file(&sig_file);
         match fingerprint_in(&out.stdout).filter(|_| out.status.success()) {
             Some(fingerprint) => Ok(Verdict::Untrusted {
@@ -233,13 +251,8 @@ impl Verifier {
             sh,
             "ssh-keygen -Y verify -f {allowed} -I {p} -n {NAMESPACE} -s {sig_file}"
         )
-        .stdin(data)
-        .quiet()
-        .ignore_status()
-        .ignore_stdout()
-        .ignore_stderr()
-        .output()
-        .map_err(|e| missing_tool(e.into()))?;
+        .quiet();
+        let out = with_stdin(out, data).map_err(|e| missing_tool(e.into()))?;
         Ok(out.status.success())
     }
 }
