@@ -21,6 +21,7 @@ pub mod demo;
 pub mod exit;
 pub mod gates;
 pub mod glob;
+pub mod hex;
 pub mod init;
 pub mod invocation;
 pub mod net;

@@ -52,7 +52,7 @@ pub fn pin(path: &Path) -> Result<Pin> {
         }
         hasher.update(&buf[..n]);
     }
-    let digest = crate::cache::format::manifest::hex(&hasher.finalize());
+    let digest = crate::hex::encode(&hasher.finalize());
     Ok(Pin {
         requirement: format!("{DIST}=={version}"),
         hash: format!("sha256:{digest}"),

@@ -25,7 +25,7 @@ pub enum State {
 
 /// The first 16 hex digits of sha256 over `body`.
 fn digest(body: &str) -> String {
-    crate::cache::format::manifest::hex(&Sha256::digest(body.as_bytes()))[..16].to_string()
+    crate::hex::encode(&Sha256::digest(body.as_bytes()))[..16].to_string()
 }
 
 /// The file for `body`, with its header line.

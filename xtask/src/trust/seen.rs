@@ -166,7 +166,7 @@ pub fn verified_digest(allowed: &[u8], principals: &[String], text: &[u8], sig: 
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
-    crate::cache::format::manifest::hex(&h.finalize())
+    crate::hex::encode(&h.finalize())
 }
 
 /// The principal and fingerprint a digest was verified as, if it was.

@@ -22,8 +22,8 @@
 use anyhow::{Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::cache::format::manifest::hex;
 use crate::cache::format::{Frames, IndexFile, KeyEntry, check_file_name, check_key};
+use crate::hex;
 
 /// The first line of a version 1 statement.
 pub const MAGIC: &str = "warmstart-statement 1";
@@ -83,7 +83,7 @@ pub fn gates_digest(gates: &serde_json::Value) -> Option<String> {
         return None;
     }
     let text = serde_json::to_string(gates).expect("a json value serializes");
-    Some(hex(&Sha256::digest(text.as_bytes())))
+    Some(hex::encode(&Sha256::digest(text.as_bytes())))
 }
 
 impl Statement {

@@ -40,7 +40,7 @@ use std::process::{Command, Stdio};
 
 use crate::cache::fetch::git::{CacheGit, Remote};
 use crate::cache::fetch::ssh::{self, Ssh};
-use crate::cache::format::manifest::hex;
+use crate::hex;
 
 /// Verified chunk files, named by their sha256, in `cache.git/chunks`.
 #[derive(Clone, Debug)]
@@ -57,7 +57,7 @@ impl Store {
 
     /// Where the chunk with this digest is kept.
     pub fn path(&self, sha256: &[u8; 32]) -> PathBuf {
-        self.dir.join(hex(sha256))
+        self.dir.join(hex::encode(sha256))
     }
 
     /// The size of the stored chunk with this digest, if there is one.
@@ -126,7 +126,7 @@ impl Store {
             let path = self.dir.join(format!(
                 "tmp-{}-{n}-{nanos}-{}",
                 std::process::id(),
-                hex(sha256)
+                hex::encode(sha256)
             ));
             match crate::unpack::create_new_file(&path) {
                 Ok(f) => return Ok((path, f)),
@@ -1004,7 +1004,7 @@ mod tests {
         );
         assert_eq!(stored, vec![0]);
         // No partial file is left, and only the checked blob was stored.
-        assert_eq!(stored_names(&store), vec![hex(&good.sha256)]);
+        assert_eq!(stored_names(&store), vec![hex::encode(&good.sha256)]);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! (paths expanded, globs compiled, limits checked). Computing the key reads
 //! files and asks git for tree ids; parsing touches nothing but the manifest.
 
+use crate::hex;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -859,18 +860,7 @@ pub fn git_tree_digest(sh: &xshell::Shell, repo: &Repo, paths: &[String]) -> Res
     let mut text = out;
     text.push('\n');
     let digest = Sha256::digest(text.as_bytes());
-    Ok(hex(&digest)[..16].to_string())
-}
-
-/// Lowercase hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    const H: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(H[(b >> 4) as usize] as char);
-        s.push(H[(b & 15) as usize] as char);
-    }
-    s
+    Ok(hex::encode(&digest)[..16].to_string())
 }
 
 /// A path glob in the dialect of `crate::glob` (checked there): `*` and `?`

@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, mpsc};
 
-use crate::cache::format::manifest::hex;
 use crate::cache::format::{CHUNKER, Frames};
+use crate::hex;
 
 /// The default average chunk: 4 MiB of tar. Smaller chunks share more
 /// between two versions of a tree; each chunk costs a blob, a pack and a
@@ -300,7 +300,7 @@ fn compress(
 /// the right bytes that asks for a 2 GiB window would otherwise go into a
 /// key CI signs, which no such decoder then reads.
 fn reused(raw: &[u8], limit: u64, reuse: Reuse) -> Option<Frame> {
-    let raw_sha256 = hex(&Sha256::digest(raw));
+    let raw_sha256 = hex::encode(&Sha256::digest(raw));
     let bytes = reuse(&raw_sha256).filter(|b| b.len() as u64 <= limit)?;
     let one_frame = zstd::zstd_safe::find_frame_compressed_size(&bytes).ok()? == bytes.len();
     let mut decoded = Vec::with_capacity(raw.len());
@@ -312,7 +312,7 @@ fn reused(raw: &[u8], limit: u64, reuse: Reuse) -> Option<Frame> {
     (one_frame && decoded == raw).then(|| Frame {
         reused: true,
         index: 0,
-        sha256: hex(&Sha256::digest(&bytes)),
+        sha256: hex::encode(&Sha256::digest(&bytes)),
         bytes,
         raw_size: raw.len() as u64,
         raw_sha256,
@@ -323,10 +323,10 @@ fn frame(raw: &[u8], bytes: Vec<u8>) -> Frame {
     Frame {
         reused: false,
         index: 0,
-        sha256: hex(&Sha256::digest(&bytes)),
+        sha256: hex::encode(&Sha256::digest(&bytes)),
         bytes,
         raw_size: raw.len() as u64,
-        raw_sha256: hex(&Sha256::digest(raw)),
+        raw_sha256: hex::encode(&Sha256::digest(raw)),
     }
 }
 
@@ -594,8 +594,8 @@ mod tests {
             assert!(f.bytes.len() as u64 <= bound(f.raw_size));
             let raw = zstd::decode_all(&f.bytes[..]).unwrap();
             assert_eq!(raw.len() as u64, f.raw_size);
-            assert_eq!(hex(&Sha256::digest(&raw)), f.raw_sha256);
-            assert_eq!(hex(&Sha256::digest(&f.bytes)), f.sha256);
+            assert_eq!(hex::encode(&Sha256::digest(&raw)), f.raw_sha256);
+            assert_eq!(hex::encode(&Sha256::digest(&f.bytes)), f.sha256);
             back.extend(raw);
         }
         assert_eq!(back, data);

@@ -1459,7 +1459,7 @@ fn key_entry(
     let index = IndexFile {
         file: index_name(key),
         size: index_bytes.len() as u64,
-        sha256: crate::cache::format::manifest::hex(&Sha256::digest(&index_bytes)),
+        sha256: crate::hex::encode(&Sha256::digest(&index_bytes)),
     };
     let index_oid = git
         .write_blob_bytes(&index_bytes)

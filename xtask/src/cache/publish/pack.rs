@@ -33,9 +33,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use crate::cache::format::files;
-use crate::cache::format::manifest::{CacheManifest, Glob, hex};
+use crate::cache::format::manifest::{CacheManifest, Glob};
 use crate::cache::publish::chunks::{self, Frame, Params, Sizes};
 use crate::exit::{Code, fail};
+use crate::hex;
 
 /// The mtime of every entry unless the manifest keeps real ones:
 /// 2000-01-01T00:00:00Z. Not 0: tools that zip restored files (Python
@@ -161,7 +162,7 @@ impl Plan {
             h.update(&buf);
         }
         TreeStamp {
-            digest: hex(&h.finalize()),
+            digest: hex::encode(&h.finalize()),
             newest_ns,
         }
     }
@@ -502,7 +503,7 @@ pub struct TarDigest {
 pub fn write_tar(plan: &Plan, out: impl Write, progress: &mut dyn FnMut(u64)) -> Result<TarDigest> {
     let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), None, progress)?;
     Ok(TarDigest {
-        sha256: hex(&hasher.expect("a hasher was given").finalize()),
+        sha256: hex::encode(&hasher.expect("a hasher was given").finalize()),
         size,
         entries: plan.items.len() as u64,
     })
@@ -517,7 +518,7 @@ pub fn write_tar_indexed(
     let mut entries = Vec::with_capacity(plan.items.len());
     let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), Some(&mut entries), progress)?;
     let digest = TarDigest {
-        sha256: hex(&hasher.expect("a hasher was given").finalize()),
+        sha256: hex::encode(&hasher.expect("a hasher was given").finalize()),
         size,
         entries: plan.items.len() as u64,
     };
@@ -569,7 +570,7 @@ pub fn tar_digest(plan: &Plan, progress: &mut dyn FnMut(u64)) -> Result<TarDiges
         .join()
         .map_err(|_| anyhow!("the tar hashing thread panicked"))?;
     Ok(TarDigest {
-        sha256: hex(&h.finalize()),
+        sha256: hex::encode(&h.finalize()),
         size: size?,
         entries: plan.items.len() as u64,
     })
@@ -979,7 +980,7 @@ mod tests {
         let mut seen = 0;
         let digest = tar_digest(&plan, &mut |d| seen = d).unwrap();
         assert_eq!(digest, written);
-        assert_eq!(digest.sha256, hex(&Sha256::digest(&bytes)));
+        assert_eq!(digest.sha256, hex::encode(&Sha256::digest(&bytes)));
         assert_eq!(digest.size, bytes.len() as u64);
         assert_eq!(seen, plan.file_bytes);
         // A file that vanished after planning is an error, not a digest.
@@ -1092,18 +1093,18 @@ mod tests {
             let bytes = fs::read(&c.path).unwrap();
             assert_eq!(bytes.len() as u64, c.size);
             assert!(c.raw_size <= opts.sizes.max);
-            assert_eq!(hex(&Sha256::digest(&bytes)), c.sha256);
+            assert_eq!(hex::encode(&Sha256::digest(&bytes)), c.sha256);
             // Each chunk is a frame of its own.
             let raw = zstd::decode_all(&bytes[..]).unwrap();
             assert_eq!(raw.len() as u64, c.raw_size);
-            assert_eq!(hex(&Sha256::digest(&raw)), c.raw_sha256);
+            assert_eq!(hex::encode(&Sha256::digest(&raw)), c.raw_sha256);
             raw_total += c.raw_size;
             stream.extend(bytes);
         }
         assert_eq!(stream.len() as u64, packed.compressed);
         let tar = zstd::decode_all(&stream[..]).unwrap();
         assert_eq!(tar, tar_of(&plan));
-        assert_eq!(hex(&Sha256::digest(&tar)), packed.tar.sha256);
+        assert_eq!(hex::encode(&Sha256::digest(&tar)), packed.tar.sha256);
         assert_eq!(tar.len() as u64, packed.tar.size);
         assert_eq!(raw_total, packed.tar.size);
         assert_eq!(packed.index.entries.len(), plan.items.len());

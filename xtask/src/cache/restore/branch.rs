@@ -13,10 +13,10 @@ use anyhow::{Context, Result, anyhow};
 use sha2::{Digest, Sha256};
 
 use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry};
-use crate::cache::format::manifest::hex;
 use crate::cache::format::{self, BranchManifest, Compression, Layout};
 use crate::cache::restore::verify::{self, Check, Codec, Piece, Plan};
 use crate::exit::{Code, fail};
+use crate::hex;
 use crate::unpack::Limits;
 
 /// What a cache branch holds, after the cross-checks.
@@ -122,7 +122,7 @@ impl Branch {
                         format!("{e}: the branch was edited by hand or damaged; republish it"),
                     )
                 })?;
-                (Content::V1(manifest), hex(&Sha256::digest(&bytes)))
+                (Content::V1(manifest), hex::encode(&Sha256::digest(&bytes)))
             }
             Layout::Legacy {
                 archive,
@@ -136,7 +136,7 @@ impl Branch {
                     compression,
                     parts,
                 },
-                hex(&Sha256::digest(&sums_bytes)),
+                hex::encode(&Sha256::digest(&sums_bytes)),
             ),
         };
         Ok(Branch {

@@ -53,11 +53,11 @@ use crate::cache::fetch::git::CacheGit;
 use crate::cache::fetch::prefetch;
 use crate::cache::format::KeyEntry;
 use crate::cache::format::files::{Entry, Index, Kind};
-use crate::cache::format::manifest::hex;
 use crate::cache::publish::pack::FIXED_MTIME;
 use crate::cache::restore::branch::{Branch, Content, KeyPlan};
 use crate::cache::restore::stamp::{self, Loaded};
 use crate::cache::restore::{self, verify};
+use crate::hex;
 use crate::unpack::{self, Dir, Links};
 
 /// Why a delta install gave way to a full one: one line, no exit code (the
@@ -291,7 +291,7 @@ pub fn remember(
     let record = Record {
         key: key.to_string(),
         tar_sha256: tar_sha256.to_string(),
-        index_sha256: hex(&Sha256::digest(&new.bytes)),
+        index_sha256: hex::encode(&Sha256::digest(&new.bytes)),
         clock_ns,
         verified,
         stats,
@@ -391,7 +391,7 @@ pub fn check_index(bytes: Vec<u8>, entry: &KeyEntry) -> Result<NewIndex, String>
             i.size
         ));
     }
-    let got = hex(&Sha256::digest(&bytes));
+    let got = hex::encode(&Sha256::digest(&bytes));
     if !got.eq_ignore_ascii_case(&i.sha256) {
         return Err(format!(
             "{} has sha256 {got} but warmstart.json says {}",
@@ -463,7 +463,7 @@ pub fn installed(
     }
     let ipath = index_path(state_dir, name);
     let bytes = std::fs::read(&ipath).map_err(|e| format!("{}: {e}", ipath.display()))?;
-    if hex(&Sha256::digest(&bytes)) != record.index_sha256 {
+    if hex::encode(&Sha256::digest(&bytes)) != record.index_sha256 {
         return Err(format!(
             "{} is not the index its record names",
             ipath.display()
@@ -1157,7 +1157,7 @@ fn write_file(
         return Err(fallback(format!(
             "{} in the tar has sha256 {} but the file index says another",
             shown(&e.path),
-            hex(&digest)
+            hex::encode(&digest)
         )));
     }
     finish_file(&out, e)
@@ -1515,7 +1515,7 @@ mod tests {
             archive: "k.tar.zst".into(),
             compression: "zstd".into(),
             chunks,
-            tar_sha256: hex(&Sha256::digest(tar)),
+            tar_sha256: hex::encode(&Sha256::digest(tar)),
             tar_size: tar.len() as u64,
             files: index.entries.len() as u64,
             key_parts: Vec::new(),
@@ -1558,7 +1558,7 @@ mod tests {
                         .entry(md.ino())
                         .or_default()
                         .push(rel.display().to_string());
-                    hex(&Sha256::digest(std::fs::read(&p).unwrap()))
+                    hex::encode(&Sha256::digest(std::fs::read(&p).unwrap()))
                 };
                 let mode = if md.file_type().is_symlink() {
                     0
@@ -1612,7 +1612,7 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_nanos(RACY_NS as u64 + 5_000_000));
             }
             let state = t.path().join("state");
-            let tar_hex = hex(&Sha256::digest(&tar));
+            let tar_hex = hex::encode(&Sha256::digest(&tar));
             remember(&state, "c", &target, "k1", &tar_hex, &zst(&old), true).unwrap();
             Fx {
                 t,
@@ -1953,7 +1953,7 @@ mod tests {
         entry.index = Some(crate::cache::format::IndexFile {
             file: "k.files.zst".into(),
             size: ni.bytes.len() as u64,
-            sha256: hex(&Sha256::digest(&ni.bytes)),
+            sha256: hex::encode(&Sha256::digest(&ni.bytes)),
         });
         assert!(check_index(ni.bytes.clone(), &entry).is_ok());
         let mut flipped = ni.bytes.clone();

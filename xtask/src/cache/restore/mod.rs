@@ -32,12 +32,13 @@ use xshell::Shell;
 
 use crate::cache::fetch::git::{CacheGit, Remote};
 use crate::cache::fetch::prefetch;
-use crate::cache::format::manifest::{self, CacheManifest, Key, Mode, Ready, hex};
+use crate::cache::format::manifest::{self, CacheManifest, Key, Mode, Ready};
 use crate::cache::restore::branch::{Branch, Content, KeyPlan};
 use crate::cache::restore::stamp::{Loaded, Miss, Stamp};
 use crate::cli::cache::RestoreArgs;
 use crate::clock;
 use crate::exit::{Code, fail};
+use crate::hex;
 use crate::repo::Repo;
 use crate::unpack;
 
@@ -631,7 +632,7 @@ pub fn lock_path(state_dir: &Path, target: &Path) -> PathBuf {
     state_dir
         .join("cache")
         .join("locks")
-        .join(format!("{}.lock", &hex(&digest)[..16]))
+        .join(format!("{}.lock", &hex::encode(&digest)[..16]))
 }
 
 /// Takes the exclusive OS lock of `target`, waiting up to `timeout`.

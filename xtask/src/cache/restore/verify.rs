@@ -32,8 +32,8 @@ use std::io::{self, Read};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 
 use crate::cache::format::MAX_CHUNK_BYTES;
-use crate::cache::format::manifest::hex;
 use crate::exit::{Code, Failure, fail};
+use crate::hex;
 
 /// Size of the blocks passed between stages when nothing forces a chunk.
 const BLOCK: usize = 1 << 20;
@@ -408,7 +408,7 @@ fn finish<T>(
     let (compressed, hashed) = read?;
     let (tar_bytes, digest) = decoded?;
     let tar_sha256 = match (digest, plan.tar_sha256) {
-        (Some(d), _) | (None, Some(d)) => hex(&d),
+        (Some(d), _) | (None, Some(d)) => hex::encode(&d),
         (None, None) => String::new(),
     };
     Ok((
@@ -497,8 +497,8 @@ pub fn chunk_mismatch(
         Code::Verify,
         format!(
             "chunk {file} of {label} has sha256 {} but warmstart.json and SHA256SUMS say {}: {fix}",
-            hex(got),
-            hex(expected),
+            hex::encode(got),
+            hex::encode(expected),
         ),
     )
 }
@@ -657,8 +657,8 @@ fn whole_mismatch(
         Code::Verify,
         format!(
             "{what} sha256 {}{when} but SHA256SUMS says {}: {}",
-            hex(got),
-            hex(expected),
+            hex::encode(got),
+            hex::encode(expected),
             plan.fix
         ),
     )
@@ -750,8 +750,8 @@ fn check_tar(plan: &Plan, total: u64, digest: Option<[u8; 32]>) -> Result<()> {
             format!(
                 "the tar stream of {} has sha256 {} but warmstart.json says {}: {}",
                 plan.label,
-                hex(&digest),
-                hex(&expected),
+                hex::encode(&digest),
+                hex::encode(&expected),
                 plan.fix
             ),
         ));
@@ -1159,7 +1159,7 @@ mod tests {
         let (out, stats) = run(&plan, &chunks).unwrap();
         assert_eq!(out, tar);
         assert_eq!(stats.tar_bytes, tar.len() as u64);
-        assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
+        assert_eq!(stats.tar_sha256, hex::encode(&Sha256::digest(&tar)));
         let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
         assert_eq!(stats.compressed_bytes, compressed);
         // Every chunk is hashed twice (verify pass, decode pass), the tar once.
@@ -1450,7 +1450,7 @@ mod tests {
             let (plan, chunks) = legacy(&tar, parts);
             let (out, stats) = run(&plan, &chunks).unwrap();
             assert_eq!(out, tar);
-            assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
+            assert_eq!(stats.tar_sha256, hex::encode(&Sha256::digest(&tar)));
             let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
             assert_eq!(plan.progress_totals().compressed, compressed);
             // A flipped byte anywhere, even in the last part or the gzip
@@ -1571,7 +1571,7 @@ mod tests {
             assert!(out == tar, "{parts} parts");
             let compressed: u64 = chunks.iter().map(|c| c.len() as u64).sum();
             assert_eq!(stats.compressed_bytes, compressed);
-            assert_eq!(stats.tar_sha256, hex(&Sha256::digest(&tar)));
+            assert_eq!(stats.tar_sha256, hex::encode(&Sha256::digest(&tar)));
             // Each chunk is read and hashed once (held in memory between
             // the check and the decoder), the tar once.
             assert_eq!(stats.bytes_hashed, compressed + tar.len() as u64);

@@ -36,9 +36,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{Ctx, Outcome, Probe};
-use crate::cache::format::manifest::hex;
 use crate::cli::conda::{DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, UnpackArgs};
 use crate::conda;
+use crate::hex;
 use crate::restore::plan::Download;
 use crate::restore::proc::{self, Exit, Log};
 use crate::restore::report::fmt_duration;
@@ -198,7 +198,7 @@ fn sha256_file(path: &Path) -> Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(hex(&h.finalize()))
+    Ok(hex::encode(&h.finalize()))
 }
 
 pub fn run(ctx: &Ctx, name: &str, d: &Download, log: &mut Log) -> Result<Outcome> {
