@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::cache::format::manifest::{Fallback, Key};
 use crate::cache::format::{BranchManifest, KeyEntry};
-use crate::cache::publish::prune::parse_rfc3339_ms;
+use crate::clock::parse_rfc3339_ms;
 
 /// One key part whose value differs between the exact key and the one used.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -32,7 +32,7 @@ use crate::cache::format::{BranchManifest, KeyEntry};
 use crate::cache::human_bytes;
 use crate::cache::publish::{self, BranchState, Lease, Reporter, plural};
 use crate::cli::cache::PruneArgs;
-use crate::clock;
+use crate::clock::{self, parse_rfc3339_ms};
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
 
@@ -87,50 +87,6 @@ pub fn pinned_keys(m: &CacheManifest, current: &Key, branch: &BranchManifest) ->
         out.insert(manifest::key_from_parts(&m.name, parts).value);
     }
     out
-}
-
-/// Milliseconds since the epoch of `2026-11-30T02:26:20Z` (fractions of a
-/// second and `+00:00` accepted); `None` for anything else.
-pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let t = s.get(r)?;
-        t.bytes()
-            .all(|c| c.is_ascii_digit())
-            .then(|| t.parse().ok())?
-    };
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if b[13] != b':' || b[16] != b':' || !(1..=12).contains(&mo) || !(1..=31).contains(&d) {
-        return None;
-    }
-    let mut rest = &s[19..];
-    let mut ms = 0i64;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        let f = &frac[..digits.min(3)];
-        ms = f.parse::<i64>().ok()? * 10i64.pow(3 - f.len() as u32);
-        rest = &frac[digits..];
-    }
-    if rest != "Z" && rest != "+00:00" {
-        return None;
-    }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let total = ((days * 24 + h) * 60 + mi) * 60 + sec;
-    u64::try_from(total * 1000 + ms).ok()
 }
 
 /// The keys of `branch` the policy drops, sorted. Pure.
@@ -516,31 +472,6 @@ mod tests {
             m.keys.insert(k.to_string(), entry(k, p, c));
         }
         m
-    }
-
-    #[test]
-    fn timestamps_parse_as_clock_writes_them() {
-        for ms in [0u64, 1_764_469_580_000, 951_782_400_000, 4_102_444_800_000] {
-            assert_eq!(parse_rfc3339_ms(&clock::rfc3339(ms)), Some(ms));
-        }
-        assert_eq!(
-            parse_rfc3339_ms("2026-11-30T02:26:20.5Z"),
-            Some(parse_rfc3339_ms("2026-11-30T02:26:20Z").unwrap() + 500)
-        );
-        assert_eq!(
-            parse_rfc3339_ms("2026-11-30T02:26:20+00:00"),
-            parse_rfc3339_ms("2026-11-30T02:26:20Z")
-        );
-        for bad in [
-            "",
-            "yesterday",
-            "2026-13-01T00:00:00Z",
-            "2026-11-30 02:26:20Z",
-            "2026-11-30T02:26:20+01:00",
-            "2026-11-30T02:26:2xZ",
-        ] {
-            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
-        }
     }
 
     #[test]
