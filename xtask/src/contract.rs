@@ -182,7 +182,7 @@ pub struct Remote {
 }
 
 impl Remote {
-    pub fn of(r: &crate::cache::fetch::git::Remote) -> Remote {
+    pub fn of(r: &crate::git::Remote) -> Remote {
         Remote {
             name: r.shown_name(),
             url: r.shown_url(),

@@ -20,6 +20,7 @@ pub mod contract;
 pub mod demo;
 pub mod exit;
 pub mod gates;
+pub mod git;
 pub mod glob;
 pub mod hex;
 pub mod init;

@@ -150,8 +150,7 @@ pub fn verify_named(
         &repo.state_dir(),
         crate::cache::restore::RestoreOptions::default().lock_timeout,
     )?;
-    let (git, branch) =
-        crate::cache::fetch::git::healing(|| restore::fetch(sh, repo, &m, remote, progress))?;
+    let (git, branch) = crate::git::healing(|| restore::fetch(sh, repo, &m, remote, progress))?;
     // Scratch trees are staging directories of a target that is never
     // swapped in: `staging_dir_for` also removes those of killed runs.
     let scratch = git.dir.join("warmstart-verify");
@@ -182,7 +181,7 @@ pub fn verify_named(
         // A chunk unreadable in a damaged cache.git: rebuilt once, and the
         // key's chunks are fetched again by id (the plan needs no tree).
         // The scratch tree lives in cache.git, so each attempt makes it anew.
-        let result = crate::cache::fetch::git::healing(|| {
+        let result = crate::git::healing(|| {
             unpack::staging_dir_for(&scratch)?;
             // Trusted before read, as in a restore: exit 12 fetches no chunk.
             crate::trust::check_before_fetch(sh, repo, &m, &git, &branch, &k)?;

@@ -36,7 +36,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use xshell::Shell;
 
-use crate::cache::fetch::git::{CacheGit, STORE_LOCK_WAIT, StoreLock};
 use crate::cache::format::BranchManifest;
 use crate::cache::format::manifest;
 use crate::cache::human_bytes;
@@ -44,6 +43,7 @@ use crate::cache::restore::branch::{Branch, Content};
 use crate::cache::restore::stamp::{self, Loaded, Stamp};
 use crate::cli::cache::GcArgs;
 use crate::exit::{Code, fail};
+use crate::git::{CacheGit, STORE_LOCK_WAIT, StoreLock};
 use crate::repo::Repo;
 
 /// The size of the stores past which a restore runs gc, and the budget of

@@ -13,7 +13,6 @@ use serde::Serialize;
 use std::path::PathBuf;
 use xshell::Shell;
 
-use crate::cache::fetch::git::{CacheGit, RefProbe};
 use crate::cache::format::KeyPart;
 use crate::cache::format::manifest::{self, CacheManifest};
 use crate::cache::restore;
@@ -21,6 +20,7 @@ use crate::cache::restore::branch::{Branch, Content};
 use crate::cache::restore::stamp::{self, Loaded, PartChange};
 use crate::cli::cache::ListArgs;
 use crate::exit::{Code, code_of, fail};
+use crate::git::{CacheGit, RefProbe};
 use crate::repo::Repo;
 
 /// One pin whose value differs between what is wanted here and a branch key.
@@ -446,12 +446,12 @@ fn remote_state(
     let fetched = match git.probe_ref(&remote, &m.branch) {
         Err(e) => Err(e),
         Ok(RefProbe { commit: None, .. }) => Ok(None),
-        Ok(RefProbe { filter: true, .. }) => crate::cache::fetch::git::healing(|| {
+        Ok(RefProbe { filter: true, .. }) => crate::git::healing(|| {
             let Some(commit) = git.try_fetch_branch(&remote, &m.branch)? else {
                 return Ok(None);
             };
             match Branch::read(git, remote.clone(), &m.branch, commit.clone()) {
-                Err(e) if crate::cache::fetch::git::damage_of(&e).is_some() => Err(e),
+                Err(e) if crate::git::damage_of(&e).is_some() => Err(e),
                 b => Ok(Some((commit, b))),
             }
         }),

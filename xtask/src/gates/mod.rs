@@ -193,7 +193,7 @@ pub(crate) fn print_json(value: &Value) {
 /// `{name, url}` of a remote given by name or URL (the URL alone when git
 /// cannot say more).
 fn remote_json(sh: &Shell, repo: &Repo, remote: &str) -> crate::contract::Remote {
-    crate::cache::fetch::git::resolve_remote(sh, &repo.root, remote)
+    crate::git::resolve_remote(sh, &repo.root, remote)
         .map(|r| crate::contract::Remote::of(&r))
         .unwrap_or_else(|_| crate::contract::Remote::from_shown(remote))
 }

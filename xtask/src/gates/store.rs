@@ -424,7 +424,7 @@ fn host_said(outcome: &runner::Outcome) -> String {
 /// What to do when a host refused to store a record at `dst`, if it did.
 fn refused_hint(dst: &str, outcome: &runner::Outcome) -> Option<String> {
     let said = String::from_utf8_lossy(&outcome.output);
-    crate::cache::fetch::git::refusal_hint(dst, &said)?;
+    crate::git::refusal_hint(dst, &said)?;
     Some(if dst.starts_with("refs/heads/") {
         format!(
             "the host's rules refuse {dst}: allow branches under refs/heads/warmstart-gates/ to be created and fast-forwarded, or set `records = \"refs\"` in {}",

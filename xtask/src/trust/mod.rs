@@ -23,11 +23,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use xshell::Shell;
 
-use crate::cache::fetch::git::{CacheGit, TreeEntry};
 use crate::cache::format::KeyEntry;
 use crate::cache::format::manifest::CacheManifest;
 use crate::cache::restore::branch::{Branch, Content};
 use crate::exit::{Code, fail};
+use crate::git::{CacheGit, TreeEntry};
 use crate::repo::Repo;
 use policy::{CacheTrust, Policy, Root, Source};
 use sshsig::{Verdict, Verifier};

@@ -21,7 +21,7 @@
 //! `git upload-pack` on it; smart HTTP(S) through git's own remote helper
 //! in its `stateless-connect` mode, so credentials, proxies and `http.*`
 //! settings stay git's; ssh by running the ssh program git would run, with
-//! git's arguments (`cache::fetch::ssh`). Anything else goes through `git fetch`.
+//! git's arguments (`git::ssh`). Anything else goes through `git fetch`.
 //!
 //! The pack's own trailing SHA-1 is not checked: the sha256 of the content
 //! is the check that matters, and it is stronger.
@@ -38,8 +38,8 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::cache::fetch::git::{CacheGit, Remote};
-use crate::cache::fetch::ssh::{self, Ssh};
+use crate::git::ssh::{self, Ssh};
+use crate::git::{CacheGit, Remote};
 use crate::hex;
 
 /// Verified chunk files, named by their sha256, in `cache.git/chunks`.
@@ -158,7 +158,7 @@ pub enum Server {
 
 /// The server `remote` names, if this reader can talk to it: an absolute
 /// path, a `file://` URL without escapes, an `http(s)://` URL, or an ssh
-/// URL that `cache::fetch::ssh` reaches as git would; and only when no git
+/// URL that `git::ssh` reaches as git would; and only when no git
 /// setting could change how git would reach it (`url.*.insteadOf`,
 /// `protocol.*` but `protocol.version=2`), in the system, global or
 /// forwarded configuration. Anything else goes through `git fetch`.

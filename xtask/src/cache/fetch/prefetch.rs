@@ -44,11 +44,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::cache::fetch::direct::{self, Store};
-use crate::cache::fetch::git::{BlobFetchError, CacheGit, Remote};
 use crate::cache::fetch::reuse::{self, Found};
 use crate::cache::restore::branch::KeyPlan;
 use crate::cache::restore::verify;
 use crate::exit::{Code, fail};
+use crate::git::{BlobFetchError, CacheGit, Remote};
 
 /// How far into the compressed stream, past the chunk being read, a batch
 /// may start: two 99 MiB chunks, or a few batches of small ones. Enough

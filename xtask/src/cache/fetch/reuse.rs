@@ -25,7 +25,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
 use crate::cache::fetch::direct::Store;
-use crate::cache::fetch::git::CacheGit;
+use crate::git::CacheGit;
 
 /// Where a chunk was found, before any hashing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub fn clone_sizes(git: &CacheGit, oids: &[String]) -> Vec<Option<u64>> {
     if oids.is_empty() {
         return Vec::new();
     }
-    if !crate::cache::fetch::git::missing_lookups_safe() && is_partial_clone(git) {
+    if !crate::git::missing_lookups_safe() && is_partial_clone(git) {
         return none();
     }
     let mut cmd = git.user_git();

@@ -13,10 +13,10 @@ use anyhow::Result;
 use serde::Serialize;
 use xshell::Shell;
 
-use crate::cache::fetch::git::{self, CacheGit, Remote};
 use crate::cache::format::manifest;
 use crate::cli::cache::MigrateArgs;
 use crate::exit::{Code, fail};
+use crate::git::{self, CacheGit, Remote};
 use crate::repo::Repo;
 
 /// What `--json` prints.

@@ -32,7 +32,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
-use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::cache::format::manifest::{self, CacheManifest, Key};
 use crate::cache::format::readme::{self, ReadmeContext};
 use crate::cache::format::{
@@ -44,6 +43,7 @@ use crate::cache::publish::pack::{ChunkFile, PackOptions, Plan};
 use crate::cli::cache::PublishArgs;
 use crate::clock;
 use crate::exit::{Code, fail};
+use crate::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::repo::Repo;
 use crate::trust::statement;
 
@@ -179,7 +179,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     }
 
     let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());
-    let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    let remote = crate::git::resolve_remote(sh, &repo.root, &remote_name)?;
     summary.remote = Some(RemoteJson::of(&remote));
     let t = Instant::now();
     let planned_at_ns = clock::now_ns();
@@ -753,7 +753,7 @@ fn resign(
     let m = manifest::load(repo, &args.name)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
-    let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    let remote = crate::git::resolve_remote(sh, &repo.root, &remote_name)?;
     let Some(key_file) = signing_key(args.signing_key.as_deref()) else {
         return Err(fail(
             Code::Config,

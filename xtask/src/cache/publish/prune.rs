@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use xshell::Shell;
 
-use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::cache::format::manifest::{self, CacheManifest, Key, PinSource};
 use crate::cache::format::{BranchManifest, KeyEntry};
 use crate::cache::human_bytes;
@@ -34,6 +33,7 @@ use crate::cache::publish::{self, BranchState, Lease, Reporter, plural};
 use crate::cli::cache::PruneArgs;
 use crate::clock::{self, parse_rfc3339_ms};
 use crate::exit::{Code, fail};
+use crate::git::{CacheGit, Remote, TreeEntry, healing, is_stale_lease};
 use crate::repo::Repo;
 
 /// What may go: the limits, and the keys that stay whatever they say.
@@ -278,7 +278,7 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
     let key = manifest::compute_key(sh, &repo, &m)?;
     let deadline = publish::lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
-    let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
+    let remote = crate::git::resolve_remote(sh, &repo.root, &remote_name)?;
     let mut git = CacheGit::open(sh, &repo)?.with_lock_wait(deadline);
     git.set_network(&m.network)?;
     let part = platform_part(&m);

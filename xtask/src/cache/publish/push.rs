@@ -34,11 +34,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::cache::fetch::git::{self, CacheGit, PushProgress, Remote, TreeEntry};
 use crate::cache::format::manifest::CacheManifest;
 use crate::cache::human_bytes;
 use crate::cache::publish::Reporter;
 use crate::exit::{Code, fail};
+use crate::git::{self, CacheGit, PushProgress, Remote, TreeEntry};
 
 /// Below GitHub's 2 GiB per push, with room for pack headers and the
 /// root commit's small files.

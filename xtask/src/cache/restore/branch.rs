@@ -12,10 +12,10 @@
 use anyhow::{Context, Result, anyhow};
 use sha2::{Digest, Sha256};
 
-use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry};
 use crate::cache::format::{self, BranchManifest, Compression, Layout};
 use crate::cache::restore::verify::{self, Check, Codec, Piece, Plan};
 use crate::exit::{Code, fail};
+use crate::git::{CacheGit, Remote, TreeEntry};
 use crate::hex;
 use crate::unpack::Limits;
 

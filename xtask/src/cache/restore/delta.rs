@@ -49,7 +49,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::cache::fetch::git::CacheGit;
 use crate::cache::fetch::prefetch;
 use crate::cache::format::KeyEntry;
 use crate::cache::format::files::{Entry, Index, Kind};
@@ -57,6 +56,7 @@ use crate::cache::publish::pack::FIXED_MTIME;
 use crate::cache::restore::branch::{Branch, Content, KeyPlan};
 use crate::cache::restore::stamp::{self, Loaded};
 use crate::cache::restore::{self, verify};
+use crate::git::CacheGit;
 use crate::hex;
 use crate::unpack::{self, Dir, Links};
 

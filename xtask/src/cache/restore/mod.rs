@@ -30,7 +30,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use xshell::Shell;
 
-use crate::cache::fetch::git::{CacheGit, Remote};
 use crate::cache::fetch::prefetch;
 use crate::cache::format::manifest::{self, CacheManifest, Key, Mode, Ready};
 use crate::cache::restore::branch::{Branch, Content, KeyPlan};
@@ -38,6 +37,7 @@ use crate::cache::restore::stamp::{Loaded, Miss, Stamp};
 use crate::cli::cache::RestoreArgs;
 use crate::clock;
 use crate::exit::{Code, fail};
+use crate::git::{CacheGit, Remote};
 use crate::hex;
 use crate::repo::Repo;
 use crate::unpack;
@@ -425,10 +425,9 @@ pub fn restore_named(
     // (`git::healing`); nothing was installed by the failed attempt.
     // `cache gc` removes no chunk while this restore may read one.
     let reading = crate::cache::gc::Reading::take(&state_dir, opts.lock_timeout)?;
-    let mut outcome = crate::cache::fetch::git::healing(|| {
-        cold(sh, repo, &m, &key, &stamp_file, opts, start, phases.clone())
-    })
-    .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
+    let mut outcome =
+        crate::git::healing(|| cold(sh, repo, &m, &key, &stamp_file, opts, start, phases.clone()))
+            .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
     drop(reading);
     crate::cache::gc::after_restore(sh, repo);
     outcome.reason = reason;
@@ -796,19 +795,15 @@ fn fetch_metadata(git: &CacheGit, remote: &Remote, branch: &str, commit: &str) -
     }
     git.fetch_blobs(remote, &missing, &mut |_| {}).map_err(|e| {
         let why = match e {
-            crate::cache::fetch::git::BlobFetchError::Network { code, message } => {
+            crate::git::BlobFetchError::Network { code, message } => {
                 return fail(
                     code,
                     format!("cannot fetch the files of {branch} from {remote}: {message}"),
                 );
             }
-            crate::cache::fetch::git::BlobFetchError::NotOnRemote => {
-                "the remote does not have them".to_string()
-            }
-            crate::cache::fetch::git::BlobFetchError::Refused => {
-                "the server refuses objects by id".to_string()
-            }
-            crate::cache::fetch::git::BlobFetchError::Failed(why) => why,
+            crate::git::BlobFetchError::NotOnRemote => "the remote does not have them".to_string(),
+            crate::git::BlobFetchError::Refused => "the server refuses objects by id".to_string(),
+            crate::git::BlobFetchError::Failed(why) => why,
         };
         fail(
             Code::Remote,

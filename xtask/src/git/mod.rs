@@ -26,6 +26,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
+pub mod ssh;
+
 use crate::exit::{Code, fail};
 use crate::net::{self, ManifestNetwork, NetworkSettings};
 use crate::repo::Repo;

@@ -24,7 +24,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::cache::fetch::git::CacheGit;
+use crate::git::CacheGit;
 
 /// Where an ssh URL points, as git's `parse_connect_url` splits it.
 #[derive(Clone, Debug, PartialEq, Eq)]
