@@ -365,8 +365,8 @@ fn remote_error(what: &str, remote: &str, outcome: &runner::Outcome) -> anyhow::
     // A remote given as a URL is shown without its userinfo.
     let remote = crate::redact::url(remote);
     let text = String::from_utf8_lossy(&outcome.output);
-    if crate::net::auth_refused(&text).is_some() {
-        return crate::net::remote_failure(&format!("{what} `{remote}` failed"), &text);
+    if crate::git::auth_refused(&text).is_some() {
+        return crate::git::remote_failure(&format!("{what} `{remote}` failed"), &text);
     }
     let said = runner::last_lines(&outcome.output, 3).replace('\n', " | ");
     let shown = crate::redact::text(&format!("{what} `{remote}` failed: {said}"));

@@ -108,7 +108,7 @@ impl CacheGit {
         let _ = std::fs::remove_file(&trace);
         let out = out?;
         if !out.status.success() {
-            return Err(net::remote_failure(
+            return Err(crate::git::remote_failure(
                 &format!("cannot reach {remote} to look up {branch}"),
                 &String::from_utf8_lossy(&out.stderr),
             ));
@@ -189,7 +189,7 @@ impl CacheGit {
                 BlobFetchError::Refused
             } else if stderr.contains("not our ref") {
                 BlobFetchError::NotOnRemote
-            } else if let Some((line, fix)) = net::auth_refused(&stderr) {
+            } else if let Some((line, fix)) = crate::git::auth_refused(&stderr) {
                 BlobFetchError::Network {
                     code: Code::AuthRefused,
                     message: format!("authentication refused: {line}: {fix}"),
@@ -217,7 +217,7 @@ impl CacheGit {
         Err(damaged_or(
             &self.dir,
             &stderr,
-            net::remote_failure(
+            crate::git::remote_failure(
                 &format!("cannot fetch {} temporary ref(s) from {remote}", refs.len()),
                 &stderr,
             ),
@@ -358,7 +358,7 @@ impl CacheGit {
         damaged_or(
             &self.dir,
             stderr,
-            net::remote_failure(&format!("cannot fetch {branch} from {remote}"), stderr),
+            crate::git::remote_failure(&format!("cannot fetch {branch} from {remote}"), stderr),
         )
     }
 }

@@ -18,6 +18,7 @@
 //! This module never writes to the user's repository: it only reads its
 //! remote URLs and transport settings (`git -C <root> config`).
 
+mod errors;
 mod fetch;
 mod heal;
 mod objects;
@@ -27,6 +28,7 @@ mod run;
 pub mod ssh;
 mod store;
 
+pub use errors::*;
 pub use fetch::*;
 pub use heal::*;
 pub use objects::*;

@@ -59,7 +59,7 @@ impl CacheGit {
         let said = format!("{stdout}\n{stderr}");
         // Before the lease: a protected branch's refusal can read "fetch
         // first" too, and retrying it would only be refused again.
-        if let Some(rule) = net::protected_refusal(&said) {
+        if let Some(rule) = crate::git::protected_refusal(&said) {
             return Err(fail(
                 Code::Remote,
                 format!(
@@ -86,12 +86,13 @@ impl CacheGit {
             ));
         }
         let prefix = format!("cannot push {branch} to {remote}");
-        let failure =
-            if net::auth_refused(&stderr).is_some() || !net::cause_lines(&stderr).is_empty() {
-                net::remote_failure(&prefix, &stderr)
-            } else {
-                net::remote_failure(&prefix, &stdout)
-            };
+        let failure = if crate::git::auth_refused(&stderr).is_some()
+            || !crate::git::cause_lines(&stderr).is_empty()
+        {
+            crate::git::remote_failure(&prefix, &stderr)
+        } else {
+            crate::git::remote_failure(&prefix, &stdout)
+        };
         // `pack-objects` failing on an object cache.git lost says so.
         Err(damaged_or(&self.dir, &stderr, failure))
     }

@@ -109,9 +109,9 @@ pub(super) fn parse_oid(out: &[u8]) -> Result<String> {
 }
 
 /// The last meaningful lines of a git error, joined on one line, without
-/// progress, hints and boilerplate (`net::cause`).
+/// progress, hints and boilerplate (`crate::git::cause`).
 pub(super) fn last_lines(stderr: &str) -> String {
     // Git redacts URLs in its own messages, but not in every one (a hook's
     // output, a helper's), and this text is printed and put in JSON.
-    crate::redact::text(&net::cause(stderr))
+    crate::redact::text(&crate::git::cause(stderr))
 }

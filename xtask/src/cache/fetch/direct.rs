@@ -320,12 +320,12 @@ pub fn fetch(
     if let Some(v) = watch.finish() {
         return Err(Error::Failed(v.error("the direct read", "the server")));
     }
-    if crate::net::auth_refused(&stderr).is_some() {
+    if crate::git::auth_refused(&stderr).is_some() {
         let who = match server {
             Server::Ssh(_) => "ssh",
             _ => "git's HTTP helper",
         };
-        return Err(Error::Failed(crate::net::remote_failure(who, &stderr)));
+        return Err(Error::Failed(crate::git::remote_failure(who, &stderr)));
     }
     match (r, status) {
         (Ok(()), Ok(s)) if s.success() => Ok(()),

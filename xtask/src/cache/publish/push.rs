@@ -528,7 +528,7 @@ fn list_leftovers(t: &Target, own_run: Option<&str>, dead: &[String]) -> Result<
         .arg(format!("{full}*"));
     let ran = git.run_network(&mut cmd, "look-up of temporary refs", remote, &mut |_| {})?;
     if !ran.status.success() {
-        return Err(crate::net::remote_failure(
+        return Err(crate::git::remote_failure(
             &format!("cannot list the temporary refs {full}* on {remote}"),
             &String::from_utf8_lossy(&ran.stderr),
         ));
@@ -685,7 +685,7 @@ fn delete_refs(git: &CacheGit, remote: &Remote, refs: &[(String, String)]) -> Re
         String::from_utf8_lossy(&ran.stdout),
         String::from_utf8_lossy(&ran.stderr)
     );
-    Err(crate::net::remote_failure(
+    Err(crate::git::remote_failure(
         &format!("cannot delete {} temporary ref(s) on {remote}", refs.len()),
         &said,
     ))

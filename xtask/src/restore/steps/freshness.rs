@@ -95,7 +95,7 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
     )
     .context("running git fetch")?;
     let stderr = String::from_utf8_lossy(&ran.stderr);
-    for l in crate::net::cause_lines(&stderr) {
+    for l in crate::git::cause_lines(&stderr) {
         log.line(&l);
     }
     if let Some(v) = ran.stopped {
@@ -115,7 +115,7 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
     }
     log.line(&format!("-> {}", Exit::Status(ran.status).describe()));
     if !ran.status.success() {
-        let e = crate::net::remote_failure(&format!("fetching {theirs_name} failed"), &stderr);
+        let e = crate::git::remote_failure(&format!("fetching {theirs_name} failed"), &stderr);
         let shown = crate::redact::text(&format!("{e:#}"));
         let why = if crate::exit::code_of(&e) == crate::exit::Code::AuthRefused {
             "refused"
