@@ -22,7 +22,6 @@ pub const SCHEMA: u64 = 1;
 
 static COMMAND: Mutex<String> = Mutex::new(String::new());
 static JSON: AtomicBool = AtomicBool::new(false);
-static QUIET: AtomicBool = AtomicBool::new(false);
 static PRINTED: AtomicBool = AtomicBool::new(false);
 /// Fields a failing command adds to its failure envelope (`fail_with`).
 static DETAILS: Mutex<Option<Map<String, Value>>> = Mutex::new(None);
@@ -32,7 +31,7 @@ static DETAILS: Mutex<Option<Map<String, Value>>> = Mutex::new(None);
 pub fn begin(command: &str, json: bool, quiet: bool) {
     *COMMAND.lock().unwrap_or_else(|e| e.into_inner()) = command.to_string();
     JSON.store(json, Ordering::Relaxed);
-    QUIET.store(quiet, Ordering::Relaxed);
+    crate::out::set_quiet(quiet);
     PRINTED.store(false, Ordering::Relaxed);
     *DETAILS.lock().unwrap_or_else(|e| e.into_inner()) = None;
 }
@@ -59,11 +58,6 @@ pub fn command() -> String {
 /// Whether `--json` was given.
 pub fn json() -> bool {
     JSON.load(Ordering::Relaxed)
-}
-
-/// Whether `--quiet` was given: no progress, no informational stderr.
-pub fn quiet() -> bool {
-    QUIET.load(Ordering::Relaxed)
 }
 
 /// The envelope fields that open every document, success or failure.

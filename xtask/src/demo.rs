@@ -79,7 +79,7 @@ pub fn run(sh: &Shell, args: DemoArgs) -> Result<()> {
     }
     let scratch = Scratch::new(args.keep)?;
     let result = demo(sh, &args, &source, &scratch.path);
-    if args.keep && !crate::contract::quiet() {
+    if args.keep && !crate::out::quiet() {
         eprintln!("kept the scratch directory {}", scratch.path.display());
     }
     let summary = result?;

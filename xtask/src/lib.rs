@@ -26,6 +26,7 @@ pub mod hex;
 pub mod init;
 pub mod invocation;
 pub mod net;
+pub mod process;
 pub mod progress;
 pub mod redact;
 pub mod repo;

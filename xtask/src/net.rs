@@ -22,11 +22,10 @@
 
 use anyhow::Result;
 use serde::Deserialize;
-use std::ffi::CString;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -209,214 +208,6 @@ fn show_bytes(n: u64) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// The registry the signal handler reads: process groups and temp files.
-
-const SLOTS: usize = 64;
-#[allow(clippy::declare_interior_mutable_const)]
-const NO_GROUP: AtomicI32 = AtomicI32::new(0);
-#[allow(clippy::declare_interior_mutable_const)]
-const NO_PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
-static GROUPS: [AtomicI32; SLOTS] = [NO_GROUP; SLOTS];
-static TEMPS: [AtomicPtr<libc::c_char>; SLOTS] = [NO_PATH; SLOTS];
-
-/// While alive, SIGTERM or SIGINT to warmstart ends this process group too.
-pub struct GroupGuard(Option<usize>);
-
-/// Registers the process group `pgid` (a child that leads its own group).
-pub fn register_group(pgid: u32) -> GroupGuard {
-    install_handler();
-    let Ok(pgid) = i32::try_from(pgid) else {
-        return GroupGuard(None);
-    };
-    GroupGuard(GROUPS.iter().position(|s| {
-        s.compare_exchange(0, pgid, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-    }))
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        if let Some(i) = self.0 {
-            GROUPS[i].store(0, Ordering::SeqCst);
-        }
-    }
-}
-
-/// While alive, SIGTERM or SIGINT to warmstart removes this file.
-pub struct TempGuard(Option<usize>);
-
-/// Registers a temporary file of this process (e.g. a partial chunk).
-pub fn register_temp(path: &Path) -> TempGuard {
-    use std::os::unix::ffi::OsStrExt;
-    install_handler();
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return TempGuard(None);
-    };
-    let p = c.into_raw();
-    for (i, slot) in TEMPS.iter().enumerate() {
-        if slot
-            .compare_exchange(std::ptr::null_mut(), p, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            return TempGuard(Some(i));
-        }
-    }
-    // SAFETY: `p` came from `into_raw` just above and was never shared.
-    drop(unsafe { CString::from_raw(p) });
-    TempGuard(None)
-}
-
-impl Drop for TempGuard {
-    fn drop(&mut self) {
-        if let Some(i) = self.0 {
-            // Whoever swaps the pointer out owns it: the handler never frees.
-            let p = TEMPS[i].swap(std::ptr::null_mut(), Ordering::SeqCst);
-            if !p.is_null() {
-                // SAFETY: only `register_temp` stores pointers, from `into_raw`.
-                drop(unsafe { CString::from_raw(p) });
-            }
-        }
-    }
-}
-
-/// Installs `on_signal` for SIGTERM and SIGINT, once, and only where the
-/// disposition is still the default: a handler someone else installed (the
-/// gate runner's) or an ignored signal (a `nohup`ed worker) stays as it was.
-fn install_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for sig in [libc::SIGTERM, libc::SIGINT] {
-            // SAFETY: sigaction with zeroed structs, our own handler, which
-            // only calls async-signal-safe functions (kill, unlink, write,
-            // nanosleep, _exit) and reads atomics.
-            unsafe {
-                let mut old: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
-                    || old.sa_sigaction != libc::SIG_DFL
-                {
-                    continue;
-                }
-                let mut new: libc::sigaction = std::mem::zeroed();
-                new.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-                libc::sigemptyset(&mut new.sa_mask);
-                libc::sigaction(sig, &new, std::ptr::null_mut());
-            }
-        }
-    });
-}
-
-/// SIGTERM to every registered group, registered temp files removed (the
-/// watchdog registers the partial packs git's processes hold open, see
-/// `Watch`), up to half a second for the groups to go, SIGKILL to what is
-/// left, and exit with 128 + the signal, as the default action would have
-/// reported it. It all happens here, in the handler, so that no other
-/// thread of warmstart gets to exit first with another code.
-extern "C" fn on_signal(sig: libc::c_int) {
-    // SAFETY: async-signal-safe calls only; pointers in TEMPS are valid
-    // C strings owned by the registry, swapped out so nobody frees them.
-    unsafe {
-        for g in &GROUPS {
-            let p = g.load(Ordering::SeqCst);
-            if p > 0 {
-                libc::kill(-p, libc::SIGTERM);
-            }
-        }
-        for t in &TEMPS {
-            let p = t.swap(std::ptr::null_mut(), Ordering::SeqCst);
-            if !p.is_null() {
-                libc::unlink(p);
-            }
-        }
-        for _ in 0..25 {
-            let alive = GROUPS.iter().any(|g| {
-                let p = g.load(Ordering::SeqCst);
-                p > 0 && libc::kill(-p, 0) == 0
-            });
-            if !alive {
-                break;
-            }
-            let ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 20_000_000,
-            };
-            libc::nanosleep(&ts, std::ptr::null_mut());
-        }
-        for g in &GROUPS {
-            let p = g.load(Ordering::SeqCst);
-            if p > 0 {
-                libc::kill(-p, libc::SIGKILL);
-            }
-        }
-        let msg: &[u8] = if sig == libc::SIGINT {
-            b"warmstart: interrupted (SIGINT): stopped its git processes and removed its partial files\n"
-        } else {
-            b"warmstart: terminated (SIGTERM): stopped its git processes and removed its partial files\n"
-        };
-        libc::write(2, msg.as_ptr().cast(), msg.len());
-        libc::_exit(128 + sig);
-    }
-}
-
-/// Partial files (`tmp_pack_*`, `tmp_idx_*`, ...) the processes of group
-/// `pgid` hold open: what git leaves behind when it is killed mid-fetch.
-/// Only files a process of the group has open count, so another
-/// process's fetch into the same repository is never touched.
-fn group_temp_files(pgid: i32) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for p in procs.flatten() {
-        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
-        // Fields after the command name (which may hold spaces): state, ppid, pgrp.
-        let pgrp = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(2))
-            .and_then(|f| f.parse::<i32>().ok());
-        if pgrp != Some(pgid) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if let Ok(target) = std::fs::read_link(fd.path())
-                && target
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("tmp_"))
-                && target.parent().is_some_and(|d| d.ends_with("objects/pack"))
-            {
-                found.push(target);
-            }
-        }
-    }
-    found
-}
-
-/// SIGTERM to the group, up to `grace` for it to go, then SIGKILL; then
-/// removes the partial packs its git processes held open.
-pub fn end_group(pgid: u32, grace: Duration) {
-    let partial = group_temp_files(pgid as i32);
-    let pg = -(pgid as libc::pid_t);
-    // SAFETY: kill(2) on a group our child leads; no memory involved.
-    unsafe {
-        libc::kill(pg, libc::SIGTERM);
-    }
-    let until = Instant::now() + grace;
-    // SAFETY: as above; signal 0 only checks.
-    while Instant::now() < until && unsafe { libc::kill(pg, 0) } == 0 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: as above.
-    unsafe {
-        libc::kill(pg, libc::SIGKILL);
-    }
-    for f in partial {
-        let _ = std::fs::remove_file(f);
-    }
-}
-
-// ---------------------------------------------------------------------------
 // The watchdog.
 
 /// Why a watched child was stopped.
@@ -466,7 +257,7 @@ impl Verdict {
             ),
             Verdict::Interrupted(sig) => format!(
                 "{what} with {remote} was stopped: warmstart received {}",
-                crate::gates::runner::signal_name(*sig)
+                crate::process::signals::signal_name(*sig)
             ),
         };
         fail(Code::Remote, message)
@@ -558,7 +349,7 @@ pub struct Watch {
     shared: Arc<WatchShared>,
     progress: Progress,
     thread: Option<std::thread::JoinHandle<()>>,
-    _group: GroupGuard,
+    _group: crate::process::signals::GroupGuard,
 }
 
 /// How often the watchdog looks.
@@ -581,7 +372,7 @@ impl Watch {
             verdict: Mutex::new(None),
         });
         let progress = Progress::default();
-        let group = register_group(pgid);
+        let group = crate::process::signals::register_group(pgid);
         let thread = {
             let shared = shared.clone();
             let progress = progress.clone();
@@ -640,21 +431,21 @@ fn watch(
     // them too: a killed index-pack leaves its tmp_pack_* behind.
     // A name is looked up once: index-pack holds its file open from the
     // moment it exists, and another process's stays another's.
-    let mut partial: Vec<TempGuard> = Vec::new();
+    let mut partial: Vec<crate::process::signals::TempGuard> = Vec::new();
     let mut checked: std::collections::HashSet<PathBuf> = Default::default();
     let mut sample = || {
         let (pack, names) = pack_dir.as_ref().map(PackDir::scan).unwrap_or_default();
         let new: Vec<PathBuf> = names.into_iter().filter(|n| !checked.contains(n)).collect();
         if !new.is_empty() {
             // By name: /proc shows the resolved path, ours may hold a symlink.
-            let ours: Vec<_> = group_temp_files(pgid as i32)
+            let ours: Vec<_> = crate::process::group::group_temp_files(pgid as i32)
                 .into_iter()
                 .filter_map(|f| f.file_name().map(|n| n.to_owned()))
                 .collect();
             partial.extend(
                 new.iter()
                     .filter(|n| n.file_name().is_some_and(|f| ours.iter().any(|o| o == f)))
-                    .map(|n| register_temp(n)),
+                    .map(|n| crate::process::signals::register_temp(n)),
             );
             checked.extend(new);
         }
@@ -683,7 +474,7 @@ fn watch(
             moved_at = Some(Instant::now());
             pack_max = pack_max.max(now.2.saturating_sub(base));
         }
-        let verdict = if let Some(sig) = crate::gates::runner::interrupted() {
+        let verdict = if let Some(sig) = crate::process::signals::interrupted() {
             Some(Verdict::Interrupted(sig))
         } else if total.is_some_and(|t| start.elapsed() >= t) {
             total.map(Verdict::Total)
@@ -706,7 +497,7 @@ fn watch(
         if let Some(v) = verdict {
             *shared.verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
             drop(done);
-            end_group(pgid, GRACE);
+            crate::process::group::end_group(pgid, GRACE);
             return;
         }
     }

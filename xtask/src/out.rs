@@ -12,6 +12,21 @@
 //! the thread that runs the command.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Records `--quiet` (`contract::begin`, at parse time).
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+}
+
+/// Whether `--quiet` was given: no progress, no informational stderr. Here,
+/// on the ground floor, because the child runners and the progress bars
+/// ask it too, and they sit below the JSON contract.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
 
 /// The unwind payload of a write to a closed stdout.
 pub struct BrokenPipe;

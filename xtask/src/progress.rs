@@ -23,7 +23,7 @@ const LABEL: usize = 7;
 
 /// stderr, or nowhere under `--quiet`.
 fn stderr() -> ProgressDrawTarget {
-    if crate::contract::quiet() {
+    if crate::out::quiet() {
         ProgressDrawTarget::hidden()
     } else {
         ProgressDrawTarget::stderr()
@@ -38,7 +38,7 @@ pub fn hidden() -> ProgressBar {
 /// A spinner with `msg` and the time it has been turning.
 pub fn spinner(msg: impl Into<String>) -> ProgressBar {
     let pb = spinner_to(stderr(), msg);
-    if std::io::stderr().is_terminal() && !crate::contract::quiet() {
+    if std::io::stderr().is_terminal() && !crate::out::quiet() {
         pb.enable_steady_tick(TICK);
     }
     pb

@@ -977,7 +977,7 @@ pub fn after_restore(sh: &Shell, repo: &Repo) {
         progress: false,
     };
     match gc(sh, repo, &opts) {
-        Ok(r) if !crate::contract::quiet() => eprintln!(
+        Ok(r) if !crate::out::quiet() => eprintln!(
             "cache gc: the stores passed WARMSTART_GC_SIZE ({}) at {}: removed {} unneeded chunks, now {}",
             human_bytes(limit),
             human_bytes(size),

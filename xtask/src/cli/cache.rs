@@ -216,6 +216,6 @@ impl OutputArgs {
     /// The global `--quiet`: for cache commands, no text report on stdout
     /// either (`--json` is still printed).
     pub fn quiet(&self) -> bool {
-        crate::contract::quiet()
+        crate::out::quiet()
     }
 }

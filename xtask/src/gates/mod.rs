@@ -15,7 +15,6 @@
 pub mod manifest;
 pub mod record;
 mod run;
-pub mod runner;
 pub mod store;
 
 use anyhow::Result;

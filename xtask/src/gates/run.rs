@@ -15,9 +15,10 @@ use xshell::Shell;
 use super::manifest::{self, Gate, Plan};
 use super::record::{Entry, Record, State};
 use super::store::{self, Head};
-use super::{dirty_reason, runner, seconds, short, table};
+use super::{dirty_reason, seconds, short, table};
 use crate::cli::gates::RunArgs;
 use crate::exit::{Code, fail};
+use crate::process::runner;
 use crate::repo::Repo;
 
 /// Lines of a failed gate's output repeated after it, with the log's path.
@@ -108,10 +109,10 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
 
     let mut runs: Vec<GateRun> = Vec::new();
     for gate in &gates {
-        let stop = if let Some(sig) = runner::interrupted() {
+        let stop = if let Some(sig) = crate::process::signals::interrupted() {
             Some(format!(
                 "warmstart was interrupted by {}",
-                runner::signal_name(sig)
+                crate::process::signals::signal_name(sig)
             ))
         } else if !args.keep_going && runs.iter().any(GateRun::bad) {
             Some("an earlier gate failed".to_string())
@@ -158,7 +159,7 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
 /// Runs one gate with live output; fills in result, duration and log.
 fn run_one(repo: &Repo, plan: &Plan, gate: &Gate, run: &mut GateRun) -> Result<()> {
     let cwd = repo.root.join(&gate.cwd);
-    if !crate::contract::quiet() {
+    if !crate::out::quiet() {
         eprintln!(
             "==> gate {}: {} (in {}, timeout {})",
             gate.name,
@@ -202,7 +203,10 @@ fn run_one(repo: &Repo, plan: &Plan, gate: &Gate, run: &mut GateRun) -> Result<(
     run.result = match outcome.end {
         runner::End::Exited(0) => Ended::Passed,
         runner::End::Exited(n) => Ended::Failed(format!("exit status {n}")),
-        runner::End::Signaled(s) => Ended::Failed(format!("killed by {}", runner::signal_name(s))),
+        runner::End::Signaled(s) => Ended::Failed(format!(
+            "killed by {}",
+            crate::process::signals::signal_name(s)
+        )),
         runner::End::TimedOut => Ended::TimedOut,
         runner::End::Interrupted(s) => Ended::Interrupted(s),
     };
@@ -217,7 +221,10 @@ fn run_one(repo: &Repo, plan: &Plan, gate: &Gate, run: &mut GateRun) -> Result<(
                 seconds(gate.timeout),
                 seconds(plan.kill_grace)
             ),
-            Ended::Interrupted(s) => format!("interrupted by {}", runner::signal_name(*s)),
+            Ended::Interrupted(s) => format!(
+                "interrupted by {}",
+                crate::process::signals::signal_name(*s)
+            ),
             _ => String::new(),
         };
         eprintln!(

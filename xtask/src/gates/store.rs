@@ -23,8 +23,8 @@ use std::time::Duration;
 use xshell::{Shell, cmd};
 
 use super::record::{ParseError, Record};
-use super::runner;
 use crate::exit::{Code, fail};
+use crate::process::runner;
 
 /// The namespace of local (and pushed) records.
 pub const REF_PREFIX: &str = "refs/warmstart/gates/";
@@ -354,7 +354,7 @@ fn network_git(
             Code::Remote,
             format!(
                 "{what} `{remote}` was interrupted by {}",
-                runner::signal_name(sig)
+                crate::process::signals::signal_name(sig)
             ),
         )),
         _ => Ok(outcome),

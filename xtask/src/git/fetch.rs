@@ -3,7 +3,6 @@
 //! Every fetch runs under the network watchdog (`crate::net`).
 
 use crate::exit::{Code, fail};
-use crate::net;
 use anyhow::{Result, anyhow};
 use std::fs::File;
 use std::io::Write;
@@ -97,7 +96,7 @@ impl CacheGit {
             .args(["ls-remote", "--"])
             .arg(&remote.url)
             .arg(remote_ref(branch));
-        let _trace_guard = net::register_temp(&trace);
+        let _trace_guard = crate::process::signals::register_temp(&trace);
         let out = self.run_network(
             &mut cmd,
             &format!("look-up of {branch}"),

@@ -7,7 +7,6 @@
 use anyhow::{Context, Result};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -75,12 +74,6 @@ impl Exit {
     }
 }
 
-fn spawn_grouped(cmd: &mut Command) -> Result<Child> {
-    cmd.process_group(0);
-    cmd.spawn()
-        .with_context(|| format!("starting {:?}", cmd.get_program()))
-}
-
 fn wait_bounded(child: &mut Child, timeout: Option<Duration>) -> Result<Exit> {
     let start = Instant::now();
     wait_until(child, || match timeout {
@@ -98,12 +91,7 @@ fn wait_until(child: &mut Child, mut give_up: impl FnMut() -> Option<Duration>) 
             return Ok(Exit::Status(status));
         }
         if let Some(limit) = give_up() {
-            // SAFETY: kill(2) on the child's own process group (its pid, as
-            // process_group(0) made it the leader); no memory is involved.
-            unsafe {
-                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
-            }
-            let _ = child.wait();
+            crate::process::group::kill_group(child);
             return Ok(Exit::TimedOut(limit));
         }
         std::thread::sleep(nap);
@@ -117,7 +105,7 @@ pub fn run_logged(cmd: &mut Command, log: &mut Log, timeout: Option<Duration>) -
     cmd.stdin(Stdio::null())
         .stdout(log.stdio()?)
         .stderr(log.stdio()?);
-    let mut child = spawn_grouped(cmd)?;
+    let mut child = crate::process::group::spawn_leader(cmd)?;
     let exit = wait_bounded(&mut child, timeout)?;
     log.line(&format!("-> {}", exit.describe()));
     Ok(exit)
@@ -140,7 +128,7 @@ pub fn capture_until(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = spawn_grouped(cmd)?;
+    let mut child = crate::process::group::spawn_leader(cmd)?;
     let reader = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();

@@ -605,7 +605,7 @@ struct Current {
     file: File,
     /// Removes the partial file on SIGTERM or Ctrl-C (not 15 minutes on,
     /// `Store::sweep`).
-    _guard: crate::net::TempGuard,
+    _guard: crate::process::signals::TempGuard,
     hasher: Sha256,
     size: u64,
     written: u64,
@@ -726,7 +726,7 @@ impl<'a> PackSink<'a> {
         }
         let (tmp, file) = self.store.create_tmp(&[0; 32])?;
         self.current = Some(Current {
-            _guard: crate::net::register_temp(&tmp),
+            _guard: crate::process::signals::register_temp(&tmp),
             tmp,
             file,
             hasher: Sha256::new(),

@@ -20,7 +20,6 @@ use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -45,22 +44,7 @@ pub enum Output {
     Capture { tail: usize },
 }
 
-/// How the command ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum End {
-    Exited(i32),
-    Signaled(i32),
-    /// Past its timeout; its group was killed.
-    TimedOut,
-    /// warmstart received this signal; the group was sent it, then killed.
-    Interrupted(i32),
-}
-
-impl End {
-    pub fn success(self) -> bool {
-        self == End::Exited(0)
-    }
-}
+pub use super::group::End;
 
 #[derive(Debug)]
 pub struct Outcome {
@@ -71,59 +55,6 @@ pub struct Outcome {
     /// The leader exited but processes of its group were still running;
     /// they were terminated.
     pub killed_leftovers: bool,
-}
-
-static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    INTERRUPTED.store(sig, Ordering::SeqCst);
-}
-
-/// From the first `run` on, SIGINT, SIGTERM and SIGHUP do not kill warmstart:
-/// they are noted, and the running command's group is sent the same signal,
-/// then killed after the grace period, and `run` reports `Interrupted`
-/// (callers stop there). Needed because a command in its own process group
-/// does not receive the terminal's Ctrl-C.
-fn catch_interrupts() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            // SAFETY: the handler only stores into an atomic, which is
-            // async-signal-safe.
-            unsafe {
-                libc::signal(sig, on_signal as *const () as libc::sighandler_t);
-            }
-        }
-    });
-}
-
-/// The signal received since `catch_interrupts`, if any.
-pub fn interrupted() -> Option<i32> {
-    match INTERRUPTED.load(Ordering::SeqCst) {
-        0 => None,
-        s => Some(s),
-    }
-}
-
-/// The name of a signal number, for messages.
-pub fn signal_name(sig: i32) -> String {
-    match sig {
-        libc::SIGINT => "SIGINT".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        libc::SIGHUP => "SIGHUP".into(),
-        libc::SIGKILL => "SIGKILL".into(),
-        libc::SIGSEGV => "SIGSEGV".into(),
-        libc::SIGABRT => "SIGABRT".into(),
-        n => format!("signal {n}"),
-    }
-}
-
-fn become_subreaper() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only sets a flag on this process.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    }
 }
 
 /// A bounded tail of bytes.
@@ -140,89 +71,10 @@ impl Tail {
     }
 }
 
-/// The process group of one command, reaped with waitpid(-pgid).
-struct Group {
-    pgid: i32,
-    status: Option<libc::c_int>,
-}
-
-impl Group {
-    /// Reaps every finished member we are the parent of; notes the leader's status.
-    fn reap(&mut self) {
-        loop {
-            let mut st: libc::c_int = 0;
-            // SAFETY: plain waitpid on our own children, status into a local.
-            let pid = unsafe { libc::waitpid(-self.pgid, &mut st, libc::WNOHANG) };
-            if pid <= 0 {
-                return;
-            }
-            if pid == self.pgid {
-                self.status = Some(st);
-            }
-        }
-    }
-
-    /// Whether any process of the group still exists (zombies of processes
-    /// we are not the parent of count: we cannot tell them apart).
-    fn alive(&self) -> bool {
-        // SAFETY: signal 0 only checks for existence and permission.
-        let r = unsafe { libc::kill(-self.pgid, 0) };
-        r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child's process group.
-        unsafe {
-            libc::kill(-self.pgid, sig);
-        }
-    }
-
-    /// `sig` to the group, up to `grace` for it to go, then SIGKILL; returns
-    /// once the leader is reaped.
-    fn terminate(&mut self, sig: i32, grace: Duration) {
-        self.signal(sig);
-        let until = Instant::now() + grace;
-        loop {
-            self.reap();
-            if self.status.is_some() && !self.alive() {
-                return;
-            }
-            if Instant::now() >= until {
-                break;
-            }
-            std::thread::sleep(POLL);
-        }
-        self.signal(libc::SIGKILL);
-        if self.status.is_none() {
-            let mut st: libc::c_int = 0;
-            // SAFETY: blocking wait for our own child, which was just SIGKILLed.
-            let pid = unsafe { libc::waitpid(self.pgid, &mut st, 0) };
-            if pid == self.pgid {
-                self.status = Some(st);
-            }
-        }
-        // Reap the rest of the group as SIGKILL lands, briefly.
-        let until = Instant::now() + Duration::from_secs(1);
-        while self.alive() && Instant::now() < until {
-            self.reap();
-            std::thread::sleep(POLL);
-        }
-    }
-
-    fn end(&self) -> End {
-        let st = self.status.unwrap_or(0);
-        if libc::WIFSIGNALED(st) {
-            End::Signaled(libc::WTERMSIG(st))
-        } else {
-            End::Exited(libc::WEXITSTATUS(st))
-        }
-    }
-}
-
 /// Runs `cmd` to its end under `limits`. Errors only when it cannot start.
 pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> {
-    catch_interrupts();
-    become_subreaper();
+    crate::process::signals::catch_interrupts();
+    crate::process::group::become_subreaper();
     let program = cmd.get_program().to_string_lossy().into_owned();
     let (mut reader, writer) = std::io::pipe().context("creating a pipe for the output")?;
     let (live, log, cap) = match output {
@@ -253,7 +105,7 @@ pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> 
     // Our copies of the pipe's write end live in `cmd`: close them, so the
     // reader sees EOF once the group is gone.
     drop(cmd);
-    let mut group = Group {
+    let mut group = crate::process::group::Group {
         pgid: child.id() as i32,
         status: None,
     };
@@ -274,7 +126,7 @@ pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> 
                 };
                 let bytes = &chunk[..n];
                 // `--quiet`: the output still goes to the log and the tail.
-                if live && !crate::contract::quiet() {
+                if live && !crate::out::quiet() {
                     let mut err = std::io::stderr().lock();
                     let _ = err.write_all(bytes);
                     let _ = err.flush();
@@ -294,7 +146,7 @@ pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> 
         if group.status.is_some() {
             break group.end();
         }
-        if let Some(sig) = interrupted() {
+        if let Some(sig) = crate::process::signals::interrupted() {
             group.terminate(sig, limits.grace);
             break End::Interrupted(sig);
         }
