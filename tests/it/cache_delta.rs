@@ -1,4 +1,4 @@
-//! The delta install (issue 18): a restore of a new key over an installed
+//! The delta install: a restore of a new key over an installed
 //! one links the files that did not change, never one the user changed, and
 //! always ends equal to a cold restore of the same key, also after `kill -9`.
 //!

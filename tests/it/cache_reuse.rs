@@ -1,4 +1,4 @@
-//! Restore reuses what the machine has (issue 18): a chunk of a new key
+//! Restore reuses what the machine has: a chunk of a new key
 //! that an earlier key already brought is taken from the chunk store, a
 //! clone that holds the chunk blobs gives them, and only the rest crosses
 //! the network; a stored chunk or a clone's blob that does not hash to its

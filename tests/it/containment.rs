@@ -1,4 +1,4 @@
-//! Containment (issue 12): two archives that each pass every check must not
+//! Containment: two archives that each pass every check must not
 //! together write outside the target, whatever the target already holds.
 //!
 //! One regression test per escape found, each named after the bug, each

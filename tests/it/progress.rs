@@ -100,7 +100,7 @@ fn which(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Regression (issue 14): the fetch spinner drew an empty full-width bar
+/// Regression: the fetch spinner drew an empty full-width bar
 /// without its message, and the restore bar, labelled `verifying`, had
 /// twice the download as its total (so twice its rate).
 #[test]

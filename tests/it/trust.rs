@@ -1,4 +1,4 @@
-//! Trust (issue 16): signed cache keys and restores that refuse what the
+//! Trust: signed cache keys and restores that refuse what the
 //! repository does not trust, with real ssh-keygen keys made at run time and
 //! a real `git daemon` on 127.0.0.1 as the hosting server.
 //!
@@ -820,7 +820,7 @@ fn init_writes_require_only_with_a_first_signer() {
     );
 }
 
-/// Fallback keys under `require` (issue 17): a candidate that fails the
+/// Fallback keys under `require`: a candidate that fails the
 /// trust policy is skipped with a warning and the next one is tried; when
 /// none passes, exit 12 names each skipped key and the install stays.
 #[test]
@@ -993,7 +993,7 @@ fn statement_blobs(fx: &Fx) -> std::collections::BTreeMap<String, String> {
     out
 }
 
-/// Prune and `[publish] keep` under `require` (issue 16's rule): the kept
+/// Prune and `[publish] keep` under `require`: the kept
 /// keys' statements and signatures stay byte for byte and still verify on
 /// another clone; a dropped key's go with it; a tampered kept signature is
 /// named at prune and at publish time, and kept as it is (never re-signed).
@@ -1162,7 +1162,7 @@ fn old_git() -> PathBuf {
     git
 }
 
-/// Issue 14: with Debian 12's git 2.39, whose `ls-tree -l` and `cat-file
+/// Old git: with Debian 12's git 2.39, whose `ls-tree -l` and `cat-file
 /// --batch-check` die on a blob a filtered fetch left out, a signed cache
 /// restores (its chunks fetched by id), publishes from a clone that lacks
 /// the other key's chunks, prunes, and verifies.
@@ -1192,7 +1192,7 @@ fn cache_commands_work_with_git_2_39() {
     assert_eq!(r["state"], "restored", "{r}");
     assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{r}");
     // The clone holds the cache branch's blobs: they are copied out of it
-    // (hashed) rather than fetched again (issue 18).
+    // (hashed) rather than fetched again.
     assert!(r["chunks_from_clone"].as_u64().unwrap() >= 1, "{r}");
     assert_eq!(
         std::fs::read_to_string(fx.env.join("other/restored/art/bin/tool")).unwrap(),

@@ -1,4 +1,4 @@
-//! Attacks on issue 18's delta install: what a pusher who wrote a lying
+//! Attacks on the delta install: what a pusher who wrote a lying
 //! file index can keep in a later, honest key's tree.
 
 use crate::util::{Run, TestEnv, run, show};
