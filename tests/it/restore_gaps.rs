@@ -5,6 +5,7 @@
 //! test, real submodules from bare repositories, a freshness step pulling
 //! from a real origin, and a cache restored over `git daemon` on 127.0.0.1.
 
+use crate::cache_keys as keys;
 use crate::util::git_daemon::GitDaemon;
 use crate::util::tree::assert_same_tree;
 use crate::util::{Run, TestEnv, run};
@@ -706,10 +707,10 @@ fn restore_gaps_freshness_fast_forward_replans_the_steps_after_it() {
 
 #[test]
 fn restore_gaps_fallback_cache_row_is_partial_then_done_with_the_exact_key() {
-    let fx = crate::cache_keys::Fx::new("fallback = [{ drop = [\"src\"] }]\nrecheck = \"1h\"\n");
-    fx.publish("1", "x");
+    let fx = keys::verification_cache("fallback = [{ drop = [\"src\"] }]\nrecheck = \"1h\"\n");
+    keys::publish(&fx, "1", "x");
     // The source moved on: the branch has no vc-2-x yet.
-    fx.pins("2", "x");
+    keys::pins(&fx, "2", "x");
     let daemon = GitDaemon::start(fx.env.path());
     manifest(
         &fx.work,
@@ -735,7 +736,7 @@ fn restore_gaps_fallback_cache_row_is_partial_then_done_with_the_exact_key() {
         "{w}"
     );
     assert!(w.contains(&daemon.url("origin.git")), "{w}");
-    assert_same_tree(&fx.artifact("1"), &fx.target);
+    assert_same_tree(&keys::artifact(&fx, "1"), &keys::target(&fx));
 
     // Warm (the stat-only probe): still partial, in the JSON, the table
     // and `restore status`.
@@ -757,14 +758,17 @@ fn restore_gaps_fallback_cache_row_is_partial_then_done_with_the_exact_key() {
     assert_eq!(state(&st, "vc"), "partial", "{st:#}");
 
     // The exact key is published; after the recheck the step restores it.
-    fx.publish("2", "x");
-    fx.manifest("fallback = [{ drop = [\"src\"] }]\nrecheck = \"1ms\"\n");
+    keys::publish(&fx, "2", "x");
+    keys::manifest(
+        &fx,
+        "fallback = [{ drop = [\"src\"] }]\nrecheck = \"1ms\"\n",
+    );
     std::thread::sleep(Duration::from_millis(20));
     let (v, _) = restore_json(&fx.env, "work");
     assert_eq!(state(&v, "vc"), "done", "{v:#}");
     assert!(what(&v, "vc").starts_with("restored vc-2-x"), "{v:#}");
     assert!(row(&v, "vc").get("partial").is_none(), "{v:#}");
-    assert_same_tree(&fx.artifact("2"), &fx.target);
+    assert_same_tree(&keys::artifact(&fx, "2"), &keys::target(&fx));
     let (v, _) = restore_json(&fx.env, "work");
     assert_eq!(state(&v, "vc"), "warm", "{v:#}");
 }

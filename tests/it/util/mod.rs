@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod fixture;
 pub mod git_daemon;
 pub mod http_backend;
 pub mod rng;
