@@ -19,6 +19,8 @@ pub enum Serve {
     Path,
     /// `origin.git` as `../origin.git`, relative to the clone.
     RelativePath,
+    /// `origin.git` as a `file://` URL.
+    FileUrl,
     /// `srv/origin.git` served by `git daemon` (a `git://` URL).
     Daemon,
 }
@@ -59,6 +61,11 @@ impl Fixture {
             Serve::RelativePath => {
                 let origin = env.bare_remote("origin.git");
                 (origin, "../origin.git".to_string(), None)
+            }
+            Serve::FileUrl => {
+                let origin = env.bare_remote("origin.git");
+                let url = format!("file://{}", origin.display());
+                (origin, url, None)
             }
             Serve::Daemon => {
                 std::fs::create_dir_all(env.join("srv")).unwrap();
