@@ -191,7 +191,7 @@ impl Cx {
     pub fn installed(&self) -> (BTreeMap<String, String>, Option<Vec<u8>>) {
         let stamp = std::fs::read(self.work.join(".git/warmstart/cache/stamps/art.json")).ok();
         let files = if self.target.exists() {
-            crate::unpack::snapshot(&self.target)
+            crate::util::tree::snapshot(&self.target, crate::util::tree::Detail::EXTRACTED)
         } else {
             BTreeMap::new()
         };

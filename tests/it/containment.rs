@@ -8,12 +8,12 @@
 //! there. Archives are written by independent tools: Python's tarfile for
 //! packages and `cache_restore/make_branch.py` for cache branches.
 
+use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -66,44 +66,14 @@ fn scene(env: &TestEnv) -> Scene {
 impl Scene {
     /// Everything under `s2` but the prefix: kind, mode, mtime, content.
     fn outside(&self) -> BTreeMap<String, String> {
-        let mut all = tree(&self.s2);
+        let mut all = snapshot(&self.s2, Detail::UNTOUCHED);
         all.retain(|k, _| k != "s1/prefix" && !k.starts_with("s1/prefix/"));
         all
     }
 
     fn inside(&self) -> BTreeMap<String, String> {
-        tree(&self.prefix)
+        snapshot(&self.prefix, Detail::UNTOUCHED)
     }
-}
-
-/// Every path under `root` with what it is (directory mtimes left out:
-/// staging beside the prefix changes its parent's).
-fn tree(root: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for e in fs::read_dir(root.join(&rel)).unwrap() {
-            let rel = rel.join(e.unwrap().file_name());
-            let p = root.join(&rel);
-            let m = fs::symlink_metadata(&p).unwrap();
-            let what = if m.file_type().is_symlink() {
-                format!("link -> {}", fs::read_link(&p).unwrap().display())
-            } else if m.is_dir() {
-                stack.push(rel.clone());
-                format!("dir {:o}", m.mode() & 0o7777)
-            } else {
-                format!(
-                    "file {:o} {}.{} {:?}",
-                    m.mode() & 0o7777,
-                    m.mtime(),
-                    m.mtime_nsec(),
-                    fs::read(&p).unwrap()
-                )
-            };
-            out.insert(rel.to_string_lossy().into_owned(), what);
-        }
-    }
-    out
 }
 
 fn package(env: &TestEnv, name: &str, spec: Value) -> PathBuf {

@@ -5,6 +5,7 @@
 //! can also stall or act as a proxy. Timeouts in the manifests are short so
 //! the failure paths finish in seconds.
 
+use crate::util::tree::files_with_mtimes;
 use crate::util::{Run, TestEnv, run};
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -81,25 +82,6 @@ fn git_dir_state(env: &TestEnv, repo: &str) -> PathBuf {
     env.join(repo).join(".git/warmstart")
 }
 
-/// Every file under the state directory with its bytes and mtime: a warm run must change none.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let m = std::fs::metadata(&p).unwrap().modified().unwrap();
-                out.push((p.clone(), std::fs::read(&p).unwrap(), m));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 // ---------------------------------------------------------------- submodules
 
 fn suite_remote(env: &TestEnv, name: &str, files: &[(&str, &str)]) -> PathBuf {
@@ -174,10 +156,10 @@ sentinel = [
     );
 
     // Warm: nothing runs, nothing in the state directory changes.
-    let before = snapshot(&git_dir_state(&env, "box"));
+    let before = files_with_mtimes(&git_dir_state(&env, "box"));
     let (v, _) = restore_json(&env, "box", &[]);
     assert_eq!(state(&v, "suites"), "warm", "{v:#}");
-    assert_eq!(before, snapshot(&git_dir_state(&env, "box")));
+    assert_eq!(before, files_with_mtimes(&git_dir_state(&env, "box")));
 
     // A sentinel deleted inside an initialised submodule: reported, restore goes on.
     std::fs::remove_file(&sentinel_b).unwrap();

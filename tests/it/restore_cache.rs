@@ -3,6 +3,7 @@
 //! remote gone, key change, missing branch fail-open and `--strict`).
 
 use crate::util::fixture::{Fixture, Manifest, Serve};
+use crate::util::tree::files_with_mtimes;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -88,29 +89,6 @@ fn table_line(stdout: &str, step: &str) -> String {
         .to_string()
 }
 
-/// Every file under `dir` with its bytes and mtime: a warm run changes none.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten() {
-            let p = e.unwrap().path();
-            let meta = std::fs::symlink_metadata(&p).unwrap();
-            if meta.is_dir() {
-                stack.push(p);
-            } else if meta.is_file() {
-                out.push((
-                    p.clone(),
-                    std::fs::read(&p).unwrap(),
-                    meta.modified().unwrap(),
-                ));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn restore_cache_step_cold_then_warm_offline_then_key_change() {
     let fx = ungated_cache();
@@ -135,7 +113,7 @@ fn restore_cache_step_cold_then_warm_offline_then_key_change() {
 
     // Warm, with the remote gone: a no-op that needs no network and leaves
     // no trace in the state directory (logs, stamps, state file, cache.git).
-    let before = snapshot(&state_dir(&fx));
+    let before = files_with_mtimes(&state_dir(&fx));
     let away = fx.env.join("origin-away.git");
     std::fs::rename(&fx.origin, &away).unwrap();
     let warm = restore_json(&fx, &[]);
@@ -148,14 +126,18 @@ fn restore_cache_step_cold_then_warm_offline_then_key_change() {
     );
     assert!(bin["last_cold_ms"].as_u64().is_some(), "{bin}");
     assert_eq!(warm["all_steps_ok"], true);
-    assert_eq!(snapshot(&state_dir(&fx)), before, "a warm run wrote state");
+    assert_eq!(
+        files_with_mtimes(&state_dir(&fx)),
+        before,
+        "a warm run wrote state"
+    );
     let text = fx.xtask(&["restore"]).ok();
     assert!(
         table_line(&text.stdout(), "bin").contains("warm"),
         "{}",
         text.stdout()
     );
-    assert_eq!(snapshot(&state_dir(&fx)), before);
+    assert_eq!(files_with_mtimes(&state_dir(&fx)), before);
     std::fs::rename(&away, &fx.origin).unwrap();
 
     // A key change restores the new key.

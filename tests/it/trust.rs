@@ -8,8 +8,8 @@
 //! attempt must be exit 12, with nothing fetched into the target and the old
 //! install byte for byte as it was.
 
-use crate::unpack::snapshot;
 use crate::util::fixture::{Fixture, Manifest};
+use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -142,7 +142,7 @@ fn tamper(fx: &Fixture, edit: impl FnOnce(&Path)) {
 fn installed(fx: &Fixture) -> (std::collections::BTreeMap<String, String>, Vec<u8>) {
     let stamp = std::fs::read(fx.work.join(".git/warmstart/cache/stamps/art.json"))
         .expect("a stamp of the old install");
-    (snapshot(&target(fx)), stamp)
+    (snapshot(&target(fx), Detail::EXTRACTED), stamp)
 }
 
 /// A refusal: exit 12, one line naming the key, the signer and the file.
