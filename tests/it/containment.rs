@@ -8,12 +8,12 @@
 //! there. Archives are written by independent tools: Python's tarfile for
 //! packages and `cache_restore/make_branch.py` for cache branches.
 
+use crate::util::http::{HttpServer, reply};
 use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -389,44 +389,12 @@ fn cache_restore_merge_mode_two_keys_escape_the_prefix_through_the_first_keys_sy
     }
 }
 
-/// An HTTP/1.1 server on 127.0.0.1 serving `files` by path, one thread per
-/// connection, until the test process ends.
-fn serve(files: BTreeMap<String, Vec<u8>>) -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let files = files.clone();
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&buf)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_string();
-                let path = line
-                    .split(' ')
-                    .nth(1)
-                    .unwrap_or("/")
-                    .trim_start_matches('/');
-                let _ = match files.get(path) {
-                    Some(body) => conn
-                        .write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).as_bytes())
-                        .and_then(|()| conn.write_all(body)),
-                    None => conn.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
-                };
-            });
-        }
-    });
-    port
+/// The loopback HTTP server serving `files` by path (404 for any other).
+fn serve(files: BTreeMap<String, Vec<u8>>) -> HttpServer {
+    HttpServer::start(move |req, conn| match files.get(req.path()) {
+        Some(body) => reply(conn, 200, body),
+        None => reply(conn, 404, b""),
+    })
 }
 
 #[test]
@@ -444,10 +412,11 @@ fn download_steps_with_unpack_into_escape_the_prefix_through_an_earlier_package(
                 .map(|x| format!("{x:02x}"))
                 .collect::<String>()
         };
-        let port = serve(BTreeMap::from([
+        let server = serve(BTreeMap::from([
             ("first.tar.bz2".to_string(), first.clone()),
             ("second.tar.bz2".to_string(), second.clone()),
         ]));
+        let port = server.port;
         let step = |name: &str, bytes: &[u8]| {
             format!(
                 "[[step]]\nname = \"{name}\"\nkind = \"download\"\nurl = \"http://127.0.0.1:{port}/{name}.tar.bz2\"\nsha256 = \"{}\"\ndest = \"dl/{name}.tar.bz2\"\nunpack_into = \"{}\"\n",

@@ -9,6 +9,7 @@
 
 pub mod fixture;
 pub mod git_daemon;
+pub mod http;
 pub mod http_backend;
 pub mod rng;
 pub mod servers;
