@@ -529,7 +529,7 @@ fn cache_fetch_a_legacy_branch_gets_its_parts_before_unpacking() {
     let mut cmd = std::process::Command::new("bash");
     cmd.arg(&recipe)
         .arg("publish")
-        .arg(&src(&fx))
+        .arg(src(&fx))
         .arg(fx.env.join("origin.git"))
         .arg("art-cache")
         .arg("zst");

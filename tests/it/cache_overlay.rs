@@ -175,7 +175,7 @@ fn cache_overlay_never_writes_through_a_link_that_leaves_the_target() {
     let outside = fx.env.join("outside");
     fs::create_dir_all(&outside).unwrap();
     fs::write(outside.join("a.checked"), "outside\n").unwrap();
-    fs::create_dir_all(&target(&fx)).unwrap();
+    fs::create_dir_all(target(&fx)).unwrap();
     std::os::unix::fs::symlink(&outside, target(&fx).join("results")).unwrap();
     let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(7);
     assert!(r.stderr().contains("results"), "{}", r.stderr());

@@ -310,25 +310,25 @@ fn cache_restore_reports_missing_branch_key_and_remote_with_their_codes() {
 /// `tc-bad` and restores that: it must fail with `code`, naming `needle`,
 /// leaving the good install as it was.
 fn refused(fx: &Fixture, good: &Path, hostile: Value, code: i32, needle: &str) -> String {
-    pin(&fx, "good");
+    pin(fx, "good");
     publish(
-        &fx,
+        fx,
         json!({ "keys": {
             "tc-good": key_spec(good, "good"),
             "tc-bad": hostile,
         }}),
     );
-    assert_eq!(restore_json(&fx)["key"], "tc-good");
-    pin(&fx, "bad");
-    let r = restore(&fx).expect_code(code);
+    assert_eq!(restore_json(fx)["key"], "tc-good");
+    pin(fx, "bad");
+    let r = restore(fx).expect_code(code);
     let err = r.stderr();
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
     assert!(err.lines().count() == 1, "one line: {err}");
-    assert_same_tree(good, &target(&fx));
-    assert_no_leftovers(&fx);
+    assert_same_tree(good, &target(fx));
+    assert_no_leftovers(fx);
     // The stamp still describes the good install: going back is warm.
-    pin(&fx, "good");
-    assert_eq!(restore_json(&fx)["state"], "warm");
+    pin(fx, "good");
+    assert_eq!(restore_json(fx)["state"], "warm");
     err
 }
 
@@ -421,7 +421,7 @@ fn chunked(fx: &Fixture, v: &str) -> (PathBuf, PathBuf) {
     small_tree(&src, v);
     crate::util::tree::write_pseudo_random(&src.join("random.bin"), 60_000, 7);
     let dir = branch_files(
-        &fx,
+        fx,
         json!({ "chunk_bytes": 16384, "keys": {
             format!("tc-{v}"): key_spec(&src, v),
         }}),

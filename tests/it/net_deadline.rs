@@ -9,6 +9,7 @@
 
 use crate::util::fixture::{Fixture, Manifest};
 use crate::util::git_daemon::GitDaemon;
+use crate::util::http::HttpServer;
 use crate::util::http_backend::HttpGit;
 use crate::util::tree::write_pseudo_random;
 use crate::util::{Run, run, show};
@@ -361,14 +362,10 @@ fn stall_then_resume(fx: &Fixture, upstream: u16, scheme: &str) {
         "{line}"
     );
     assert!(took < Duration::from_secs(30), "took {took:?}");
-    assert!(partial_files(&fx).is_empty(), "{:?}", partial_files(&fx));
-    assert_no_leftovers(&fx, relay.port);
+    assert!(partial_files(fx).is_empty(), "{:?}", partial_files(fx));
+    assert_no_leftovers(fx, relay.port);
     assert!(!fx.work.join("restored/art").exists());
-    assert!(
-        pack_temp_files(&fx).is_empty(),
-        "{:?}",
-        pack_temp_files(&fx)
-    );
+    assert!(pack_temp_files(fx).is_empty(), "{:?}", pack_temp_files(fx));
 
     // Resumed straight from the server: only what is missing is fetched.
     let url = format!("{scheme}://127.0.0.1:{upstream}/origin.git");
@@ -473,36 +470,32 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
 }
 
 /// Answers every request with `code` (and the header that goes with it).
-fn refusing_server(code: u16) -> u16 {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            let mut buf = [0u8; 8192];
-            let _ = s.read(&mut buf);
-            let (reason, header) = match code {
-                401 => ("Unauthorized", "WWW-Authenticate: Basic realm=\"git\"\r\n"),
-                407 => (
-                    "Proxy Authentication Required",
-                    "Proxy-Authenticate: Basic realm=\"proxy\"\r\n",
-                ),
-                _ => ("Forbidden", ""),
-            };
-            let _ = write!(
-                s,
-                "HTTP/1.1 {code} {reason}\r\n{header}Content-Length: 0\r\nConnection: close\r\n\r\n"
-            );
-        }
-    });
-    port
+fn refusing_server(code: u16) -> HttpServer {
+    HttpServer::start(move |_, s| {
+        let (reason, header) = match code {
+            401 => ("Unauthorized", "WWW-Authenticate: Basic realm=\"git\"\r\n"),
+            407 => (
+                "Proxy Authentication Required",
+                "Proxy-Authenticate: Basic realm=\"proxy\"\r\n",
+            ),
+            _ => ("Forbidden", ""),
+        };
+        let _ = write!(
+            s,
+            "HTTP/1.1 {code} {reason}\r\n{header}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+    })
 }
 
 #[test]
 fn refused_credentials_are_exit_13_with_gits_cause() {
     let fx = published("");
-    let port401 = refusing_server(401);
-    let port403 = refusing_server(403);
-    let port407 = refusing_server(407);
+    let (s401, s403, s407) = (
+        refusing_server(401),
+        refusing_server(403),
+        refusing_server(407),
+    );
+    let (port401, port403, port407) = (s401.port, s403.port, s407.port);
     let cases = [
         // No credentials: git would prompt on a terminal; warmstart never lets it.
         (

@@ -230,7 +230,7 @@ fn a_trusted_publish_restores_and_the_warm_path_checks_nothing() {
     fx.env.git(".", ["init", "-q", "coreutils"]);
     fx.env.git(
         "coreutils",
-        ["fetch", "-q", &&fx.daemon().url("origin.git"), "art-cache"],
+        ["fetch", "-q", (&fx.daemon().url("origin.git")), "art-cache"],
     );
     fx.env.git("coreutils", ["checkout", "-q", "FETCH_HEAD"]);
     let allowed = fx.work.join("cache-manifests/allowed_signers");
@@ -672,7 +672,7 @@ fn a_signed_gate_record_is_required_and_a_forged_one_is_refused() {
     fx.env.git("work", ["push", "-q", "origin", "main"]);
     fx.env.git(
         ".",
-        ["clone", "-q", &&fx.daemon().url("origin.git"), "forger"],
+        ["clone", "-q", (&fx.daemon().url("origin.git")), "forger"],
     );
 
     // A forged record: green, unsigned, pushed as a ref by someone else.
@@ -1009,7 +1009,7 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
     // Another clone, with the same trust root at HEAD, restores kept keys.
     fx.env.git(
         ".",
-        ["clone", "-q", &&fx.daemon().url("origin.git"), "other"],
+        ["clone", "-q", (&fx.daemon().url("origin.git")), "other"],
     );
     for k in ["art-2", "art-4"] {
         let r = json(
@@ -1181,8 +1181,10 @@ fn cache_commands_work_with_git_2_39() {
         run(&mut cmd)
     };
     for clone in ["other", "third"] {
-        fx.env
-            .git(".", ["clone", "-q", &&fx.daemon().url("origin.git"), clone]);
+        fx.env.git(
+            ".",
+            ["clone", "-q", (&fx.daemon().url("origin.git")), clone],
+        );
     }
     let r = json(&with_old_git("other", &["cache", "restore", CACHE, "--json"]).ok());
     assert_eq!(r["state"], "restored", "{r}");

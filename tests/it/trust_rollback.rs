@@ -157,7 +157,7 @@ fn trust_rollback_the_bootstrap_refuses_an_older_signed_statement_than_it_instal
 
     // The other way round: the binary installed v2 on a clone with no
     // record yet; the script refuses the rollback from what it recorded.
-    std::fs::remove_dir_all(&fx.work.join(".git/warmstart")).unwrap();
+    std::fs::remove_dir_all(fx.work.join(".git/warmstart")).unwrap();
     push_back(&fx, &v2);
     run(fx.env.xtask_in("work").args(["cache", "restore", "tool"])).ok();
     assert!(
@@ -187,8 +187,8 @@ fn trust_rollback_the_bootstrap_refuses_an_older_signed_statement_than_it_instal
     std::fs::write(seen_path(&fx), record).unwrap();
 
     // A fresh machine has no history: the newest it sees is the old one.
-    std::fs::remove_dir_all(&fx.work.join(".git/warmstart")).unwrap();
-    std::fs::remove_dir_all(&fx.work.join("inst")).unwrap();
+    std::fs::remove_dir_all(fx.work.join(".git/warmstart")).unwrap();
+    std::fs::remove_dir_all(fx.work.join("inst")).unwrap();
     let r = bootstrap(&fx).ok();
     assert!(r.stdout().contains("tool v1 restore"), "{}", show(&r.out));
 }
