@@ -1,4 +1,4 @@
-//! The delta install (issue 18): a restore of a new key over an installed
+//! The delta install: a restore of a new key over an installed
 //! one links the files that did not change, never one the user changed, and
 //! always ends equal to a cold restore of the same key, also after `kill -9`.
 //!
@@ -6,9 +6,10 @@
 //! second manifest `cold` reads the same branch into another directory, so
 //! every delta result is compared with a cold restore of the same key.
 
+use crate::util::fixture::{Fixture, Manifest, Serve};
 use crate::util::rng::Rng;
+use crate::util::run;
 use crate::util::tree::assert_same_tree;
-use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -17,101 +18,92 @@ use std::path::{Path, PathBuf};
 /// Files in the artifact: one in a hundred is 2 of them.
 const FILES: usize = 200;
 
-struct Fx {
-    env: TestEnv,
-    target: PathBuf,
+/// The delta cache `dt` installed at `installed/dt`, and `cold`, the same
+/// branch (`dt-cache`) read into `cold/dt`: keys `dt-<v>` pinned in
+/// `pins.txt`, packing `../art` in 8 KiB average chunks.
+fn delta_cache() -> Fixture {
+    let fx = Fixture::serve(Serve::RelativePath);
+    for (name, path, branch) in [
+        ("dt", target(&fx), None),
+        (
+            "cold",
+            fx.env.join("cold/dt"),
+            Some("branch = \"dt-cache\""),
+        ),
+    ] {
+        Manifest::pinned("pins.txt", "../art")
+            .cache(&match branch {
+                Some(b) => format!("description = \"delta\"\n{b}"),
+                None => "description = \"delta\"".to_string(),
+            })
+            .publish("chunk_avg = \"8KiB\"")
+            .restore_path(path)
+            .write(&fx.work, name);
+    }
+    fx
 }
 
-impl Fx {
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git("work", ["remote", "add", "origin", "../origin.git"]);
-        let target = env.join("installed/dt");
-        let pins = "[[key]]\nname = \"v\"\nregex = { file = \"pins.txt\", pattern = 'v=(\\S+)' }\n";
-        for (name, path, branch) in [
-            ("dt", target.clone(), ""),
-            ("cold", env.join("cold/dt"), "branch = \"dt-cache\"\n"),
-        ] {
-            let text = format!(
-                "[cache]\ndescription = \"delta\"\n{branch}\n{pins}\n[pack]\nroot = \"../art\"\n\n[publish]\nchunk_avg = \"8KiB\"\n\n[restore]\npath = \"{}\"\n",
-                path.display()
-            );
-            fs::create_dir_all(work.join("cache-manifests")).unwrap();
-            fs::write(work.join(format!("cache-manifests/{name}.toml")), text).unwrap();
-        }
-        Fx { env, target }
-    }
+fn target(fx: &Fixture) -> PathBuf {
+    fx.env.join("installed/dt")
+}
 
-    fn xtask(&self, args: &[&str]) -> Run {
-        run(self.env.xtask_in("work").args(args))
-    }
+fn pin(fx: &Fixture, v: &str) {
+    fx.write("pins.txt", &format!("v={v}\n"));
+}
 
-    fn json(&self, args: &[&str]) -> Value {
-        let r = self.xtask(args).ok();
-        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
-    }
+/// Publishes `dt-<v>`: the artifact with files `changed` at version `v`.
+fn publish(fx: &Fixture, v: &str, changed: &[usize]) {
+    publish_as(fx, v, v, changed);
+}
 
-    fn pin(&self, v: &str) {
-        fs::write(self.env.join("work/pins.txt"), format!("v={v}\n")).unwrap();
-    }
+/// Publishes key `dt-<v>` with the content of version `content`.
+fn publish_as(fx: &Fixture, v: &str, content: &str, changed: &[usize]) {
+    pin(fx, v);
+    let art = fx.env.join("art");
+    let _ = fs::remove_dir_all(&art);
+    artifact(&art, content, changed);
+    fx.publish("dt");
+}
 
-    /// Publishes `dt-<v>`: the artifact with files `changed` at version `v`.
-    fn publish(&self, v: &str, changed: &[usize]) {
-        self.publish_as(v, v, changed);
-    }
+/// Restores `dt-<v>` into the delta target; its JSON.
+fn restore(fx: &Fixture, v: &str) -> Value {
+    pin(fx, v);
+    fx.restore("dt")
+}
 
-    /// Publishes key `dt-<v>` with the content of version `content`.
-    fn publish_as(&self, v: &str, content: &str, changed: &[usize]) {
-        self.pin(v);
-        let art = self.env.join("art");
-        let _ = fs::remove_dir_all(&art);
-        artifact(&art, content, changed);
-        self.json(&["cache", "publish", "dt", "--json"]);
-    }
+/// A cold restore of `dt-<v>` elsewhere: what the delta must equal.
+fn cold(fx: &Fixture, v: &str) -> PathBuf {
+    pin(fx, v);
+    // Never a delta: no record to build one from.
+    let record = fx
+        .env
+        .join("work/.git/warmstart/cache/installed/cold.record");
+    let _ = fs::remove_file(record);
+    let key = format!("dt-{v}");
+    let _ = fx.xtask(&["cache", "restore", "cold", "--key", &key]).ok();
+    fx.env.join("cold/dt")
+}
 
-    /// Restores `dt-<v>` into the delta target; its JSON.
-    fn restore(&self, v: &str) -> Value {
-        self.pin(v);
-        self.json(&["cache", "restore", "dt", "--json"])
-    }
+fn inode(fx: &Fixture, rel: &str) -> u64 {
+    fs::symlink_metadata(target(fx).join(rel)).unwrap().ino()
+}
 
-    /// A cold restore of `dt-<v>` elsewhere: what the delta must equal.
-    fn cold(&self, v: &str) -> PathBuf {
-        self.pin(v);
-        // Never a delta: no record to build one from.
-        let record = self
-            .env
-            .join("work/.git/warmstart/cache/installed/cold.record");
-        let _ = fs::remove_file(record);
-        let key = format!("dt-{v}");
-        let _ = self
-            .xtask(&["cache", "restore", "cold", "--key", &key])
-            .ok();
-        self.env.join("cold/dt")
-    }
-
-    fn ino(&self, rel: &str) -> u64 {
-        fs::symlink_metadata(self.target.join(rel)).unwrap().ino()
-    }
-
-    /// Nothing beside the target, and only the record beside the stamps.
-    fn assert_no_leftovers(&self) {
-        let names: Vec<String> = fs::read_dir(self.target.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["dt"], "leftovers beside the target");
-        let state = self.env.join("work/.git/warmstart/cache/installed");
-        let mut kept: Vec<String> = fs::read_dir(state)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("dt."))
-            .collect();
-        kept.sort();
-        assert_eq!(kept, ["dt.files.zst", "dt.record"]);
-    }
+/// Nothing beside the target, and only the record beside the stamps.
+fn assert_no_leftovers(fx: &Fixture) {
+    let target = target(fx);
+    let names: Vec<String> = fs::read_dir(target.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["dt"], "leftovers beside the target");
+    let state = fx.env.join("work/.git/warmstart/cache/installed");
+    let mut kept: Vec<String> = fs::read_dir(state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("dt."))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["dt.files.zst", "dt.record"]);
 }
 
 fn rel_of(i: usize) -> String {
@@ -137,18 +129,18 @@ fn artifact(dir: &Path, v: &str, changed: &[usize]) {
 
 #[test]
 fn cache_delta_links_what_did_not_change_and_equals_a_cold_restore() {
-    let fx = Fx::new();
-    fx.publish("1", &[]);
-    let j = fx.restore("1");
+    let fx = delta_cache();
+    publish(&fx, "1", &[]);
+    let j = restore(&fx, "1");
     assert_eq!(
         (j["state"].as_str(), j["files_linked"].as_u64()),
         (Some("restored"), Some(0)),
         "{j}"
     );
-    let before: Vec<u64> = (0..FILES).map(|i| fx.ino(&rel_of(i))).collect();
+    let before: Vec<u64> = (0..FILES).map(|i| inode(&fx, &rel_of(i))).collect();
     // 1% of the files change.
-    fx.publish("2", &[7, 150]);
-    let j = fx.restore("2");
+    publish(&fx, "2", &[7, 150]);
+    let j = restore(&fx, "2");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["delta_fallback"], Value::Null, "{j}");
     // Every file but the two, plus bin/tool; bin/hard is the link of f001.
@@ -161,28 +153,28 @@ fn cache_delta_links_what_did_not_change_and_equals_a_cold_restore() {
     );
     assert!(skipped >= 10 && decoded < 100_000, "{j}");
     for (i, ino) in before.iter().enumerate() {
-        let same = fx.ino(&rel_of(i)) == *ino;
+        let same = inode(&fx, &rel_of(i)) == *ino;
         assert_eq!(same, ![7, 150].contains(&i), "{}", rel_of(i));
     }
-    let f7 = fs::read_to_string(fx.target.join(rel_of(7))).unwrap();
+    let f7 = fs::read_to_string(target(&fx).join(rel_of(7))).unwrap();
     assert!(f7.starts_with("7 2\n"), "{f7}");
-    assert_same_tree(&fx.cold("2"), &fx.target);
-    fx.assert_no_leftovers();
+    assert_same_tree(&cold(&fx, "2"), &target(&fx));
+    assert_no_leftovers(&fx);
     // The human summary says so.
-    fx.publish("3", &[7]);
-    fx.pin("3");
+    publish(&fx, "3", &[7]);
+    pin(&fx, "3");
     let text = fx.xtask(&["cache", "restore", "dt"]).ok().stdout();
     assert!(
         text.contains(&format!("linked {} unchanged files", FILES - 1)),
         "{text}"
     );
-    assert_same_tree(&fx.cold("3"), &fx.target);
+    assert_same_tree(&cold(&fx, "3"), &target(&fx));
     // A new key with nothing changed: every file linked, nothing decoded.
-    fx.publish_as("4", "3", &[7]);
-    let j = fx.restore("4");
+    publish_as(&fx, "4", "3", &[7]);
+    let j = restore(&fx, "4");
     assert_eq!(j["files_linked"], FILES as u64 + 1, "{j}");
     assert_eq!(j["tar_bytes"], 0, "{j}");
-    assert_same_tree(&fx.cold("4"), &fx.target);
+    assert_same_tree(&cold(&fx, "4"), &target(&fx));
 }
 
 /// What a user may do to an installed file.
@@ -235,16 +227,16 @@ fn hostile(kind: usize, target: &Path, rel: &str, outside: &Path) -> &'static st
 
 #[test]
 fn cache_delta_never_links_a_file_the_user_changed() {
-    let fx = Fx::new();
+    let fx = delta_cache();
     let outside = fx.env.join("outside");
     fs::create_dir(&outside).unwrap();
-    fx.publish("a", &[]);
-    fx.publish("b", &[3]);
-    fs::rename(fx.cold("a"), fx.env.join("cold-a")).unwrap();
+    publish(&fx, "a", &[]);
+    publish(&fx, "b", &[3]);
+    fs::rename(cold(&fx, "a"), fx.env.join("cold-a")).unwrap();
     let cold_a = fx.env.join("cold-a");
-    let cold_b = fx.cold("b");
+    let cold_b = cold(&fx, "b");
     let mut outside_copies = Vec::new();
-    fx.restore("a");
+    restore(&fx, "a");
     let mut rng = Rng(0xde17a);
     for case in 0..24 {
         let (now, next) = if case % 2 == 0 {
@@ -261,8 +253,8 @@ fn cache_delta_never_links_a_file_the_user_changed() {
             if edited.iter().any(|(r, _, _)| *r == rel) {
                 continue;
             }
-            let what = hostile(case + k, &fx.target, &rel, &outside);
-            let ino = fs::symlink_metadata(fx.target.join(&rel))
+            let what = hostile(case + k, &target(&fx), &rel, &outside);
+            let ino = fs::symlink_metadata(target(&fx).join(&rel))
                 .map(|m| m.ino())
                 .ok();
             if what == "hardlinked from outside" {
@@ -271,10 +263,10 @@ fn cache_delta_never_links_a_file_the_user_changed() {
             }
             edited.push((rel, ino, what));
         }
-        let j = fx.restore(next);
+        let j = restore(&fx, next);
         assert_eq!(j["state"], "restored", "case {case} ({now} -> {next}): {j}");
         for (rel, ino, what) in &edited {
-            let now_ino = fs::symlink_metadata(fx.target.join(rel)).unwrap().ino();
+            let now_ino = fs::symlink_metadata(target(&fx).join(rel)).unwrap().ino();
             assert_ne!(
                 Some(now_ino),
                 *ino,
@@ -282,7 +274,7 @@ fn cache_delta_never_links_a_file_the_user_changed() {
             );
         }
         let expected = if next == "a" { &cold_a } else { &cold_b };
-        assert_same_tree(expected, &fx.target);
+        assert_same_tree(expected, &target(&fx));
         assert!(
             j["files_linked"].as_u64().unwrap() >= (FILES - 6) as u64,
             "case {case}: {j}"
@@ -297,10 +289,10 @@ fn cache_delta_never_links_a_file_the_user_changed() {
 
 #[test]
 fn cache_delta_a_forged_index_or_a_corrupt_record_means_a_full_install_with_one_line() {
-    let fx = Fx::new();
-    fx.publish("1", &[]);
-    fx.restore("1");
-    fx.publish("2", &[5]);
+    let fx = delta_cache();
+    publish(&fx, "1", &[]);
+    restore(&fx, "1");
+    publish(&fx, "2", &[5]);
     // Swap the index blob on the origin for another one (warmstart.json,
     // which names its digest, stays).
     let tree = fx.env.git("origin.git", ["ls-tree", "dt-cache"]);
@@ -346,7 +338,7 @@ fn cache_delta_a_forged_index_or_a_corrupt_record_means_a_full_install_with_one_
         ["update-ref", "refs/heads/dt-cache", commit.trim()],
     );
 
-    fx.pin("2");
+    pin(&fx, "2");
     let r = fx.xtask(&["cache", "restore", "dt", "--json"]).ok();
     let j: Value = serde_json::from_str(&r.stdout()).unwrap();
     assert_eq!(j["state"], "restored", "{j}");
@@ -365,15 +357,15 @@ fn cache_delta_a_forged_index_or_a_corrupt_record_means_a_full_install_with_one_
         .collect();
     assert_eq!(lines.len(), 1, "{}", r.stderr());
     assert!(lines[0].contains("installing dt-2 in full"), "{}", lines[0]);
-    assert_same_tree(&fx.cold("2"), &fx.target);
+    assert_same_tree(&cold(&fx, "2"), &target(&fx));
 
     // Our own record, damaged: a full install with one line, never an error.
-    fx.publish("3", &[6]);
-    fx.restore("3");
-    fx.publish("4", &[6]);
+    publish(&fx, "3", &[6]);
+    restore(&fx, "3");
+    publish(&fx, "4", &[6]);
     let record = fx.env.join("work/.git/warmstart/cache/installed/dt.record");
     fs::write(&record, "warmstart-installed 1\nkey dt-3\n").unwrap();
-    let j = fx.restore("4");
+    let j = restore(&fx, "4");
     assert_eq!(
         (j["state"].as_str(), j["files_linked"].as_u64()),
         (Some("restored"), Some(0)),
@@ -383,20 +375,20 @@ fn cache_delta_a_forged_index_or_a_corrupt_record_means_a_full_install_with_one_
         j["delta_fallback"].as_str().unwrap().contains("record"),
         "{j}"
     );
-    assert_same_tree(&fx.cold("4"), &fx.target);
-    fx.assert_no_leftovers();
+    assert_same_tree(&cold(&fx, "4"), &target(&fx));
+    assert_no_leftovers(&fx);
 }
 
 #[test]
 fn cache_delta_killed_at_any_point_ends_complete_and_equal_to_a_cold_restore() {
     use std::os::unix::process::ExitStatusExt;
-    let fx = Fx::new();
-    fx.publish("1", &[]);
-    fx.publish("2", &[1, 100]);
-    let cold1 = fx.cold("1");
+    let fx = delta_cache();
+    publish(&fx, "1", &[]);
+    publish(&fx, "2", &[1, 100]);
+    let cold1 = cold(&fx, "1");
     fs::rename(&cold1, fx.env.join("cold-1")).unwrap();
-    let cold = [fx.env.join("cold-1"), fx.cold("2")];
-    fx.restore("1");
+    let cold = [fx.env.join("cold-1"), cold(&fx, "2")];
+    restore(&fx, "1");
     let points = [
         "restore:fetched",
         "delta:linked",
@@ -410,7 +402,7 @@ fn cache_delta_killed_at_any_point_ends_complete_and_equal_to_a_cold_restore() {
     let mut rng = Rng(0x9e37);
     for (i, point) in points.iter().map(Some).chain([None; 6]).enumerate() {
         let next = if i % 2 == 0 { "2" } else { "1" };
-        fx.pin(next);
+        pin(&fx, next);
         let mut cmd = fx.env.xtask_in("work");
         cmd.args(["cache", "restore", "dt", "--quiet"])
             .stdout(std::process::Stdio::null())
@@ -433,10 +425,10 @@ fn cache_delta_killed_at_any_point_ends_complete_and_equal_to_a_cold_restore() {
         if point.is_some() {
             assert_eq!(status.signal(), Some(9), "{point:?} was not reached");
         }
-        let j = fx.restore(next);
+        let j = restore(&fx, next);
         assert_eq!(j["key"], format!("dt-{next}"), "{point:?}");
-        assert_same_tree(&cold[if next == "1" { 0 } else { 1 }], &fx.target);
-        fx.assert_no_leftovers();
+        assert_same_tree(&cold[if next == "1" { 0 } else { 1 }], &target(&fx));
+        assert_no_leftovers(&fx);
         fx.xtask(&["cache", "verify", "dt"]).ok();
     }
 }

@@ -5,9 +5,10 @@
 //! clone that holds only some chunks. Real bare remotes over file paths;
 //! `WARMSTART_FETCH_BLOB_LIMIT` makes 20 kB chunks "big" so the data stays small.
 
+use crate::util::fixture::{Fixture, Manifest, json_of};
 use crate::util::http_backend::HttpGit;
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
-use crate::util::{Run, TestEnv, run, show};
+use crate::util::{run, show};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -15,111 +16,72 @@ use std::sync::atomic::Ordering;
 /// Blobs of 8 KiB or more are left out of branch fetches in these tests.
 const LIMIT: &str = "8k";
 
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
-    src: PathBuf,
-    target: PathBuf,
+/// A work repository whose cache `art` packs `src` (a tricky tree plus
+/// 120 kB of noise: six or seven 20 kB chunks) and restores into
+/// `restored/art`, with `origin` a bare remote configured by `config`.
+fn art_cache(config: &[(&str, &str)]) -> Fixture {
+    let fx = Fixture::new().with_var("WARMSTART_FETCH_BLOB_LIMIT", LIMIT);
+    for (k, v) in config {
+        fx.origin_git(&["config", k, v]);
+    }
+    let src = src(&fx);
+    make_tricky_tree(&src, false);
+    // Early in the tar: chunks are content-defined frames, split to fit
+    // chunk_bytes, so the first chunks are the noise's, all big.
+    write_pseudo_random(&src.join("0-noise.bin"), 120_000, 11);
+    manifest(&fx, "1");
+    fx
 }
 
-impl Fx {
-    /// A work repository whose cache `art` packs `src` (a tricky tree plus
-    /// 120 kB of noise: six or seven 20 kB chunks) and restores into
-    /// `restored/art`, with `origin` a bare remote configured by `config`.
-    fn new(config: &[(&str, &str)]) -> Fx {
-        let env = TestEnv::new();
-        let remote = env.bare_remote("origin.git");
-        for (k, v) in config {
-            env.git("origin.git", ["config", k, v]);
-        }
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", remote.to_str().unwrap()],
-        );
-        let src = env.join("src");
-        make_tricky_tree(&src, false);
-        // Early in the tar: chunks are content-defined frames, split to fit
-        // chunk_bytes, so the first chunks are the noise's, all big.
-        write_pseudo_random(&src.join("0-noise.bin"), 120_000, 11);
-        let fx = Fx {
-            target: work.join("restored/art"),
-            env,
-            work,
-            src,
-        };
-        fx.manifest("1");
-        fx
-    }
-
-    fn manifest(&self, literal: &str) {
-        let dir = self.work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("art.toml"),
-            format!(
-                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n\n[restore]\npath = \"restored/art\"\n",
-                self.src.display()
-            ),
-        )
-        .unwrap();
-    }
-
-    fn xtask(&self, args: &[&str]) -> Run {
-        let mut cmd = self.env.xtask_in("work");
-        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT).args(args);
-        run(&mut cmd)
-    }
-
-    fn publish(&self) -> Value {
-        json_of(&self.xtask(&["cache", "publish", "art", "--json"]).ok())
-    }
-
-    /// Forgets everything this clone fetched or installed: the next restore
-    /// is the one of a fresh clone.
-    fn forget(&self) {
-        std::fs::remove_dir_all(self.work.join(".git/warmstart")).unwrap();
-        let _ = std::fs::remove_dir_all(self.work.join("restored"));
-    }
-
-    fn restore_json(&self) -> Value {
-        json_of(&self.xtask(&["cache", "restore", "art", "--json"]).ok())
-    }
-
-    /// `restore_json` with `config` as the user's global git configuration
-    /// (which both git and the servers it starts read).
-    fn restore_json_with_global(&self, config: &str) -> Value {
-        let global = self.env.join("gitconfig-global");
-        std::fs::write(&global, config).unwrap();
-        let mut cmd = self.env.xtask_in("work");
-        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
-            .env("GIT_CONFIG_GLOBAL", &global)
-            .args(["cache", "restore", "art", "--json"]);
-        json_of(&run(&mut cmd).ok())
-    }
-
-    fn cache_git(&self, args: &[&str]) -> String {
-        let mut all = vec!["--git-dir", ".git/warmstart/cache.git"];
-        all.extend(args);
-        self.env.git("work", all)
-    }
-
-    /// The blob ids of the branch's chunk files on the remote, in order.
-    fn remote_chunks(&self) -> Vec<(String, String)> {
-        let out = self.env.git("origin.git", ["ls-tree", "art-cache"]);
-        out.lines()
-            .filter(|l| l.contains(".part"))
-            .map(|l| {
-                let (meta, name) = l.split_once('\t').unwrap();
-                let oid = meta.split_whitespace().nth(2).unwrap().to_string();
-                (name.to_string(), oid)
-            })
-            .collect()
-    }
+fn src(fx: &Fixture) -> PathBuf {
+    fx.env.join("src")
 }
 
-fn json_of(r: &Run) -> Value {
-    serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+fn target(fx: &Fixture) -> PathBuf {
+    fx.work.join("restored/art")
+}
+
+fn manifest(fx: &Fixture, literal: &str) {
+    fx.write_manifest(
+        "art",
+        &Manifest::literal(literal, src(fx)).chunk_bytes(20000),
+    );
+}
+
+/// Forgets everything this clone fetched or installed: the next restore
+/// is the one of a fresh clone.
+fn forget(fx: &Fixture) {
+    fx.forget();
+    let _ = std::fs::remove_dir_all(fx.work.join("restored"));
+}
+
+/// `cache restore art --json` with `config` as the user's global git
+/// configuration (which both git and the servers it starts read).
+fn restore_json_with_global(fx: &Fixture, config: &str) -> Value {
+    let global = fx.env.join("gitconfig-global");
+    std::fs::write(&global, config).unwrap();
+    let mut cmd = fx.command(&["cache", "restore", "art", "--json"]);
+    cmd.env("GIT_CONFIG_GLOBAL", &global);
+    json_of(&run(&mut cmd).ok())
+}
+
+fn cache_git(fx: &Fixture, args: &[&str]) -> String {
+    let mut all = vec!["--git-dir", ".git/warmstart/cache.git"];
+    all.extend(args);
+    fx.env.git("work", all)
+}
+
+/// The blob ids of the branch's chunk files on the remote, in order.
+fn remote_chunks(fx: &Fixture) -> Vec<(String, String)> {
+    let out = fx.origin_git(&["ls-tree", "art-cache"]);
+    out.lines()
+        .filter(|l| l.contains(".part"))
+        .map(|l| {
+            let (meta, name) = l.split_once('\t').unwrap();
+            let oid = meta.split_whitespace().nth(2).unwrap().to_string();
+            (name.to_string(), oid)
+        })
+        .collect()
 }
 
 /// Chunks of 8 KiB or more on the branch: the ones a restore fetches by id.
@@ -134,13 +96,13 @@ fn big_chunks(published: &Value) -> u64 {
 
 #[test]
 fn cache_fetch_restores_chunks_fetched_by_id_while_unpacking() {
-    let fx = Fx::new(&[]);
-    let published = fx.publish();
+    let fx = art_cache(&[]);
+    let published = fx.publish("art");
     let big = big_chunks(&published);
     assert!(big >= 5, "{published}");
-    fx.forget();
+    forget(&fx);
 
-    let j = fx.restore_json();
+    let j = fx.restore("art");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunk_source"], "byid", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
@@ -167,13 +129,12 @@ fn cache_fetch_restores_chunks_fetched_by_id_while_unpacking() {
         phases["chunk_wait"].as_u64() <= phases["unpack"].as_u64(),
         "{j}"
     );
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 
     // cache.git is a partial clone of a promisor named `warmstart`, whose
     // URL was never written down.
     assert_eq!(
-        fx.cache_git(&["config", "remote.warmstart.promisor"])
-            .trim(),
+        cache_git(&fx, &["config", "remote.warmstart.promisor"]).trim(),
         "true"
     );
     let url = run(std::process::Command::new("git")
@@ -213,15 +174,15 @@ fn stored_chunks(store: &Path) -> Vec<String> {
 
 #[test]
 fn cache_fetch_from_a_file_url_reads_chunks_direct_and_fetches_a_damaged_stored_one_again() {
-    let fx = Fx::new(&[]);
+    let fx = art_cache(&[]);
     let url = format!("file://{}", fx.env.join("origin.git").display());
     fx.env.git("work", ["remote", "set-url", "origin", &url]);
-    let published = fx.publish();
+    let published = fx.publish("art");
     let big = big_chunks(&published);
-    fx.forget();
-    let j = fx.restore_json();
+    forget(&fx);
+    let j = fx.restore("art");
     assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 
     // One stored chunk damaged, one cut short, as a crash or a hand edit
     // might leave them; the installed copy is gone.
@@ -237,11 +198,11 @@ fn cache_fetch_from_a_file_url_reads_chunks_direct_and_fetches_a_damaged_stored_
     std::fs::remove_dir_all(fx.work.join("restored")).unwrap();
 
     // Both are fetched again, the rest come from the store.
-    let j = fx.restore_json();
+    let j = fx.restore("art");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunks_fetched"], 2, "{j}");
     assert_eq!(j["chunks_direct"], 2, "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
     assert_eq!(stored_chunks(&store), stored, "no partial file is left");
     for name in &stored {
         let out = run(std::process::Command::new("sha256sum").arg(store.join(name)));
@@ -257,19 +218,19 @@ fn cache_fetch_from_a_file_url_reads_chunks_direct_and_fetches_a_damaged_stored_
 fn cache_fetch_over_http_reads_chunks_direct_through_gits_helper() {
     // Smart HTTP (git http-backend on 127.0.0.1): the chunks come through
     // `git remote-http`'s stateless-connect, not `git fetch`.
-    let fx = Fx::new(&[]);
+    let fx = art_cache(&[]);
     let server = HttpGit::start(&fx.env.join("."));
     let url = server.url("origin.git");
     fx.env.git("work", ["remote", "set-url", "origin", &url]);
-    let published = fx.publish();
+    let published = fx.publish("art");
     let big = big_chunks(&published);
-    fx.forget();
+    forget(&fx);
     let before = server.requests.load(Ordering::SeqCst);
-    let j = fx.restore_json();
+    let j = fx.restore("art");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
     assert_eq!(j["chunks_direct"].as_u64(), Some(big), "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
     // All of it went through the HTTP server: the branch fetch, then one
     // advertisement and one request for the whole batch of chunks (not
     // one per chunk).
@@ -285,8 +246,8 @@ fn cache_fetch_over_http_reads_chunks_direct_through_gits_helper() {
     // A user who asks git for protocol v0 (in the global configuration,
     // which is not the repository's) gets no v2 request from us either:
     // the chunks come through `git fetch`, by id.
-    fx.forget();
-    let j = fx.restore_json_with_global("[protocol]\n\tversion = 0\n");
+    forget(&fx);
+    let j = restore_json_with_global(&fx, "[protocol]\n\tversion = 0\n");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
     assert_eq!(j["chunks_direct"], 0, "{j}");
@@ -297,7 +258,7 @@ fn cache_fetch_over_http_reads_chunks_direct_through_gits_helper() {
             .is_some_and(|w| w.contains("protocol.version")),
         "{j}"
     );
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 }
 
 #[test]
@@ -306,10 +267,10 @@ fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
     // global configuration) adds the empty blob to every pack it sends: a
     // pack of two objects, which git fetch accepts and the direct reader
     // does not.
-    let fx = Fx::new(&[]);
-    let published = fx.publish();
+    let fx = art_cache(&[]);
+    let published = fx.publish("art");
     let big = big_chunks(&published);
-    fx.forget();
+    forget(&fx);
     let empty = fx
         .env
         .git("origin.git", ["hash-object", "-w", "/dev/null"])
@@ -323,10 +284,10 @@ fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let j = fx.restore_json_with_global(&format!(
-        "[uploadpack]\n\tpackObjectsHook = {}\n",
-        hook.display()
-    ));
+    let j = restore_json_with_global(
+        &fx,
+        &format!("[uploadpack]\n\tpackObjectsHook = {}\n", hook.display()),
+    );
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunk_source"], "byid", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big), "{j}");
@@ -338,7 +299,7 @@ fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
             .is_some_and(|w| w.contains("no chunk asked for")),
         "{j}"
     );
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 
     // Again with the later chunks in the chunk store and the first one
     // not: one direct fetcher gives up on chunk 0 while the other has run
@@ -349,26 +310,26 @@ fn cache_fetch_falls_back_to_git_fetch_when_the_pack_is_not_one_blob() {
     // Fill the store without the hook, then take chunk 0 out of it (the
     // direct reader never puts chunks in cache.git's objects) and the
     // installed copy away.
-    fx.forget();
-    assert_eq!(fx.restore_json()["chunks_direct"].as_u64(), Some(big));
+    forget(&fx);
+    assert_eq!(fx.restore("art")["chunks_direct"].as_u64(), Some(big));
     std::fs::remove_file(store.join(first)).unwrap();
     std::fs::remove_dir_all(fx.work.join("restored")).unwrap();
-    let j = fx.restore_json_with_global(&format!(
-        "[uploadpack]\n\tpackObjectsHook = {}\n",
-        hook.display()
-    ));
+    let j = restore_json_with_global(
+        &fx,
+        &format!("[uploadpack]\n\tpackObjectsHook = {}\n", hook.display()),
+    );
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunks_fetched"], 1, "{j}");
     assert_eq!(j["chunks_direct"], 0, "{j}");
     assert!(j["direct_fallback"].is_string(), "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 }
 
 #[test]
 fn cache_fetch_with_a_blob_limit_that_is_not_a_size_fails_in_one_line() {
-    let fx = Fx::new(&[]);
-    fx.publish();
-    fx.forget();
+    let fx = art_cache(&[]);
+    fx.publish("art");
+    forget(&fx);
     let mut cmd = fx.env.xtask_in("work");
     cmd.env("WARMSTART_FETCH_BLOB_LIMIT", "lots")
         .args(["cache", "restore", "art"]);
@@ -379,35 +340,35 @@ fn cache_fetch_with_a_blob_limit_that_is_not_a_size_fails_in_one_line() {
         err.contains("WARMSTART_FETCH_BLOB_LIMIT=\"lots\" is not a size"),
         "{err}"
     );
-    assert!(!fx.target.exists(), "nothing is installed");
+    assert!(!target(&fx).exists(), "nothing is installed");
 }
 
 #[test]
 fn cache_fetch_from_a_server_that_ignores_the_filter_fetches_no_chunk_by_id() {
-    let fx = Fx::new(&[("uploadpack.allowFilter", "false")]);
-    fx.publish();
-    fx.forget();
-    let j = fx.restore_json();
+    let fx = art_cache(&[("uploadpack.allowFilter", "false")]);
+    fx.publish("art");
+    forget(&fx);
+    let j = fx.restore("art");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunk_source"], "present", "{j}");
     assert_eq!(j["chunks_fetched"], 0, "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 }
 
 #[test]
 fn cache_fetch_falls_back_to_a_whole_fetch_when_the_server_refuses_objects_by_id() {
     // Protocol v0 without allow*SHA1InWant: a `want` of a blob is refused.
-    let fx = Fx::new(&[("uploadpack.allowReachableSHA1InWant", "false")]);
-    fx.publish();
-    fx.forget();
+    let fx = art_cache(&[("uploadpack.allowReachableSHA1InWant", "false")]);
+    fx.publish("art");
+    forget(&fx);
     fx.env.git("work", ["config", "protocol.version", "0"]);
-    let j = fx.restore_json();
+    let j = fx.restore("art");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunk_source"], "refetch", "{j}");
     assert_eq!(j["chunks_fetched"], 0, "{j}");
     // protocol.version is the user's choice: no protocol v2 request here.
     assert_eq!(j["chunks_direct"], 0, "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
     // A second key restored in the same clone goes the same way.
     let v = json_of(&fx.xtask(&["cache", "verify", "art", "--json"]).ok());
     assert_eq!(v["keys"][0]["ok"], true, "{v}");
@@ -416,9 +377,9 @@ fn cache_fetch_falls_back_to_a_whole_fetch_when_the_server_refuses_objects_by_id
 #[test]
 fn cache_fetch_of_a_chunk_the_server_lacks_fails_in_one_line_and_installs_nothing() {
     // Loose objects on the server, so that one chunk can be taken away.
-    let fx = Fx::new(&[("receive.unpackLimit", "100000")]);
-    fx.publish();
-    fx.forget();
+    let fx = art_cache(&[("receive.unpackLimit", "100000")]);
+    fx.publish("art");
+    forget(&fx);
     // A first restore fetches the branch (without chunks) and is killed.
     let mut cmd = fx.env.xtask_in("work");
     cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT)
@@ -426,7 +387,7 @@ fn cache_fetch_of_a_chunk_the_server_lacks_fails_in_one_line_and_installs_nothin
         .args(["cache", "restore", "art", "--quiet"]);
     let killed = run(&mut cmd);
     assert_ne!(killed.code(), 0, "{}", show(&killed.out));
-    let chunks = fx.remote_chunks();
+    let chunks = remote_chunks(&fx);
     let (name, oid) = &chunks[1];
     let loose = fx
         .env
@@ -442,17 +403,17 @@ fn cache_fetch_of_a_chunk_the_server_lacks_fails_in_one_line_and_installs_nothin
         err.contains(&format!("cannot fetch chunk {name}")) && err.contains("does not have it"),
         "{err}"
     );
-    assert!(!fx.target.exists(), "nothing is installed");
-    assert_no_staging(&fx.target);
+    assert!(!target(&fx).exists(), "nothing is installed");
+    assert_no_staging(&target(&fx));
 }
 
 #[test]
 fn cache_fetch_a_damaged_chunk_fetched_by_id_exits_6_before_installing() {
-    let fx = Fx::new(&[]);
-    let published = fx.publish();
+    let fx = art_cache(&[]);
+    let published = fx.publish("art");
     // The branch, with one chunk's bytes changed (its digest in
     // warmstart.json and SHA256SUMS left as published).
-    let chunks = fx.remote_chunks();
+    let chunks = remote_chunks(&fx);
     let (name, oid) = &chunks[2];
     let mut cat = std::process::Command::new("git");
     cat.current_dir(fx.env.join("origin.git"))
@@ -494,12 +455,12 @@ fn cache_fetch_a_damaged_chunk_fetched_by_id_exits_6_before_installing() {
         ["update-ref", "refs/heads/art-cache", &commit],
     );
 
-    fx.forget();
+    forget(&fx);
     let r = fx.xtask(&["cache", "restore", "art"]).expect_code(6);
     assert!(r.stderr().contains(name.as_str()), "{}", r.stderr());
     assert!(r.stderr().contains("sha256"), "{}", r.stderr());
-    assert!(!fx.target.exists(), "nothing is installed");
-    assert_no_staging(&fx.target);
+    assert!(!target(&fx).exists(), "nothing is installed");
+    assert_no_staging(&target(&fx));
     // Only chunks that matched their digest are stored, and nothing partial.
     let store = fx.work.join(".git/warmstart/cache.git/chunks");
     assert!(
@@ -520,31 +481,31 @@ fn cache_fetch_a_damaged_chunk_fetched_by_id_exits_6_before_installing() {
 
 #[test]
 fn cache_fetch_publish_from_a_clone_without_the_other_keys_chunks_keeps_them() {
-    let fx = Fx::new(&[]);
-    let a = fx.publish();
+    let fx = art_cache(&[]);
+    let a = fx.publish("art");
     // A fresh clone publishes another key: its branch fetch leaves key 1's
     // chunks on the remote, and the new commit keeps them.
-    fx.forget();
-    fx.manifest("2");
-    std::fs::write(fx.src.join("flavour.txt"), "two").unwrap();
-    let b = fx.publish();
+    forget(&fx);
+    manifest(&fx, "2");
+    std::fs::write(src(&fx).join("flavour.txt"), "two").unwrap();
+    let b = fx.publish("art");
     assert_eq!(b["status"], "published", "{b}");
     assert_eq!(b["keys_on_branch"].as_array().unwrap().len(), 2, "{b}");
     // Key 1 still restores in full from a fresh clone, chunks fetched by id.
-    fx.forget();
-    fx.manifest("1");
-    let j = fx.restore_json();
+    forget(&fx);
+    manifest(&fx, "1");
+    let j = fx.restore("art");
     assert_eq!(j["key"], "art-1", "{j}");
     assert_eq!(j["chunks_fetched"].as_u64(), Some(big_chunks(&a)), "{j}");
-    std::fs::remove_file(fx.src.join("flavour.txt")).unwrap();
-    assert_same_tree(&fx.src, &fx.target);
+    std::fs::remove_file(src(&fx).join("flavour.txt")).unwrap();
+    assert_same_tree(&src(&fx), &target(&fx));
     // And so does key 2.
-    fx.forget();
-    fx.manifest("2");
-    std::fs::write(fx.src.join("flavour.txt"), "two").unwrap();
-    let j = fx.restore_json();
+    forget(&fx);
+    manifest(&fx, "2");
+    std::fs::write(src(&fx).join("flavour.txt"), "two").unwrap();
+    let j = fx.restore("art");
     assert_eq!(j["key"], "art-2", "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 }
 
 /// No staging directory was left beside `target`.
@@ -562,13 +523,13 @@ fn assert_no_staging(target: &Path) {
 fn cache_fetch_a_legacy_branch_gets_its_parts_before_unpacking() {
     // Parts of a legacy branch declare no size, so they are fetched (by
     // id) before the plan is made; the restore is whole.
-    let fx = Fx::new(&[]);
+    let fx = art_cache(&[]);
     let recipe = fx.env.join("seed_recipe.sh");
     std::fs::write(&recipe, include_str!("cache_restore/seed_recipe.sh")).unwrap();
     let mut cmd = std::process::Command::new("bash");
     cmd.arg(&recipe)
         .arg("publish")
-        .arg(&fx.src)
+        .arg(src(&fx))
         .arg(fx.env.join("origin.git"))
         .arg("art-cache")
         .arg("zst");
@@ -581,7 +542,7 @@ fn cache_fetch_a_legacy_branch_gets_its_parts_before_unpacking() {
             && l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap() > 8192),
         "the part must be big enough to be left out: {part}"
     );
-    let j = fx.restore_json();
+    let j = fx.restore("art");
     assert_eq!(j["layout"], "legacy-zstd", "{j}");
-    assert_same_tree(&fx.src, &fx.target);
+    assert_same_tree(&src(&fx), &target(&fx));
 }

@@ -5,58 +5,34 @@
 //! frames writes one: the tar of a published key cut into slices, each
 //! compressed on its own by the zstd CLI.
 
+use crate::util::fixture::{Fixture, Manifest, json_of};
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
-use crate::util::{Run, TestEnv, run, show};
+use crate::util::{run, show};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
-    src: PathBuf,
+/// Cache `art` of a tricky tree and 200 kB of noise in 30 kB chunks, key
+/// `art-1`, restored into `restored/art`; `origin.git` by path.
+fn art_cache() -> Fixture {
+    let fx = Fixture::new().with_var("WARMSTART_FETCH_BLOB_LIMIT", "8k");
+    let src = src(&fx);
+    make_tricky_tree(&src, false);
+    write_pseudo_random(&src.join("noise.bin"), 200_000, 3);
+    manifest(&fx, "1");
+    fx
 }
 
-impl Fx {
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        let remote = env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", remote.to_str().unwrap()],
-        );
-        let src = env.join("src");
-        make_tricky_tree(&src, false);
-        write_pseudo_random(&src.join("noise.bin"), 200_000, 3);
-        let fx = Fx { env, work, src };
-        fx.manifest("1");
-        fx
-    }
-
-    fn manifest(&self, literal: &str) {
-        let dir = self.work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("art.toml"),
-            format!(
-                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 30000\n\n[restore]\npath = \"restored/art\"\n",
-                self.src.display()
-            ),
-        )
-        .unwrap();
-    }
-
-    fn xtask(&self, args: &[&str]) -> Run {
-        let mut cmd = self.env.xtask_in("work");
-        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", "8k").args(args);
-        run(&mut cmd)
-    }
+fn src(fx: &Fixture) -> PathBuf {
+    fx.env.join("src")
 }
 
-fn json_of(r: &Run) -> Value {
-    serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+fn manifest(fx: &Fixture, literal: &str) {
+    fx.write_manifest(
+        "art",
+        &Manifest::literal(literal, src(fx)).chunk_bytes(30000),
+    );
 }
 
 fn sha(bytes: &[u8]) -> String {
@@ -86,7 +62,7 @@ fn zstd_frame(input: &[u8]) -> Vec<u8> {
 /// Rewrites key `key` of the remote branch as independent frames of
 /// `slice` tar bytes each, with `damage(i, chunk)` applied to the chunk
 /// files after their digests were taken; returns the chunks' digests.
-fn reframe(fx: &Fx, key: &str, slice: usize, damage: &dyn Fn(usize, &mut Vec<u8>)) -> usize {
+fn reframe(fx: &Fixture, key: &str, slice: usize, damage: &dyn Fn(usize, &mut Vec<u8>)) -> usize {
     let dir = fx.env.join("reframe");
     let _ = std::fs::remove_dir_all(&dir);
     fx.env.git(
@@ -176,14 +152,14 @@ fn cache_git_bytes(work: &Path) -> u64 {
 
 #[test]
 fn cache_frames_a_framed_key_restores_through_the_parallel_decoders() {
-    let fx = Fx::new();
+    let fx = art_cache();
     fx.xtask(&["cache", "publish", "art"]).ok();
     let n = reframe(&fx, "art-1", 20_000, &|_, _| {});
     assert!(n >= 10, "{n} chunks");
     std::fs::remove_dir_all(fx.work.join(".git/warmstart")).unwrap();
     let j = json_of(&fx.xtask(&["cache", "restore", "art", "--json"]).ok());
     assert_eq!(j["state"], "restored", "{j}");
-    assert_same_tree(&fx.src, &fx.work.join("restored/art"));
+    assert_same_tree(&src(&fx), &fx.work.join("restored/art"));
     // The framed path reads and hashes each chunk once (the one-stream
     // path hashes each twice: once to check it, once on its way to zstd).
     assert_eq!(j["bytes_hashed"], j["compressed_bytes"], "{j}");
@@ -195,14 +171,14 @@ fn cache_frames_a_framed_key_restores_through_the_parallel_decoders() {
 
 #[test]
 fn cache_frames_a_damaged_middle_chunk_is_refused_and_the_install_stays() {
-    let fx = Fx::new();
+    let fx = art_cache();
     fx.xtask(&["cache", "publish", "art"]).ok();
     fx.xtask(&["cache", "restore", "art"]).ok();
     // Key 2, framed by hand, with one byte of its middle chunk flipped.
-    write_pseudo_random(&fx.src.join("zz-more.bin"), 50_000, 4);
-    fx.manifest("2");
+    write_pseudo_random(&src(&fx).join("zz-more.bin"), 50_000, 4);
+    manifest(&fx, "2");
     fx.xtask(&["cache", "publish", "art"]).ok();
-    std::fs::remove_file(fx.src.join("zz-more.bin")).unwrap();
+    std::fs::remove_file(src(&fx).join("zz-more.bin")).unwrap();
     let n = reframe(&fx, "art-2", 20_000, &|i, c| {
         if i == 6 {
             let mid = c.len() / 2;
@@ -225,8 +201,8 @@ fn cache_frames_a_damaged_middle_chunk_is_refused_and_the_install_stays() {
         "{err}"
     );
     // Key 1 is still installed, whole, and its stamp still says so.
-    assert_same_tree(&fx.src, &fx.work.join("restored/art"));
-    fx.manifest("1");
+    assert_same_tree(&src(&fx), &fx.work.join("restored/art"));
+    manifest(&fx, "1");
     let r = fx.xtask(&["cache", "restore", "art"]).ok();
     assert!(r.stdout().contains("warm"), "{}", show(&r.out));
 }

@@ -5,123 +5,80 @@
 //! the work repository, so a test moves them like a pin bump would. The
 //! fixture is shared with `cache_prune`.
 
+use crate::util::fixture::{Fixture, Manifest, Serve};
 use crate::util::tree::assert_same_tree;
-use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
 use std::path::PathBuf;
 
 /// A work repository with manifest `vc` (key parts `src` and `platform`,
-/// both regex pins over `pins.txt`), a bare origin, a target.
-pub struct Fx {
-    pub env: TestEnv,
-    pub work: PathBuf,
-    pub target: PathBuf,
+/// both regex pins over `pins.txt`), a bare origin, a target
+/// (`installed/vc`); `extra` is appended to the `[restore]` table.
+pub fn verification_cache(extra: &str) -> Fixture {
+    let fx = Fixture::serve(Serve::RelativePath);
+    manifest(&fx, extra);
+    fx
 }
 
-impl Fx {
-    pub fn new(extra: &str) -> Fx {
-        let env = TestEnv::new();
-        env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git("work", ["remote", "add", "origin", "../origin.git"]);
-        let target = env.join("installed/vc");
-        let fx = Fx { env, work, target };
-        fx.manifest(extra);
-        fx
-    }
+pub fn target(fx: &Fixture) -> PathBuf {
+    fx.env.join("installed/vc")
+}
 
-    /// (Re)writes `cache-manifests/vc.toml`; `extra` is appended.
-    pub fn manifest(&self, extra: &str) {
-        let dir = self.work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("vc.toml"),
-            format!(
-                r#"[cache]
-description = "verification cache"
+/// (Re)writes `cache-manifests/vc.toml`; `extra` is appended.
+pub fn manifest(fx: &Fixture, extra: &str) {
+    let m = Manifest::keyless("../art")
+        .cache("description = \"verification cache\"")
+        .regex_key("src", "pins.txt")
+        .regex_key("platform", "pins.txt")
+        .restore_path(target(fx))
+        .extra(extra);
+    fx.write_manifest("vc", &m);
+}
 
-[[key]]
-name = "src"
-regex = {{ file = "pins.txt", pattern = 'src=(\S+)' }}
+pub fn pins(fx: &Fixture, src: &str, platform: &str) {
+    fx.write("pins.txt", &format!("src={src}\nplatform={platform}\n"));
+}
 
-[[key]]
-name = "platform"
-regex = {{ file = "pins.txt", pattern = 'platform=(\S+)' }}
+/// The artifact for `src`: a few files that say which one it is.
+pub fn artifact(fx: &Fixture, src: &str) -> PathBuf {
+    let dir = fx.env.join(format!("art-{src}"));
+    write_artifact(&dir, src);
+    dir
+}
 
-[pack]
-root = "../art"
+fn write_artifact(dir: &std::path::Path, src: &str) {
+    std::fs::create_dir_all(dir.join("results")).unwrap();
+    std::fs::write(dir.join("results/a.checked"), format!("a of {src}\n")).unwrap();
+    std::fs::write(dir.join("results/b.checked"), format!("b of {src}\n")).unwrap();
+    std::fs::write(dir.join(format!("results/{src}.checked")), src).unwrap();
+}
 
-[restore]
-path = "{}"
-{extra}"#,
-                self.target.display()
-            ),
-        )
-        .unwrap();
-    }
+/// Publishes key `vc-<src>-<platform>` from `artifact(src)`; its JSON.
+pub fn publish(fx: &Fixture, src: &str, platform: &str) -> Value {
+    pins(fx, src, platform);
+    let packed = fx.env.join("art");
+    let _ = std::fs::remove_dir_all(&packed);
+    write_artifact(&packed, src);
+    fx.publish("vc")
+}
 
-    pub fn pins(&self, src: &str, platform: &str) {
-        std::fs::write(
-            self.work.join("pins.txt"),
-            format!("src={src}\nplatform={platform}\n"),
-        )
-        .unwrap();
-    }
-
-    /// The artifact for `src`: a few files that say which one it is.
-    pub fn artifact(&self, src: &str) -> PathBuf {
-        let dir = self.env.join(format!("art-{src}"));
-        Self::write_artifact(&dir, src);
-        dir
-    }
-
-    fn write_artifact(dir: &std::path::Path, src: &str) {
-        std::fs::create_dir_all(dir.join("results")).unwrap();
-        std::fs::write(dir.join("results/a.checked"), format!("a of {src}\n")).unwrap();
-        std::fs::write(dir.join("results/b.checked"), format!("b of {src}\n")).unwrap();
-        std::fs::write(dir.join(format!("results/{src}.checked")), src).unwrap();
-    }
-
-    /// Publishes key `vc-<src>-<platform>` from `artifact(src)`; its JSON.
-    pub fn publish(&self, src: &str, platform: &str) -> Value {
-        self.pins(src, platform);
-        let packed = self.env.join("art");
-        let _ = std::fs::remove_dir_all(&packed);
-        Self::write_artifact(&packed, src);
-        self.json(&["cache", "publish", "vc", "--json"])
-    }
-
-    pub fn xtask(&self, args: &[&str]) -> Run {
-        run(self.env.xtask_in("work").args(args))
-    }
-
-    /// Runs `args`, which must succeed, and parses its stdout.
-    pub fn json(&self, args: &[&str]) -> Value {
-        let r = self.xtask(args).ok();
-        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
-    }
-
-    /// The keys `warmstart.json` lists on the origin's `vc-cache`.
-    pub fn branch_keys(&self) -> Vec<String> {
-        let text = self
-            .env
-            .git("origin.git", ["show", "vc-cache:warmstart.json"]);
-        let m: Value = serde_json::from_str(&text).unwrap();
-        m["keys"].as_object().unwrap().keys().cloned().collect()
-    }
+/// The keys `warmstart.json` lists on the origin's `vc-cache`.
+pub fn branch_keys(fx: &Fixture) -> Vec<String> {
+    let text = fx.origin_git(&["show", "vc-cache:warmstart.json"]);
+    let m: Value = serde_json::from_str(&text).unwrap();
+    m["keys"].as_object().unwrap().keys().cloned().collect()
 }
 
 #[test]
 fn cache_keys_restore_key_installs_a_named_key_and_the_next_run_goes_back() {
-    let fx = Fx::new("");
-    fx.publish("1", "x");
-    fx.publish("2", "x");
-    assert_eq!(fx.branch_keys(), ["vc-1-x", "vc-2-x"]);
+    let fx = verification_cache("");
+    publish(&fx, "1", "x");
+    publish(&fx, "2", "x");
+    assert_eq!(branch_keys(&fx), ["vc-1-x", "vc-2-x"]);
     // The pins say vc-2-x; --key asks for the older one.
     let j = fx.json(&["cache", "restore", "vc", "--key", "vc-1-x", "--json"]);
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["key"], "vc-1-x");
-    assert_same_tree(&fx.artifact("1"), &fx.target);
+    assert_same_tree(&artifact(&fx, "1"), &target(&fx));
     let again = fx.json(&["cache", "restore", "vc", "--key", "vc-1-x", "--json"]);
     assert_eq!(again["state"], "warm", "{again}");
     // The stamp records the branch's parts for that key, so status and a
@@ -131,7 +88,7 @@ fn cache_keys_restore_key_installs_a_named_key_and_the_next_run_goes_back() {
     assert_eq!(plain["key"], "vc-2-x");
     let reason = plain["reason"].as_str().unwrap();
     assert!(reason.contains("src 1 -> 2"), "{reason}");
-    assert_same_tree(&fx.artifact("2"), &fx.target);
+    assert_same_tree(&artifact(&fx, "2"), &target(&fx));
 
     // A key the branch lacks: exit 4, naming the keys it has; the install
     // stays as it was.
@@ -143,7 +100,7 @@ fn cache_keys_restore_key_installs_a_named_key_and_the_next_run_goes_back() {
         e.contains("no key vc-3-x") && e.contains("vc-1-x, vc-2-x"),
         "{e}"
     );
-    assert_same_tree(&fx.artifact("2"), &fx.target);
+    assert_same_tree(&artifact(&fx, "2"), &target(&fx));
     let j = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(j["state"], "warm", "{j}");
     // A key that is not a file name is a usage error before anything runs.
@@ -159,11 +116,11 @@ const FALLBACK: &str = "fallback = [{ drop = [\"src\"] }]\n";
 
 #[test]
 fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
-    let fx = Fx::new(&format!("{FALLBACK}recheck = \"1h\"\n"));
-    fx.publish("1", "x");
-    fx.publish("0", "y");
+    let fx = verification_cache(&format!("{FALLBACK}recheck = \"1h\"\n"));
+    publish(&fx, "1", "x");
+    publish(&fx, "0", "y");
     // The source moved on: no vc-2-x on the branch yet.
-    fx.pins("2", "x");
+    pins(&fx, "2", "x");
     let j = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(j["state"], "partial", "{j}");
     assert_eq!(j["key"], "vc-1-x", "{j}");
@@ -175,7 +132,7 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
         p["differs"],
         serde_json::json!([{ "name": "src", "wanted": "2", "used": "1" }])
     );
-    assert_same_tree(&fx.artifact("1"), &fx.target);
+    assert_same_tree(&artifact(&fx, "1"), &target(&fx));
     // Warm while the recheck is not due: nothing fetched or hashed.
     let w = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(w["state"], "partial", "{w}");
@@ -214,7 +171,7 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
 
     // Recheck due, the exact key still missing: the same stand-in is kept
     // without unpacking anything, and its recheck starts again.
-    fx.manifest(&format!("{FALLBACK}recheck = \"1ms\"\n"));
+    manifest(&fx, &format!("{FALLBACK}recheck = \"1ms\"\n"));
     std::thread::sleep(std::time::Duration::from_millis(20));
     let r = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(r["state"], "partial", "{r}");
@@ -223,20 +180,20 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
 
     // The exact key is published, but the recheck is not due: still the
     // stand-in, from the stamp alone (the warm path reads no branch).
-    fx.manifest(&format!("{FALLBACK}recheck = \"1h\"\n"));
-    fx.publish("2", "x");
-    fx.pins("2", "x");
+    manifest(&fx, &format!("{FALLBACK}recheck = \"1h\"\n"));
+    publish(&fx, "2", "x");
+    pins(&fx, "2", "x");
     let w = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(w["state"], "partial", "{w}");
-    assert_same_tree(&fx.artifact("1"), &fx.target);
+    assert_same_tree(&artifact(&fx, "1"), &target(&fx));
     // After the recheck: restored with the exact key, no longer partial.
-    fx.manifest(&format!("{FALLBACK}recheck = \"1ms\"\n"));
+    manifest(&fx, &format!("{FALLBACK}recheck = \"1ms\"\n"));
     std::thread::sleep(std::time::Duration::from_millis(20));
     let r = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(r["state"], "restored", "{r}");
     assert_eq!(r["key"], "vc-2-x", "{r}");
     assert!(r.get("partial").is_none(), "{r}");
-    assert_same_tree(&fx.artifact("2"), &fx.target);
+    assert_same_tree(&artifact(&fx, "2"), &target(&fx));
     assert_eq!(
         fx.json(&["cache", "restore", "vc", "--json"])["state"],
         "warm"
@@ -245,21 +202,27 @@ fn cache_keys_fallback_gives_partial_then_the_exact_key_after_recheck() {
 
 #[test]
 fn cache_keys_fallback_refusals_and_misses() {
-    let fx = Fx::new("");
-    fx.publish("1", "x");
+    let fx = verification_cache("");
+    publish(&fx, "1", "x");
     // Nothing the fallbacks allow: exit 4, naming the manifest; nothing
     // installed.
-    fx.manifest("fallback = [{ prefix = \"other-\" }]\nrecheck = \"1h\"\n");
-    fx.pins("2", "x");
+    manifest(
+        &fx,
+        "fallback = [{ prefix = \"other-\" }]\nrecheck = \"1h\"\n",
+    );
+    pins(&fx, "2", "x");
     let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(4);
     assert!(
         r.stderr().contains("no [[restore.fallback]]"),
         "{}",
         r.stderr()
     );
-    assert!(!fx.target.exists());
+    assert!(!target(&fx).exists());
     // A prefix that matches: the newest key with it.
-    fx.manifest("fallback = [{ prefix = \"other-\" }, { prefix = \"vc-\" }]\nrecheck = \"1h\"\n");
+    manifest(
+        &fx,
+        "fallback = [{ prefix = \"other-\" }, { prefix = \"vc-\" }]\nrecheck = \"1h\"\n",
+    );
     let j = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(j["state"], "partial", "{j}");
     assert_eq!(j["partial"]["fallback"], "prefix vc-", "{j}");
@@ -295,9 +258,9 @@ fn cache_keys_fallback_refusals_and_misses() {
             "dorp",
         ),
     ] {
-        fx.manifest(bad);
+        manifest(&fx, bad);
         let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(10);
         assert!(r.stderr().contains(says), "{bad}: {}", r.stderr());
     }
-    assert_same_tree(&fx.artifact("1"), &fx.target);
+    assert_same_tree(&artifact(&fx, "1"), &target(&fx));
 }

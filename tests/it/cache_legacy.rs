@@ -6,10 +6,10 @@
 //! as the bootstraps that warmstart replaces made them, and served by
 //! `git daemon` on 127.0.0.1.
 
-use crate::util::git_daemon::GitDaemon;
+use crate::util::fixture::{Fixture, Manifest};
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
-use crate::util::{Run, TestEnv, run, show};
-use serde_json::Value;
+use crate::util::{run, show};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -41,118 +41,75 @@ git add -A && git commit -q -m "$branch snapshot"
 git push -q -f "$remote" "$branch:refs/heads/$branch"
 "#;
 
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
-    target: PathBuf,
-    daemon: GitDaemon,
+/// A work repository with manifest `vc` (branch `vc-cache`, key `v` pinned
+/// in `pin.txt`), its origin `srv/origin.git` served by git daemon, and the
+/// script that makes legacy branches.
+fn legacy_cache() -> Fixture {
+    let fx = Fixture::served();
+    let m = Manifest::pinned("pin.txt", "src")
+        .cache("branch = \"vc-cache\"\ndescription = \"verification cache\"")
+        .restore_path(target(&fx));
+    fx.write_manifest("vc", &m);
+    std::fs::write(fx.env.join("make_legacy.sh"), MAKE_LEGACY).unwrap();
+    pin(&fx, "1");
+    fx
 }
 
-impl Fx {
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        env.bare_remote("srv/origin.git");
-        let daemon = GitDaemon::start(&env.join("srv"));
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", &daemon.url("origin.git")],
-        );
-        let target = env.join("installed/vc");
-        let dir = work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("vc.toml"),
-            format!(
-                r#"[cache]
-branch = "vc-cache"
-description = "verification cache"
+fn target(fx: &Fixture) -> PathBuf {
+    fx.env.join("installed/vc")
+}
 
-[[key]]
-name = "v"
-regex = {{ file = "pin.txt", pattern = 'v=(\S+)' }}
+fn pin(fx: &Fixture, v: &str) {
+    fx.write("pin.txt", &format!("v={v}\n"));
+}
 
-[pack]
-root = "src"
+/// A tree with every kind of entry and a 3 MiB file, so that the whole
+/// archive is a blob the filtered branch fetch leaves out.
+fn source(fx: &Fixture, name: &str, seed: u64) -> PathBuf {
+    let src = fx.env.join(name);
+    make_tricky_tree(&src, false);
+    write_pseudo_random(&src.join("checked/big.bin"), 3 << 20, seed);
+    src
+}
 
-[restore]
-path = "{}"
-"#,
-                target.display()
-            ),
-        )
-        .unwrap();
-        std::fs::write(env.join("make_legacy.sh"), MAKE_LEGACY).unwrap();
-        let fx = Fx {
-            env,
-            work,
-            target,
-            daemon,
-        };
-        fx.pin("1");
-        fx
+fn publish_legacy(fx: &Fixture, src: &Path, name: &str, shape: &str, flip: Option<u64>) {
+    let mut cmd = Command::new("bash");
+    cmd.arg(fx.env.join("make_legacy.sh"))
+        .arg(src)
+        .arg(&fx.origin)
+        .arg("vc-cache")
+        .arg(name)
+        .arg(shape);
+    if let Some(f) = flip {
+        cmd.arg(f.to_string());
     }
+    fx.env.isolate(&mut cmd);
+    let r = run(&mut cmd);
+    assert_eq!(r.code(), 0, "make_legacy.sh\n{}", show(&r.out));
+}
 
-    fn pin(&self, v: &str) {
-        std::fs::write(self.work.join("pin.txt"), format!("v={v}\n")).unwrap();
-    }
-
-    /// A tree with every kind of entry and a 3 MiB file, so that the whole
-    /// archive is a blob the filtered branch fetch leaves out.
-    fn source(&self, name: &str, seed: u64) -> PathBuf {
-        let src = self.env.join(name);
-        make_tricky_tree(&src, false);
-        write_pseudo_random(&src.join("checked/big.bin"), 3 << 20, seed);
-        src
-    }
-
-    fn publish_legacy(&self, src: &Path, name: &str, shape: &str, flip: Option<u64>) {
-        let mut cmd = Command::new("bash");
-        cmd.arg(self.env.join("make_legacy.sh"))
-            .arg(src)
-            .arg(self.env.join("srv/origin.git"))
-            .arg("vc-cache")
-            .arg(name)
-            .arg(shape);
-        if let Some(f) = flip {
-            cmd.arg(f.to_string());
-        }
-        self.env.isolate(&mut cmd);
-        let r = run(&mut cmd);
-        assert_eq!(r.code(), 0, "make_legacy.sh\n{}", show(&r.out));
-    }
-
-    fn xtask(&self, args: &[&str]) -> Run {
-        run(self.env.xtask_in("work").args(args))
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let r = self.xtask(args).ok();
-        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
-    }
-
-    fn assert_no_leftovers(&self) {
-        let stray: Vec<String> = std::fs::read_dir(self.target.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n != "vc")
-            .collect();
-        assert!(stray.is_empty(), "leftovers beside the target: {stray:?}");
-    }
+fn assert_no_leftovers(fx: &Fixture) {
+    let target = target(fx);
+    let stray: Vec<String> = std::fs::read_dir(target.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "vc")
+        .collect();
+    assert!(stray.is_empty(), "leftovers beside the target: {stray:?}");
 }
 
 #[test]
 fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
-    let fx = Fx::new();
+    let fx = legacy_cache();
     let sha = "0123456789abcdef0123456789abcdef01234567";
     let whole_name = format!("checked-{sha}-fstar2025.10.6.tar.gz");
     for (i, (shape, name)) in [("split", "cache.tar.gz"), ("whole", whole_name.as_str())]
         .into_iter()
         .enumerate()
     {
-        let src = fx.source(&format!("src-{shape}"), i as u64 + 1);
-        fx.publish_legacy(&src, name, shape, None);
-        fx.pin(shape);
+        let src = source(&fx, &format!("src-{shape}"), i as u64 + 1);
+        publish_legacy(&fx, &src, name, shape, None);
+        pin(&fx, shape);
         let j = fx.json(&["cache", "restore", "vc", "--json"]);
         assert_eq!(j["state"], "restored", "{j}");
         assert_eq!(j["layout"], "legacy-gzip", "{j}");
@@ -164,7 +121,7 @@ fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
             2 * compressed + j["tar_bytes"].as_u64().unwrap(),
             "{j}"
         );
-        assert_same_tree(&src, &fx.target);
+        assert_same_tree(&src, &target(&fx));
         assert_eq!(
             fx.json(&["cache", "restore", "vc", "--json"])["state"],
             "warm"
@@ -194,18 +151,18 @@ fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
 
 #[test]
 fn cache_legacy_a_flipped_byte_in_the_whole_archive_is_refused_before_decoding() {
-    let fx = Fx::new();
+    let fx = legacy_cache();
     let name = "checked-feed-fstar1.tar.gz";
-    let good = fx.source("src-good", 7);
-    fx.publish_legacy(&good, name, "whole", None);
+    let good = source(&fx, "src-good", 7);
+    publish_legacy(&fx, &good, name, "whole", None);
     fx.xtask(&["cache", "restore", "vc"]).ok();
-    assert_same_tree(&good, &fx.target);
+    assert_same_tree(&good, &target(&fx));
 
-    let other = fx.source("src-other", 8);
+    let other = source(&fx, "src-other", 8);
     // Offsets in the gzip header, the middle and the trailer.
     for (n, flip) in [20u64, 1 << 20, 2 << 20].into_iter().enumerate() {
-        fx.publish_legacy(&other, name, "whole", Some(flip));
-        fx.pin(&format!("bad{n}"));
+        publish_legacy(&fx, &other, name, "whole", Some(flip));
+        pin(&fx, &format!("bad{n}"));
         // The decode pass kills the process at its first piece: reaching
         // exit 6 instead proves the decoder never started.
         let r = run(fx
@@ -217,11 +174,11 @@ fn cache_legacy_a_flipped_byte_in_the_whole_archive_is_refused_before_decoding()
         let e = r.stderr();
         assert!(e.contains(name) && e.contains("SHA256SUMS"), "{e}");
         assert_eq!(e.trim().lines().count(), 1, "{e}");
-        assert_same_tree(&good, &fx.target);
-        fx.assert_no_leftovers();
+        assert_same_tree(&good, &target(&fx));
+        assert_no_leftovers(&fx);
     }
     // The old install is still the warm one for its own key.
-    fx.pin("1");
+    pin(&fx, "1");
     assert_eq!(
         fx.json(&["cache", "restore", "vc", "--json"])["state"],
         "warm"

@@ -2,7 +2,7 @@
 //! also writes, never replacing a file the user changed since warmstart
 //! installed it, and never removing one the snapshot lacks.
 
-use crate::cache_keys::Fx;
+use crate::cache_keys::{artifact, pins, publish, target, verification_cache};
 use crate::util::rng::Rng;
 use serde_json::Value;
 use std::fs;
@@ -14,9 +14,9 @@ fn read(p: &Path) -> String {
 
 #[test]
 fn cache_overlay_keeps_what_the_user_changed_and_replaces_what_they_did_not() {
-    let fx = Fx::new("mode = \"overlay\"\n");
-    let res = fx.target.join("results");
-    fx.publish("1", "x");
+    let fx = verification_cache("mode = \"overlay\"\n");
+    let res = target(&fx).join("results");
+    publish(&fx, "1", "x");
     let j = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["mode"], "overlay", "{j}");
@@ -26,7 +26,7 @@ fn cache_overlay_keeps_what_the_user_changed_and_replaces_what_they_did_not() {
     // The user re-checks a.checked locally and adds a file of their own.
     fs::write(res.join("a.checked"), "a re-checked here\n").unwrap();
     fs::write(res.join("mine.checked"), "mine\n").unwrap();
-    fx.publish("2", "x");
+    publish(&fx, "2", "x");
     let j = fx.json(&["cache", "restore", "vc", "--json"]);
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["key"], "vc-2-x", "{j}");
@@ -99,12 +99,12 @@ fn cache_overlay_property_a_changed_file_is_never_replaced() {
     // Random rounds of user edits between overlay restores of alternating
     // snapshots: every file the user wrote since the last install keeps
     // the user's bytes; every file nobody touched has the snapshot's.
-    let fx = Fx::new("mode = \"overlay\"\n");
-    let res = fx.target.join("results");
+    let fx = verification_cache("mode = \"overlay\"\n");
+    let res = target(&fx).join("results");
     for src in ["p", "q"] {
-        fx.publish(src, "x");
+        publish(&fx, src, "x");
     }
-    fx.pins("p", "x");
+    pins(&fx, "p", "x");
     fx.xtask(&["cache", "restore", "vc"]).ok();
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     // What the user wrote, by file name; persists across rounds (once
@@ -139,14 +139,14 @@ fn cache_overlay_property_a_changed_file_is_never_replaced() {
             }
         }
         let src = if round % 2 == 0 { "q" } else { "p" };
-        fx.pins(src, "x");
+        pins(&fx, src, "x");
         let verify = rng.below(2) == 0;
         let mut args = vec!["cache", "restore", "vc", "--json"];
         if verify {
             args.push("--verify");
         }
         let j: Value = fx.json(&args);
-        let art = fx.artifact(src);
+        let art = artifact(&fx, src);
         for name in names {
             let p = res.join(name);
             match user.get(name) {
@@ -169,14 +169,14 @@ fn cache_overlay_property_a_changed_file_is_never_replaced() {
 
 #[test]
 fn cache_overlay_never_writes_through_a_link_that_leaves_the_target() {
-    let fx = Fx::new("mode = \"overlay\"\n");
-    fx.publish("1", "x");
+    let fx = verification_cache("mode = \"overlay\"\n");
+    publish(&fx, "1", "x");
     // The target's results/ is a link to a directory outside it.
     let outside = fx.env.join("outside");
     fs::create_dir_all(&outside).unwrap();
     fs::write(outside.join("a.checked"), "outside\n").unwrap();
-    fs::create_dir_all(&fx.target).unwrap();
-    std::os::unix::fs::symlink(&outside, fx.target.join("results")).unwrap();
+    fs::create_dir_all(target(&fx)).unwrap();
+    std::os::unix::fs::symlink(&outside, target(&fx).join("results")).unwrap();
     let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(7);
     assert!(r.stderr().contains("results"), "{}", r.stderr());
     assert_eq!(read(&outside.join("a.checked")), "outside\n");
@@ -192,14 +192,14 @@ fn cache_overlay_killed_mid_merge_is_completed_and_still_knows_its_files() {
         "merge:moved-one",
         "restore:installed",
     ] {
-        let fx = Fx::new("mode = \"overlay\"\n");
-        let res = fx.target.join("results");
-        fx.publish("1", "x");
-        fx.publish("2", "x");
-        fx.pins("1", "x");
+        let fx = verification_cache("mode = \"overlay\"\n");
+        let res = target(&fx).join("results");
+        publish(&fx, "1", "x");
+        publish(&fx, "2", "x");
+        pins(&fx, "1", "x");
         fx.xtask(&["cache", "restore", "vc"]).ok();
         fs::write(res.join("a.checked"), "a re-checked here\n").unwrap();
-        fx.pins("2", "x");
+        pins(&fx, "2", "x");
         let r = crate::util::run(
             fx.env
                 .xtask_in("work")
@@ -215,7 +215,7 @@ fn cache_overlay_killed_mid_merge_is_completed_and_still_knows_its_files() {
         assert_eq!(read(&res.join("a.checked")), "a re-checked here\n");
         assert_eq!(read(&res.join("b.checked")), "b of 2\n");
         assert_eq!(read(&res.join("2.checked")), "2");
-        let stray: Vec<String> = fs::read_dir(fx.target.parent().unwrap())
+        let stray: Vec<String> = fs::read_dir(target(&fx).parent().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n != "vc")

@@ -1,4 +1,4 @@
-//! What `cache publish` puts on a branch besides the chunks (issue 18): the per-file index, checked against the tar with real git, zstd and an independent tar reader.
+//! What `cache publish` puts on a branch besides the chunks: the per-file index, checked against the tar with real git, zstd and an independent tar reader.
 //!
 //! The index (`<key>.files.zst`) tells an incremental restore which bytes of
 //! the tar hold which file, and whether a file changed. A wrong offset or

@@ -2,7 +2,10 @@
 //! in one root commit, the keys a machine needs stay, and other files of the
 //! tree (e.g. a per-key signature) are kept as they are.
 
-use crate::cache_keys::Fx;
+use crate::cache_keys::{
+    artifact, branch_keys, manifest, pins, publish, target, verification_cache,
+};
+use crate::util::fixture::Fixture;
 use crate::util::run;
 use crate::util::tree::assert_same_tree;
 use serde_json::Value;
@@ -18,7 +21,7 @@ fn keys_of(v: &Value, field: &str) -> Vec<String> {
 
 /// Adds `file` to the origin's branch by hand, as another tool would (a
 /// signed statement), keeping the branch one root commit.
-fn add_file_by_hand(fx: &Fx, file: &str, text: &str) {
+fn add_file_by_hand(fx: &Fixture, file: &str, text: &str) {
     let co = fx.env.join("hand");
     fx.env.git(
         ".",
@@ -40,7 +43,7 @@ fn add_file_by_hand(fx: &Fx, file: &str, text: &str) {
     std::fs::remove_dir_all(&co).unwrap();
 }
 
-fn ls_branch(fx: &Fx) -> Vec<(String, String)> {
+fn ls_branch(fx: &Fixture) -> Vec<(String, String)> {
     fx.env
         .git("origin.git", ["ls-tree", "vc-cache"])
         .lines()
@@ -56,7 +59,7 @@ fn ls_branch(fx: &Fx) -> Vec<(String, String)> {
 
 #[test]
 fn cache_prune_keeps_what_it_must_and_another_clone_restores_a_kept_key() {
-    let fx = Fx::new("");
+    let fx = verification_cache("");
     // Publish order is age order (created_at, then name within a second).
     for (src, platform) in [
         ("1", "x"),
@@ -66,7 +69,7 @@ fn cache_prune_keeps_what_it_must_and_another_clone_restores_a_kept_key() {
         ("1", "y"),
         ("9", "y"),
     ] {
-        fx.publish(src, platform);
+        publish(&fx, src, platform);
     }
     add_file_by_hand(&fx, "vc-4-x.sig", "a signature of vc-4-x\n");
     let before = fx.env.git("origin.git", ["rev-parse", "vc-cache"]);
@@ -88,7 +91,7 @@ fn cache_prune_keeps_what_it_must_and_another_clone_restores_a_kept_key() {
     assert!(r.stderr().contains("nosuch"), "{}", r.stderr());
 
     // Today's pins give vc-2-x: it stays, with the newest of each platform.
-    fx.pins("2", "x");
+    pins(&fx, "2", "x");
     let dry = fx.json(&["cache", "prune", "vc", "--keep", "1", "--dry-run", "--json"]);
     assert_eq!(dry["status"], "dry-run", "{dry}");
     assert_eq!(keys_of(&dry, "dropped"), ["vc-1-x", "vc-1-y", "vc-3-x"]);
@@ -99,7 +102,7 @@ fn cache_prune_keeps_what_it_must_and_another_clone_restores_a_kept_key() {
     assert_eq!(keys_of(&j, "dropped"), ["vc-1-x", "vc-1-y", "vc-3-x"]);
     assert_eq!(keys_of(&j, "kept"), ["vc-2-x", "vc-4-x", "vc-9-y"]);
     assert!(j["compressed_bytes_dropped"].as_u64().unwrap() > 0, "{j}");
-    assert_eq!(fx.branch_keys(), ["vc-2-x", "vc-4-x", "vc-9-y"]);
+    assert_eq!(branch_keys(&fx), ["vc-2-x", "vc-4-x", "vc-9-y"]);
     // One root commit; the dropped keys' chunks are gone, the hand-added
     // file is the very same blob.
     let count = fx
@@ -154,7 +157,7 @@ fn cache_prune_keeps_what_it_must_and_another_clone_restores_a_kept_key() {
     std::fs::create_dir_all(other.join("cache-manifests")).unwrap();
     std::fs::write(
         other.join("cache-manifests/vc.toml"),
-        manifest.replace(fx.target.to_str().unwrap(), target2.to_str().unwrap()),
+        manifest.replace(target(&fx).to_str().unwrap(), target2.to_str().unwrap()),
     )
     .unwrap();
     std::fs::write(other.join("pins.txt"), "src=4\nplatform=x\n").unwrap();
@@ -166,20 +169,20 @@ fn cache_prune_keeps_what_it_must_and_another_clone_restores_a_kept_key() {
     let o: Value = serde_json::from_str(&r.stdout()).unwrap();
     assert_eq!(o["state"], "restored", "{o}");
     assert_eq!(o["key"], "vc-4-x");
-    assert_same_tree(&fx.artifact("4"), &target2);
+    assert_same_tree(&artifact(&fx, "4"), &target2);
     run(fx
         .env
         .xtask_in("other")
         .args(["cache", "restore", "vc", "--key", "vc-9-y"]))
     .ok();
-    assert_same_tree(&fx.artifact("9"), &target2);
+    assert_same_tree(&artifact(&fx, "9"), &target2);
     let r = run(fx
         .env
         .xtask_in("other")
         .args(["cache", "restore", "vc", "--key", "vc-3-x"]))
     .expect_code(4);
     assert!(r.stderr().contains("no key vc-3-x"), "{}", r.stderr());
-    assert_same_tree(&fx.artifact("9"), &target2);
+    assert_same_tree(&artifact(&fx, "9"), &target2);
 
     // Again: nothing left to drop, nothing pushed.
     let after = fx.env.git("origin.git", ["rev-parse", "vc-cache"]);
@@ -200,52 +203,52 @@ fn cache_prune_keeps_what_it_must_and_another_clone_restores_a_kept_key() {
     ]);
     assert_eq!(j["status"], "nothing to prune", "{j}");
     // And a publish after a prune still works on the pruned branch.
-    let p = fx.publish("5", "x");
+    let p = publish(&fx, "5", "x");
     assert_eq!(p["status"], "published", "{p}");
-    assert_eq!(fx.branch_keys(), ["vc-2-x", "vc-4-x", "vc-5-x", "vc-9-y"]);
+    assert_eq!(branch_keys(&fx), ["vc-2-x", "vc-4-x", "vc-5-x", "vc-9-y"]);
 }
 
 #[test]
 fn cache_prune_publish_keep_prunes_on_every_publish_but_never_the_new_key() {
-    let fx = Fx::new("\n[publish]\nkeep = 1\n");
-    let p = fx.publish("1", "x");
+    let fx = verification_cache("\n[publish]\nkeep = 1\n");
+    let p = publish(&fx, "1", "x");
     assert_eq!(p["pruned"], serde_json::json!([]), "{p}");
-    fx.publish("2", "x");
-    let p = fx.publish("3", "x");
+    publish(&fx, "2", "x");
+    let p = publish(&fx, "3", "x");
     assert_eq!(p["status"], "published", "{p}");
     assert_eq!(p["pruned"], serde_json::json!(["vc-2-x"]), "{p}");
-    assert_eq!(fx.branch_keys(), ["vc-3-x"]);
+    assert_eq!(branch_keys(&fx), ["vc-3-x"]);
     // Another platform value: x keeps its newest key (which is also the
     // key today's pins give with x), y gains one.
-    fx.publish("3", "y");
-    assert_eq!(fx.branch_keys(), ["vc-3-x", "vc-3-y"]);
-    let p = fx.publish("4", "y");
+    publish(&fx, "3", "y");
+    assert_eq!(branch_keys(&fx), ["vc-3-x", "vc-3-y"]);
+    let p = publish(&fx, "4", "y");
     assert_eq!(p["pruned"], serde_json::json!(["vc-3-y"]), "{p}");
-    assert_eq!(fx.branch_keys(), ["vc-3-x", "vc-4-y"]);
+    assert_eq!(branch_keys(&fx), ["vc-3-x", "vc-4-y"]);
     // keep = 0: only the keys today's pins give (one per platform value)
     // stay, and the one just published is among them.
-    fx.manifest("\n[publish]\nkeep = 0\n");
-    let p = fx.publish("5", "y");
+    manifest(&fx, "\n[publish]\nkeep = 0\n");
+    let p = publish(&fx, "5", "y");
     assert_eq!(p["pruned"], serde_json::json!(["vc-3-x", "vc-4-y"]), "{p}");
-    assert_eq!(fx.branch_keys(), ["vc-5-y"]);
+    assert_eq!(branch_keys(&fx), ["vc-5-y"]);
     // A setting that is not a count is refused (exit 10), nothing pushed.
-    fx.manifest("\n[publish]\nkeep = \"some\"\n");
+    manifest(&fx, "\n[publish]\nkeep = \"some\"\n");
     let r = fx.xtask(&["cache", "publish", "vc"]).expect_code(10);
     assert!(r.stderr().contains("keep"), "{}", r.stderr());
-    fx.manifest("\n[publish]\nkeep = -1\n");
+    manifest(&fx, "\n[publish]\nkeep = -1\n");
     fx.xtask(&["cache", "publish", "vc"]).expect_code(10);
-    assert_eq!(fx.branch_keys(), ["vc-5-y"]);
+    assert_eq!(branch_keys(&fx), ["vc-5-y"]);
 }
 
 #[test]
 fn cache_prune_that_loses_its_lease_chooses_again_on_the_moved_branch() {
     use std::os::unix::fs::PermissionsExt;
-    let fx = Fx::new("");
+    let fx = verification_cache("");
     for src in ["1", "2", "3"] {
-        fx.publish(src, "x");
+        publish(&fx, src, "x");
     }
     let c3 = fx.env.git("origin.git", ["rev-parse", "vc-cache"]);
-    fx.publish("4", "x");
+    publish(&fx, "4", "x");
     let c4 = fx.env.git("origin.git", ["rev-parse", "vc-cache"]);
     fx.env.git(
         "origin.git",
@@ -265,7 +268,7 @@ fn cache_prune_that_loses_its_lease_chooses_again_on_the_moved_branch() {
     )
     .unwrap();
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
-    fx.pins("1", "x");
+    pins(&fx, "1", "x");
     let j = fx.json(&["cache", "prune", "vc", "--keep", "1", "--json"]);
     assert!(marker.exists(), "the hook never ran");
     assert_eq!(j["status"], "pruned", "{j}");
@@ -273,7 +276,7 @@ fn cache_prune_that_loses_its_lease_chooses_again_on_the_moved_branch() {
     // Chosen again on what the branch held after the move: vc-4-x (newest)
     // and vc-1-x (today's pins) stay, vc-2-x and vc-3-x go.
     assert_eq!(keys_of(&j, "dropped"), ["vc-2-x", "vc-3-x"]);
-    assert_eq!(fx.branch_keys(), ["vc-1-x", "vc-4-x"]);
+    assert_eq!(branch_keys(&fx), ["vc-1-x", "vc-4-x"]);
     let count = fx
         .env
         .git("origin.git", ["rev-list", "--count", "vc-cache"]);

@@ -6,98 +6,59 @@
 //! line naming the setting; a dedicated cache remote keeps origin clean.
 //! Real bare remotes served by `git daemon` on 127.0.0.1, real hooks.
 
-use crate::util::git_daemon::GitDaemon;
+use crate::util::fixture::{Fixture, Manifest};
 use crate::util::tree::write_pseudo_random;
-use crate::util::{Run, TestEnv, run, show};
-use serde_json::Value;
+use crate::util::{Run, show};
 use std::path::PathBuf;
 
 const REF: &str = "refs/warmstart/cache/art";
 
-struct Fx {
-    env: TestEnv,
-    daemon: GitDaemon,
-    work: PathBuf,
-    src: PathBuf,
+/// `srv/origin.git` (with one commit on main) and `srv/caches.git` served by
+/// git daemon, a work clone of origin, and 200 kB of noise to cache.
+fn art_cache() -> Fixture {
+    let fx = Fixture::served().with_var("WARMSTART_FETCH_BLOB_LIMIT", "8k");
+    fx.env.bare_remote("srv/caches.git");
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    let src = src(&fx);
+    std::fs::create_dir_all(&src).unwrap();
+    write_pseudo_random(&src.join("noise.bin"), 200_000, 3);
+    std::fs::write(src.join("hello.txt"), "hello\n").unwrap();
+    fx
 }
 
-impl Fx {
-    /// `srv/origin.git` (with one commit on main) served by git daemon, a
-    /// work clone of it, and 200 kB of noise to cache.
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        std::fs::create_dir_all(env.join("srv")).unwrap();
-        env.bare_remote("srv/origin.git");
-        env.bare_remote("srv/caches.git");
-        let daemon = GitDaemon::start(&env.join("srv"));
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", &daemon.url("origin.git")],
-        );
-        env.git("work", ["push", "-q", "origin", "main"]);
-        let src = env.join("src");
-        std::fs::create_dir_all(&src).unwrap();
-        write_pseudo_random(&src.join("noise.bin"), 200_000, 3);
-        std::fs::write(src.join("hello.txt"), "hello\n").unwrap();
-        Fx {
-            env,
-            daemon,
-            work,
-            src,
-        }
-    }
+fn src(fx: &Fixture) -> PathBuf {
+    fx.env.join("src")
+}
 
-    fn manifest(&self, cache: &str, literal: &str) {
-        let dir = self.work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("art.toml"),
-            format!(
-                "[cache]\n{cache}\n\n[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 50000\n\n[restore]\npath = \"restored/art\"\n",
-                self.src.display()
-            ),
-        )
-        .unwrap();
-    }
+fn manifest(fx: &Fixture, cache: &str, literal: &str) {
+    let m = Manifest::literal(literal, src(fx))
+        .cache(cache)
+        .chunk_bytes(50000);
+    fx.write_manifest("art", &m);
+}
 
-    fn xtask(&self, args: &[&str]) -> Run {
-        let mut cmd = self.env.xtask_in("work");
-        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", "8k").args(args);
-        run(&mut cmd)
-    }
+/// The commit `name` points at in `srv/<bare>`, if any.
+fn remote_ref(fx: &Fixture, bare: &str, name: &str) -> Option<String> {
+    let out = fx.env.git(
+        format!("srv/{bare}"),
+        ["for-each-ref", "--format=%(objectname)", name],
+    );
+    let s = out.trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
 
-    fn json(&self, args: &[&str]) -> Value {
-        let r = self.xtask(args).ok();
-        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
-    }
-
-    /// The commit `name` points at in `srv/<bare>`, if any.
-    fn remote_ref(&self, bare: &str, name: &str) -> Option<String> {
-        let out = self.env.git(
-            format!("srv/{bare}"),
-            ["for-each-ref", "--format=%(objectname)", name],
-        );
-        let s = out.trim();
-        (!s.is_empty()).then(|| s.to_string())
-    }
-
-    /// A plain `git clone` of origin, then a plain `git fetch` in it:
-    /// whether the clone holds the object `oid`, and its refs.
-    fn plain_clone_has(&self, oid: &str) -> (bool, String) {
-        let dir = self.env.join("plain");
-        let _ = std::fs::remove_dir_all(&dir);
-        self.env.git(
-            ".",
-            ["clone", "-q", &self.daemon.url("origin.git"), "plain"],
-        );
-        self.env.git("plain", ["fetch", "-q"]);
-        let mut cmd = std::process::Command::new("git");
-        cmd.current_dir(&dir).args(["cat-file", "-e", oid]);
-        self.env.isolate(&mut cmd);
-        let has = cmd.status().unwrap().success();
-        (has, self.env.git("plain", ["for-each-ref"]))
-    }
+/// A plain `git clone` of origin, then a plain `git fetch` in it:
+/// whether the clone holds the object `oid`, and its refs.
+fn plain_clone_has(fx: &Fixture, oid: &str) -> (bool, String) {
+    let dir = fx.env.join("plain");
+    let _ = std::fs::remove_dir_all(&dir);
+    fx.env.git(".", ["clone", "-q", &fx.url, "plain"]);
+    fx.env.git("plain", ["fetch", "-q"]);
+    let mut cmd = std::process::Command::new("git");
+    cmd.current_dir(&dir).args(["cat-file", "-e", oid]);
+    fx.env.isolate(&mut cmd);
+    let has = cmd.status().unwrap().success();
+    (has, fx.env.git("plain", ["for-each-ref"]))
 }
 
 fn one_line_error(r: &Run, code: i32) -> String {
@@ -109,19 +70,14 @@ fn one_line_error(r: &Run, code: i32) -> String {
 
 #[test]
 fn cache_refs_a_cache_on_a_ref_stays_out_of_plain_clones_and_restores() {
-    let fx = Fx::new();
-    fx.manifest(&format!("ref = \"{REF}\""), "1");
+    let fx = art_cache();
+    manifest(&fx, &format!("ref = \"{REF}\""), "1");
     let p = fx.json(&["cache", "publish", "art", "--json"]);
     assert_eq!(p["status"], "published", "{p}");
     assert_eq!(p["branch"], REF, "{p}");
-    let commit = fx
-        .remote_ref("origin.git", REF)
-        .expect("the ref was pushed");
-    assert!(
-        fx.remote_ref("origin.git", "refs/heads/art-cache")
-            .is_none()
-    );
-    let (has, refs) = fx.plain_clone_has(&commit);
+    let commit = remote_ref(&fx, "origin.git", REF).expect("the ref was pushed");
+    assert!(remote_ref(&fx, "origin.git", "refs/heads/art-cache").is_none());
+    let (has, refs) = plain_clone_has(&fx, &commit);
     assert!(
         !has,
         "a plain clone downloaded the cache commit; refs:\n{refs}"
@@ -155,7 +111,7 @@ fn cache_refs_a_cache_on_a_ref_stays_out_of_plain_clones_and_restores() {
     let clone = fx.env.join("coreutils");
     fx.env.git(
         ".",
-        ["clone", "-q", &fx.daemon.url("origin.git"), "coreutils"],
+        ["clone", "-q", &fx.daemon().url("origin.git"), "coreutils"],
     );
     std::fs::create_dir_all(clone.join("tmp")).unwrap();
     let script =
@@ -167,19 +123,19 @@ fn cache_refs_a_cache_on_a_ref_stays_out_of_plain_clones_and_restores() {
     assert!(out.status.success(), "{}", show(&out));
     assert_eq!(
         std::fs::read(clone.join("restored/noise.bin")).unwrap(),
-        std::fs::read(fx.src.join("noise.bin")).unwrap()
+        std::fs::read(src(&fx).join("noise.bin")).unwrap()
     );
 }
 
 #[test]
 fn cache_refs_a_branch_cache_is_migrated_to_a_ref_on_request() {
-    let fx = Fx::new();
+    let fx = art_cache();
     // No field: the branch it always was (existing manifests keep working).
-    fx.manifest("", "1");
+    manifest(&fx, "", "1");
     let p = fx.json(&["cache", "publish", "art", "--json"]);
     assert_eq!(p["branch"], "art-cache", "{p}");
-    let commit = fx.remote_ref("origin.git", "refs/heads/art-cache").unwrap();
-    let (has, _) = fx.plain_clone_has(&commit);
+    let commit = remote_ref(&fx, "origin.git", "refs/heads/art-cache").unwrap();
+    let (has, _) = plain_clone_has(&fx, &commit);
     assert!(
         has,
         "a branch cache is in every plain clone (the reason for refs)"
@@ -187,27 +143,24 @@ fn cache_refs_a_branch_cache_is_migrated_to_a_ref_on_request() {
     fx.json(&["cache", "restore", "art", "--json"]);
 
     // A manifest moved to the ref before the cache: a fetch says how to move it.
-    fx.manifest(&format!("ref = \"{REF}\""), "1");
+    manifest(&fx, &format!("ref = \"{REF}\""), "1");
     let err = one_line_error(&fx.xtask(&["cache", "verify", "art"]), 4);
     assert!(err.contains("warmstart cache migrate art"), "{err}");
-    fx.manifest("", "1");
+    manifest(&fx, "", "1");
     // Migrating needs the ref in the manifest first.
     let err = one_line_error(&fx.xtask(&["cache", "migrate", "art"]), 10);
     assert!(err.contains("ref = \"refs/warmstart/cache/art\""), "{err}");
 
-    fx.manifest(&format!("ref = \"{REF}\""), "1");
+    manifest(&fx, &format!("ref = \"{REF}\""), "1");
     let m = fx.json(&["cache", "migrate", "art", "--json"]);
     assert_eq!(m["state"], "migrated", "{m}");
     assert_eq!(m["commit"], commit.as_str(), "{m}");
     assert_eq!(
-        fx.remote_ref("origin.git", REF).as_deref(),
+        remote_ref(&fx, "origin.git", REF).as_deref(),
         Some(commit.as_str())
     );
-    assert!(
-        fx.remote_ref("origin.git", "refs/heads/art-cache")
-            .is_none()
-    );
-    let (has, refs) = fx.plain_clone_has(&commit);
+    assert!(remote_ref(&fx, "origin.git", "refs/heads/art-cache").is_none());
+    let (has, refs) = plain_clone_has(&fx, &commit);
     assert!(
         !has,
         "after the migration a plain clone has no cache: {refs}"
@@ -218,14 +171,11 @@ fn cache_refs_a_branch_cache_is_migrated_to_a_ref_on_request() {
     // The install is still current, and a new key publishes to the ref.
     let r = fx.json(&["cache", "restore", "art", "--json"]);
     assert_eq!(r["state"], "warm", "{r}");
-    fx.manifest(&format!("ref = \"{REF}\""), "2");
+    manifest(&fx, &format!("ref = \"{REF}\""), "2");
     let p = fx.json(&["cache", "publish", "art", "--json"]);
     assert_eq!(p["status"], "published", "{p}");
-    assert!(
-        fx.remote_ref("origin.git", "refs/heads/art-cache")
-            .is_none()
-    );
-    assert_ne!(fx.remote_ref("origin.git", REF).unwrap(), commit);
+    assert!(remote_ref(&fx, "origin.git", "refs/heads/art-cache").is_none());
+    assert_ne!(remote_ref(&fx, "origin.git", REF).unwrap(), commit);
 
     // A second run, or another old name, finds the work done.
     let r = fx
@@ -236,7 +186,7 @@ fn cache_refs_a_branch_cache_is_migrated_to_a_ref_on_request() {
 
 #[test]
 fn cache_refs_bad_ref_settings_are_config_errors() {
-    let fx = Fx::new();
+    let fx = art_cache();
     for (cache, says) in [
         (
             format!("branch = \"art-cache\"\nref = \"{REF}\""),
@@ -265,13 +215,13 @@ fn cache_refs_bad_ref_settings_are_config_errors() {
             "set cache.ref instead",
         ),
     ] {
-        fx.manifest(&cache, "1");
+        manifest(&fx, &cache, "1");
         let r = fx.xtask(&["cache", "publish", "art", "--dry-run"]);
         let err = one_line_error(&r, 10);
         assert!(err.contains(says), "{cache}: {err}");
     }
     // A misspelt field is refused too (toml's own message, with its snippet).
-    fx.manifest("refs = \"refs/warmstart/cache/art\"", "1");
+    manifest(&fx, "refs = \"refs/warmstart/cache/art\"", "1");
     let r = fx
         .xtask(&["cache", "publish", "art", "--dry-run"])
         .expect_code(10);
@@ -281,7 +231,7 @@ fn cache_refs_bad_ref_settings_are_config_errors() {
         show(&r.out)
     );
     // A migration from a branch that is not there either: not found.
-    fx.manifest(&format!("ref = \"{REF}\""), "1");
+    manifest(&fx, &format!("ref = \"{REF}\""), "1");
     let err = one_line_error(&fx.xtask(&["cache", "migrate", "art", "--from", "nope"]), 4);
     assert!(err.contains("nothing to migrate"), "{err}");
     let err = one_line_error(
@@ -297,7 +247,7 @@ fn cache_refs_bad_ref_settings_are_config_errors() {
 }
 
 /// Installs `body` as the pre-receive hook of `srv/<bare>`.
-fn hook(fx: &Fx, bare: &str, body: &str) {
+fn hook(fx: &Fixture, bare: &str, body: &str) {
     let path = fx.env.join(format!("srv/{bare}/hooks/pre-receive"));
     std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -306,13 +256,13 @@ fn hook(fx: &Fx, bare: &str, body: &str) {
 
 #[test]
 fn cache_refs_a_host_that_refuses_refs_outside_heads_names_cache_branch() {
-    let fx = Fx::new();
+    let fx = art_cache();
     hook(
         &fx,
         "origin.git",
         "while read old new ref; do case \"$ref\" in refs/heads/*|refs/tags/*) ;; *) echo \"refusing ref outside refs/heads: $ref\" >&2; exit 1;; esac; done\n",
     );
-    fx.manifest(&format!("ref = \"{REF}\""), "1");
+    manifest(&fx, &format!("ref = \"{REF}\""), "1");
     let err = one_line_error(&fx.xtask(&["cache", "publish", "art"]), 8);
     assert!(
         err.contains("set cache.branch (e.g. \"art-cache\")"),
@@ -322,32 +272,29 @@ fn cache_refs_a_host_that_refuses_refs_outside_heads_names_cache_branch() {
         err.contains("refusing ref outside refs/heads"),
         "git's cause is kept: {err}"
     );
-    assert!(fx.remote_ref("origin.git", REF).is_none());
+    assert!(remote_ref(&fx, "origin.git", REF).is_none());
     // The setting it names works.
-    fx.manifest("branch = \"art-cache\"", "1");
+    manifest(&fx, "branch = \"art-cache\"", "1");
     fx.json(&["cache", "publish", "art", "--json"]);
     // And a migration to a ref there is refused whole: the branch stays.
-    fx.manifest(&format!("ref = \"{REF}\""), "1");
+    manifest(&fx, &format!("ref = \"{REF}\""), "1");
     let err = one_line_error(&fx.xtask(&["cache", "migrate", "art"]), 8);
     assert!(err.contains("set cache.branch"), "{err}");
-    assert!(
-        fx.remote_ref("origin.git", "refs/heads/art-cache")
-            .is_some()
-    );
+    assert!(remote_ref(&fx, "origin.git", "refs/heads/art-cache").is_some());
 }
 
 #[test]
 fn cache_refs_a_protected_branch_names_cache_ref() {
-    let fx = Fx::new();
+    let fx = art_cache();
     // Like a ruleset that covers every branch: no force push, no deletion.
     hook(
         &fx,
         "origin.git",
         "z=0000000000000000000000000000000000000000\nwhile read old new ref; do if [ \"$old\" != \"$z\" ]; then echo \"protected branch: $ref cannot be force-pushed or deleted\" >&2; exit 1; fi; done\n",
     );
-    fx.manifest("", "1");
+    manifest(&fx, "", "1");
     fx.json(&["cache", "publish", "art", "--json"]);
-    fx.manifest("", "2");
+    manifest(&fx, "", "2");
     let err = one_line_error(&fx.xtask(&["cache", "publish", "art"]), 8);
     assert!(
         err.contains("cache.ref = \"refs/warmstart/cache/art\""),
@@ -362,12 +309,12 @@ fn cache_refs_a_protected_branch_names_cache_ref() {
 
 #[test]
 fn cache_refs_a_dedicated_cache_remote_keeps_origin_clean() {
-    let fx = Fx::new();
-    let caches = fx.daemon.url("caches.git");
-    fx.manifest(&format!("ref = \"{REF}\"\nremote = \"{caches}\""), "1");
+    let fx = art_cache();
+    let caches = fx.daemon().url("caches.git");
+    manifest(&fx, &format!("ref = \"{REF}\"\nremote = \"{caches}\""), "1");
     let p = fx.json(&["cache", "publish", "art", "--json"]);
     assert_eq!(p["remote"]["url"], caches.as_str(), "{p}");
-    assert!(fx.remote_ref("caches.git", REF).is_some());
+    assert!(remote_ref(&fx, "caches.git", REF).is_some());
     assert!(
         fx.env
             .git(

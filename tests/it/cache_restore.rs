@@ -6,8 +6,9 @@
 //! ../shared/bench/seed_recipe.sh). Remotes are bare repositories over
 //! file:// or served by `git daemon` on 127.0.0.1.
 
+use crate::util::fixture::{Fixture, Manifest, json_of};
 use crate::util::tree::{assert_same_tree, make_tricky_tree};
-use crate::util::{Run, TestEnv, run, show};
+use crate::util::{Run, run, show};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,161 +16,126 @@ use std::process::{Command, Stdio};
 const MAKE_BRANCH: &str = include_str!("cache_restore/make_branch.py");
 const SEED_RECIPE: &str = include_str!("cache_restore/seed_recipe.sh");
 
-/// A work repository with a `tc` cache manifest, a bare origin, and a
-/// target directory outside both.
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
-    remote: PathBuf,
-    target: PathBuf,
-    branches: std::cell::Cell<u32>,
+/// The manifest of a cache on `tc-cache`: key `v` pinned in `pin.txt`,
+/// packing `src`, restoring into `target` in `mode`.
+fn tc_manifest(target: &Path, mode: &str) -> Manifest {
+    Manifest::pinned("pin.txt", "src")
+        .cache("branch = \"tc-cache\"\ndescription = \"test cache\"")
+        .restore_path(target)
+        .restore_line(&format!("mode = \"{mode}\""))
 }
 
-impl Fx {
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        let remote = env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", remote.to_str().unwrap()],
-        );
-        let target = env.join("installed/tc");
-        let fx = Fx {
-            env,
-            work,
-            remote,
-            target,
-            branches: std::cell::Cell::new(0),
-        };
-        fx.pin("1");
-        fx.manifest("");
-        std::fs::write(fx.env.join("make_branch.py"), MAKE_BRANCH).unwrap();
-        fx
-    }
+/// A work repository with the `tc` cache manifest (key `tc-<pin>`), a bare
+/// origin by path, and the branch builder.
+fn test_cache() -> Fixture {
+    let fx = Fixture::new();
+    pin(&fx, "1");
+    manifest(&fx, "");
+    std::fs::write(fx.env.join("make_branch.py"), MAKE_BRANCH).unwrap();
+    fx
+}
 
-    /// Writes `cache-manifests/tc.toml`: key `tc-<pin>`, restoring into
-    /// `self.target`; `extra` is appended (e.g. a `[ready]` table).
-    fn manifest(&self, extra: &str) {
-        self.manifest_named("tc", &self.target, "replace", extra);
-    }
+/// The target directory, outside both repositories.
+fn target(fx: &Fixture) -> PathBuf {
+    fx.env.join("installed/tc")
+}
 
-    fn manifest_named(&self, name: &str, target: &Path, mode: &str, extra: &str) {
-        let dir = self.work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join(format!("{name}.toml")),
-            format!(
-                r#"[cache]
-branch = "tc-cache"
-description = "test cache"
+/// Writes `cache-manifests/tc.toml`, restoring into `target`; `extra` is
+/// appended (e.g. a `[ready]` table).
+fn manifest(fx: &Fixture, extra: &str) {
+    manifest_named(fx, "tc", &target(fx), "replace", extra);
+}
 
-[[key]]
-name = "v"
-regex = {{ file = "pin.txt", pattern = 'v=(\S+)' }}
+fn manifest_named(fx: &Fixture, name: &str, target: &Path, mode: &str, extra: &str) {
+    fx.write_manifest(name, &tc_manifest(target, mode).extra(extra));
+}
 
-[pack]
-root = "src"
+/// Moves the key's pin.
+fn pin(fx: &Fixture, v: &str) {
+    fx.write("pin.txt", &format!("v={v}\n"));
+}
 
-[restore]
-path = "{}"
-mode = "{mode}"
-{extra}"#,
-                target.display()
-            ),
-        )
+/// Writes the files of a branch from `spec` (see make_branch.py), in the
+/// first `branch-<n>` not taken.
+fn branch_files(fx: &Fixture, spec: Value) -> PathBuf {
+    let n = (1..)
+        .find(|n| !fx.env.join(format!("spec-{n}.json")).exists())
         .unwrap();
-    }
+    let out = fx.env.join(format!("branch-{n}"));
+    let spec_file = fx.env.join(format!("spec-{n}.json"));
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.arg(fx.env.join("make_branch.py"))
+        .arg(&out)
+        .arg(&spec_file);
+    let r = run(&mut cmd);
+    assert_eq!(r.code(), 0, "make_branch.py failed\n{}", show(&r.out));
+    out
+}
 
-    /// Moves the key's pin.
-    fn pin(&self, v: &str) {
-        std::fs::write(self.work.join("pin.txt"), format!("v={v}\n")).unwrap();
+/// Commits the files of `dir` as the single root commit of `branch` on
+/// the origin (force), with git plumbing only.
+fn push_dir(fx: &Fixture, dir: &Path, branch: &str) {
+    let git_dir = fx.env.join("pusher.git");
+    if !git_dir.exists() {
+        fx.env
+            .git(".", ["init", "-q", "--bare", git_dir.to_str().unwrap()]);
     }
+    let g = |args: &[&str]| {
+        let mut all = vec![
+            format!("--git-dir={}", git_dir.display()),
+            format!("--work-tree={}", dir.display()),
+        ];
+        all.extend(args.iter().map(|s| s.to_string()));
+        fx.env.git(".", all)
+    };
+    g(&["read-tree", "--empty"]);
+    g(&["add", "-A", "."]);
+    let tree = g(&["write-tree"]).trim().to_string();
+    let commit = g(&["commit-tree", &tree, "-m", "test cache"])
+        .trim()
+        .to_string();
+    g(&[
+        "push",
+        "-q",
+        "-f",
+        fx.origin.to_str().unwrap(),
+        &format!("{commit}:refs/heads/{branch}"),
+    ]);
+}
 
-    /// Writes the files of a branch from `spec` (see make_branch.py).
-    fn branch_files(&self, spec: Value) -> PathBuf {
-        let n = self.branches.get() + 1;
-        self.branches.set(n);
-        let out = self.env.join(format!("branch-{n}"));
-        let spec_file = self.env.join(format!("spec-{n}.json"));
-        std::fs::write(&spec_file, spec.to_string()).unwrap();
-        let mut cmd = Command::new("python3");
-        cmd.arg(self.env.join("make_branch.py"))
-            .arg(&out)
-            .arg(&spec_file);
-        let r = run(&mut cmd);
-        assert_eq!(r.code(), 0, "make_branch.py failed\n{}", show(&r.out));
-        out
-    }
+/// Builds a branch from `spec` and pushes it as `tc-cache`.
+fn publish(fx: &Fixture, spec: Value) -> PathBuf {
+    let dir = branch_files(fx, spec);
+    push_dir(fx, &dir, "tc-cache");
+    dir
+}
 
-    /// Commits the files of `dir` as the single root commit of `branch` on
-    /// the origin (force), with git plumbing only.
-    fn push_dir(&self, dir: &Path, branch: &str) {
-        let git_dir = self.env.join("pusher.git");
-        if !git_dir.exists() {
-            self.env
-                .git(".", ["init", "-q", "--bare", git_dir.to_str().unwrap()]);
-        }
-        let g = |args: &[&str]| {
-            let mut all = vec![
-                format!("--git-dir={}", git_dir.display()),
-                format!("--work-tree={}", dir.display()),
-            ];
-            all.extend(args.iter().map(|s| s.to_string()));
-            self.env.git(".", all)
-        };
-        g(&["read-tree", "--empty"]);
-        g(&["add", "-A", "."]);
-        let tree = g(&["write-tree"]).trim().to_string();
-        let commit = g(&["commit-tree", &tree, "-m", "test cache"])
-            .trim()
-            .to_string();
-        g(&[
-            "push",
-            "-q",
-            "-f",
-            self.remote.to_str().unwrap(),
-            &format!("{commit}:refs/heads/{branch}"),
-        ]);
-    }
+fn restore(fx: &Fixture) -> Run {
+    fx.xtask(&["cache", "restore", "tc"])
+}
 
-    /// Builds a branch from `spec` and pushes it as `tc-cache`.
-    fn publish(&self, spec: Value) -> PathBuf {
-        let dir = self.branch_files(spec);
-        self.push_dir(&dir, "tc-cache");
-        dir
-    }
+/// `cache restore tc --json`, which must succeed; its JSON.
+fn restore_json(fx: &Fixture) -> Value {
+    fx.restore("tc")
+}
 
-    fn xtask(&self, args: &[&str]) -> Run {
-        run(self.env.xtask_in("work").args(args))
-    }
+fn state_dir(fx: &Fixture) -> PathBuf {
+    fx.work.join(".git/warmstart")
+}
 
-    fn restore(&self) -> Run {
-        self.xtask(&["cache", "restore", "tc"])
-    }
-
-    /// `cache restore tc --json`, which must succeed; its JSON.
-    fn restore_json(&self) -> Value {
-        let r = self.xtask(&["cache", "restore", "tc", "--json"]).ok();
-        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
-    }
-
-    fn state_dir(&self) -> PathBuf {
-        self.work.join(".git/warmstart")
-    }
-
-    /// Asserts no staging or swap leftovers sit beside the target.
-    fn assert_no_leftovers(&self) {
-        let parent = self.target.parent().unwrap();
-        let Ok(rd) = std::fs::read_dir(parent) else {
-            return;
-        };
-        let stray: Vec<String> = rd
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n != "tc")
-            .collect();
-        assert!(stray.is_empty(), "leftovers beside the target: {stray:?}");
-    }
+/// Asserts no staging or swap leftovers sit beside the target.
+fn assert_no_leftovers(fx: &Fixture) {
+    let target = target(fx);
+    let parent = target.parent().unwrap();
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let stray: Vec<String> = rd
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "tc")
+        .collect();
+    assert!(stray.is_empty(), "leftovers beside the target: {stray:?}");
 }
 
 /// A small tree with every kind of entry, made on disk.
@@ -182,18 +148,17 @@ fn key_spec(dir: &Path, v: &str) -> Value {
     json!({ "dir": dir, "parts": [{ "name": "v", "value": v }] })
 }
 
-fn json_of(r: &Run) -> Value {
-    serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
-}
-
 #[test]
 fn cache_restore_installs_a_v1_branch_built_without_our_publisher_then_runs_warm() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let src = fx.env.join("src1");
     small_tree(&src, "one");
-    fx.publish(json!({ "chunk_bytes": 4096, "keys": { "tc-1": key_spec(&src, "1") } }));
+    publish(
+        &fx,
+        json!({ "chunk_bytes": 4096, "keys": { "tc-1": key_spec(&src, "1") } }),
+    );
 
-    let j = fx.restore_json();
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["key"], "tc-1");
     assert_eq!(j["layout"], "v1");
@@ -204,18 +169,18 @@ fn cache_restore_installs_a_v1_branch_built_without_our_publisher_then_runs_warm
         2 * j["compressed_bytes"].as_u64().unwrap(),
         "{j}"
     );
-    assert_same_tree(&src, &fx.target);
-    fx.assert_no_leftovers();
+    assert_same_tree(&src, &target(&fx));
+    assert_no_leftovers(&fx);
 
     // Warm: nothing fetched, nothing hashed, same tree.
-    let j = fx.restore_json();
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "warm", "{j}");
     assert_eq!(j["bytes_hashed"], 0);
     assert_eq!(j["tar_bytes"], 0);
-    assert_same_tree(&src, &fx.target);
+    assert_same_tree(&src, &target(&fx));
 
     // The text summary says what happened, on stdout.
-    let r = fx.restore().ok();
+    let r = restore(&fx).ok();
     assert!(
         r.stdout().contains("tc-1 is installed at"),
         "{}",
@@ -227,46 +192,52 @@ fn cache_restore_installs_a_v1_branch_built_without_our_publisher_then_runs_warm
 
 #[test]
 fn cache_restore_warm_needs_no_remote_and_no_chunk_objects() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let src = fx.env.join("src1");
     small_tree(&src, "one");
-    fx.publish(json!({ "chunk_bytes": 4096, "keys": { "tc-1": key_spec(&src, "1") } }));
-    assert_eq!(fx.restore_json()["state"], "restored");
+    publish(
+        &fx,
+        json!({ "chunk_bytes": 4096, "keys": { "tc-1": key_spec(&src, "1") } }),
+    );
+    assert_eq!(restore_json(&fx)["state"], "restored");
 
     // The remote is gone and so are the fetched objects: a warm run can
     // neither fetch nor read (let alone hash) a chunk, and still succeeds.
-    std::fs::rename(&fx.remote, fx.env.join("origin-gone.git")).unwrap();
-    let objects = fx.state_dir().join("cache.git/objects");
+    std::fs::rename(&fx.origin, fx.env.join("origin-gone.git")).unwrap();
+    let objects = state_dir(&fx).join("cache.git/objects");
     std::fs::remove_dir_all(&objects).unwrap();
     std::fs::create_dir(&objects).unwrap();
-    let j = fx.restore_json();
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "warm", "{j}");
     assert_eq!(j["bytes_hashed"], 0);
-    assert_same_tree(&src, &fx.target);
+    assert_same_tree(&src, &target(&fx));
 
     // A cold run now fails as it should: the remote is unreachable (exit 8),
     // and the install stays as it was.
-    fx.pin("2");
-    let r = fx.restore().expect_code(8);
+    pin(&fx, "2");
+    let r = restore(&fx).expect_code(8);
     assert!(r.stderr().contains("tc-cache"), "{}", r.stderr());
-    assert_same_tree(&src, &fx.target);
+    assert_same_tree(&src, &target(&fx));
 }
 
 #[test]
 fn cache_restore_of_a_moved_pin_installs_the_new_key() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let (s1, s2) = (fx.env.join("src1"), fx.env.join("src2"));
     small_tree(&s1, "one");
     small_tree(&s2, "two");
     std::fs::write(s2.join("only-in-two"), "2").unwrap();
-    fx.publish(json!({ "chunk_bytes": 4096, "keys": {
-        "tc-1": key_spec(&s1, "1"),
-        "tc-2": key_spec(&s2, "2"),
-    }}));
-    assert_eq!(fx.restore_json()["key"], "tc-1");
-    assert_same_tree(&s1, &fx.target);
+    publish(
+        &fx,
+        json!({ "chunk_bytes": 4096, "keys": {
+            "tc-1": key_spec(&s1, "1"),
+            "tc-2": key_spec(&s2, "2"),
+        }}),
+    );
+    assert_eq!(restore_json(&fx)["key"], "tc-1");
+    assert_same_tree(&s1, &target(&fx));
 
-    fx.pin("2");
+    pin(&fx, "2");
     // Status names the pin that moved, offline, from the stamp alone.
     let st = json_of(
         &fx.xtask(&["cache", "status", "tc", "--offline", "--json"])
@@ -279,19 +250,19 @@ fn cache_restore_of_a_moved_pin_installs_the_new_key() {
         json!([{ "name": "v", "installed": "1", "current": "2" }])
     );
 
-    let j = fx.restore_json();
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "restored");
     assert_eq!(j["key"], "tc-2");
     assert_eq!(j["reason"], "installed key tc-1 differs: v 1 -> 2");
-    assert_same_tree(&s2, &fx.target);
-    assert_eq!(fx.restore_json()["state"], "warm");
-    fx.assert_no_leftovers();
+    assert_same_tree(&s2, &target(&fx));
+    assert_eq!(restore_json(&fx)["state"], "warm");
+    assert_no_leftovers(&fx);
 }
 
 #[test]
 fn cache_restore_reports_missing_branch_key_and_remote_with_their_codes() {
-    let fx = Fx::new();
-    let r = fx.restore().expect_code(4);
+    let fx = test_cache();
+    let r = restore(&fx).expect_code(4);
     assert!(
         r.stderr().contains("has no branch tc-cache"),
         "{}",
@@ -300,9 +271,9 @@ fn cache_restore_reports_missing_branch_key_and_remote_with_their_codes() {
 
     let src = fx.env.join("src1");
     small_tree(&src, "one");
-    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
-    fx.pin("9");
-    let r = fx.restore().expect_code(4);
+    publish(&fx, json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
+    pin(&fx, "9");
+    let r = restore(&fx).expect_code(4);
     assert!(
         r.stderr().contains("has no key tc-9 (it has tc-1)"),
         "{}",
@@ -332,35 +303,38 @@ fn cache_restore_reports_missing_branch_key_and_remote_with_their_codes() {
         "{}",
         r.stderr()
     );
-    assert!(!fx.target.exists());
+    assert!(!target(&fx).exists());
 }
 
 /// Publishes a good key, restores it, then publishes `hostile` under key
 /// `tc-bad` and restores that: it must fail with `code`, naming `needle`,
 /// leaving the good install as it was.
-fn refused(fx: &Fx, good: &Path, hostile: Value, code: i32, needle: &str) -> String {
-    fx.pin("good");
-    fx.publish(json!({ "keys": {
-        "tc-good": key_spec(good, "good"),
-        "tc-bad": hostile,
-    }}));
-    assert_eq!(fx.restore_json()["key"], "tc-good");
-    fx.pin("bad");
-    let r = fx.restore().expect_code(code);
+fn refused(fx: &Fixture, good: &Path, hostile: Value, code: i32, needle: &str) -> String {
+    pin(fx, "good");
+    publish(
+        fx,
+        json!({ "keys": {
+            "tc-good": key_spec(good, "good"),
+            "tc-bad": hostile,
+        }}),
+    );
+    assert_eq!(restore_json(fx)["key"], "tc-good");
+    pin(fx, "bad");
+    let r = restore(fx).expect_code(code);
     let err = r.stderr();
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
     assert!(err.lines().count() == 1, "one line: {err}");
-    assert_same_tree(good, &fx.target);
-    fx.assert_no_leftovers();
+    assert_same_tree(good, &target(fx));
+    assert_no_leftovers(fx);
     // The stamp still describes the good install: going back is warm.
-    fx.pin("good");
-    assert_eq!(fx.restore_json()["state"], "warm");
+    pin(fx, "good");
+    assert_eq!(restore_json(fx)["state"], "warm");
     err
 }
 
 #[test]
 fn cache_restore_refuses_hostile_archives_naming_the_entry() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let good = fx.env.join("good");
     small_tree(&good, "good");
     let outside = fx.env.join("outside");
@@ -377,7 +351,7 @@ fn cache_restore_refuses_hostile_archives_naming_the_entry() {
         7,
         "`../escaped.txt`",
     );
-    assert!(!fx.target.parent().unwrap().join("escaped.txt").exists());
+    assert!(!target(&fx).parent().unwrap().join("escaped.txt").exists());
 
     let abs = fx.env.join("absolute-victim.txt");
     refused(
@@ -442,23 +416,26 @@ fn cache_restore_refuses_hostile_archives_naming_the_entry() {
 }
 
 /// A branch with several chunks, and the source it was made from.
-fn chunked(fx: &Fx, v: &str) -> (PathBuf, PathBuf) {
+fn chunked(fx: &Fixture, v: &str) -> (PathBuf, PathBuf) {
     let src = fx.env.join(format!("src-{v}"));
     small_tree(&src, v);
     crate::util::tree::write_pseudo_random(&src.join("random.bin"), 60_000, 7);
-    let dir = fx.branch_files(json!({ "chunk_bytes": 16384, "keys": {
-        format!("tc-{v}"): key_spec(&src, v),
-    }}));
+    let dir = branch_files(
+        fx,
+        json!({ "chunk_bytes": 16384, "keys": {
+            format!("tc-{v}"): key_spec(&src, v),
+        }}),
+    );
     (src, dir)
 }
 
 #[test]
 fn cache_restore_refuses_damaged_branches_before_installing() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let (good_src, good_dir) = chunked(&fx, "1");
-    fx.push_dir(&good_dir, "tc-cache");
-    fx.restore().ok();
-    assert_same_tree(&good_src, &fx.target);
+    push_dir(&fx, &good_dir, "tc-cache");
+    restore(&fx).ok();
+    assert_same_tree(&good_src, &target(&fx));
 
     let (_, dir) = chunked(&fx, "2");
     let chunks: Vec<String> = {
@@ -531,7 +508,7 @@ fn cache_restore_refuses_damaged_branches_before_installing() {
             format!("SHA256SUMS says {} has sha256", chunks[2]),
         ),
     ];
-    fx.pin("2");
+    pin(&fx, "2");
     for (what, damage, needle) in cases {
         let copy = fx.env.join(format!("damaged-{}", what.replace(' ', "-")));
         let r = Command::new("cp")
@@ -542,45 +519,45 @@ fn cache_restore_refuses_damaged_branches_before_installing() {
             .unwrap();
         assert!(r.success());
         damage(&copy);
-        fx.push_dir(&copy, "tc-cache");
-        let r = fx.restore().expect_code(6);
+        push_dir(&fx, &copy, "tc-cache");
+        let r = restore(&fx).expect_code(6);
         assert!(
             r.stderr().contains(&needle),
             "{what}: expected {needle:?} in {}",
             r.stderr()
         );
-        assert_same_tree(&good_src, &fx.target);
-        fx.assert_no_leftovers();
+        assert_same_tree(&good_src, &target(&fx));
+        assert_no_leftovers(&fx);
         // cache verify says the same, and writes nothing.
         let v = fx
             .xtask(&["cache", "verify", "tc", "--json"])
             .expect_code(6);
         assert_eq!(json_of(&v)["ok"], false, "{what}");
-        assert_same_tree(&good_src, &fx.target);
+        assert_same_tree(&good_src, &target(&fx));
     }
 }
 
 #[test]
 fn cache_verify_checks_a_branch_and_the_installed_copy_without_writing() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let (src, dir) = chunked(&fx, "1");
-    fx.push_dir(&dir, "tc-cache");
+    push_dir(&fx, &dir, "tc-cache");
     let r = fx.xtask(&["cache", "verify", "tc", "--json"]).ok();
     let j = json_of(&r);
     assert_eq!(j["ok"], true, "{j}");
     assert_eq!(j["keys"][0]["key"], "tc-1");
     assert_eq!(j["keys"][0]["current"], true);
     assert_eq!(j["installed"]["state"], "not installed");
-    assert!(!fx.target.exists(), "verify must not install");
-    assert!(!fx.state_dir().join("cache/stamps/tc.json").exists());
+    assert!(!target(&fx).exists(), "verify must not install");
+    assert!(!state_dir(&fx).join("cache/stamps/tc.json").exists());
 
-    fx.restore().ok();
+    restore(&fx).ok();
     let j = json_of(&fx.xtask(&["cache", "verify", "tc", "--json"]).ok());
     assert_eq!(j["installed"]["state"], "matches", "{j}");
 
     // A changed installed file: verify names it (exit 6) and leaves it;
     // restore --verify repairs it; then both agree again.
-    std::fs::write(fx.target.join("plain.txt"), "tampered\n").unwrap();
+    std::fs::write(target(&fx).join("plain.txt"), "tampered\n").unwrap();
     let r = fx.xtask(&["cache", "verify", "tc"]).expect_code(6);
     assert!(
         r.stderr()
@@ -589,16 +566,16 @@ fn cache_verify_checks_a_branch_and_the_installed_copy_without_writing() {
         r.stderr()
     );
     assert_eq!(
-        std::fs::read_to_string(fx.target.join("plain.txt")).unwrap(),
+        std::fs::read_to_string(target(&fx).join("plain.txt")).unwrap(),
         "tampered\n"
     );
-    assert_eq!(fx.restore_json()["state"], "warm");
+    assert_eq!(restore_json(&fx)["state"], "warm");
     let j = json_of(
         &fx.xtask(&["cache", "restore", "tc", "--verify", "--json"])
             .ok(),
     );
     assert_eq!(j["state"], "repaired", "{j}");
-    assert_same_tree(&src, &fx.target);
+    assert_same_tree(&src, &target(&fx));
     let j = json_of(
         &fx.xtask(&["cache", "restore", "tc", "--verify", "--json"])
             .ok(),
@@ -610,9 +587,9 @@ fn cache_verify_checks_a_branch_and_the_installed_copy_without_writing() {
         2 * j["compressed_bytes"].as_u64().unwrap() + j["tar_bytes"].as_u64().unwrap(),
         "{j}"
     );
-    fx.assert_no_leftovers();
+    assert_no_leftovers(&fx);
     // No scratch left in cache.git either.
-    let scratch: Vec<_> = std::fs::read_dir(fx.state_dir().join("cache.git"))
+    let scratch: Vec<_> = std::fs::read_dir(state_dir(&fx).join("cache.git"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains("verify"))
@@ -622,7 +599,7 @@ fn cache_verify_checks_a_branch_and_the_installed_copy_without_writing() {
 
 #[test]
 fn cache_restore_installs_branches_made_by_the_seed_recipe() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let recipe = fx.env.join("seed_recipe.sh");
     std::fs::write(&recipe, SEED_RECIPE).unwrap();
     let src = fx.env.join("src1");
@@ -632,14 +609,14 @@ fn cache_restore_installs_branches_made_by_the_seed_recipe() {
         cmd.arg(&recipe)
             .arg("publish")
             .arg(&src)
-            .arg(&fx.remote)
+            .arg(&fx.origin)
             .arg("tc-cache")
             .arg(comp);
         fx.env.isolate(&mut cmd);
         let r = run(&mut cmd);
         assert_eq!(r.code(), 0, "{}", show(&r.out));
-        fx.pin(comp);
-        let j = fx.restore_json();
+        pin(&fx, comp);
+        let j = restore_json(&fx);
         assert_eq!(j["state"], "restored", "{j}");
         let layout = if comp == "gz" {
             "legacy-gzip"
@@ -647,8 +624,8 @@ fn cache_restore_installs_branches_made_by_the_seed_recipe() {
             "legacy-zstd"
         };
         assert_eq!(j["layout"], layout);
-        assert_same_tree(&src, &fx.target);
-        assert_eq!(fx.restore_json()["state"], "warm");
+        assert_same_tree(&src, &target(&fx));
+        assert_eq!(restore_json(&fx)["state"], "warm");
     }
     // A corrupt legacy part is caught by the whole-archive digest; the
     // decoded staging copy is never swapped in.
@@ -660,7 +637,7 @@ fn cache_restore_installs_branches_made_by_the_seed_recipe() {
             "-q",
             "-b",
             "tc-cache",
-            fx.remote.to_str().unwrap(),
+            fx.origin.to_str().unwrap(),
             checkout.to_str().unwrap(),
         ],
     );
@@ -672,16 +649,16 @@ fn cache_restore_installs_branches_made_by_the_seed_recipe() {
     fx.env.git("legacy-checkout", ["commit", "-qam", "damage"]);
     fx.env
         .git("legacy-checkout", ["push", "-qf", "origin", "tc-cache"]);
-    fx.pin("damaged");
-    let r = fx.restore().expect_code(6);
+    pin(&fx, "damaged");
+    let r = restore(&fx).expect_code(6);
     assert!(r.stderr().contains("cache.tar.zst"), "{}", r.stderr());
-    assert_same_tree(&src, &fx.target);
-    fx.assert_no_leftovers();
+    assert_same_tree(&src, &target(&fx));
+    assert_no_leftovers(&fx);
 }
 
 #[test]
 fn cache_restore_killed_at_any_point_is_completed_by_the_next_run() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let (s1, d1) = chunked(&fx, "1");
     let (s2, d2) = chunked(&fx, "2");
     let both = fx.env.join("both");
@@ -702,7 +679,7 @@ fn cache_restore_killed_at_any_point_is_completed_by_the_next_run() {
     let sums = std::fs::read_to_string(d1.join("SHA256SUMS")).unwrap()
         + &std::fs::read_to_string(d2.join("SHA256SUMS")).unwrap();
     std::fs::write(both.join("SHA256SUMS"), sums).unwrap();
-    fx.push_dir(&both, "tc-cache");
+    push_dir(&fx, &both, "tc-cache");
 
     let points = [
         "restore:fetched",
@@ -711,14 +688,14 @@ fn cache_restore_killed_at_any_point_is_completed_by_the_next_run() {
         "swap:exchanged",
         "restore:installed",
     ];
-    fx.pin("1");
-    fx.restore().ok();
+    pin(&fx, "1");
+    restore(&fx).ok();
     let mut installed = &s1;
     for (i, point) in points.iter().enumerate() {
         // Alternate keys so that every kill interrupts a replacement of a
         // previous install (the first one: a fresh install).
         let (next_src, next_v) = if i % 2 == 0 { (&s2, "2") } else { (&s1, "1") };
-        fx.pin(next_v);
+        pin(&fx, next_v);
         let mut cmd = fx.env.xtask_in("work");
         cmd.args(["cache", "restore", "tc"])
             .env("WARMSTART_TEST_KILL_AT", point);
@@ -736,30 +713,33 @@ fn cache_restore_killed_at_any_point_is_completed_by_the_next_run() {
         } else {
             installed
         };
-        assert_same_tree(before, &fx.target);
-        let j = fx.restore_json();
+        assert_same_tree(before, &target(&fx));
+        let j = restore_json(&fx);
         assert_eq!(j["key"], format!("tc-{next_v}"), "{point}");
         assert_eq!(
             j["state"], "restored",
             "{point}: the next run redoes the work"
         );
-        assert_same_tree(next_src, &fx.target);
-        fx.assert_no_leftovers();
+        assert_same_tree(next_src, &target(&fx));
+        assert_no_leftovers(&fx);
         installed = next_src;
     }
 }
 
 #[test]
 fn cache_restore_killed_from_outside_mid_unpack_is_completed_by_the_next_run() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let src = fx.env.join("src-big");
     small_tree(&src, "big");
     // Enough data that unpacking takes a moment to catch.
     for i in 0..4 {
         crate::util::tree::write_pseudo_random(&src.join(format!("r{i}.bin")), 6_000_000, i);
     }
-    fx.publish(json!({ "chunk_bytes": 1048576, "keys": { "tc-1": key_spec(&src, "1") } }));
-    let parent = fx.target.parent().unwrap().to_path_buf();
+    publish(
+        &fx,
+        json!({ "chunk_bytes": 1048576, "keys": { "tc-1": key_spec(&src, "1") } }),
+    );
+    let parent = target(&fx).parent().unwrap().to_path_buf();
     std::fs::create_dir_all(&parent).unwrap();
     let mut child = fx
         .env
@@ -800,13 +780,13 @@ fn cache_restore_killed_from_outside_mid_unpack_is_completed_by_the_next_run() {
         "never saw the staging directory fill (exit {status:?})"
     );
     assert!(
-        !fx.target.exists(),
+        !target(&fx).exists(),
         "a killed first restore installs nothing"
     );
-    let j = fx.restore_json();
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "restored");
-    assert_same_tree(&src, &fx.target);
-    fx.assert_no_leftovers();
+    assert_same_tree(&src, &target(&fx));
+    assert_no_leftovers(&fx);
 }
 
 /// Starts `n` restores of `cmds` at once and waits for all.
@@ -827,9 +807,9 @@ fn all_at_once(cmds: Vec<Command>) -> Vec<Run> {
 
 #[test]
 fn cache_restore_eight_at_once_into_one_target_does_the_work_once() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let (src, dir) = chunked(&fx, "1");
-    fx.push_dir(&dir, "tc-cache");
+    push_dir(&fx, &dir, "tc-cache");
     let cmds = (0..8)
         .map(|_| {
             let mut c = fx.env.xtask_in("work");
@@ -851,15 +831,15 @@ fn cache_restore_eight_at_once_into_one_target_does_the_work_once() {
             .all(|s| s == "restored" || s == "reused" || s == "warm"),
         "{states:?}"
     );
-    assert_same_tree(&src, &fx.target);
-    fx.assert_no_leftovers();
+    assert_same_tree(&src, &target(&fx));
+    assert_no_leftovers(&fx);
 }
 
 #[test]
 fn cache_restore_eight_at_once_from_one_git_daemon_into_different_targets() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let (src, dir) = chunked(&fx, "1");
-    fx.push_dir(&dir, "tc-cache");
+    push_dir(&fx, &dir, "tc-cache");
     let daemon = crate::util::git_daemon::GitDaemon::start(fx.env.path());
     let url = daemon.url("origin.git");
     // Eight clones, each with its own cache.git and target, all fetching
@@ -871,18 +851,18 @@ fn cache_restore_eight_at_once_from_one_git_daemon_into_different_targets() {
         fx.env
             .git(".", ["clone", "-q", fx.work.to_str().unwrap(), &clone]);
         fx.env.git(&clone, ["remote", "set-url", "origin", &url]);
-        let target = fx.env.join(format!("targets/t{i}"));
+        let own = fx.env.join(format!("targets/t{i}"));
         let dir = fx.env.join(&clone);
         std::fs::copy(fx.work.join("pin.txt"), dir.join("pin.txt")).unwrap();
         std::fs::create_dir_all(dir.join("cache-manifests")).unwrap();
         let text = std::fs::read_to_string(fx.work.join("cache-manifests/tc.toml"))
             .unwrap()
-            .replace(fx.target.to_str().unwrap(), target.to_str().unwrap());
+            .replace(target(&fx).to_str().unwrap(), own.to_str().unwrap());
         std::fs::write(dir.join("cache-manifests/tc.toml"), text).unwrap();
         let mut c = fx.env.xtask_in(&clone);
         c.args(["cache", "restore", "tc", "--json"]);
         cmds.push(c);
-        targets.push(target);
+        targets.push(own);
     }
     for r in all_at_once(cmds) {
         assert_eq!(r.code(), 0, "{}", show(&r.out));
@@ -904,17 +884,23 @@ fn cache_restore_eight_at_once_from_one_git_daemon_into_different_targets() {
 
 #[test]
 fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let prefix = fx.env.join("prefix");
     std::fs::create_dir_all(prefix.join("bin")).unwrap();
     std::fs::write(prefix.join("bin/mine"), "not the cache's").unwrap();
-    fx.manifest_named("tc", &prefix, "merge", "[ready]\npath = \"bin/tool\"\n");
+    manifest_named(
+        &fx,
+        "tc",
+        &prefix,
+        "merge",
+        "[ready]\npath = \"bin/tool\"\n",
+    );
     let src = fx.env.join("src1");
     std::fs::create_dir_all(src.join("bin")).unwrap();
     std::fs::write(src.join("bin/tool"), "#!/bin/sh\n").unwrap();
     std::fs::write(src.join("share.txt"), "shared").unwrap();
-    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
-    let j = fx.restore_json();
+    publish(&fx, json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["mode"], "merge");
     assert_eq!(
@@ -929,10 +915,10 @@ fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
         std::fs::read_to_string(prefix.join("bin/mine")).unwrap(),
         "not the cache's"
     );
-    assert_eq!(fx.restore_json()["state"], "warm");
+    assert_eq!(restore_json(&fx)["state"], "warm");
     // The ready-probe fails when its path is gone: the next run reinstalls.
     std::fs::remove_file(prefix.join("bin/tool")).unwrap();
-    let j = fx.restore_json();
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "restored");
     assert!(
         j["reason"]
@@ -949,10 +935,13 @@ fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
     std::fs::create_dir_all(src2.join("bin")).unwrap();
     std::fs::write(src2.join("bin/tool"), "#!/bin/sh\necho 2\n").unwrap();
     std::fs::write(src2.join("share.txt"), "shared 2").unwrap();
-    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1"), "tc-2": key_spec(&src2, "2") } }));
-    fx.pin("2");
+    publish(
+        &fx,
+        json!({ "keys": { "tc-1": key_spec(&src, "1"), "tc-2": key_spec(&src2, "2") } }),
+    );
+    pin(&fx, "2");
     for point in ["merge:journal-written", "merge:moved-one"] {
-        fx.pin(if point == "merge:moved-one" { "1" } else { "2" });
+        pin(&fx, if point == "merge:moved-one" { "1" } else { "2" });
         let mut cmd = fx.env.xtask_in("work");
         cmd.args(["cache", "restore", "tc"])
             .env("WARMSTART_TEST_KILL_AT", point);
@@ -960,10 +949,10 @@ fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
         let r = run(&mut cmd);
         assert_eq!(r.out.status.signal(), Some(9), "{point}\n{}", show(&r.out));
         assert!(
-            fx.state_dir().join("cache/journals/tc.journal").exists(),
+            state_dir(&fx).join("cache/journals/tc.journal").exists(),
             "{point}"
         );
-        let j = fx.restore_json();
+        let j = restore_json(&fx);
         assert_eq!(j["state"], "restored", "{point}");
         let want = if point == "merge:moved-one" {
             &src
@@ -990,10 +979,10 @@ fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
     }
 
     // A journal that cannot be read is not guessed at: exit 5, named, kept.
-    let journal = fx.state_dir().join("cache/journals/tc.journal");
+    let journal = state_dir(&fx).join("cache/journals/tc.journal");
     std::fs::write(&journal, "not a journal").unwrap();
-    fx.pin("2");
-    let r = fx.restore().expect_code(5);
+    pin(&fx, "2");
+    let r = restore(&fx).expect_code(5);
     assert!(r.stderr().contains("tc.journal"), "{}", r.stderr());
     assert_eq!(std::fs::read_to_string(&journal).unwrap(), "not a journal");
     assert_eq!(
@@ -1004,12 +993,12 @@ fn cache_restore_merge_mode_adds_files_to_a_shared_prefix() {
 
 #[test]
 fn cache_restore_sets_a_corrupt_stamp_aside_and_restores() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let src = fx.env.join("src1");
     small_tree(&src, "one");
-    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
-    fx.restore().ok();
-    let stamp = fx.state_dir().join("cache/stamps/tc.json");
+    publish(&fx, json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
+    restore(&fx).ok();
+    let stamp = state_dir(&fx).join("cache/stamps/tc.json");
     std::fs::write(&stamp, "{ truncated").unwrap();
     let st = json_of(&fx.xtask(&["cache", "status", "--offline", "--json"]).ok());
     assert_eq!(st["caches"][0]["local"]["state"], "corrupt stamp", "{st}");
@@ -1022,24 +1011,24 @@ fn cache_restore_sets_a_corrupt_stamp_aside_and_restores() {
         .filter(|n| n.starts_with("tc.json.corrupt-"))
         .collect();
     assert_eq!(aside.len(), 1, "{aside:?}");
-    assert_eq!(fx.restore_json()["state"], "warm");
-    assert_same_tree(&src, &fx.target);
+    assert_eq!(restore_json(&fx)["state"], "warm");
+    assert_same_tree(&src, &target(&fx));
 }
 
 #[test]
 fn cache_restore_gives_up_busy_when_another_restorer_holds_the_target() {
     use sha2::{Digest, Sha256};
-    let fx = Fx::new();
+    let fx = test_cache();
     let src = fx.env.join("src1");
     small_tree(&src, "one");
-    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
+    publish(&fx, json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
     // Hold the target's lock as another restorer would (flock on the lock
     // file under the state directory, named by the target path's digest).
-    let digest: String = Sha256::digest(fx.target.to_str().unwrap().as_bytes())
+    let digest: String = Sha256::digest(target(&fx).to_str().unwrap().as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let locks = fx.state_dir().join("cache/locks");
+    let locks = state_dir(&fx).join("cache/locks");
     std::fs::create_dir_all(&locks).unwrap();
     let held = std::fs::File::create(locks.join(format!("{}.lock", &digest[..16]))).unwrap();
     held.lock().unwrap();
@@ -1054,20 +1043,20 @@ fn cache_restore_gives_up_busy_when_another_restorer_holds_the_target() {
         "{}",
         r.stderr()
     );
-    assert!(!fx.target.exists());
+    assert!(!target(&fx).exists());
     held.unlock().unwrap();
-    assert_eq!(fx.restore_json()["state"], "restored");
+    assert_eq!(restore_json(&fx)["state"], "restored");
 }
 
 #[test]
 fn cache_list_shows_every_cache_with_local_and_branch_state() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let other = fx.env.join("installed/other");
-    fx.manifest_named("other", &other, "replace", "");
+    manifest_named(&fx, "other", &other, "replace", "");
     let src = fx.env.join("src1");
     small_tree(&src, "one");
-    fx.publish(json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
-    fx.restore().ok();
+    publish(&fx, json!({ "keys": { "tc-1": key_spec(&src, "1") } }));
+    restore(&fx).ok();
     let l = json_of(&fx.xtask(&["cache", "list", "--json"]).ok())["caches"].clone();
     let names: Vec<&str> = l
         .as_array()
@@ -1081,7 +1070,7 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
     assert_eq!(l[1]["remote_state"]["keys"][0]["key"], "tc-1");
     assert_eq!(l[0]["local"]["state"], "not installed");
     // Listing fetched no chunk: cache-meta.git holds metadata only.
-    let meta = fx.state_dir().join("cache-meta.git");
+    let meta = state_dir(&fx).join("cache-meta.git");
     let r = run(Command::new("git").arg("--git-dir").arg(&meta).args([
         "cat-file",
         "--batch-check",
@@ -1112,7 +1101,7 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
     assert_eq!(l[2]["local"]["state"], "installed");
     std::fs::remove_file(fx.work.join("cache-manifests/broken.toml")).unwrap();
     // Offline: no remote column, exit 0 even with the remote gone.
-    std::fs::rename(&fx.remote, fx.env.join("gone.git")).unwrap();
+    std::fs::rename(&fx.origin, fx.env.join("gone.git")).unwrap();
     let l = json_of(&fx.xtask(&["cache", "list", "--offline", "--json"]).ok())["caches"].clone();
     assert_eq!(l[1]["remote_state"], Value::Null);
     let r = fx.xtask(&["cache", "status", "tc"]).expect_code(8);
@@ -1124,12 +1113,12 @@ fn cache_list_shows_every_cache_with_local_and_branch_state() {
 /// boundaries. (The 200 MB case is the one big test in cache_publish.rs.)
 #[test]
 fn cache_restore_round_trips_what_cache_publish_wrote() {
-    let fx = Fx::new();
+    let fx = test_cache();
     let src = fx.work.join("src");
     make_tricky_tree(&src, false);
     crate::util::tree::write_pseudo_random(&src.join("data/random.bin"), 300_000, 3);
-    fx.manifest("[publish]\nchunk_bytes = 65536\n");
-    let url = format!("file://{}", fx.remote.display());
+    manifest(&fx, "[publish]\nchunk_bytes = 65536\n");
+    let url = format!("file://{}", fx.origin.display());
     fx.env.git("work", ["remote", "set-url", "origin", &url]);
     let r = fx
         .xtask(&["cache", "publish", "tc", "--allow-ungated", "--json"])
@@ -1139,14 +1128,14 @@ fn cache_restore_round_trips_what_cache_publish_wrote() {
         published["chunks"].as_array().unwrap().len() >= 4,
         "{published}"
     );
-    let j = fx.restore_json();
+    let j = restore_json(&fx);
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["key"], "tc-1");
-    assert_same_tree(&src, &fx.target);
-    assert_eq!(fx.restore_json()["state"], "warm");
+    assert_same_tree(&src, &target(&fx));
+    assert_eq!(restore_json(&fx)["state"], "warm");
     // The restorer checked the same digest the publisher recorded.
     let stamp: Value = serde_json::from_str(
-        &std::fs::read_to_string(fx.state_dir().join("cache/stamps/tc.json")).unwrap(),
+        &std::fs::read_to_string(state_dir(&fx).join("cache/stamps/tc.json")).unwrap(),
     )
     .unwrap();
     let verify = json_of(&fx.xtask(&["cache", "verify", "tc", "--json"]).ok());

@@ -1,4 +1,4 @@
-//! Restore reuses what the machine has (issue 18): a chunk of a new key
+//! Restore reuses what the machine has: a chunk of a new key
 //! that an earlier key already brought is taken from the chunk store, a
 //! clone that holds the chunk blobs gives them, and only the rest crosses
 //! the network; a stored chunk or a clone's blob that does not hash to its
@@ -7,8 +7,9 @@
 //! `WARMSTART_FETCH_BLOB_LIMIT` makes 20 kB chunks "big", so they are
 //! fetched by id as real chunks are.
 
+use crate::util::fixture::{Fixture, Manifest, json_of};
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
-use crate::util::{Run, TestEnv, run, show};
+use crate::util::{run, show};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -17,84 +18,38 @@ use std::path::{Path, PathBuf};
 const LIMIT: &str = "8k";
 const LIMIT_BYTES: u64 = 8192;
 
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
-    src: PathBuf,
+/// A work repository whose cache `art` packs `src` (a tricky tree plus
+/// 300 kB of noise, in 20 kB chunks) into `restored/art`, with
+/// `origin.git` a bare remote by path.
+fn art_cache() -> Fixture {
+    let fx = Fixture::new().with_var("WARMSTART_FETCH_BLOB_LIMIT", LIMIT);
+    let src = src(&fx);
+    make_tricky_tree(&src, false);
+    write_pseudo_random(&src.join("noise.bin"), 300_000, 5);
+    manifest(&fx, "1");
+    fx
 }
 
-impl Fx {
-    /// A work repository whose cache `art` packs `src` (a tricky tree plus
-    /// 300 kB of noise, in 20 kB chunks) into `restored/art`, with
-    /// `origin.git` a bare remote by path.
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        let remote = env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", remote.to_str().unwrap()],
-        );
-        let src = env.join("src");
-        make_tricky_tree(&src, false);
-        write_pseudo_random(&src.join("noise.bin"), 300_000, 5);
-        let fx = Fx { env, work, src };
-        fx.manifest("1");
-        fx
-    }
+fn src(fx: &Fixture) -> PathBuf {
+    fx.env.join("src")
+}
 
-    /// The manifest, in the publishing repository and in `user`, a
-    /// repository of its own (not a clone: its objects hold no chunk) that
-    /// restores from the same remote.
-    fn manifest(&self, literal: &str) {
-        let user = self.env.join("user");
-        if !user.exists() {
-            self.env.work_repo("user");
-            let remote = self.env.join("origin.git");
-            self.env.git(
-                "user",
-                ["remote", "add", "origin", remote.to_str().unwrap()],
-            );
-        }
-        for repo in [&self.work, &user] {
-            let dir = repo.join("cache-manifests");
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(
-                dir.join("art.toml"),
-                format!(
-                    "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n\n[restore]\npath = \"restored/art\"\n",
-                    self.src.display()
-                ),
-            )
-            .unwrap();
-        }
+/// The manifest, in the publishing repository and in `user`, a
+/// repository of its own (not a clone: its objects hold no chunk) that
+/// restores from the same remote.
+fn manifest(fx: &Fixture, literal: &str) {
+    let user = fx.env.join("user");
+    if !user.exists() {
+        fx.clone_repo("user");
     }
-
-    fn xtask_in(&self, dir: &str, args: &[&str]) -> Run {
-        let mut cmd = self.env.xtask_in(dir);
-        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT).args(args);
-        run(&mut cmd)
-    }
-
-    fn publish(&self) -> Value {
-        json_of(
-            &self
-                .xtask_in("work", &["cache", "publish", "art", "--json"])
-                .ok(),
-        )
-    }
-
-    fn restore_in(&self, dir: &str) -> Value {
-        json_of(
-            &self
-                .xtask_in(dir, &["cache", "restore", "art", "--json"])
-                .ok(),
-        )
+    let m = Manifest::literal(literal, src(fx)).chunk_bytes(20000);
+    for repo in [&fx.work, &user] {
+        m.write(repo, "art");
     }
 }
 
-fn json_of(r: &Run) -> Value {
-    serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
+fn restore_in(fx: &Fixture, dir: &str) -> Value {
+    fx.json_in(dir, &["cache", "restore", "art", "--json"])
 }
 
 /// `(sha256, size)` of each chunk a publish reported.
@@ -135,17 +90,17 @@ fn store_of(repo: &Path) -> PathBuf {
 
 #[test]
 fn cache_reuse_a_new_key_fetches_only_the_chunks_it_does_not_share() {
-    let fx = Fx::new();
-    let one = chunks(&fx.publish());
-    let first = fx.restore_in("user");
+    let fx = art_cache();
+    let one = chunks(&fx.publish("art"));
+    let first = restore_in(&fx, "user");
     assert_eq!(first["state"], "restored", "{first}");
     assert_eq!(first["chunks_reused"], 0, "{first}");
 
     // Key 2: the same tree and one more file at the end of the tar, so
     // that most chunks are byte for byte those of key 1.
-    write_pseudo_random(&fx.src.join("zzzz-late.bin"), 30_000, 9);
-    fx.manifest("2");
-    let two = chunks(&fx.publish());
+    write_pseudo_random(&src(&fx).join("zzzz-late.bin"), 30_000, 9);
+    manifest(&fx, "2");
+    let two = chunks(&fx.publish("art"));
     let had: HashSet<&str> = one.iter().map(|(s, _)| s.as_str()).collect();
     let new: Vec<&(String, u64)> = two
         .iter()
@@ -164,7 +119,7 @@ fn cache_reuse_a_new_key_fetches_only_the_chunks_it_does_not_share() {
     // the shared chunks altogether) stands aside, and every chunk is read:
     // the shared ones from the store.
     std::fs::remove_dir_all(fx.env.join("user/.git/warmstart/cache/installed")).unwrap();
-    let j = fx.restore_in("user");
+    let j = restore_in(&fx, "user");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["key"], "art-2", "{j}");
     assert_eq!(j["files_linked"], 0, "{j}");
@@ -180,9 +135,9 @@ fn cache_reuse_a_new_key_fetches_only_the_chunks_it_does_not_share() {
         .map(|(_, n)| n)
         .sum();
     assert_eq!(grown, new_big_bytes, "{j}");
-    assert_same_tree(&fx.src, &fx.env.join("user/restored/art"));
+    assert_same_tree(&src(&fx), &fx.env.join("user/restored/art"));
     // The summary says it too (again without the delta install).
-    fx.manifest("1");
+    manifest(&fx, "1");
     std::fs::remove_dir_all(fx.env.join("user/.git/warmstart/cache/installed")).unwrap();
     let r = fx.xtask_in("user", &["cache", "restore", "art"]).ok();
     assert!(
@@ -194,9 +149,9 @@ fn cache_reuse_a_new_key_fetches_only_the_chunks_it_does_not_share() {
 
 #[test]
 fn cache_reuse_a_damaged_stored_chunk_is_fetched_again_never_used() {
-    let fx = Fx::new();
-    let all = chunks(&fx.publish());
-    fx.restore_in("user");
+    let fx = art_cache();
+    let all = chunks(&fx.publish("art"));
+    restore_in(&fx, "user");
     let store = store_of(&fx.env.join("user"));
     // Every way a stored chunk can be wrong, each on its own chunk: a
     // flipped byte (same size), and a different file of the same size.
@@ -219,7 +174,7 @@ fn cache_reuse_a_damaged_stored_chunk_is_fetched_again_never_used() {
         Some(all.len() as u64 - 2),
         "{j}"
     );
-    assert_same_tree(&fx.src, &fx.env.join("user/restored/art"));
+    assert_same_tree(&src(&fx), &fx.env.join("user/restored/art"));
     // The store holds the right bytes again.
     for (sha, _) in [bigs[1], bigs[3]] {
         let out = run(std::process::Command::new("sha256sum").arg(store.join(sha)));
@@ -230,7 +185,7 @@ fn cache_reuse_a_damaged_stored_chunk_is_fetched_again_never_used() {
 /// A clone of `origin.git` (which has the cache branch as a branch, so a
 /// plain clone holds every chunk blob) at `name`, with loose objects only
 /// (so that one can be replaced by hand).
-fn full_clone(fx: &Fx, name: &str) -> PathBuf {
+fn full_clone(fx: &Fixture, name: &str) -> PathBuf {
     fx.env.git(
         ".",
         [
@@ -272,15 +227,15 @@ fn full_clone(fx: &Fx, name: &str) -> PathBuf {
 
 /// What a repository's object store and refs are, to see that nothing
 /// changed them.
-fn fingerprint(fx: &Fx, dir: &str) -> (String, u64) {
+fn fingerprint(fx: &Fixture, dir: &str) -> (String, u64) {
     let refs = fx.env.git(dir, ["for-each-ref"]);
     (refs, bytes_under(&fx.env.join(dir).join(".git/objects")))
 }
 
 #[test]
 fn cache_reuse_a_full_clone_gives_its_chunk_blobs_hashed_and_nothing_is_fetched_or_copied() {
-    let fx = Fx::new();
-    let all = chunks(&fx.publish());
+    let fx = art_cache();
+    let all = chunks(&fx.publish("art"));
     fx.env.git("work", ["push", "-q", "origin", "HEAD:main"]);
     let clone = full_clone(&fx, "full");
     let bigs = all.iter().filter(|(_, n)| *n >= LIMIT_BYTES).count() as u64;
@@ -293,13 +248,13 @@ fn cache_reuse_a_full_clone_gives_its_chunk_blobs_hashed_and_nothing_is_fetched_
     assert!(bigs >= 10, "{all:?}");
 
     let before = fingerprint(&fx, "full");
-    let j = fx.restore_in("full");
+    let j = restore_in(&fx, "full");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(j["chunks_fetched"], 0, "{j}");
     assert_eq!(j["chunks_from_clone"].as_u64(), Some(bigs), "{j}");
     // Only a chunk small enough to come with the branch fetch crossed.
     assert_eq!(j["bytes_fetched"].as_u64(), Some(small), "{j}");
-    assert_same_tree(&fx.src, &clone.join("restored/art"));
+    assert_same_tree(&src(&fx), &clone.join("restored/art"));
     // cache.git's objects did not receive the chunks a second time, and
     // the clone itself is exactly as it was.
     let objects = bytes_under(&clone.join(".git/warmstart/cache.git/objects"));
@@ -315,8 +270,8 @@ fn cache_reuse_a_full_clone_gives_its_chunk_blobs_hashed_and_nothing_is_fetched_
 
 #[test]
 fn cache_reuse_a_wrong_blob_in_the_clone_is_never_used() {
-    let fx = Fx::new();
-    let all = chunks(&fx.publish());
+    let fx = art_cache();
+    let all = chunks(&fx.publish("art"));
     fx.env.git("work", ["push", "-q", "origin", "HEAD:main"]);
     let clone = full_clone(&fx, "full");
     // The loose object of one chunk now inflates to other bytes of the
@@ -350,13 +305,13 @@ fn cache_reuse_a_wrong_blob_in_the_clone_is_never_used() {
     std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::fs::write(&loose, z.finish().unwrap()).unwrap();
 
-    let j = fx.restore_in("full");
+    let j = restore_in(&fx, "full");
     assert_eq!(j["state"], "restored", "{j}");
     // That chunk came from the server; every other one from the clone.
     assert_eq!(j["chunks_fetched"], 1, "{j}");
     let bigs = all.iter().filter(|(_, n)| *n >= LIMIT_BYTES).count() as u64;
     assert_eq!(j["chunks_from_clone"].as_u64(), Some(bigs - 1), "{j}");
-    assert_same_tree(&fx.src, &clone.join("restored/art"));
+    assert_same_tree(&src(&fx), &clone.join("restored/art"));
     // And the forged bytes never reached the chunk store.
     let store = store_of(&clone);
     for e in std::fs::read_dir(&store).unwrap().flatten() {

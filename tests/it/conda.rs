@@ -4,7 +4,8 @@
 //! extract` produces; hostile packages are refused naming the entry, with
 //! nothing written outside and the prefix intact; killed runs are completed.
 
-use crate::unpack::{hostile, snapshot_with};
+use crate::unpack::hostile;
+use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, TestEnv, run, show, source_root};
 use std::collections::BTreeMap;
 use std::fs;
@@ -95,8 +96,20 @@ fn assert_matches_cph(env: &TestEnv, pkg: &Path, placeholders: &[(&str, &str, &s
     for (path, mode, placeholder) in placeholders {
         conda_rewrite(mode, placeholder, prefix_str, &theirs.join(path));
     }
-    let ours = snapshot_with(&prefix, false);
-    let expected = snapshot_with(&theirs, false);
+    let ours = snapshot(
+        &prefix,
+        Detail {
+            dir_mtimes: false,
+            ..Detail::EXTRACTED
+        },
+    );
+    let expected = snapshot(
+        &theirs,
+        Detail {
+            dir_mtimes: false,
+            ..Detail::EXTRACTED
+        },
+    );
     // Python's rewrite gives cph's copies a new mtime; ours keep the
     // package's. Compare those files without their mtime.
     let strip = |m: BTreeMap<String, String>| -> BTreeMap<String, String> {
@@ -440,8 +453,8 @@ fn scene(env: &TestEnv) -> Scene {
 fn expect_refusal(env: &TestEnv, pkg: &Path, extra: &[&str], code: i32, needle: &str) -> Run {
     let s = scene(env);
     let before = (
-        snapshot_with(&s.prefix, true),
-        snapshot_with(&s.outside, true),
+        snapshot(&s.prefix, Detail::EXTRACTED),
+        snapshot(&s.outside, Detail::EXTRACTED),
     );
     let hostname = fs::read("/etc/hostname").ok();
     let out = run(env
@@ -465,8 +478,8 @@ fn expect_refusal(env: &TestEnv, pkg: &Path, extra: &[&str], code: i32, needle: 
     );
     assert_eq!(
         (
-            snapshot_with(&s.prefix, true),
-            snapshot_with(&s.outside, true)
+            snapshot(&s.prefix, Detail::EXTRACTED),
+            snapshot(&s.outside, Detail::EXTRACTED)
         ),
         before,
         "a refused package changed the prefix or the outside"
@@ -806,7 +819,7 @@ fn conda_unpack_refuses_a_conflicting_prefix_and_leaves_no_staging() {
     let s = scene(&env);
     // The prefix has a file where the package has a directory.
     fs::write(s.prefix.join("lib"), "a file named lib\n").unwrap();
-    let before = snapshot_with(&s.prefix, true);
+    let before = snapshot(&s.prefix, Detail::EXTRACTED);
     let out = run(env
         .xtask()
         .args(["conda", "unpack"])
@@ -820,7 +833,11 @@ fn conda_unpack_refuses_a_conflicting_prefix_and_leaves_no_staging() {
         "{}",
         out.stderr()
     );
-    assert_eq!(snapshot_with(&s.prefix, true), before, "the prefix changed");
+    assert_eq!(
+        snapshot(&s.prefix, Detail::EXTRACTED),
+        before,
+        "the prefix changed"
+    );
     assert_no_strays(&s.prefix);
 }
 

@@ -1,4 +1,4 @@
-//! Containment (issue 12): two archives that each pass every check must not
+//! Containment: two archives that each pass every check must not
 //! together write outside the target, whatever the target already holds.
 //!
 //! One regression test per escape found, each named after the bug, each
@@ -8,12 +8,12 @@
 //! there. Archives are written by independent tools: Python's tarfile for
 //! packages and `cache_restore/make_branch.py` for cache branches.
 
+use crate::util::http::{HttpServer, reply};
+use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -66,44 +66,14 @@ fn scene(env: &TestEnv) -> Scene {
 impl Scene {
     /// Everything under `s2` but the prefix: kind, mode, mtime, content.
     fn outside(&self) -> BTreeMap<String, String> {
-        let mut all = tree(&self.s2);
+        let mut all = snapshot(&self.s2, Detail::UNTOUCHED);
         all.retain(|k, _| k != "s1/prefix" && !k.starts_with("s1/prefix/"));
         all
     }
 
     fn inside(&self) -> BTreeMap<String, String> {
-        tree(&self.prefix)
+        snapshot(&self.prefix, Detail::UNTOUCHED)
     }
-}
-
-/// Every path under `root` with what it is (directory mtimes left out:
-/// staging beside the prefix changes its parent's).
-fn tree(root: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for e in fs::read_dir(root.join(&rel)).unwrap() {
-            let rel = rel.join(e.unwrap().file_name());
-            let p = root.join(&rel);
-            let m = fs::symlink_metadata(&p).unwrap();
-            let what = if m.file_type().is_symlink() {
-                format!("link -> {}", fs::read_link(&p).unwrap().display())
-            } else if m.is_dir() {
-                stack.push(rel.clone());
-                format!("dir {:o}", m.mode() & 0o7777)
-            } else {
-                format!(
-                    "file {:o} {}.{} {:?}",
-                    m.mode() & 0o7777,
-                    m.mtime(),
-                    m.mtime_nsec(),
-                    fs::read(&p).unwrap()
-                )
-            };
-            out.insert(rel.to_string_lossy().into_owned(), what);
-        }
-    }
-    out
 }
 
 fn package(env: &TestEnv, name: &str, spec: Value) -> PathBuf {
@@ -419,44 +389,12 @@ fn cache_restore_merge_mode_two_keys_escape_the_prefix_through_the_first_keys_sy
     }
 }
 
-/// An HTTP/1.1 server on 127.0.0.1 serving `files` by path, one thread per
-/// connection, until the test process ends.
-fn serve(files: BTreeMap<String, Vec<u8>>) -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let files = files.clone();
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&buf)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_string();
-                let path = line
-                    .split(' ')
-                    .nth(1)
-                    .unwrap_or("/")
-                    .trim_start_matches('/');
-                let _ = match files.get(path) {
-                    Some(body) => conn
-                        .write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).as_bytes())
-                        .and_then(|()| conn.write_all(body)),
-                    None => conn.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
-                };
-            });
-        }
-    });
-    port
+/// The loopback HTTP server serving `files` by path (404 for any other).
+fn serve(files: BTreeMap<String, Vec<u8>>) -> HttpServer {
+    HttpServer::start(move |req, conn| match files.get(req.path()) {
+        Some(body) => reply(conn, 200, body),
+        None => reply(conn, 404, b""),
+    })
 }
 
 #[test]
@@ -474,10 +412,11 @@ fn download_steps_with_unpack_into_escape_the_prefix_through_an_earlier_package(
                 .map(|x| format!("{x:02x}"))
                 .collect::<String>()
         };
-        let port = serve(BTreeMap::from([
+        let server = serve(BTreeMap::from([
             ("first.tar.bz2".to_string(), first.clone()),
             ("second.tar.bz2".to_string(), second.clone()),
         ]));
+        let port = server.port;
         let step = |name: &str, bytes: &[u8]| {
             format!(
                 "[[step]]\nname = \"{name}\"\nkind = \"download\"\nurl = \"http://127.0.0.1:{port}/{name}.tar.bz2\"\nsha256 = \"{}\"\ndest = \"dl/{name}.tar.bz2\"\nunpack_into = \"{}\"\n",

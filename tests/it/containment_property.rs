@@ -20,10 +20,10 @@
 //! number of sequences per resolver, `WARMSTART_CONTAINMENT_SEED` the seed.
 
 use crate::util::rng::Rng;
-use std::collections::BTreeMap;
+use crate::util::tree::{Detail, snapshot};
 use std::fs;
-use std::os::unix::fs::{MetadataExt, symlink};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::symlink;
+use std::path::Path;
 use std::time::Instant;
 use warmstart::exit::{Code, code_of};
 use warmstart::unpack::{self, Limits, MergeOptions, Options};
@@ -151,36 +151,6 @@ fn tar_of(entries: &[Entry]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-/// Every path under `root`: kind, mode, link target, file mtime and bytes
-/// (directory mtimes left out: staging beside the prefix changes its parent's).
-fn tree(root: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for e in fs::read_dir(root.join(&rel)).unwrap() {
-            let rel = rel.join(e.unwrap().file_name());
-            let p = root.join(&rel);
-            let m = fs::symlink_metadata(&p).unwrap();
-            let what = if m.file_type().is_symlink() {
-                format!("link -> {}", fs::read_link(&p).unwrap().display())
-            } else if m.is_dir() {
-                stack.push(rel.clone());
-                format!("dir {:o}", m.mode() & 0o7777)
-            } else {
-                format!(
-                    "file {:o} {}.{} {:?}",
-                    m.mode() & 0o7777,
-                    m.mtime(),
-                    m.mtime_nsec(),
-                    fs::read(&p).unwrap()
-                )
-            };
-            out.insert(rel.to_string_lossy().into_owned(), what);
-        }
-    }
-    out
-}
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
     Merge,
@@ -293,7 +263,7 @@ fn property(walk: bool) {
     .map(|p| p.display().to_string())
     .collect();
     let outside = || {
-        let mut t = tree(&s2);
+        let mut t = snapshot(&s2, Detail::UNTOUCHED);
         t.retain(|k, _| k != "s1/prefix" && !k.starts_with("s1/prefix/"));
         t
     };
@@ -339,7 +309,7 @@ fn property(walk: bool) {
             };
             let writers = *rng.pick(&[None, Some(0)]);
             history.push((mode, a.external, a.entries.clone()));
-            let before = tree(&prefix);
+            let before = snapshot(&prefix, Detail::UNTOUCHED);
             let r = install(a, &prefix, &journal, mode, writers);
             installs += 1;
             let now = outside();
@@ -359,7 +329,7 @@ fn property(walk: bool) {
                     "sequence {seq}: refused after the journal: {e:#}"
                 );
                 assert_eq!(
-                    tree(&prefix),
+                    snapshot(&prefix, Detail::UNTOUCHED),
                     before,
                     "sequence {seq}: a refusal changed the prefix: {e:#}\n{history:#?}"
                 );

@@ -7,15 +7,17 @@
 //! code, leave no child process and no partial chunk file behind, and a
 //! stalled restore resumes from the chunks already stored.
 
+use crate::util::fixture::{Fixture, Manifest};
 use crate::util::git_daemon::GitDaemon;
+use crate::util::http::HttpServer;
 use crate::util::http_backend::HttpGit;
 use crate::util::tree::write_pseudo_random;
-use crate::util::{Run, TestEnv, run, show};
+use crate::util::{Run, run, show};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -25,124 +27,94 @@ const LIMIT: &str = "8k";
 /// The cache's artifact: 200 kB of noise in 20 kB chunks (ten chunks).
 const NOISE: u64 = 200_000;
 
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
+/// A work repository whose cache `art` is published to the bare
+/// `origin.git` (a file remote) and restores into `restored/art`.
+fn published(extra_manifest: &str) -> Fixture {
+    let fx = Fixture::new().with_var("WARMSTART_FETCH_BLOB_LIMIT", LIMIT);
+    let src = fx.env.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write_pseudo_random(&src.join("noise.bin"), NOISE, 7);
+    manifest(&fx, "1", extra_manifest);
+    fx.xtask(&["cache", "publish", "art", "--json"]).ok();
+    // Restores here are a fresh clone's: the publish left every chunk
+    // in this clone's cache.git.
+    fx.forget();
+    fx
 }
 
-impl Fx {
-    /// A work repository whose cache `art` is published to the bare
-    /// `origin.git` (a file remote) and restores into `restored/art`.
-    fn published(extra_manifest: &str) -> Fx {
-        let env = TestEnv::new();
-        let remote = env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", remote.to_str().unwrap()],
-        );
-        let src = env.join("src");
-        std::fs::create_dir_all(&src).unwrap();
-        write_pseudo_random(&src.join("noise.bin"), NOISE, 7);
-        let fx = Fx { env, work };
-        fx.manifest("1", extra_manifest);
-        fx.xtask(&["cache", "publish", "art", "--json"]).ok();
-        // Restores here are a fresh clone's: the publish left every chunk
-        // in this clone's cache.git.
-        std::fs::remove_dir_all(fx.work.join(".git/warmstart")).unwrap();
-        fx
-    }
+fn manifest(fx: &Fixture, literal: &str, extra: &str) {
+    let m = Manifest::literal(literal, fx.env.join("src"))
+        .chunk_bytes(20000)
+        .extra(extra);
+    fx.write_manifest("art", &m);
+}
 
-    fn manifest(&self, literal: &str, extra: &str) {
-        let dir = self.work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("art.toml"),
-            format!(
-                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n\n[restore]\npath = \"restored/art\"\n{extra}",
-                self.env.join("src").display()
-            ),
-        )
-        .unwrap();
-    }
+fn chunks_dir(fx: &Fixture) -> PathBuf {
+    fx.work.join(".git/warmstart/cache.git/chunks")
+}
 
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = self.env.xtask_in("work");
-        cmd.env("WARMSTART_FETCH_BLOB_LIMIT", LIMIT).args(args);
-        cmd
-    }
+/// Partial chunk files left in the chunk store.
+fn partial_files(fx: &Fixture) -> Vec<String> {
+    std::fs::read_dir(chunks_dir(fx))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("tmp-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
-    fn xtask(&self, args: &[&str]) -> Run {
-        run(&mut self.cmd(args))
-    }
+/// git's partial packs in cache.git (`tmp_pack_*` of a killed index-pack).
+fn pack_temp_files(fx: &Fixture) -> Vec<String> {
+    std::fs::read_dir(fx.work.join(".git/warmstart/cache.git/objects/pack"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("tmp_"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
-    fn chunks_dir(&self) -> PathBuf {
-        self.work.join(".git/warmstart/cache.git/chunks")
-    }
-
-    /// Partial chunk files left in the chunk store.
-    fn partial_files(&self) -> Vec<String> {
-        std::fs::read_dir(self.chunks_dir())
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with("tmp-"))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// git's partial packs in cache.git (`tmp_pack_*` of a killed index-pack).
-    fn pack_temp_files(&self) -> Vec<String> {
-        std::fs::read_dir(self.work.join(".git/warmstart/cache.git/objects/pack"))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with("tmp_"))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// Processes still running on this test's behalf: git in this test's
-    /// cache.git, or anything talking to `port`.
-    fn leftovers(&self, port: u16) -> Vec<String> {
-        let mine = self.env.path().to_string_lossy().into_owned();
-        let addr = format!("127.0.0.1:{port}");
-        let mut found = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-            let zombie = std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
-                s.rsplit(')')
-                    .next()
-                    .is_some_and(|r| r.trim_start().starts_with('Z'))
-            });
-            if zombie || cmdline.contains("cargo") || cmdline.contains("nextest") {
-                continue;
-            }
-            if (cmdline.contains(&mine) && cmdline.contains("warmstart/cache"))
-                || cmdline.contains(&addr)
-            {
-                found.push(cmdline);
-            }
+/// Processes still running on this test's behalf: git in this test's
+/// cache.git, or anything talking to `port`.
+fn leftovers(fx: &Fixture, port: u16) -> Vec<String> {
+    let mine = fx.env.path().to_string_lossy().into_owned();
+    let addr = format!("127.0.0.1:{port}");
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        let zombie = std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        });
+        if zombie || cmdline.contains("cargo") || cmdline.contains("nextest") {
+            continue;
         }
-        found
-    }
-
-    /// `leftovers` after giving a stopped group a moment to be reaped.
-    fn assert_no_leftovers(&self, port: u16) {
-        let until = Instant::now() + Duration::from_secs(3);
-        loop {
-            let left = self.leftovers(port);
-            if left.is_empty() {
-                return;
-            }
-            assert!(Instant::now() < until, "processes left behind: {left:#?}");
-            std::thread::sleep(Duration::from_millis(50));
+        if (cmdline.contains(&mine) && cmdline.contains("warmstart/cache"))
+            || cmdline.contains(&addr)
+        {
+            found.push(cmdline);
         }
+    }
+    found
+}
+
+/// `leftovers` after giving a stopped group a moment to be reaped.
+fn assert_no_leftovers(fx: &Fixture, port: u16) {
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = leftovers(fx, port);
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < until, "processes left behind: {left:#?}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -264,7 +236,7 @@ const STALL: [&str; 4] = ["--connect-timeout", "10s", "--stall-timeout", "3s"];
 
 #[test]
 fn silent_servers_end_at_the_connect_deadline_for_every_transport() {
-    let fx = Fx::published("");
+    let fx = published("");
     let silent = Silent::new();
     let port = silent.port();
     for url in [
@@ -292,7 +264,7 @@ fn silent_servers_end_at_the_connect_deadline_for_every_transport() {
                 "{line}"
             );
             assert!(took < Duration::from_secs(20), "{url}: took {took:?}");
-            fx.assert_no_leftovers(port);
+            assert_no_leftovers(&fx, port);
         }
     }
     // Publish fetches the branch first: bounded the same way.
@@ -312,19 +284,19 @@ fn silent_servers_end_at_the_connect_deadline_for_every_transport() {
         "{}",
         show(&r.out)
     );
-    fx.assert_no_leftovers(port);
+    assert_no_leftovers(&fx, port);
     drop(silent);
 }
 
 #[test]
 fn connect_deadline_precedence_is_flag_then_env_then_manifest() {
-    let fx = Fx::published("\n[network]\nconnect_timeout = \"700ms\"\n");
+    let fx = published("\n[network]\nconnect_timeout = \"700ms\"\n");
     let silent = Silent::new();
     let url = format!("git://127.0.0.1:{}/origin.git", silent.port());
     let restore = |extra: &[&str], env: Option<&str>| {
         let mut args = vec!["cache", "restore", "art", "--remote", &url];
         args.extend(extra);
-        let mut cmd = fx.cmd(&args);
+        let mut cmd = fx.command(&args);
         if let Some(v) = env {
             cmd.env("WARMSTART_CONNECT_TIMEOUT", v);
         }
@@ -337,14 +309,14 @@ fn connect_deadline_precedence_is_flag_then_env_then_manifest() {
 
 #[test]
 fn network_settings_that_do_not_parse_are_exit_10_naming_them() {
-    let fx = Fx::published("");
+    let fx = published("");
     let r = fx
         .xtask(&["cache", "restore", "art", "--connect-timeout", "soon"])
         .expect_code(10);
     assert!(one_line(&r).contains("--connect-timeout = \"soon\" is not a duration"));
     for args in [&["cache", "status"][..], &["cache", "list", "--offline"]] {
         // Even where nothing goes to the network: never a silent default.
-        let mut cmd = fx.cmd(args);
+        let mut cmd = fx.command(args);
         cmd.env("WARMSTART_STALL_TIMEOUT", "0s");
         let r = run(&mut cmd).expect_code(10);
         assert!(
@@ -353,14 +325,14 @@ fn network_settings_that_do_not_parse_are_exit_10_naming_them() {
             show(&r.out)
         );
     }
-    fx.manifest("1", "\n[network]\nstall_timeout = \"forever\"\n");
+    manifest(&fx, "1", "\n[network]\nstall_timeout = \"forever\"\n");
     let r = fx.xtask(&["cache", "restore", "art"]).expect_code(10);
     let line = one_line(&r);
     assert!(
         line.contains("art.toml") && line.contains("[network] stall_timeout"),
         "{line}"
     );
-    fx.manifest("1", "\n[network]\nconnect = \"2s\"\n");
+    manifest(&fx, "1", "\n[network]\nconnect = \"2s\"\n");
     let r = fx.xtask(&["cache", "restore", "art"]).expect_code(10);
     assert!(r.stderr().contains("connect"), "{}", show(&r.out));
     let r = fx
@@ -372,7 +344,7 @@ fn network_settings_that_do_not_parse_are_exit_10_naming_them() {
 /// A stalled transfer ends at the stall timeout with the bytes that had
 /// arrived, leaves no partial file and no process, and the next run
 /// fetches only the chunks the stalled one did not store.
-fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
+fn stall_then_resume(fx: &Fixture, upstream: u16, scheme: &str) {
     // Enough for the branch fetch (with the small chunks, warmstart.json
     // and the file index: about 15 kB) and a few chunks, not for all ten.
     let relay = Relay::start(upstream, 80_000);
@@ -390,14 +362,10 @@ fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
         "{line}"
     );
     assert!(took < Duration::from_secs(30), "took {took:?}");
-    assert!(fx.partial_files().is_empty(), "{:?}", fx.partial_files());
-    fx.assert_no_leftovers(relay.port);
+    assert!(partial_files(fx).is_empty(), "{:?}", partial_files(fx));
+    assert_no_leftovers(fx, relay.port);
     assert!(!fx.work.join("restored/art").exists());
-    assert!(
-        fx.pack_temp_files().is_empty(),
-        "{:?}",
-        fx.pack_temp_files()
-    );
+    assert!(pack_temp_files(fx).is_empty(), "{:?}", pack_temp_files(fx));
 
     // Resumed straight from the server: only what is missing is fetched.
     let url = format!("{scheme}://127.0.0.1:{upstream}/origin.git");
@@ -427,21 +395,21 @@ fn stall_then_resume(fx: &Fx, upstream: u16, scheme: &str) {
 
 #[test]
 fn a_transfer_that_stalls_over_http_ends_and_resumes_from_stored_chunks() {
-    let fx = Fx::published("");
+    let fx = published("");
     let http = HttpGit::start(fx.env.path());
     stall_then_resume(&fx, http.port, "http");
 }
 
 #[test]
 fn a_transfer_that_stalls_over_git_daemon_ends_and_resumes() {
-    let fx = Fx::published("");
+    let fx = published("");
     let daemon = GitDaemon::start(fx.env.path());
     stall_then_resume(&fx, daemon.port, "git");
 }
 
 #[test]
 fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks() {
-    let fx = Fx::published("");
+    let fx = published("");
     let http = HttpGit::start(fx.env.path());
     let daemon = GitDaemon::start(fx.env.path());
     // Over HTTP the direct reader writes tmp-* chunk files; over git:// it
@@ -454,12 +422,12 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
     ] {
         let relay = Relay::start(upstream, budget);
         let url = format!("{scheme}://127.0.0.1:{}/origin.git", relay.port);
-        let mut cmd = fx.cmd(&["cache", "restore", "art", "--remote", &url]);
+        let mut cmd = fx.command(&["cache", "restore", "art", "--remote", &url]);
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         // Wait until a chunk is being written (the relay then holds it).
         let until = Instant::now() + Duration::from_secs(20);
-        while fx.partial_files().is_empty() && fx.pack_temp_files().is_empty() {
+        while partial_files(&fx).is_empty() && pack_temp_files(&fx).is_empty() {
             if let Some(status) = child.try_wait().unwrap() {
                 let mut err = String::new();
                 std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
@@ -491,47 +459,43 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
             .unwrap();
         assert_eq!(status.code(), Some(128 + sig), "{err}");
         assert!(err.contains("stopped its git processes"), "{err}");
-        assert!(fx.partial_files().is_empty(), "{:?}", fx.partial_files());
+        assert!(partial_files(&fx).is_empty(), "{:?}", partial_files(&fx));
         assert!(
-            fx.pack_temp_files().is_empty(),
+            pack_temp_files(&fx).is_empty(),
             "{:?}",
-            fx.pack_temp_files()
+            pack_temp_files(&fx)
         );
-        fx.assert_no_leftovers(relay.port);
+        assert_no_leftovers(&fx, relay.port);
     }
 }
 
 /// Answers every request with `code` (and the header that goes with it).
-fn refusing_server(code: u16) -> u16 {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            let mut buf = [0u8; 8192];
-            let _ = s.read(&mut buf);
-            let (reason, header) = match code {
-                401 => ("Unauthorized", "WWW-Authenticate: Basic realm=\"git\"\r\n"),
-                407 => (
-                    "Proxy Authentication Required",
-                    "Proxy-Authenticate: Basic realm=\"proxy\"\r\n",
-                ),
-                _ => ("Forbidden", ""),
-            };
-            let _ = write!(
-                s,
-                "HTTP/1.1 {code} {reason}\r\n{header}Content-Length: 0\r\nConnection: close\r\n\r\n"
-            );
-        }
-    });
-    port
+fn refusing_server(code: u16) -> HttpServer {
+    HttpServer::start(move |_, s| {
+        let (reason, header) = match code {
+            401 => ("Unauthorized", "WWW-Authenticate: Basic realm=\"git\"\r\n"),
+            407 => (
+                "Proxy Authentication Required",
+                "Proxy-Authenticate: Basic realm=\"proxy\"\r\n",
+            ),
+            _ => ("Forbidden", ""),
+        };
+        let _ = write!(
+            s,
+            "HTTP/1.1 {code} {reason}\r\n{header}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+    })
 }
 
 #[test]
 fn refused_credentials_are_exit_13_with_gits_cause() {
-    let fx = Fx::published("");
-    let port401 = refusing_server(401);
-    let port403 = refusing_server(403);
-    let port407 = refusing_server(407);
+    let fx = published("");
+    let (s401, s403, s407) = (
+        refusing_server(401),
+        refusing_server(403),
+        refusing_server(407),
+    );
+    let (port401, port403, port407) = (s401.port, s403.port, s407.port);
     let cases = [
         // No credentials: git would prompt on a terminal; warmstart never lets it.
         (
@@ -556,7 +520,7 @@ fn refused_credentials_are_exit_13_with_gits_cause() {
         ),
     ];
     for (url, proxy, cause) in cases {
-        let mut cmd = fx.cmd(&["cache", "restore", "art", "--remote", &url]);
+        let mut cmd = fx.command(&["cache", "restore", "art", "--remote", &url]);
         cmd.env_remove("GIT_TERMINAL_PROMPT")
             .env_remove("no_proxy")
             .env_remove("NO_PROXY");
@@ -573,7 +537,7 @@ fn refused_credentials_are_exit_13_with_gits_cause() {
     }
     // gates fetch is classified the same way.
     let url = format!("http://user:wrong@127.0.0.1:{port401}/origin.git");
-    let mut cmd = fx.cmd(&["gates", "fetch", &url]);
+    let mut cmd = fx.command(&["gates", "fetch", &url]);
     cmd.env_remove("GIT_TERMINAL_PROMPT");
     let r = run(&mut cmd);
     // gates fetch needs a commit: the work repo has one.
@@ -582,12 +546,12 @@ fn refused_credentials_are_exit_13_with_gits_cause() {
 
 #[test]
 fn a_push_refused_by_branch_protection_names_the_rule_and_the_setting() {
-    let fx = Fx::published("");
+    let fx = published("");
     fx.env.git(
         "origin.git",
         ["config", "receive.denyNonFastForwards", "true"],
     );
-    fx.manifest("2", "");
+    manifest(&fx, "2", "");
     let r = fx.xtask(&["cache", "publish", "art"]).expect_code(8);
     let line = one_line(&r);
     assert!(
@@ -605,7 +569,7 @@ fn a_push_refused_by_branch_protection_names_the_rule_and_the_setting() {
 
 #[test]
 fn the_direct_reader_says_why_it_was_skipped() {
-    let fx = Fx::published("");
+    let fx = published("");
     let daemon = GitDaemon::start(fx.env.path());
     let url = daemon.url("origin.git");
     let j = json_of(
@@ -621,7 +585,7 @@ fn the_direct_reader_says_why_it_was_skipped() {
 /// cache manifest's `[network]` table, and `--connect-timeout` above both.
 #[test]
 fn machine_restore_bounds_freshness_and_cache_steps_by_their_tables_and_the_flag() {
-    let fx = Fx::published("\n[network]\nconnect_timeout = \"1500ms\"\n");
+    let fx = published("\n[network]\nconnect_timeout = \"1500ms\"\n");
     let silent = Silent::new();
     let url = format!("git://127.0.0.1:{}/origin.git", silent.port());
     fx.env.git("work", ["remote", "set-url", "origin", &url]);
@@ -654,7 +618,7 @@ fn machine_restore_bounds_freshness_and_cache_steps_by_their_tables_and_the_flag
         serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)));
     assert!(what(&v, "fresh").contains("after 700ms"), "{v:#}");
     assert!(what(&v, "art").contains("after 700ms"), "{v:#}");
-    fx.assert_no_leftovers(silent.port());
+    assert_no_leftovers(&fx, silent.port());
     // gates push and fetch are bounded the same way.
     let mut args = vec!["gates", "fetch", &url];
     args.extend(FAST);
@@ -669,7 +633,7 @@ fn machine_restore_bounds_freshness_and_cache_steps_by_their_tables_and_the_flag
 /// flag reaches it (as the environment, which still beats the manifest).
 #[test]
 fn the_background_worker_keeps_the_flags_deadline() {
-    let fx = Fx::published("\n[network]\nconnect_timeout = \"20s\"\n");
+    let fx = published("\n[network]\nconnect_timeout = \"20s\"\n");
     let silent = Silent::new();
     let url = format!("git://127.0.0.1:{}/origin.git", silent.port());
     fx.env.git("work", ["remote", "set-url", "origin", &url]);
@@ -700,7 +664,7 @@ fn the_background_worker_keeps_the_flags_deadline() {
         what.contains("timed out connecting to") && what.contains("after 800ms"),
         "{what}"
     );
-    fx.assert_no_leftovers(silent.port());
+    assert_no_leftovers(&fx, silent.port());
 }
 
 /// A push that stalls mid-pack (the relay stops forwarding what the client
@@ -708,11 +672,11 @@ fn the_background_worker_keeps_the_flags_deadline() {
 /// the remote branch as it was.
 #[test]
 fn a_publish_whose_push_stalls_ends_and_changes_nothing() {
-    let fx = Fx::published("");
+    let fx = published("");
     let daemon = GitDaemon::start(fx.env.path());
     // New bytes: the push has about 200 kB to send.
     write_pseudo_random(&fx.env.join("src/noise.bin"), NOISE, 8);
-    fx.manifest("2", "");
+    manifest(&fx, "2", "");
     let relay = Relay::start_limiting(daemon.port, 30_000, true);
     let url = format!("git://127.0.0.1:{}/origin.git", relay.port);
     let mut args = vec!["cache", "publish", "art", "--remote", &url];
@@ -725,7 +689,7 @@ fn a_publish_whose_push_stalls_ends_and_changes_nothing() {
         "{line}"
     );
     assert!(start.elapsed() < Duration::from_secs(30));
-    fx.assert_no_leftovers(relay.port);
+    assert_no_leftovers(&fx, relay.port);
     let j = fx
         .env
         .git("origin.git", ["show", "art-cache:warmstart.json"]);

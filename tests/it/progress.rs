@@ -4,92 +4,65 @@
 //! bytes and its tar size; with stderr in a file, no command draws a `\r`
 //! or an escape sequence. A real published cache on a bare remote.
 
+use crate::util::fixture::{Fixture, Manifest};
+use crate::util::show;
 use crate::util::tree::write_pseudo_random;
-use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
-use std::path::PathBuf;
+
 use std::process::{Command, Stdio};
 
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
+/// A work clone of `origin.git` with an `art` cache of 3 MB of noise
+/// (several chunks), published.
+fn published() -> Fixture {
+    let fx = Fixture::new();
+    let src = fx.env.join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    write_pseudo_random(&src.join("noise.bin"), 2_000_000, 7);
+    write_pseudo_random(&src.join("sub/more.bin"), 1_000_000, 8);
+    std::fs::write(src.join("hello.txt"), "hello\n").unwrap();
+    let m = Manifest::literal("1", &src).cache("").chunk_bytes(700000);
+    fx.write_manifest("art", &m);
+    fx.xtask(&["cache", "publish", "art"]).ok();
+    fx
 }
 
-impl Fx {
-    /// A work clone of `origin.git` with an `art` cache of 3 MB of noise
-    /// (several chunks), published.
-    fn published() -> Fx {
-        let env = TestEnv::new();
-        let remote = env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git(
-            "work",
-            ["remote", "add", "origin", remote.to_str().unwrap()],
-        );
-        let src = env.join("src");
-        std::fs::create_dir_all(src.join("sub")).unwrap();
-        write_pseudo_random(&src.join("noise.bin"), 2_000_000, 7);
-        write_pseudo_random(&src.join("sub/more.bin"), 1_000_000, 8);
-        std::fs::write(src.join("hello.txt"), "hello\n").unwrap();
-        let dir = work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("art.toml"),
-            format!(
-                "[cache]\n\n[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 700000\n\n[restore]\npath = \"restored/art\"\n",
-                src.display()
-            ),
-        )
-        .unwrap();
-        let fx = Fx { env, work };
-        fx.xtask(&["cache", "publish", "art"]).ok();
-        fx
-    }
+/// The branch's own record of the key: (compressed bytes, tar bytes).
+fn sizes(fx: &Fixture) -> (u64, u64) {
+    let text = fx.origin_git(&["show", "art-cache:warmstart.json"]);
+    let m: Value = serde_json::from_str(&text).unwrap();
+    let keys = m["keys"].as_object().unwrap();
+    assert_eq!(keys.len(), 1, "{m}");
+    let k = keys.values().next().unwrap();
+    let chunks = k["chunks"].as_array().unwrap();
+    assert!(chunks.len() >= 3, "several chunks: {m}");
+    let compressed = chunks.iter().map(|c| c["size"].as_u64().unwrap()).sum();
+    (compressed, k["tar_size"].as_u64().unwrap())
+}
 
-    fn xtask(&self, args: &[&str]) -> Run {
-        run(self.env.xtask_in("work").args(args))
-    }
-
-    /// The branch's own record of the key: (compressed bytes, tar bytes).
-    fn sizes(&self) -> (u64, u64) {
-        let text = self
-            .env
-            .git("origin.git", ["show", "art-cache:warmstart.json"]);
-        let m: Value = serde_json::from_str(&text).unwrap();
-        let keys = m["keys"].as_object().unwrap();
-        assert_eq!(keys.len(), 1, "{m}");
-        let k = keys.values().next().unwrap();
-        let chunks = k["chunks"].as_array().unwrap();
-        assert!(chunks.len() >= 3, "several chunks: {m}");
-        let compressed = chunks.iter().map(|c| c["size"].as_u64().unwrap()).sum();
-        (compressed, k["tar_size"].as_u64().unwrap())
-    }
-
-    /// Runs the binary with `args` on a pseudo-terminal and returns all it
-    /// drew there (stdout and stderr, as a terminal would show them).
-    fn on_a_terminal(&self, args: &[&str]) -> String {
-        assert!(
-            which("script"),
-            "util-linux `script` is needed (apt-get install bsdutils)"
-        );
-        let bin = crate::util::bin();
-        let line = std::iter::once(bin.to_str().unwrap())
-            .chain(args.iter().copied())
-            .collect::<Vec<_>>()
-            .join(" ");
-        assert!(!line.contains(['\'', '"', '$', '\\']), "{line}");
-        let log = self.env.join("typescript");
-        let mut cmd = Command::new("script");
-        self.env.isolate(&mut cmd);
-        cmd.current_dir(&self.work)
-            .env("TERM", "xterm")
-            .args(["--quiet", "--return", "--command", &line])
-            .arg(&log)
-            .stdout(Stdio::null());
-        let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{}", show(&out));
-        String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned()
-    }
+/// Runs the binary with `args` on a pseudo-terminal and returns all it
+/// drew there (stdout and stderr, as a terminal would show them).
+fn on_a_terminal(fx: &Fixture, args: &[&str]) -> String {
+    assert!(
+        which("script"),
+        "util-linux `script` is needed (apt-get install bsdutils)"
+    );
+    let bin = crate::util::bin();
+    let line = std::iter::once(bin.to_str().unwrap())
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(!line.contains(['\'', '"', '$', '\\']), "{line}");
+    let log = fx.env.join("typescript");
+    let mut cmd = Command::new("script");
+    fx.env.isolate(&mut cmd);
+    cmd.current_dir(&fx.work)
+        .env("TERM", "xterm")
+        .args(["--quiet", "--return", "--command", &line])
+        .arg(&log)
+        .stdout(Stdio::null());
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned()
 }
 
 fn which(tool: &str) -> bool {
@@ -100,14 +73,14 @@ fn which(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Regression (issue 14): the fetch spinner drew an empty full-width bar
+/// Regression: the fetch spinner drew an empty full-width bar
 /// without its message, and the restore bar, labelled `verifying`, had
 /// twice the download as its total (so twice its rate).
 #[test]
 fn progress_on_a_terminal_shows_the_spinner_message_and_true_totals() {
-    let fx = Fx::published();
-    let (compressed, tar) = fx.sizes();
-    let drawn = fx.on_a_terminal(&["cache", "restore", "art"]);
+    let fx = published();
+    let (compressed, tar) = sizes(&fx);
+    let drawn = on_a_terminal(&fx, &["cache", "restore", "art"]);
     assert!(
         drawn.contains("fetching art-cache from origin"),
         "{drawn:?}"
@@ -135,7 +108,7 @@ fn progress_on_a_terminal_shows_the_spinner_message_and_true_totals() {
     // A publish of new bytes: pack with an ETA, push with bytes and a rate
     // (it showed only a percentage).
     write_pseudo_random(&fx.env.join("src/noise.bin"), 2_000_000, 9);
-    let drawn = fx.on_a_terminal(&["cache", "publish", "art"]);
+    let drawn = on_a_terminal(&fx, &["cache", "publish", "art"]);
     let pack = line_with_in(&drawn, "   pack [");
     assert!(pack.contains(", eta "), "{pack:?}");
     let push = line_with_in(&drawn, "   push [");
@@ -155,7 +128,7 @@ fn line_with_in(drawn: &str, label: &str) -> String {
 /// sequence, from any command that has bars or spinners.
 #[test]
 fn progress_draws_nothing_when_stderr_is_a_file() {
-    let fx = Fx::published();
+    let fx = published();
     std::fs::write(
         fx.work.join("cache-manifests/restore.toml"),
         "[[step]]\nname = \"art\"\nkind = \"cache\"\ncache = \"art\"\n",

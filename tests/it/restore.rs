@@ -5,13 +5,14 @@
 //! can also stall or act as a proxy. Timeouts in the manifests are short so
 //! the failure paths finish in seconds.
 
+use crate::util::http::{HttpServer, reply};
+use crate::util::tree::files_with_mtimes;
 use crate::util::{Run, TestEnv, run};
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 fn manifest(env: &TestEnv, repo: &str, text: &str) {
@@ -79,25 +80,6 @@ fn count_lines(path: &Path) -> usize {
 
 fn git_dir_state(env: &TestEnv, repo: &str) -> PathBuf {
     env.join(repo).join(".git/warmstart")
-}
-
-/// Every file under the state directory with its bytes and mtime: a warm run must change none.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let m = std::fs::metadata(&p).unwrap().modified().unwrap();
-                out.push((p.clone(), std::fs::read(&p).unwrap(), m));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 // ---------------------------------------------------------------- submodules
@@ -174,10 +156,10 @@ sentinel = [
     );
 
     // Warm: nothing runs, nothing in the state directory changes.
-    let before = snapshot(&git_dir_state(&env, "box"));
+    let before = files_with_mtimes(&git_dir_state(&env, "box"));
     let (v, _) = restore_json(&env, "box", &[]);
     assert_eq!(state(&v, "suites"), "warm", "{v:#}");
-    assert_eq!(before, snapshot(&git_dir_state(&env, "box")));
+    assert_eq!(before, files_with_mtimes(&git_dir_state(&env, "box")));
 
     // A sentinel deleted inside an initialised submodule: reported, restore goes on.
     std::fs::remove_file(&sentinel_b).unwrap();
@@ -454,6 +436,7 @@ expect = '^tool 3\.'
 
 // ------------------------------------------------------------------ download
 
+/// How the test server answers every download request.
 #[derive(Clone)]
 enum Behave {
     Serve(Vec<u8>),
@@ -463,107 +446,22 @@ enum Behave {
     Refuse,
 }
 
-/// An HTTP/1.1 server on 127.0.0.1 in this process; stops when dropped.
-struct Server {
-    port: u16,
-    hits: Arc<AtomicUsize>,
-    requests: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(behave: Behave) -> Server {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hits = Arc::new(AtomicUsize::new(0));
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (h, q, s) = (hits.clone(), requests.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !s.load(Ordering::SeqCst) && Instant::now() < deadline {
-                match listener.accept() {
-                    Ok((conn, _)) => {
-                        h.fetch_add(1, Ordering::SeqCst);
-                        let (q, s, b) = (q.clone(), s.clone(), behave.clone());
-                        std::thread::spawn(move || serve(conn, b, q, s));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        Server {
-            port,
-            hits,
-            requests,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}/{path}", self.port)
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve(
-    mut conn: TcpStream,
-    behave: Behave,
-    requests: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-) {
-    conn.set_nonblocking(false).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let first = String::from_utf8_lossy(&buf)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string();
-    requests.lock().unwrap().push(first);
-    match behave {
-        Behave::Serve(body) => {
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(head.as_bytes());
-            let _ = conn.write_all(&body);
-        }
+/// The loopback HTTP server answering as `behave` says.
+fn serving(behave: Behave) -> HttpServer {
+    HttpServer::start(move |req, conn| match &behave {
+        Behave::Serve(body) => reply(conn, 200, body),
         Behave::Stall => {
             let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\npartial");
             let _ = conn.flush();
             let until = Instant::now() + Duration::from_secs(20);
-            while !stop.load(Ordering::SeqCst) && Instant::now() < until {
+            while !req.stop.load(Ordering::SeqCst) && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
         Behave::Refuse => {
             let _ = conn.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
         }
-    }
+    })
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -596,7 +494,7 @@ fn restore_download_installs_once_and_refuses_a_wrong_pin() {
     let env = TestEnv::new();
     env.work_repo("r");
     let v1 = b"#!/bin/sh\necho tool v1\n".to_vec();
-    let server = Server::start(Behave::Serve(v1.clone()));
+    let server = serving(Behave::Serve(v1.clone()));
     manifest(
         &env,
         "r",
@@ -673,7 +571,7 @@ fn restore_download_unpacks_a_conda_package_into_its_prefix_once() {
     let fixture =
         crate::util::source_root().join("tests/fixtures/conda/wsfixture-1.2.3-h0_0.conda");
     let bytes = std::fs::read(&fixture).unwrap();
-    let server = Server::start(Behave::Serve(bytes.clone()));
+    let server = serving(Behave::Serve(bytes.clone()));
     let prefix = env.join("opt/ws");
     let step = |sha: &str| {
         format!(
@@ -715,7 +613,7 @@ fn restore_download_unpacks_a_conda_package_into_its_prefix_once() {
     let env2 = TestEnv::new();
     env2.work_repo("r");
     let junk = b"not a package\n".to_vec();
-    let server2 = Server::start(Behave::Serve(junk.clone()));
+    let server2 = serving(Behave::Serve(junk.clone()));
     let prefix2 = env2.join("opt/ws");
     manifest(
         &env2,
@@ -746,7 +644,7 @@ fn restore_download_unpacks_a_conda_package_into_its_prefix_once() {
 fn restore_download_stall_times_out_retries_and_fails_clearly() {
     let env = TestEnv::new();
     env.work_repo("r");
-    let server = Server::start(Behave::Stall);
+    let server = serving(Behave::Stall);
     manifest(
         &env,
         "r",
@@ -779,7 +677,7 @@ fn restore_download_stall_times_out_retries_and_fails_clearly() {
 fn restore_download_honours_proxy_variables() {
     let env = TestEnv::new();
     env.work_repo("r");
-    let proxy = Server::start(Behave::Refuse);
+    let proxy = serving(Behave::Refuse);
     manifest(
         &env,
         "r",
@@ -802,7 +700,7 @@ fn restore_download_honours_proxy_variables() {
         assert!(r.stdout().contains("failed-open"), "{}", r.stdout());
     }
     assert_eq!(
-        *proxy.requests.lock().unwrap(),
+        proxy.requests(),
         [
             "CONNECT 127.0.0.1:9 HTTP/1.1",
             "CONNECT 127.0.0.1:9 HTTP/1.1"

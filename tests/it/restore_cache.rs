@@ -2,16 +2,10 @@
 //! binary to a bare remote, restored through restore.toml (cold, warm with the
 //! remote gone, key change, missing branch fail-open and `--strict`).
 
-use crate::util::{Run, TestEnv, run};
+use crate::util::fixture::{Fixture, Manifest, Serve};
+use crate::util::tree::files_with_mtimes;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-
-struct Fx {
-    env: TestEnv,
-    work: PathBuf,
-    remote: PathBuf,
-    target: PathBuf,
-}
 
 const RESTORE_TOML: &str = r#"[[step]]
 name = "bin"
@@ -25,84 +19,51 @@ run = "touch after-marker"
 creates = "after-marker"
 "#;
 
-impl Fx {
-    /// A work repository with a tiny ungated cache manifest `tc` (key from
-    /// pin.txt) and a restore.toml with a cache step, and an empty origin.
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        let remote = env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        let target = env.join("installed");
-        let url = format!("file://{}", remote.display());
-        env.git(&work, ["remote", "add", "origin", &url]);
-        write(
-            &work.join("cache-manifests/tc.toml"),
-            &format!(
-                r#"[cache]
-branch = "tc-cache"
-description = "test cache"
+/// A work repository with a tiny ungated cache manifest `tc` (key from
+/// pin.txt) and a restore.toml with a cache step, and an empty origin
+/// (a `file://` URL).
+fn ungated_cache() -> Fixture {
+    let fx = Fixture::serve(Serve::FileUrl);
+    let m = Manifest::pinned("pin.txt", "payload")
+        .cache("branch = \"tc-cache\"\ndescription = \"test cache\"")
+        .restore_path(target(&fx))
+        .restore_line("mode = \"replace\"")
+        .extra("\n[ready]\npath = \"hello.txt\"\n");
+    fx.write_manifest("tc", &m);
+    fx.write("cache-manifests/restore.toml", RESTORE_TOML);
+    fx.write(".gitignore", "after-marker\n");
+    set_version(&fx, "1");
+    fx
+}
 
-[[key]]
-name = "v"
-regex = {{ file = "pin.txt", pattern = 'v=(\S+)' }}
+fn target(fx: &Fixture) -> PathBuf {
+    fx.env.join("installed")
+}
 
-[pack]
-root = "payload"
+/// Moves the key to `v` and the payload with it, committed.
+fn set_version(fx: &Fixture, v: &str) {
+    fx.write("pin.txt", &format!("v={v}\n"));
+    fx.write("payload/hello.txt", &format!("hello {v}\n"));
+    fx.env.git(&fx.work, ["add", "-A"]);
+    fx.env
+        .git(&fx.work, ["commit", "-q", "-m", &format!("v{v}")]);
+}
 
-[restore]
-path = "{}"
-mode = "replace"
+fn publish(fx: &Fixture) {
+    fx.xtask(&["cache", "publish", "tc", "--allow-ungated", "--quiet"])
+        .ok();
+}
 
-[ready]
-path = "hello.txt"
-"#,
-                target.display()
-            ),
-        );
-        write(&work.join("cache-manifests/restore.toml"), RESTORE_TOML);
-        write(&work.join(".gitignore"), "after-marker\n");
-        let fx = Fx {
-            env,
-            work,
-            remote,
-            target,
-        };
-        fx.set_version("1");
-        fx
-    }
+fn restore_json(fx: &Fixture, extra: &[&str]) -> Value {
+    let mut args = vec!["restore", "--json"];
+    args.extend_from_slice(extra);
+    let r = fx.xtask(&args).ok();
+    serde_json::from_str(&r.stdout())
+        .unwrap_or_else(|e| panic!("--json output is JSON ({e}):\n{}", r.stdout()))
+}
 
-    /// Moves the key to `v` and the payload with it, committed.
-    fn set_version(&self, v: &str) {
-        write(&self.work.join("pin.txt"), &format!("v={v}\n"));
-        write(
-            &self.work.join("payload/hello.txt"),
-            &format!("hello {v}\n"),
-        );
-        self.env.git(&self.work, ["add", "-A"]);
-        self.env
-            .git(&self.work, ["commit", "-q", "-m", &format!("v{v}")]);
-    }
-
-    fn xtask(&self, args: &[&str]) -> Run {
-        run(self.env.xtask_in(&self.work).args(args))
-    }
-
-    fn publish(&self) {
-        self.xtask(&["cache", "publish", "tc", "--allow-ungated", "--quiet"])
-            .ok();
-    }
-
-    fn restore_json(&self, extra: &[&str]) -> Value {
-        let mut args = vec!["restore", "--json"];
-        args.extend_from_slice(extra);
-        let r = self.xtask(&args).ok();
-        serde_json::from_str(&r.stdout())
-            .unwrap_or_else(|e| panic!("--json output is JSON ({e}):\n{}", r.stdout()))
-    }
-
-    fn state_dir(&self) -> PathBuf {
-        self.work.join(".git/warmstart")
-    }
+fn state_dir(fx: &Fixture) -> PathBuf {
+    fx.work.join(".git/warmstart")
 }
 
 fn write(path: &Path, text: &str) {
@@ -128,33 +89,10 @@ fn table_line(stdout: &str, step: &str) -> String {
         .to_string()
 }
 
-/// Every file under `dir` with its bytes and mtime: a warm run changes none.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten() {
-            let p = e.unwrap().path();
-            let meta = std::fs::symlink_metadata(&p).unwrap();
-            if meta.is_dir() {
-                stack.push(p);
-            } else if meta.is_file() {
-                out.push((
-                    p.clone(),
-                    std::fs::read(&p).unwrap(),
-                    meta.modified().unwrap(),
-                ));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn restore_cache_step_cold_then_warm_offline_then_key_change() {
-    let fx = Fx::new();
-    fx.publish();
+    let fx = ungated_cache();
+    publish(&fx);
 
     // Cold: restored through the cache module, and the table says so.
     let cold = fx.xtask(&["restore"]).ok();
@@ -167,18 +105,18 @@ fn restore_cache_step_cold_then_warm_offline_then_key_change() {
         );
     }
     assert_eq!(
-        std::fs::read_to_string(fx.target.join("hello.txt")).unwrap(),
+        std::fs::read_to_string(target(&fx).join("hello.txt")).unwrap(),
         "hello 1\n"
     );
     assert!(fx.work.join("after-marker").exists(), "the next step ran");
-    assert!(fx.state_dir().join("logs/bin.log").is_file());
+    assert!(state_dir(&fx).join("logs/bin.log").is_file());
 
     // Warm, with the remote gone: a no-op that needs no network and leaves
     // no trace in the state directory (logs, stamps, state file, cache.git).
-    let before = snapshot(&fx.state_dir());
+    let before = files_with_mtimes(&state_dir(&fx));
     let away = fx.env.join("origin-away.git");
-    std::fs::rename(&fx.remote, &away).unwrap();
-    let warm = fx.restore_json(&[]);
+    std::fs::rename(&fx.origin, &away).unwrap();
+    let warm = restore_json(&fx, &[]);
     let bin = row(&warm, "bin");
     assert_eq!(bin["state"], "warm", "{warm:#}");
     assert_eq!(bin["source"], "tc-cache @ origin");
@@ -188,20 +126,24 @@ fn restore_cache_step_cold_then_warm_offline_then_key_change() {
     );
     assert!(bin["last_cold_ms"].as_u64().is_some(), "{bin}");
     assert_eq!(warm["all_steps_ok"], true);
-    assert_eq!(snapshot(&fx.state_dir()), before, "a warm run wrote state");
+    assert_eq!(
+        files_with_mtimes(&state_dir(&fx)),
+        before,
+        "a warm run wrote state"
+    );
     let text = fx.xtask(&["restore"]).ok();
     assert!(
         table_line(&text.stdout(), "bin").contains("warm"),
         "{}",
         text.stdout()
     );
-    assert_eq!(snapshot(&fx.state_dir()), before);
-    std::fs::rename(&away, &fx.remote).unwrap();
+    assert_eq!(files_with_mtimes(&state_dir(&fx)), before);
+    std::fs::rename(&away, &fx.origin).unwrap();
 
     // A key change restores the new key.
-    fx.set_version("2");
-    fx.publish();
-    let again = fx.restore_json(&[]);
+    set_version(&fx, "2");
+    publish(&fx);
+    let again = restore_json(&fx, &[]);
     let bin = row(&again, "bin");
     assert_eq!(bin["state"], "done", "{again:#}");
     assert!(
@@ -209,15 +151,15 @@ fn restore_cache_step_cold_then_warm_offline_then_key_change() {
         "{bin}"
     );
     assert_eq!(
-        std::fs::read_to_string(fx.target.join("hello.txt")).unwrap(),
+        std::fs::read_to_string(target(&fx).join("hello.txt")).unwrap(),
         "hello 2\n"
     );
-    assert_eq!(row(&fx.restore_json(&[]), "bin")["state"], "warm");
+    assert_eq!(row(&restore_json(&fx, &[]), "bin")["state"], "warm");
 }
 
 #[test]
 fn restore_cache_step_missing_branch_fails_open_and_strict_makes_it_fatal() {
-    let fx = Fx::new();
+    let fx = ungated_cache();
     // Nothing published: origin has no tc-cache branch.
     let r = fx.xtask(&["restore"]).ok();
     let lines: Vec<_> = r.stderr().lines().map(str::to_string).collect();
@@ -231,7 +173,7 @@ fn restore_cache_step_missing_branch_fails_open_and_strict_makes_it_fatal() {
     );
     assert!(table_line(&r.stdout(), "bin").contains("failed-open"));
     assert!(fx.work.join("after-marker").exists(), "the rest went on");
-    assert!(!fx.target.exists(), "nothing installed");
+    assert!(!target(&fx).exists(), "nothing installed");
 
     std::fs::remove_file(fx.work.join("after-marker")).unwrap();
     let strict = fx.xtask(&["restore", "--strict"]).expect_code(11);
@@ -254,12 +196,12 @@ fn restore_cache_step_missing_branch_fails_open_and_strict_makes_it_fatal() {
 
 #[test]
 fn restore_cache_step_with_a_bad_manifest_name_fails_open_naming_the_file() {
-    let fx = Fx::new();
+    let fx = ungated_cache();
     write(
         &fx.work.join("cache-manifests/restore.toml"),
         &RESTORE_TOML.replace("cache = \"tc\"", "cache = \"nope\""),
     );
-    let v = fx.restore_json(&[]);
+    let v = restore_json(&fx, &[]);
     let bin = row(&v, "bin");
     assert_eq!(bin["state"], "failed-open", "{v:#}");
     assert_eq!(bin["source"], "cache-manifests/nope.toml");

@@ -5,15 +5,13 @@
 //! test, real submodules from bare repositories, a freshness step pulling
 //! from a real origin, and a cache restored over `git daemon` on 127.0.0.1.
 
+use crate::cache_keys as keys;
 use crate::util::git_daemon::GitDaemon;
+use crate::util::http::{HttpServer, reply};
 use crate::util::tree::assert_same_tree;
 use crate::util::{Run, TestEnv, run};
 use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 fn manifest(repo: &Path, text: &str) {
@@ -202,74 +200,12 @@ backoff = "0s"
 // ---------------------------------------------------- a small HTTP server
 
 /// Answers each request with the next status of `script` (the last one
-/// repeats); a 200 carries `body`. On 127.0.0.1, in a thread; stops when dropped.
-struct Http {
-    port: u16,
-    hits: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Http {
-    fn start(script: Vec<u16>, body: &'static [u8]) -> Http {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hits = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (h, s) = (hits.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !s.load(Ordering::SeqCst) && Instant::now() < deadline {
-                let Ok((mut conn, _)) = listener.accept() else {
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                };
-                let n = h.fetch_add(1, Ordering::SeqCst);
-                let status = script[n.min(script.len() - 1)];
-                conn.set_nonblocking(false).unwrap();
-                conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut chunk) {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                    }
-                }
-                let payload: &[u8] = if status == 200 { body } else { b"" };
-                let head = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    payload.len()
-                );
-                let _ = conn.write_all(head.as_bytes());
-                let _ = conn.write_all(payload);
-            }
-        });
-        Http {
-            port,
-            hits,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}/{path}", self.port)
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Http {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// repeats); a 200 carries `body`. The loopback server of util/http.rs.
+fn http(script: Vec<u16>, body: &'static [u8]) -> HttpServer {
+    HttpServer::start(move |req, conn| {
+        let status = script[req.n.min(script.len() - 1)];
+        reply(conn, status, if status == 200 { body } else { b"" });
+    })
 }
 
 const TOOL: &[u8] = b"#!/bin/sh\necho wasm-opt version 117\n";
@@ -295,7 +231,7 @@ fn download(url: &str, extra: &str) -> String {
 fn restore_gaps_download_unless_skips_a_download_the_system_does_not_need() {
     let env = TestEnv::new();
     let repo = env.work_repo("r");
-    let server = Http::start(vec![200], TOOL);
+    let server = http(vec![200], TOOL);
     let dest = repo.join("tools/bin/wasm-opt");
     // The system's tool is new enough: nothing is fetched or installed.
     write(
@@ -348,7 +284,7 @@ fn restore_gaps_download_unless_skips_a_download_the_system_does_not_need() {
 fn restore_gaps_download_retries_share_the_command_policy_and_warn() {
     let env = TestEnv::new();
     let repo = env.work_repo("r");
-    let server = Http::start(vec![503, 200], TOOL);
+    let server = http(vec![503, 200], TOOL);
     manifest(
         &repo,
         &download(&server.url("wasm-opt"), "retries = 2\nbackoff = \"10ms\"\n"),
@@ -706,10 +642,10 @@ fn restore_gaps_freshness_fast_forward_replans_the_steps_after_it() {
 
 #[test]
 fn restore_gaps_fallback_cache_row_is_partial_then_done_with_the_exact_key() {
-    let fx = crate::cache_keys::Fx::new("fallback = [{ drop = [\"src\"] }]\nrecheck = \"1h\"\n");
-    fx.publish("1", "x");
+    let fx = keys::verification_cache("fallback = [{ drop = [\"src\"] }]\nrecheck = \"1h\"\n");
+    keys::publish(&fx, "1", "x");
     // The source moved on: the branch has no vc-2-x yet.
-    fx.pins("2", "x");
+    keys::pins(&fx, "2", "x");
     let daemon = GitDaemon::start(fx.env.path());
     manifest(
         &fx.work,
@@ -735,7 +671,7 @@ fn restore_gaps_fallback_cache_row_is_partial_then_done_with_the_exact_key() {
         "{w}"
     );
     assert!(w.contains(&daemon.url("origin.git")), "{w}");
-    assert_same_tree(&fx.artifact("1"), &fx.target);
+    assert_same_tree(&keys::artifact(&fx, "1"), &keys::target(&fx));
 
     // Warm (the stat-only probe): still partial, in the JSON, the table
     // and `restore status`.
@@ -757,14 +693,17 @@ fn restore_gaps_fallback_cache_row_is_partial_then_done_with_the_exact_key() {
     assert_eq!(state(&st, "vc"), "partial", "{st:#}");
 
     // The exact key is published; after the recheck the step restores it.
-    fx.publish("2", "x");
-    fx.manifest("fallback = [{ drop = [\"src\"] }]\nrecheck = \"1ms\"\n");
+    keys::publish(&fx, "2", "x");
+    keys::manifest(
+        &fx,
+        "fallback = [{ drop = [\"src\"] }]\nrecheck = \"1ms\"\n",
+    );
     std::thread::sleep(Duration::from_millis(20));
     let (v, _) = restore_json(&fx.env, "work");
     assert_eq!(state(&v, "vc"), "done", "{v:#}");
     assert!(what(&v, "vc").starts_with("restored vc-2-x"), "{v:#}");
     assert!(row(&v, "vc").get("partial").is_none(), "{v:#}");
-    assert_same_tree(&fx.artifact("2"), &fx.target);
+    assert_same_tree(&keys::artifact(&fx, "2"), &keys::target(&fx));
     let (v, _) = restore_json(&fx.env, "work");
     assert_eq!(state(&v, "vc"), "warm", "{v:#}");
 }

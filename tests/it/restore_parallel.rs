@@ -5,6 +5,7 @@
 //! 20 s), which only a run that starts them together passes. Order is read
 //! from one events file the commands append to.
 
+use crate::util::tree::files_with_mtimes;
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
 use std::path::Path;
@@ -134,31 +135,12 @@ run = "test -e done/a && test -e done/b && test -e done/c && echo 'start last' >
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
     // Warm: nothing runs, and the state directory is left as it was.
-    let before = snapshot(&env.join("r/.git/warmstart"));
+    let before = files_with_mtimes(&env.join("r/.git/warmstart"));
     let (v, _) = restore_json(&env, &[], 0);
     for s in ["a", "b", "c", "last"] {
         assert_eq!(state_of(&v, s).0, "warm", "{v:#}");
     }
-    assert_eq!(before, snapshot(&env.join("r/.git/warmstart")));
-}
-
-/// Every file under `dir` with its bytes and mtime.
-fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>, std::time::SystemTime)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let m = std::fs::metadata(&p).unwrap().modified().unwrap();
-                out.push((p.clone(), std::fs::read(&p).unwrap(), m));
-            }
-        }
-    }
-    out.sort();
-    out
+    assert_eq!(before, files_with_mtimes(&env.join("r/.git/warmstart")));
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! `cargo xtask resume` against what the JavaScript tool really writes
 //! (node running `tests/fixtures/crash-resume-index.js`): strings with lone
 //! surrogates, which `JSON.stringify` writes as `\udXXX`, byte for byte. And
-//! the other escapes of issue 12 around the index: a lock dated in the
+//! the other escapes found around the index: a lock dated in the
 //! future, a symlinked index, launcher names taken from the index, an empty
 //! repo. Each test is named after the bug it pins.
 

@@ -7,6 +7,7 @@
 //! `WARMSTART_FETCH_BLOB_LIMIT` makes 20 kB chunks "big", so that the
 //! restore reads several chunks by id (the direct reader's path).
 
+use crate::util::fixture::Manifest;
 use crate::util::servers::{GIT_PASSWORD, GIT_USER, Nginx, Squid, Sshd};
 use crate::util::tree::{assert_same_tree, make_tricky_tree, write_pseudo_random};
 use crate::util::{Run, TestEnv, run, show};
@@ -64,16 +65,10 @@ impl Fx {
         let src = env.join("src");
         make_tricky_tree(&src, false);
         write_pseudo_random(&src.join("noise.bin"), noise, 17);
+        Manifest::literal("1", &src)
+            .chunk_bytes(chunk)
+            .write(&work, "art");
         let manifests = work.join("cache-manifests");
-        std::fs::create_dir_all(&manifests).unwrap();
-        std::fs::write(
-            manifests.join("art.toml"),
-            format!(
-                "[[key]]\nname = \"v\"\nliteral = \"1\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = {chunk}\n\n[restore]\npath = \"restored/art\"\n",
-                src.display()
-            ),
-        )
-        .unwrap();
         std::fs::write(
             manifests.join("gates.toml"),
             "[[gate]]\nname = \"ok\"\ncommand = \"true\"\n",

@@ -1,4 +1,4 @@
-//! Trust (issue 16): signed cache keys and restores that refuse what the
+//! Trust: signed cache keys and restores that refuse what the
 //! repository does not trust, with real ssh-keygen keys made at run time and
 //! a real `git daemon` on 127.0.0.1 as the hosting server.
 //!
@@ -8,8 +8,8 @@
 //! attempt must be exit 12, with nothing fetched into the target and the old
 //! install byte for byte as it was.
 
-use crate::unpack::snapshot;
-use crate::util::git_daemon::GitDaemon;
+use crate::util::fixture::{Fixture, Manifest};
+use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, TestEnv, run, show};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -17,186 +17,155 @@ use std::process::Command;
 
 const CACHE: &str = "art";
 
-struct Fx {
-    env: TestEnv,
-    daemon: GitDaemon,
-    work: PathBuf,
-    target: PathBuf,
+/// `work` (the trusted publisher and the restoring machine) and `att`
+/// (the attacker's clone), both cloned from `origin.git` served by git
+/// daemon; signing keys `ci`, `alice` and `evil`; `work` commits
+/// allowed_signers with `signers` and trust.toml with `policy`.
+fn trusted(policy: Option<&str>, signers: &[&str]) -> Fixture {
+    let fx = Fixture::served();
+    fx.clone_repo("att");
+    for name in ["ci", "alice", "evil"] {
+        let f = fx.env.join(format!("keys/{name}"));
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+            .arg(&f)
+            .output()
+            .expect("ssh-keygen (tools/test.sh installs openssh-client)");
+        assert!(out.status.success(), "{}", show(&out));
+    }
+    set_trust(&fx, policy, signers, "");
+    for repo in ["work", "att"] {
+        manifest(&fx, repo, "1", "");
+        content(&fx, repo, "v1");
+    }
+    fx.env.git("work", ["add", "-A"]);
+    fx.env.git("work", ["commit", "-q", "-m", "cache manifest"]);
+    fx
 }
 
-impl Fx {
-    /// `work` (the trusted publisher and the restoring machine) and `att`
-    /// (the attacker's clone), both cloned from `origin.git` served by git
-    /// daemon; signing keys `ci`, `alice` and `evil`; `work` commits
-    /// allowed_signers with `signers` and trust.toml with `policy`.
-    fn new(policy: Option<&str>, signers: &[&str]) -> Fx {
-        let env = TestEnv::new();
-        std::fs::create_dir_all(env.join("srv")).unwrap();
-        env.bare_remote("srv/origin.git");
-        let daemon = GitDaemon::start(&env.join("srv"));
-        let url = daemon.url("origin.git");
-        for repo in ["work", "att"] {
-            env.work_repo(repo);
-            env.git(repo, ["remote", "add", "origin", &url]);
-        }
-        for name in ["ci", "alice", "evil"] {
-            let f = env.join(format!("keys/{name}"));
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            let out = Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-                .arg(&f)
-                .output()
-                .expect("ssh-keygen (tools/test.sh installs openssh-client)");
-            assert!(out.status.success(), "{}", show(&out));
-        }
-        let fx = Fx {
-            target: env.join("work/restored/art"),
-            env,
-            daemon,
-            work: PathBuf::new(),
-        };
-        let fx = Fx {
-            work: fx.env.join("work"),
-            ..fx
-        };
-        fx.set_trust(policy, signers, "");
-        for repo in ["work", "att"] {
-            fx.manifest(repo, "1", "");
-            fx.content(repo, "v1");
-        }
-        fx.env.git("work", ["add", "-A"]);
-        fx.env.git("work", ["commit", "-q", "-m", "cache manifest"]);
-        fx
-    }
+/// Where `work` installs the cache.
+fn target(fx: &Fixture) -> PathBuf {
+    fx.env.join("work/restored/art")
+}
 
-    fn key_path(&self, name: &str) -> PathBuf {
-        self.env.join(format!("keys/{name}"))
-    }
+fn key_path(fx: &Fixture, name: &str) -> PathBuf {
+    fx.env.join(format!("keys/{name}"))
+}
 
-    /// Commits trust.toml and allowed_signers (principal = key name) in `work`.
-    fn set_trust(&self, policy: Option<&str>, signers: &[&str], extra: &str) {
-        let dir = self.work.join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        let trust = dir.join("trust.toml");
-        match policy {
-            Some(p) => std::fs::write(&trust, format!("policy = \"{p}\"\n")).unwrap(),
-            None => drop(std::fs::remove_file(&trust)),
-        }
-        let mut allowed = String::from(extra);
-        for s in signers {
-            let public = std::fs::read_to_string(self.key_path(s).with_extension("pub")).unwrap();
-            allowed.push_str(&format!("{s} {public}"));
-        }
-        std::fs::write(dir.join("allowed_signers"), allowed).unwrap();
-        self.env.git("work", ["add", "-A"]);
-        self.env.git(
-            "work",
-            ["commit", "-q", "--allow-empty", "-m", "trust root"],
-        );
+/// Commits trust.toml and allowed_signers (principal = key name) in `work`.
+fn set_trust(fx: &Fixture, policy: Option<&str>, signers: &[&str], extra: &str) {
+    let dir = fx.work.join("cache-manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let trust = dir.join("trust.toml");
+    match policy {
+        Some(p) => std::fs::write(&trust, format!("policy = \"{p}\"\n")).unwrap(),
+        None => drop(std::fs::remove_file(&trust)),
     }
+    let mut allowed = String::from(extra);
+    for s in signers {
+        let public = std::fs::read_to_string(key_path(fx, s).with_extension("pub")).unwrap();
+        allowed.push_str(&format!("{s} {public}"));
+    }
+    std::fs::write(dir.join("allowed_signers"), allowed).unwrap();
+    fx.env.git("work", ["add", "-A"]);
+    fx.env.git(
+        "work",
+        ["commit", "-q", "--allow-empty", "-m", "trust root"],
+    );
+}
 
-    /// The manifest of cache `art` in `repo`, key literal `literal`.
-    fn manifest(&self, repo: &str, literal: &str, extra: &str) {
-        let dir = self.env.join(repo).join("cache-manifests");
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = self.env.join(format!("src-{repo}"));
-        std::fs::write(
-            dir.join("art.toml"),
-            format!(
-                "[[key]]\nname = \"v\"\nliteral = \"{literal}\"\n\n[pack]\nroot = \"{}\"\n\n[publish]\nchunk_bytes = 20000\n\n[restore]\npath = \"restored/art\"\n{extra}",
-                src.display()
-            ),
-        )
-        .unwrap();
-    }
+/// The manifest of cache `art` in `repo`, key literal `literal`.
+fn manifest(fx: &Fixture, repo: &str, literal: &str, extra: &str) {
+    let src = fx.env.join(format!("src-{repo}"));
+    Manifest::literal(literal, src)
+        .chunk_bytes(20000)
+        .extra(extra)
+        .write(&fx.env.join(repo), "art");
+}
 
-    /// What `repo` packs: a few files and ~70 kB of noise (four chunks).
-    fn content(&self, repo: &str, tag: &str) {
-        let src = self.env.join(format!("src-{repo}"));
-        let _ = std::fs::remove_dir_all(&src);
-        std::fs::create_dir_all(src.join("bin")).unwrap();
-        std::fs::write(src.join("bin/tool"), format!("#!/bin/sh\necho {tag}\n")).unwrap();
-        crate::util::tree::write_pseudo_random(
-            &src.join("noise.bin"),
-            70_000,
-            tag.len() as u64 + 7,
-        );
-    }
+/// What `repo` packs: a few files and ~70 kB of noise (four chunks).
+fn content(fx: &Fixture, repo: &str, tag: &str) {
+    let src = fx.env.join(format!("src-{repo}"));
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(src.join("bin")).unwrap();
+    std::fs::write(src.join("bin/tool"), format!("#!/bin/sh\necho {tag}\n")).unwrap();
+    crate::util::tree::write_pseudo_random(&src.join("noise.bin"), 70_000, tag.len() as u64 + 7);
+}
 
-    fn xtask(&self, repo: &str, args: &[&str]) -> Run {
-        let mut cmd = self.env.xtask_in(repo);
-        cmd.args(args);
-        run(&mut cmd)
-    }
+fn xtask(fx: &Fixture, repo: &str, args: &[&str]) -> Run {
+    let mut cmd = fx.env.xtask_in(repo);
+    cmd.args(args);
+    run(&mut cmd)
+}
 
-    /// Publishes from `repo` signed with key `signer` (none: unsigned).
-    fn publish(&self, repo: &str, signer: Option<&str>, more: &[&str]) -> Run {
-        let key = signer.map(|s| self.key_path(s));
-        let mut args = vec!["cache", "publish", CACHE, "--json"];
-        if let Some(k) = &key {
-            args.extend(["--signing-key", k.to_str().unwrap()]);
-        }
-        args.extend(more);
-        self.xtask(repo, &args)
+/// Publishes from `repo` signed with key `signer` (none: unsigned).
+fn publish(fx: &Fixture, repo: &str, signer: Option<&str>, more: &[&str]) -> Run {
+    let key = signer.map(|s| key_path(fx, s));
+    let mut args = vec!["cache", "publish", CACHE, "--json"];
+    if let Some(k) = &key {
+        args.extend(["--signing-key", k.to_str().unwrap()]);
     }
+    args.extend(more);
+    xtask(fx, repo, &args)
+}
 
-    fn restore(&self) -> Run {
-        self.xtask("work", &["cache", "restore", CACHE, "--json"])
-    }
+fn restore(fx: &Fixture) -> Run {
+    xtask(fx, "work", &["cache", "restore", CACHE, "--json"])
+}
 
-    /// `work` moves to key `literal` (as when a version pin moves).
-    fn pin(&self, literal: &str) {
-        self.manifest("work", literal, "");
-    }
+/// `work` moves to key `literal` (as when a version pin moves).
+fn pin(fx: &Fixture, literal: &str) {
+    manifest(fx, "work", literal, "");
+}
 
-    /// The attacker rewrites the branch: its tree, edited by `edit`, as a
-    /// fresh root commit force-pushed with plain git.
-    fn tamper(&self, edit: impl FnOnce(&Path)) {
-        let dir = self.env.join("tamper");
-        let _ = std::fs::remove_dir_all(&dir);
-        self.env.git(".", ["init", "-q", "tamper"]);
-        let url = self.daemon.url("origin.git");
-        self.env.git("tamper", ["fetch", "-q", &url, "art-cache"]);
-        self.env
-            .git("tamper", ["checkout", "-q", "--orphan", "x", "FETCH_HEAD"]);
-        edit(&dir);
-        self.env.git("tamper", ["add", "-A"]);
-        self.env.git("tamper", ["commit", "-q", "-m", "tampered"]);
-        self.env.git(
-            "tamper",
-            ["push", "-q", "-f", &url, "HEAD:refs/heads/art-cache"],
-        );
-    }
+/// The attacker rewrites the branch: its tree, edited by `edit`, as a
+/// fresh root commit force-pushed with plain git.
+fn tamper(fx: &Fixture, edit: impl FnOnce(&Path)) {
+    let dir = fx.env.join("tamper");
+    let _ = std::fs::remove_dir_all(&dir);
+    fx.env.git(".", ["init", "-q", "tamper"]);
+    let url = fx.daemon().url("origin.git");
+    fx.env.git("tamper", ["fetch", "-q", &url, "art-cache"]);
+    fx.env
+        .git("tamper", ["checkout", "-q", "--orphan", "x", "FETCH_HEAD"]);
+    edit(&dir);
+    fx.env.git("tamper", ["add", "-A"]);
+    fx.env.git("tamper", ["commit", "-q", "-m", "tampered"]);
+    fx.env.git(
+        "tamper",
+        ["push", "-q", "-f", &url, "HEAD:refs/heads/art-cache"],
+    );
+}
 
-    /// The installed files and the stamp, to show they did not change.
-    fn installed(&self) -> (std::collections::BTreeMap<String, String>, Vec<u8>) {
-        let stamp = std::fs::read(self.work.join(".git/warmstart/cache/stamps/art.json"))
-            .expect("a stamp of the old install");
-        (snapshot(&self.target), stamp)
-    }
+/// The installed files and the stamp, to show they did not change.
+fn installed(fx: &Fixture) -> (std::collections::BTreeMap<String, String>, Vec<u8>) {
+    let stamp = std::fs::read(fx.work.join(".git/warmstart/cache/stamps/art.json"))
+        .expect("a stamp of the old install");
+    (snapshot(&target(fx), Detail::EXTRACTED), stamp)
+}
 
-    /// A refusal: exit 12, one line naming the key, the signer and the file.
-    fn refused(
-        &self,
-        what: &str,
-        before: &(std::collections::BTreeMap<String, String>, Vec<u8>),
-    ) -> String {
-        let r = self.restore();
-        assert_eq!(r.code(), 12, "{what}: not refused\n{}", show(&r.out));
-        let err = r.stderr();
-        let line = err
-            .lines()
-            .find(|l| l.contains("untrusted: key"))
-            .unwrap_or_else(|| panic!("{what}: no refusal line\n{err}"));
-        assert!(line.contains("art-2"), "{what}: names the key: {line}");
-        assert!(line.contains("signer seen: "), "{what}: {line}");
-        assert!(
-            line.contains("cache-manifests/allowed_signers at HEAD"),
-            "{what}: {line}"
-        );
-        assert_eq!(&self.installed(), before, "{what}: the install changed");
-        line.to_string()
-    }
+/// A refusal: exit 12, one line naming the key, the signer and the file.
+fn refused(
+    fx: &Fixture,
+    what: &str,
+    before: &(std::collections::BTreeMap<String, String>, Vec<u8>),
+) -> String {
+    let r = restore(fx);
+    assert_eq!(r.code(), 12, "{what}: not refused\n{}", show(&r.out));
+    let err = r.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.contains("untrusted: key"))
+        .unwrap_or_else(|| panic!("{what}: no refusal line\n{err}"));
+    assert!(line.contains("art-2"), "{what}: names the key: {line}");
+    assert!(line.contains("signer seen: "), "{what}: {line}");
+    assert!(
+        line.contains("cache-manifests/allowed_signers at HEAD"),
+        "{what}: {line}"
+    );
+    assert_eq!(&installed(fx), before, "{what}: the install changed");
+    line.to_string()
 }
 
 fn json(r: &Run) -> Value {
@@ -240,19 +209,19 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// its signer; the warm run after it checks no signature.
 #[test]
 fn a_trusted_publish_restores_and_the_warm_path_checks_nothing() {
-    let fx = Fx::new(Some("require"), &["ci"]);
-    let p = json(&fx.publish("work", Some("ci"), &[]).ok());
+    let fx = trusted(Some("require"), &["ci"]);
+    let p = json(&publish(&fx, "work", Some("ci"), &[]).ok());
     assert!(
         p["signed_by"].as_str().unwrap().starts_with("ci (SHA256:"),
         "{p}"
     );
-    let r = json(&fx.restore().ok());
+    let r = json(&restore(&fx).ok());
     assert_eq!(r["state"], "restored");
     assert_eq!(r["trust"]["policy"], "require");
     assert_eq!(r["trust"]["key"]["verdict"], "trusted");
     assert!(r["signature_checks"].as_u64().unwrap() >= 1, "{r}");
-    assert!(fx.target.join("bin/tool").exists());
-    let w = json(&fx.restore().ok());
+    assert!(target(&fx).join("bin/tool").exists());
+    let w = json(&restore(&fx).ok());
     assert_eq!(w["state"], "warm");
     assert_eq!(w["signature_checks"], 0);
     // The bytes a shell needs: the statement and its signature verify with
@@ -261,7 +230,7 @@ fn a_trusted_publish_restores_and_the_warm_path_checks_nothing() {
     fx.env.git(".", ["init", "-q", "coreutils"]);
     fx.env.git(
         "coreutils",
-        ["fetch", "-q", &fx.daemon.url("origin.git"), "art-cache"],
+        ["fetch", "-q", (&fx.daemon().url("origin.git")), "art-cache"],
     );
     fx.env.git("coreutils", ["checkout", "-q", "FETCH_HEAD"]);
     let allowed = fx.work.join("cache-manifests/allowed_signers");
@@ -282,50 +251,52 @@ fn a_trusted_publish_restores_and_the_warm_path_checks_nothing() {
 /// holds a trusted install of key art-1: each is exit 12 and changes nothing.
 #[test]
 fn every_attack_by_a_pusher_is_refused_and_the_install_stays() {
-    let fx = Fx::new(Some("require"), &["ci"]);
-    fx.publish("work", Some("ci"), &[]).ok();
-    fx.restore().ok();
-    let before = fx.installed();
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    restore(&fx).ok();
+    let before = installed(&fx);
     assert!(!before.0.is_empty());
-    fx.pin("2");
-    fx.manifest("att", "2", "");
-    fx.content("att", "evil");
+    pin(&fx, "2");
+    manifest(&fx, "att", "2", "");
+    content(&fx, "att", "evil");
 
     // Re-signed under an untrusted signing key.
-    fx.publish("att", Some("evil"), &[]).ok();
-    let line = fx.refused("untrusted signer", &before);
+    publish(&fx, "att", Some("evil"), &[]).ok();
+    let line = refused(&fx, "untrusted signer", &before);
     assert!(
         line.contains("(untrusted)") && line.contains("signer seen: SHA256:"),
         "{line}"
     );
     // `cache verify` refuses it the same way, before reading a chunk.
-    let v = fx.xtask("work", &["cache", "verify", CACHE]);
+    let v = xtask(&fx, "work", &["cache", "verify", CACHE]);
     assert_eq!(v.code(), 12, "{}", show(&v.out));
 
     // An unsigned branch (the attacker's own bytes, its statement removed).
-    fx.tamper(|d| {
+    tamper(&fx, |d| {
         std::fs::remove_file(d.join("art-2.statement")).unwrap();
         std::fs::remove_file(d.join("art-2.statement.sig")).unwrap();
     });
-    let line = fx.refused("unsigned", &before);
+    let line = refused(&fx, "unsigned", &before);
     assert!(
         line.contains("(unsigned)") && line.contains("signer seen: none"),
         "{line}"
     );
 
     // An allowed_signers (naming the attacker) placed on the cache branch.
-    fx.publish("att", Some("evil"), &[]).ok();
-    let evil_pub = std::fs::read_to_string(fx.key_path("evil").with_extension("pub")).unwrap();
-    fx.tamper(|d| std::fs::write(d.join("allowed_signers"), format!("ci {evil_pub}")).unwrap());
-    let line = fx.refused("allowed_signers on the branch", &before);
+    publish(&fx, "att", Some("evil"), &[]).ok();
+    let evil_pub = std::fs::read_to_string(key_path(&fx, "evil").with_extension("pub")).unwrap();
+    tamper(&fx, |d| {
+        std::fs::write(d.join("allowed_signers"), format!("ci {evil_pub}")).unwrap()
+    });
+    let line = refused(&fx, "allowed_signers on the branch", &before);
     assert!(
         line.contains("allowed_signers on branch art-cache is ignored"),
         "{line}"
     );
 
     // A signed statement with a swapped chunk and correct checksums.
-    fx.publish("work", Some("ci"), &[]).ok();
-    fx.tamper(|d| {
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    tamper(&fx, |d| {
         let (a, b) = (
             d.join("art-2.tar.zst.part000"),
             d.join("art-2.tar.zst.part001"),
@@ -341,7 +312,7 @@ fn every_attack_by_a_pusher_is_refused_and_the_install_stays() {
             c[1]["size"] = ba.len().into();
         });
     });
-    let line = fx.refused("swapped chunk", &before);
+    let line = refused(&fx, "swapped chunk", &before);
     assert!(
         line.contains("(mismatch)") && line.contains("`chunks`"),
         "{line}"
@@ -349,25 +320,25 @@ fn every_attack_by_a_pusher_is_refused_and_the_install_stays() {
     assert!(line.contains("signer seen: ci (SHA256:"), "{line}");
 
     // A valid old signature replayed onto a new tree.
-    fx.publish("work", Some("ci"), &[]).ok();
+    publish(&fx, "work", Some("ci"), &[]).ok();
     let old = fx.env.join("old");
-    fx.tamper(|d| {
+    tamper(&fx, |d| {
         std::fs::create_dir_all(&old).unwrap();
         for f in ["art-2.statement", "art-2.statement.sig"] {
             std::fs::copy(d.join(f), old.join(f)).unwrap();
         }
     });
-    fx.publish("att", None, &[]).ok();
-    fx.tamper(|d| {
+    publish(&fx, "att", None, &[]).ok();
+    tamper(&fx, |d| {
         for f in ["art-2.statement", "art-2.statement.sig"] {
             std::fs::copy(old.join(f), d.join(f)).unwrap();
         }
     });
-    let line = fx.refused("replayed signature", &before);
+    let line = refused(&fx, "replayed signature", &before);
     assert!(line.contains("(mismatch)"), "{line}");
 
     // Nothing the attacker pushed reached the target's parent either.
-    let stray: Vec<_> = std::fs::read_dir(fx.target.parent().unwrap())
+    let stray: Vec<_> = std::fs::read_dir(target(&fx).parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
@@ -378,10 +349,10 @@ fn every_attack_by_a_pusher_is_refused_and_the_install_stays() {
 /// manifest opts in with `[trust] allow_ungated = true`.
 #[test]
 fn an_ungated_key_is_refused_unless_its_manifest_opts_in() {
-    let fx = Fx::new(Some("require"), &["ci"]);
-    fx.publish("work", Some("ci"), &[]).ok();
-    fx.restore().ok();
-    let before = fx.installed();
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    restore(&fx).ok();
+    let before = installed(&fx);
     std::fs::write(
         fx.work.join("cache-manifests/gates.toml"),
         "[[gate]]\nname = \"check\"\ncommand = [\"false\"]\ntimeout = \"30s\"\n",
@@ -397,9 +368,9 @@ fn an_ungated_key_is_refused_unless_its_manifest_opts_in() {
     std::fs::write(fx.work.join("cache-manifests/art.toml"), m("")).unwrap();
     fx.env.git("work", ["add", "-A"]);
     fx.env.git("work", ["commit", "-q", "-m", "gated"]);
-    let p = json(&fx.publish("work", Some("ci"), &["--allow-ungated"]).ok());
+    let p = json(&publish(&fx, "work", Some("ci"), &["--allow-ungated"]).ok());
     assert_eq!(p["ungated"], true);
-    let line = fx.refused("ungated", &before);
+    let line = refused(&fx, "ungated", &before);
     assert!(
         line.contains("(ungated)") && line.contains("allow_ungated"),
         "{line}"
@@ -409,7 +380,7 @@ fn an_ungated_key_is_refused_unless_its_manifest_opts_in() {
         m("\n[trust]\nallow_ungated = true\n"),
     )
     .unwrap();
-    let r = json(&fx.restore().ok());
+    let r = json(&restore(&fx).ok());
     assert_eq!(r["state"], "restored");
 }
 
@@ -418,23 +389,24 @@ fn an_ungated_key_is_refused_unless_its_manifest_opts_in() {
 /// keys with the new signer without repacking, and they restore again.
 #[test]
 fn a_rotated_out_signer_is_refused_and_resign_brings_keys_back() {
-    let fx = Fx::new(Some("require"), &["ci", "alice"]);
-    let p = json(&fx.publish("work", Some("alice"), &[]).ok());
+    let fx = trusted(Some("require"), &["ci", "alice"]);
+    let p = json(&publish(&fx, "work", Some("alice"), &[]).ok());
     let chunks_before = p["chunks"].clone();
-    fx.set_trust(Some("require"), &["ci"], "");
-    let r = fx.restore().expect_code(12);
+    set_trust(&fx, Some("require"), &["ci"], "");
+    let r = restore(&fx).expect_code(12);
     assert!(
         r.stderr().contains("signer seen: SHA256:"),
         "{}",
         r.stderr()
     );
-    assert!(!fx.target.exists(), "installed anyway");
+    assert!(!target(&fx).exists(), "installed anyway");
 
     // Rotation as documented: resign while the old signer is still allowed.
-    fx.set_trust(Some("require"), &["ci", "alice"], "");
-    let ci = fx.key_path("ci");
+    set_trust(&fx, Some("require"), &["ci", "alice"], "");
+    let ci = key_path(&fx, "ci");
     let s = json(
-        &fx.xtask(
+        &xtask(
+            &fx,
             "work",
             &[
                 "cache",
@@ -448,8 +420,8 @@ fn a_rotated_out_signer_is_refused_and_resign_brings_keys_back() {
         .ok(),
     );
     assert_eq!(s["resigned"], serde_json::json!(["art-1"]), "{s}");
-    fx.set_trust(Some("require"), &["ci"], "");
-    let r = json(&fx.restore().ok());
+    set_trust(&fx, Some("require"), &["ci"], "");
+    let r = json(&restore(&fx).ok());
     assert!(
         r["trust"]["key"]["signer"]
             .as_str()
@@ -478,35 +450,35 @@ fn a_rotated_out_signer_is_refused_and_resign_brings_keys_back() {
 /// older one (validly signed) is refused; a fresh machine accepts it.
 #[test]
 fn a_rollback_to_an_older_signed_statement_is_refused() {
-    let fx = Fx::new(Some("require"), &["ci"]);
-    fx.publish("work", Some("ci"), &[]).ok();
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "work", Some("ci"), &[]).ok();
     let old = fx.env.git("srv/origin.git", ["rev-parse", "art-cache"]);
     // created_at has second precision: the newer statement is a second later.
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    fx.content("work", "v2");
-    fx.publish("work", Some("ci"), &[]).ok();
-    fx.restore().ok();
+    content(&fx, "work", "v2");
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    restore(&fx).ok();
     assert!(
-        std::fs::read_to_string(fx.target.join("bin/tool"))
+        std::fs::read_to_string(target(&fx).join("bin/tool"))
             .unwrap()
             .contains("v2")
     );
-    let before = fx.installed();
+    let before = installed(&fx);
     fx.env.git(
         "srv/origin.git",
         ["update-ref", "refs/heads/art-cache", old.trim()],
     );
-    let r = fx.xtask("work", &["cache", "restore", CACHE, "--verify"]);
+    let r = xtask(&fx, "work", &["cache", "restore", CACHE, "--verify"]);
     assert_eq!(r.code(), 12, "{}", show(&r.out));
     assert!(r.stderr().contains("(rollback)"), "{}", r.stderr());
-    assert_eq!(fx.installed(), before);
+    assert_eq!(installed(&fx), before);
     // A fresh machine has no history: the newest it sees is the old one.
     std::fs::remove_dir_all(fx.work.join(".git/warmstart")).unwrap();
     std::fs::remove_dir_all(fx.work.join("restored")).unwrap();
-    let r = json(&fx.restore().ok());
+    let r = json(&restore(&fx).ok());
     assert_eq!(r["trust"]["key"]["verdict"], "trusted");
     assert!(
-        std::fs::read_to_string(fx.target.join("bin/tool"))
+        std::fs::read_to_string(target(&fx).join("bin/tool"))
             .unwrap()
             .contains("v1")
     );
@@ -516,23 +488,30 @@ fn a_rollback_to_an_older_signed_statement_is_refused() {
 /// `warn` restores an untrusted key with a warning.
 #[test]
 fn no_policy_is_off_with_one_line_and_warn_restores_loudly() {
-    let fx = Fx::new(None, &["ci"]);
-    fx.publish("work", None, &[]).ok();
-    let r = fx.xtask("work", &["cache", "restore", CACHE]).ok();
+    let fx = trusted(None, &["ci"]);
+    publish(&fx, "work", None, &[]).ok();
+    let r = xtask(&fx, "work", &["cache", "restore", CACHE]).ok();
     let out = r.stdout();
     let notes: Vec<&str> = out.lines().filter(|l| l.contains("trust.toml")).collect();
     assert_eq!(notes.len(), 1, "{out}");
     assert!(notes[0].contains("policy off"), "{}", notes[0]);
     let r = json(
-        &fx.xtask("work", &["cache", "restore", CACHE, "--verify", "--json"])
-            .ok(),
+        &xtask(
+            &fx,
+            "work",
+            &["cache", "restore", CACHE, "--verify", "--json"],
+        )
+        .ok(),
     );
     assert_eq!(r["signature_checks"], 0);
     assert_eq!(r["trust"]["policy"], "off");
-    fx.set_trust(Some("warn"), &["ci"], "");
-    let r = fx
-        .xtask("work", &["cache", "restore", CACHE, "--verify", "--json"])
-        .ok();
+    set_trust(&fx, Some("warn"), &["ci"], "");
+    let r = xtask(
+        &fx,
+        "work",
+        &["cache", "restore", CACHE, "--verify", "--json"],
+    )
+    .ok();
     assert!(
         r.stderr().contains("policy warn: restoring anyway"),
         "{}",
@@ -546,12 +525,12 @@ fn no_policy_is_off_with_one_line_and_warn_restores_loudly() {
 /// agree) restores. Each of the generated edits is exit 12, nothing installed.
 #[test]
 fn random_single_field_tampering_is_always_refused() {
-    let fx = Fx::new(Some("require"), &["ci"]);
-    fx.publish("work", Some("ci"), &[]).ok();
-    fx.restore().ok();
-    let before = fx.installed();
-    fx.pin("2");
-    fx.publish("work", Some("ci"), &[]).ok();
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    restore(&fx).ok();
+    let before = installed(&fx);
+    pin(&fx, "2");
+    publish(&fx, "work", Some("ci"), &[]).ok();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
     let mut next = move || {
         rng ^= rng << 13;
@@ -577,7 +556,7 @@ fn random_single_field_tampering_is_always_refused() {
         let in_statement = pick % 3 == 0;
         let field = fields[(pick / 3 % fields.len() as u64) as usize];
         let seed = next();
-        fx.tamper(|d| {
+        tamper(&fx, |d| {
             if in_statement {
                 let f = d.join("art-2.statement");
                 let text = std::fs::read_to_string(&f).unwrap();
@@ -624,7 +603,7 @@ fn random_single_field_tampering_is_always_refused() {
                 _ => e["chunks"].as_array_mut().unwrap().swap(1, 2),
             });
         });
-        let r = fx.restore();
+        let r = restore(&fx);
         assert_eq!(
             r.code(),
             12,
@@ -636,7 +615,7 @@ fn random_single_field_tampering_is_always_refused() {
             },
             show(&r.out)
         );
-        assert_eq!(fx.installed(), before, "round {round}: the install changed");
+        assert_eq!(installed(&fx), before, "round {round}: the install changed");
     }
 }
 
@@ -644,12 +623,12 @@ fn random_single_field_tampering_is_always_refused() {
 /// key, and say what `require` would refuse when the policy is off.
 #[test]
 fn status_and_list_show_signer_and_verdict_of_every_key() {
-    let fx = Fx::new(None, &["ci"]);
-    fx.publish("work", Some("ci"), &[]).ok();
-    fx.manifest("att", "2", "");
-    fx.publish("att", Some("evil"), &[]).ok();
+    let fx = trusted(None, &["ci"]);
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    manifest(&fx, "att", "2", "");
+    publish(&fx, "att", Some("evil"), &[]).ok();
     for cmd in ["status", "list"] {
-        let r = fx.xtask("work", &["cache", cmd]).ok();
+        let r = xtask(&fx, "work", &["cache", cmd]).ok();
         let out = r.stdout();
         assert!(
             out.contains("art-1") && out.contains("trusted") && out.contains("ci (SHA256:"),
@@ -660,7 +639,7 @@ fn status_and_list_show_signer_and_verdict_of_every_key() {
             "{cmd}: {out}"
         );
         assert!(out.contains("require would refuse"), "{cmd}: {out}");
-        let j = json(&fx.xtask("work", &["cache", cmd, "--json"]).ok());
+        let j = json(&xtask(&fx, "work", &["cache", cmd, "--json"]).ok());
         let text = j.to_string();
         assert!(text.contains("\"verdict\":\"untrusted\""), "{cmd}: {text}");
     }
@@ -672,7 +651,7 @@ fn status_and_list_show_signer_and_verdict_of_every_key() {
 /// are accepted.
 #[test]
 fn a_signed_gate_record_is_required_and_a_forged_one_is_refused() {
-    let fx = Fx::new(Some("require"), &["ci"]);
+    let fx = trusted(Some("require"), &["ci"]);
     std::fs::write(
         fx.work.join("cache-manifests/gates.toml"),
         "[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
@@ -691,41 +670,45 @@ fn a_signed_gate_record_is_required_and_a_forged_one_is_refused() {
     fx.env
         .git("work", ["commit", "-q", "-m", "gated, signed gates"]);
     fx.env.git("work", ["push", "-q", "origin", "main"]);
-    fx.env
-        .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), "forger"]);
+    fx.env.git(
+        ".",
+        ["clone", "-q", (&fx.daemon().url("origin.git")), "forger"],
+    );
 
     // A forged record: green, unsigned, pushed as a ref by someone else.
-    fx.xtask("forger", &["gates", "run"]).ok();
-    fx.xtask("forger", &["gates", "push"]).ok();
-    fx.xtask("work", &["gates", "check", "--fetch"]).ok();
-    let r = fx
-        .xtask("work", &["gates", "check", "--require-signed"])
-        .expect_code(12);
+    xtask(&fx, "forger", &["gates", "run"]).ok();
+    xtask(&fx, "forger", &["gates", "push"]).ok();
+    xtask(&fx, "work", &["gates", "check", "--fetch"]).ok();
+    let r = xtask(&fx, "work", &["gates", "check", "--require-signed"]).expect_code(12);
     assert!(
         r.stderr().contains("gate check") && r.stderr().contains("not signed"),
         "{}",
         r.stderr()
     );
-    let p = fx.publish("work", Some("ci"), &[]).expect_code(12);
+    let p = publish(&fx, "work", Some("ci"), &[]).expect_code(12);
     assert!(p.stderr().contains("signed_gates"), "{}", p.stderr());
 
     // Signed, but by a key the repository does not allow.
-    let evil = fx.key_path("evil");
-    fx.xtask(
+    let evil = key_path(&fx, "evil");
+    xtask(
+        &fx,
         "forger",
         &["gates", "run", "--signing-key", evil.to_str().unwrap()],
     )
     .ok();
-    fx.xtask("forger", &["gates", "push"]).ok();
-    let r = fx
-        .xtask("work", &["gates", "check", "--fetch", "--require-signed"])
-        .expect_code(12);
+    xtask(&fx, "forger", &["gates", "push"]).ok();
+    let r = xtask(
+        &fx,
+        "work",
+        &["gates", "check", "--fetch", "--require-signed"],
+    )
+    .expect_code(12);
     assert!(
         r.stderr().contains("signer seen: SHA256:"),
         "{}",
         r.stderr()
     );
-    fx.publish("work", Some("ci"), &[]).expect_code(12);
+    publish(&fx, "work", Some("ci"), &[]).expect_code(12);
     assert_eq!(
         Command::new("git")
             .args(["-C", fx.env.join("srv/origin.git").to_str().unwrap()])
@@ -739,15 +722,14 @@ fn a_signed_gate_record_is_required_and_a_forged_one_is_refused() {
     );
 
     // CI runs the gates and signs: accepted, and the publish goes through.
-    let ci = fx.key_path("ci");
+    let ci = key_path(&fx, "ci");
     let mut gates = fx.env.xtask_in("work");
     gates
         .env("WARMSTART_SIGNING_KEY", &ci)
         .args(["gates", "run", "--sign"]);
     run(&mut gates).ok();
-    fx.xtask("work", &["gates", "check", "--require-signed"])
-        .ok();
-    let p = json(&fx.publish("work", Some("ci"), &[]).ok());
+    xtask(&fx, "work", &["gates", "check", "--require-signed"]).ok();
+    let p = json(&publish(&fx, "work", Some("ci"), &[]).ok());
     assert_eq!(p["status"], "published");
     assert_eq!(p["ungated"], false);
 }
@@ -820,22 +802,22 @@ fn init_writes_require_only_with_a_first_signer() {
     );
 }
 
-/// Fallback keys under `require` (issue 17): a candidate that fails the
+/// Fallback keys under `require`: a candidate that fails the
 /// trust policy is skipped with a warning and the next one is tried; when
 /// none passes, exit 12 names each skipped key and the install stays.
 #[test]
 fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
-    let fx = Fx::new(Some("require"), &["ci"]);
+    let fx = trusted(Some("require"), &["ci"]);
     let fallback = "fallback = [{ prefix = \"art-\" }]\nrecheck = \"1ms\"\n";
-    fx.publish("work", Some("ci"), &[]).ok();
+    publish(&fx, "work", Some("ci"), &[]).ok();
     // The attacker's newer key: the newest candidate, signed by evil.
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    fx.manifest("att", "2", "");
-    fx.content("att", "evil");
-    fx.publish("att", Some("evil"), &[]).ok();
+    manifest(&fx, "att", "2", "");
+    content(&fx, "att", "evil");
+    publish(&fx, "att", Some("evil"), &[]).ok();
     // Today's pins give art-3, which nobody published.
-    fx.manifest("work", "3", fallback);
-    let r = fx.restore().ok();
+    manifest(&fx, "work", "3", fallback);
+    let r = restore(&fx).ok();
     let j = json(&r);
     assert_eq!(j["state"], "partial", "{j}");
     assert_eq!(j["key"], "art-1", "{j}");
@@ -851,17 +833,17 @@ fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
         "{warning}"
     );
     assert!(
-        std::fs::read_to_string(fx.target.join("bin/tool"))
+        std::fs::read_to_string(target(&fx).join("bin/tool"))
             .unwrap()
             .contains("v1")
     );
 
     // Every candidate untrusted: art-1 re-signed by the attacker too.
-    fx.manifest("att", "1", "");
-    fx.publish("att", Some("evil"), &[]).ok();
-    let before = fx.installed();
+    manifest(&fx, "att", "1", "");
+    publish(&fx, "att", Some("evil"), &[]).ok();
+    let before = installed(&fx);
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let r = fx.restore();
+    let r = restore(&fx);
     assert_eq!(r.code(), 12, "{}", show(&r.out));
     let err = r.stderr();
     let line = err
@@ -877,11 +859,11 @@ fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
     ] {
         assert!(line.contains(want), "{want}: {line}");
     }
-    assert_eq!(fx.installed(), before, "the install changed");
+    assert_eq!(installed(&fx), before, "the install changed");
     // An untrusted exact key is still refused, never passed over for a
     // fallback: the pin of the attacker's key.
-    fx.manifest("work", "2", fallback);
-    let r = fx.restore();
+    manifest(&fx, "work", "2", fallback);
+    let r = restore(&fx);
     assert_eq!(r.code(), 12, "{}", show(&r.out));
     assert!(
         r.stderr().contains("untrusted: key art-2"),
@@ -889,7 +871,7 @@ fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
         r.stderr()
     );
     assert!(!r.stderr().contains("trying the next"), "{}", r.stderr());
-    assert_eq!(fx.installed(), before, "the install changed");
+    assert_eq!(installed(&fx), before, "the install changed");
 }
 
 /// `restore` (restore.toml) with a cache step whose key the trust policy
@@ -898,8 +880,8 @@ fn an_untrusted_fallback_candidate_is_skipped_and_the_next_tried() {
 /// any other step's failure, even after a fail-open trust refusal.
 #[test]
 fn restore_strict_exits_12_when_a_cache_step_is_refused_by_trust() {
-    let fx = Fx::new(Some("require"), &["ci"]);
-    fx.publish("att", Some("evil"), &[]).ok();
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "att", Some("evil"), &[]).ok();
     let plan = |first: &str, second: &str| {
         std::fs::write(
             fx.work.join("cache-manifests/restore.toml"),
@@ -918,7 +900,7 @@ fn restore_strict_exits_12_when_a_cache_step_is_refused_by_trust() {
     let restore = |args: &[&str]| {
         let mut a = vec!["restore"];
         a.extend(args);
-        fx.xtask("work", &a)
+        xtask(&fx, "work", &a)
     };
 
     plan(&art(""), &boom(""));
@@ -971,11 +953,11 @@ fn restore_strict_exits_12_when_a_cache_step_is_refused_by_trust() {
         "{}",
         r.stderr()
     );
-    assert!(!fx.target.exists(), "installed anyway");
+    assert!(!target(&fx).exists(), "installed anyway");
 }
 
 /// The blob id of each `<key>.statement` and `.sig` on origin's branch.
-fn statement_blobs(fx: &Fx) -> std::collections::BTreeMap<String, String> {
+fn statement_blobs(fx: &Fixture) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
     for l in fx
         .env
@@ -993,23 +975,27 @@ fn statement_blobs(fx: &Fx) -> std::collections::BTreeMap<String, String> {
     out
 }
 
-/// Prune and `[publish] keep` under `require` (issue 16's rule): the kept
+/// Prune and `[publish] keep` under `require`: the kept
 /// keys' statements and signatures stay byte for byte and still verify on
 /// another clone; a dropped key's go with it; a tampered kept signature is
 /// named at prune and at publish time, and kept as it is (never re-signed).
 #[test]
 fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
-    let fx = Fx::new(Some("require"), &["ci"]);
+    let fx = trusted(Some("require"), &["ci"]);
     for v in ["1", "2", "3", "4"] {
-        fx.pin(v);
-        fx.publish("work", Some("ci"), &[]).ok();
+        pin(&fx, v);
+        publish(&fx, "work", Some("ci"), &[]).ok();
     }
     fx.env.git("work", ["push", "-q", "origin", "main"]);
     let before = statement_blobs(&fx);
     assert_eq!(before.len(), 8, "{before:?}");
     let p = json(
-        &fx.xtask("work", &["cache", "prune", CACHE, "--keep", "3", "--json"])
-            .ok(),
+        &xtask(
+            &fx,
+            "work",
+            &["cache", "prune", CACHE, "--keep", "3", "--json"],
+        )
+        .ok(),
     );
     assert_eq!(p["status"], "pruned", "{p}");
     let after = statement_blobs(&fx);
@@ -1021,20 +1007,26 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
     );
 
     // Another clone, with the same trust root at HEAD, restores kept keys.
-    fx.env
-        .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), "other"]);
+    fx.env.git(
+        ".",
+        ["clone", "-q", (&fx.daemon().url("origin.git")), "other"],
+    );
     for k in ["art-2", "art-4"] {
         let r = json(
-            &fx.xtask("other", &["cache", "restore", CACHE, "--key", k, "--json"])
-                .ok(),
+            &xtask(
+                &fx,
+                "other",
+                &["cache", "restore", CACHE, "--key", k, "--json"],
+            )
+            .ok(),
         );
         assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{k}: {r}");
     }
 
     // The attacker swaps art-3's signature for one by evil over the same
     // statement: a prune keeping art-3 names it, and keeps its bytes.
-    let evil = fx.key_path("evil");
-    fx.tamper(|d| {
+    let evil = key_path(&fx, "evil");
+    tamper(&fx, |d| {
         std::fs::remove_file(d.join("art-3.statement.sig")).unwrap();
         let out = Command::new("ssh-keygen")
             .args(["-q", "-Y", "sign", "-n", "warmstart-cache", "-f"])
@@ -1045,9 +1037,12 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
         assert!(out.status.success(), "{}", show(&out));
     });
     let tampered = statement_blobs(&fx);
-    let r = fx
-        .xtask("work", &["cache", "prune", CACHE, "--keep", "2", "--json"])
-        .ok();
+    let r = xtask(
+        &fx,
+        "work",
+        &["cache", "prune", CACHE, "--keep", "2", "--json"],
+    )
+    .ok();
     assert_eq!(json(&r)["status"], "pruned");
     assert!(
         r.stderr().contains("kept key art-3") && r.stderr().contains("untrusted"),
@@ -1057,27 +1052,27 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
     let mut expected = tampered.clone();
     expected.retain(|name, _| !name.starts_with("art-2."));
     assert_eq!(statement_blobs(&fx), expected);
-    let r = fx.xtask("other", &["cache", "restore", CACHE, "--key", "art-3"]);
+    let r = xtask(&fx, "other", &["cache", "restore", CACHE, "--key", "art-3"]);
     assert_eq!(r.code(), 12, "{}", show(&r.out));
     // `cache resign --key art-4` re-signs only art-4: art-3 is named, and
     // its bytes stay.
-    let ci = fx.key_path("ci");
+    let ci = key_path(&fx, "ci");
     let before_resign = statement_blobs(&fx);
-    let r = fx
-        .xtask(
-            "work",
-            &[
-                "cache",
-                "resign",
-                CACHE,
-                "--key",
-                "art-4",
-                "--signing-key",
-                ci.to_str().unwrap(),
-                "--json",
-            ],
-        )
-        .ok();
+    let r = xtask(
+        &fx,
+        "work",
+        &[
+            "cache",
+            "resign",
+            CACHE,
+            "--key",
+            "art-4",
+            "--signing-key",
+            ci.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .ok();
     assert!(r.stderr().contains("kept key art-3"), "{}", r.stderr());
     assert_eq!(json(&r)["resigned"], serde_json::json!(["art-4"]));
     let after_resign = statement_blobs(&fx);
@@ -1104,11 +1099,11 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
         .unwrap()
     };
     manifest("5", "");
-    let r = fx.publish("work", Some("ci"), &[]).ok();
+    let r = publish(&fx, "work", Some("ci"), &[]).ok();
     assert!(r.stderr().contains("kept key art-3"), "{}", r.stderr());
     let before_keep = statement_blobs(&fx);
     manifest("6", "keep = 3\n");
-    let r = fx.publish("work", Some("ci"), &[]).ok();
+    let r = publish(&fx, "work", Some("ci"), &[]).ok();
     let j = json(&r);
     assert!(
         j["pruned"].to_string().contains("art-3"),
@@ -1130,7 +1125,8 @@ fn prune_and_publish_keep_the_other_keys_signatures_and_check_them() {
     );
     for k in ["art-4", "art-5", "art-6"] {
         let r = json(
-            &fx.xtask(
+            &xtask(
+                &fx,
                 "other",
                 &["cache", "restore", CACHE, "--key", k, "--verify", "--json"],
             )
@@ -1162,15 +1158,15 @@ fn old_git() -> PathBuf {
     git
 }
 
-/// Issue 14: with Debian 12's git 2.39, whose `ls-tree -l` and `cat-file
+/// Old git: with Debian 12's git 2.39, whose `ls-tree -l` and `cat-file
 /// --batch-check` die on a blob a filtered fetch left out, a signed cache
 /// restores (its chunks fetched by id), publishes from a clone that lacks
 /// the other key's chunks, prunes, and verifies.
 #[test]
 fn cache_commands_work_with_git_2_39() {
     let old = old_git();
-    let fx = Fx::new(Some("require"), &["ci"]);
-    fx.publish("work", Some("ci"), &[]).ok();
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "work", Some("ci"), &[]).ok();
     fx.env.git("work", ["push", "-q", "origin", "main"]);
     let bin = fx.env.join("old-git-bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -1185,23 +1181,25 @@ fn cache_commands_work_with_git_2_39() {
         run(&mut cmd)
     };
     for clone in ["other", "third"] {
-        fx.env
-            .git(".", ["clone", "-q", &fx.daemon.url("origin.git"), clone]);
+        fx.env.git(
+            ".",
+            ["clone", "-q", (&fx.daemon().url("origin.git")), clone],
+        );
     }
     let r = json(&with_old_git("other", &["cache", "restore", CACHE, "--json"]).ok());
     assert_eq!(r["state"], "restored", "{r}");
     assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{r}");
     // The clone holds the cache branch's blobs: they are copied out of it
-    // (hashed) rather than fetched again (issue 18).
+    // (hashed) rather than fetched again.
     assert!(r["chunks_from_clone"].as_u64().unwrap() >= 1, "{r}");
     assert_eq!(
         std::fs::read_to_string(fx.env.join("other/restored/art/bin/tool")).unwrap(),
         "#!/bin/sh\necho v1\n"
     );
     // A publish from a clone whose store lacks art-1's chunks keeps them.
-    fx.manifest("third", "2", "");
-    fx.content("third", "v2");
-    let ci = fx.key_path("ci");
+    manifest(&fx, "third", "2", "");
+    content(&fx, "third", "v2");
+    let ci = key_path(&fx, "ci");
     let p = with_old_git(
         "third",
         &[

@@ -3,8 +3,8 @@
 //! naming the entry with nothing written outside; good tars written by GNU tar
 //! unpack to the same tree GNU tar itself produces.
 
+use crate::util::tree::{Detail, snapshot};
 use crate::util::{TestEnv, show};
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -107,46 +107,6 @@ fn sandbox(env: &TestEnv) -> (PathBuf, PathBuf) {
     (dest, outside)
 }
 
-/// Every path under `root` with what it is: type, mode, content or target.
-pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
-    snapshot_with(root, true)
-}
-
-/// `snapshot`, optionally without directory mtimes (which differ when a
-/// tar has no directory entries and each tool creates them at its own time).
-pub fn snapshot_with(root: &Path, dir_mtimes: bool) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for e in fs::read_dir(root.join(&rel)).unwrap() {
-            let e = e.unwrap();
-            let rel = rel.join(e.file_name());
-            let p = root.join(&rel);
-            let m = fs::symlink_metadata(&p).unwrap();
-            let mode = m.permissions().mode() & 0o7777;
-            let what = if m.file_type().is_symlink() {
-                format!("link -> {}", fs::read_link(&p).unwrap().display())
-            } else if m.is_dir() {
-                stack.push(rel.clone());
-                if dir_mtimes {
-                    format!("dir {mode:o} mtime {}", m.mtime())
-                } else {
-                    format!("dir {mode:o}")
-                }
-            } else {
-                format!(
-                    "file {mode:o} mtime {} nlink {} {}",
-                    m.mtime(),
-                    m.nlink(),
-                    crate::util::sha256sum(&p)
-                )
-            };
-            out.insert(rel.to_string_lossy().into_owned(), what);
-        }
-    }
-    out
-}
-
 fn extract(
     tar: &Path,
     dest: &Path,
@@ -165,7 +125,7 @@ fn assert_refused(case: &str, arg: &str, entry: &str, reason: &str, opts: Option
     let hostname_before = fs::metadata("/etc/hostname")
         .map(|m| (m.nlink(), m.len()))
         .ok();
-    let before = snapshot(&outside);
+    let before = snapshot(&outside, Detail::EXTRACTED);
     let err = extract(&tar, &dest, Limits::GENEROUS, opts).expect_err(case);
     let msg = format!("{err:#}");
     assert_eq!(code_of(&err), Code::Unsafe, "{case}: {msg}");
@@ -178,7 +138,7 @@ fn assert_refused(case: &str, arg: &str, entry: &str, reason: &str, opts: Option
         "{case}: reason `{reason}` missing: {msg}"
     );
     assert_eq!(
-        snapshot(&outside),
+        snapshot(&outside, Detail::EXTRACTED),
         before,
         "{case}: something was written outside"
     );
@@ -499,7 +459,11 @@ fn unpack_matches_gnu_tar_for_pax_and_gnu_archives() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", show(&o));
-        assert_eq!(snapshot(&ours), snapshot(&theirs), "{format}: trees differ");
+        assert_eq!(
+            snapshot(&ours, Detail::EXTRACTED),
+            snapshot(&theirs, Detail::EXTRACTED),
+            "{format}: trees differ"
+        );
         assert_eq!(
             (stats.files, stats.symlinks, stats.hardlinks),
             (5, 2, 1),
@@ -632,7 +596,7 @@ fn unpack_writer_failure_stops_the_run_naming_the_entry() {
     for writers in [None, Some(0), Some(1), Some(3)] {
         let env = TestEnv::new();
         let (dest, outside) = sandbox(&env);
-        let before = snapshot(&outside);
+        let before = snapshot(&outside, Detail::EXTRACTED);
         let tar = hostile(&env, "writer-fails", "");
         let err = extract(&tar, &dest, Limits::GENEROUS, with_writers(writers)).unwrap_err();
         let msg = format!("{err:#}");
@@ -652,12 +616,16 @@ fn unpack_writer_failure_stops_the_run_naming_the_entry() {
         );
         assert!(!dest.join("zz-after").exists(), "{writers:?}");
         assert_eq!(fs::read_to_string(dest.join("a/f0299")).unwrap(), "299");
-        assert_eq!(snapshot(&outside), before, "{writers:?}: wrote outside");
+        assert_eq!(
+            snapshot(&outside, Detail::EXTRACTED),
+            before,
+            "{writers:?}: wrote outside"
+        );
 
         // A duplicate among the writers' files is an archive problem.
         let env = TestEnv::new();
         let (dest, outside) = sandbox(&env);
-        let before = snapshot(&outside);
+        let before = snapshot(&outside, Detail::EXTRACTED);
         let tar = hostile(&env, "duplicate-among-many", "");
         let err = extract(&tar, &dest, Limits::GENEROUS, with_writers(writers)).unwrap_err();
         let msg = format!("{err:#}");
@@ -667,7 +635,7 @@ fn unpack_writer_failure_stops_the_run_naming_the_entry() {
             "{writers:?}: {msg}"
         );
         assert!(!dest.join("h").exists() && !dest.join("zz-after").exists());
-        assert_eq!(snapshot(&outside), before);
+        assert_eq!(snapshot(&outside, Detail::EXTRACTED), before);
     }
 }
 
@@ -699,29 +667,6 @@ fn unpack_hardlinks_to_files_the_writers_create() {
             assert_eq!(b.nlink(), expect_nlink, "{writers:?}: {link}");
         }
     }
-}
-
-/// Every path under `root` with its type, mode, mtime and contents (read
-/// here, not by a process per file: this tree has thousands).
-fn tree_bytes(root: &Path) -> BTreeMap<String, (String, Vec<u8>)> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for e in fs::read_dir(root.join(&rel)).unwrap() {
-            let rel = rel.join(e.unwrap().file_name());
-            let p = root.join(&rel);
-            let m = fs::symlink_metadata(&p).unwrap();
-            let what = format!("{:o} {} {}", m.mode(), m.mtime(), m.nlink());
-            let data = if m.is_dir() {
-                stack.push(rel.clone());
-                Vec::new()
-            } else {
-                fs::read(&p).unwrap()
-            };
-            out.insert(rel.to_string_lossy().into_owned(), (what, data));
-        }
-    }
-    out
 }
 
 #[test]
@@ -794,13 +739,13 @@ fn unpack_round_trips_many_small_files_and_large_ones() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", show(&o));
-    let want = tree_bytes(&theirs);
+    let want = snapshot(&theirs, Detail::EXTRACTED);
     for writers in [None, Some(0), Some(3)] {
         let ours = env.join(format!("ours-{writers:?}"));
         fs::create_dir(&ours).unwrap();
         let stats = extract(&tar, &ours, Limits::GENEROUS, with_writers(writers)).unwrap();
         assert_eq!((stats.files, stats.bytes, stats.dirs), (files, bytes, 12));
-        let got = tree_bytes(&ours);
+        let got = snapshot(&ours, Detail::EXTRACTED);
         assert_eq!(got.len(), want.len(), "{writers:?}");
         for (path, w) in &want {
             assert!(got.get(path) == Some(w), "{writers:?}: {path} differs");

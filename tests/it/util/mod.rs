@@ -7,7 +7,9 @@
 
 #![allow(dead_code)]
 
+pub mod fixture;
 pub mod git_daemon;
+pub mod http;
 pub mod http_backend;
 pub mod rng;
 pub mod servers;

@@ -209,6 +209,103 @@ fn file_sha256(path: &Path) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What a `snapshot` records of each path beyond its kind, permission bits,
+/// symlink target and file content (size and sha256).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Detail {
+    /// Directory mtimes (seconds). Off where staging beside a directory, or
+    /// a tar without directory entries, changes them legitimately.
+    pub dir_mtimes: bool,
+    /// File mtimes (seconds).
+    pub file_mtimes: bool,
+    /// The nanoseconds of every recorded mtime too.
+    pub mtime_nsec: bool,
+    /// File link counts (hardlinks).
+    pub nlink: bool,
+}
+
+impl Detail {
+    /// Mtimes (seconds) of files and directories and link counts: what
+    /// an extraction must reproduce.
+    pub const EXTRACTED: Detail = Detail {
+        dir_mtimes: true,
+        file_mtimes: true,
+        mtime_nsec: false,
+        nlink: true,
+    };
+    /// File mtimes to the nanosecond, no directory mtimes: what a refused
+    /// or contained install must leave untouched.
+    pub const UNTOUCHED: Detail = Detail {
+        dir_mtimes: false,
+        file_mtimes: true,
+        mtime_nsec: true,
+        nlink: false,
+    };
+}
+
+/// Every path under `root` (relative, as the key) with what it is: kind,
+/// permission bits, link target or content, and what `detail` asks for.
+/// Two snapshots are equal exactly when nothing they record changed.
+pub fn snapshot(root: &Path, detail: Detail) -> BTreeMap<String, String> {
+    let mtime = |m: &fs::Metadata| {
+        if detail.mtime_nsec {
+            format!(" mtime {}.{}", m.mtime(), m.mtime_nsec())
+        } else {
+            format!(" mtime {}", m.mtime())
+        }
+    };
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+            let rel = rel.join(e.unwrap().file_name());
+            let p = root.join(&rel);
+            let m = fs::symlink_metadata(&p).unwrap();
+            let mode = m.mode() & 0o7777;
+            let mut what = if m.file_type().is_symlink() {
+                format!("link -> {}", fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                stack.push(rel.clone());
+                format!("dir {mode:o}")
+            } else {
+                format!("file {mode:o}")
+            };
+            if m.is_dir() && detail.dir_mtimes || m.is_file() && detail.file_mtimes {
+                what.push_str(&mtime(&m));
+            }
+            if m.is_file() {
+                if detail.nlink {
+                    what.push_str(&format!(" nlink {}", m.nlink()));
+                }
+                what.push_str(&format!(" {} bytes {}", m.len(), file_sha256(&p)));
+            }
+            out.insert(rel.to_string_lossy().into_owned(), what);
+        }
+    }
+    out
+}
+
+/// Every regular file under `dir` with its bytes and mtime, sorted (a
+/// missing `dir` has none): a warm run must change none of them.
+pub fn files_with_mtimes(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten() {
+            let p = e.unwrap().path();
+            let meta = fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file() {
+                out.push((p.clone(), fs::read(&p).unwrap(), meta.modified().unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// Panics, listing every difference, unless the trees under `a` and `b` hold
 /// the same paths with the same kind, content, permission bits (files and
 /// directories), symlink targets and hardlink groups. The roots themselves

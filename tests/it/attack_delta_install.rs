@@ -1,70 +1,60 @@
-//! Attacks on issue 18's delta install: what a pusher who wrote a lying
+//! Attacks on the delta install: what a pusher who wrote a lying
 //! file index can keep in a later, honest key's tree.
 
-use crate::util::{Run, TestEnv, run, show};
+use crate::util::fixture::{Fixture, Manifest, Serve};
+use crate::util::{TestEnv, show};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::io::Read;
 use std::path::PathBuf;
 
-struct Fx {
-    env: TestEnv,
-    target: PathBuf,
+/// The delta cache `dt`: key `dt-<v>` pinned in `pins.txt`, packing `../art`
+/// in 8 KiB average chunks, installed at `installed/dt`.
+fn delta_cache() -> Fixture {
+    let fx = Fixture::serve(Serve::RelativePath);
+    Manifest::pinned("pins.txt", "../art")
+        .cache("description = \"delta\"")
+        .publish("chunk_avg = \"8KiB\"")
+        .restore_path(target(&fx))
+        .write(&fx.work, "dt");
+    fx
 }
 
-impl Fx {
-    fn new() -> Fx {
-        let env = TestEnv::new();
-        env.bare_remote("origin.git");
-        let work = env.work_repo("work");
-        env.git("work", ["remote", "add", "origin", "../origin.git"]);
-        let target = env.join("installed/dt");
-        let text = format!(
-            "[cache]\ndescription = \"delta\"\n\n[[key]]\nname = \"v\"\nregex = {{ file = \"pins.txt\", pattern = 'v=(\\S+)' }}\n\n[pack]\nroot = \"../art\"\n\n[publish]\nchunk_avg = \"8KiB\"\n\n[restore]\npath = \"{}\"\n",
-            target.display()
-        );
-        fs::create_dir_all(work.join("cache-manifests")).unwrap();
-        fs::write(work.join("cache-manifests/dt.toml"), text).unwrap();
-        Fx { env, target }
-    }
+fn target(fx: &Fixture) -> PathBuf {
+    fx.env.join("installed/dt")
+}
 
-    fn json(&self, args: &[&str]) -> Value {
-        let r: Run = run(self.env.xtask_in("work").args(args)).ok();
-        serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
-    }
+fn pin(fx: &Fixture, v: &str) {
+    fx.write("pins.txt", &format!("v={v}\n"));
+}
 
-    fn pin(&self, v: &str) {
-        fs::write(self.env.join("work/pins.txt"), format!("v={v}\n")).unwrap();
+/// Publishes `dt-<v>`: forty files, `d/f00` says `first`.
+fn publish(fx: &Fixture, v: &str, first: &str) {
+    pin(fx, v);
+    let art = fx.env.join("art");
+    let _ = fs::remove_dir_all(&art);
+    fs::create_dir_all(art.join("d")).unwrap();
+    for i in 0..40 {
+        let tag = if i == 0 { first } else { "base" };
+        fs::write(
+            art.join(format!("d/f{i:02}")),
+            format!("{i} {tag}\n").repeat(200),
+        )
+        .unwrap();
     }
+    // Written after d/f00, so that its ctime is well before the
+    // install's end (as any file is, an hour later).
+    fs::create_dir_all(art.join("e")).unwrap();
+    for i in 0..3000 {
+        fs::write(art.join(format!("e/g{i:04}")), format!("{i}\n")).unwrap();
+    }
+    fx.publish("dt");
+}
 
-    /// Publishes `dt-<v>`: forty files, `d/f00` says `first`.
-    fn publish(&self, v: &str, first: &str) {
-        self.pin(v);
-        let art = self.env.join("art");
-        let _ = fs::remove_dir_all(&art);
-        fs::create_dir_all(art.join("d")).unwrap();
-        for i in 0..40 {
-            let tag = if i == 0 { first } else { "base" };
-            fs::write(
-                art.join(format!("d/f{i:02}")),
-                format!("{i} {tag}\n").repeat(200),
-            )
-            .unwrap();
-        }
-        // Written after d/f00, so that its ctime is well before the
-        // install's end (as any file is, an hour later).
-        fs::create_dir_all(art.join("e")).unwrap();
-        for i in 0..3000 {
-            fs::write(art.join(format!("e/g{i:04}")), format!("{i}\n")).unwrap();
-        }
-        self.json(&["cache", "publish", "dt", "--json"]);
-    }
-
-    fn restore(&self, v: &str) -> Value {
-        self.pin(v);
-        self.json(&["cache", "restore", "dt", "--json"])
-    }
+fn restore(fx: &Fixture, v: &str) -> Value {
+    pin(fx, v);
+    fx.restore("dt")
 }
 
 fn zstd_decode(bytes: &[u8]) -> Vec<u8> {
@@ -87,10 +77,10 @@ fn hex(b: &[u8]) -> String {
 /// and stays so for every later key where the file does not change.
 #[test]
 fn a_lying_index_of_the_installed_key_never_keeps_its_file_in_a_later_key() {
-    let fx = Fx::new();
+    let fx = delta_cache();
     let evil = "0 evil\n".repeat(200);
     let good = "0 base\n".repeat(200);
-    fx.publish("1", "evil");
+    publish(&fx, "1", "evil");
     // The pusher rewrites dt-1's index: d/f00's digest becomes the good one.
     let env = &fx.env;
     let refs = env.git("origin.git", ["for-each-ref", "--format=%(refname)"]);
@@ -140,15 +130,15 @@ fn a_lying_index_of_the_installed_key_never_keeps_its_file_in_a_later_key() {
     let spec = format!("+{}:{cache_ref}", commit.trim());
     env.git("evil", ["push", "-q", "origin", &spec]);
 
-    let j = fx.restore("1");
+    let j = restore(&fx, "1");
     assert_eq!(j["state"], "restored", "{j}");
-    assert_eq!(fs::read_to_string(fx.target.join("d/f00")).unwrap(), evil);
+    assert_eq!(fs::read_to_string(target(&fx).join("d/f00")).unwrap(), evil);
     // The honest publisher's key: d/f00 is the good content.
-    fx.publish("2", "base");
-    let j = fx.restore("2");
+    publish(&fx, "2", "base");
+    let j = restore(&fx, "2");
     assert_eq!(j["state"], "restored", "{j}");
     assert_eq!(
-        fs::read_to_string(fx.target.join("d/f00")).unwrap(),
+        fs::read_to_string(target(&fx).join("d/f00")).unwrap(),
         good,
         "the delta kept the pusher's file in dt-2's tree: {j}"
     );
@@ -223,9 +213,9 @@ fn zstd_cli(args: &[&str], input: &[u8]) -> std::process::Output {
 /// zstd's default memory limit refuse that key.
 #[test]
 fn a_reused_frame_always_decodes_within_zstds_default_window() {
-    let fx = Fx::new();
+    let fx = delta_cache();
     let env = &fx.env;
-    fx.publish("1", "base");
+    publish(&fx, "1", "base");
     let cache_ref = pusher_checkout(env);
     let wj = env.join("evil/warmstart.json");
     let mut j: Value = serde_json::from_str(&fs::read_to_string(&wj).unwrap()).unwrap();
@@ -259,9 +249,9 @@ fn a_reused_frame_always_decodes_within_zstds_default_window() {
 
     // CI restores the cache it refreshes (so cache.git holds its chunks),
     // then publishes the key again, one file changed.
-    let r = fx.restore("1");
+    let r = restore(&fx, "1");
     assert_eq!(r["state"], "restored", "{r}");
-    fx.publish("1", "next");
+    publish(&fx, "1", "next");
     pusher_checkout(env);
     let j: Value =
         serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
@@ -285,9 +275,9 @@ fn a_reused_frame_always_decodes_within_zstds_default_window() {
 /// restore accepts, and each later refresh keeps it so.
 #[test]
 fn a_refresh_never_takes_a_branch_blob_whose_bytes_are_not_its_digest() {
-    let fx = Fx::new();
+    let fx = delta_cache();
     let env = &fx.env;
-    fx.publish("1", "base");
+    publish(&fx, "1", "base");
     let cache_ref = pusher_checkout(env);
     let j: Value =
         serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
@@ -299,7 +289,7 @@ fn a_refresh_never_takes_a_branch_blob_whose_bytes_are_not_its_digest() {
     fs::write(env.join("evil").join(&victim), "not the chunk\n").unwrap();
     pusher_push(env, &cache_ref);
     // The honest refresh: d/f00 changes, the chunk after it does not.
-    fx.publish("1", "next");
-    let r = fx.restore("1");
+    publish(&fx, "1", "next");
+    let r = restore(&fx, "1");
     assert_eq!(r["state"], "restored", "{r}");
 }

@@ -1,11 +1,13 @@
-//! Signed statement version 2 (issue 18): what it adds to version 1 is
+//! Signed statement version 2 (the fields of the framed format): what it adds to version 1 is
 //! bound, so a pusher who cannot sign changes none of it. The restore
 //! refuses (exit 12) before a chunk of the new key is fetched, and the
 //! install stays; the shell bootstrap reads version 2 and refuses a version
 //! it does not know. Real ssh-keygen keys, a real `git daemon`, branches
-//! crafted by `compat18` from a real publish's tar.
+//! crafted by `cache_format_compat` from a real publish's tar.
 
-use crate::compat18::{Cx, Files, Shape, branch_of, craft, sign_into, statement_of, tar_of};
+use crate::cache_format_compat::{
+    Cx, Files, Shape, branch_of, craft, sign_into, statement_of, tar_of,
+};
 use crate::util::rng::Rng;
 use crate::util::{show, source_root};
 use serde_json::Value;

@@ -86,7 +86,7 @@ fn check_untouched(kind: &str, keep: &[(PathBuf, Vec<u8>)], absent: &[PathBuf]) 
 }
 
 #[test]
-fn attack2_service_log_is_never_written_through_a_planted_path() {
+fn planted_service_log_is_never_written_through_a_planted_path() {
     let env = TestEnv::new();
     env.work_repo("w");
     let victims = env.join("victims");
@@ -125,7 +125,7 @@ fn attack2_service_log_is_never_written_through_a_planted_path() {
 }
 
 #[test]
-fn attack2_restore_env_append_never_writes_through_a_planted_path() {
+fn planted_restore_env_append_never_writes_through_a_planted_path() {
     let env = TestEnv::new();
     env.work_repo("r");
     std::fs::create_dir_all(env.join("r/cache-manifests")).unwrap();
@@ -169,7 +169,7 @@ fn attack2_restore_env_append_never_writes_through_a_planted_path() {
 /// `seen` that is not one well-formed `<cache> <key> <created_at>`, and never
 /// lowers the newest time recorded for an entry.
 #[test]
-fn attack2_seen_legacy_record_never_injects_lines() {
+fn planted_seen_legacy_record_never_injects_lines() {
     use warmstart::trust::seen;
     let pieces = [
         "c",
@@ -261,7 +261,7 @@ fn attack2_seen_legacy_record_never_injects_lines() {
 /// (another platform's key claiming today's platform) never make a
 /// `drop` fallback choose that key; honest entries still match.
 #[test]
-fn attack2_fallback_never_chooses_a_key_its_parts_do_not_spell() {
+fn planted_fallback_never_chooses_a_key_its_parts_do_not_spell() {
     use warmstart::cache::format::fallback::candidates;
     use warmstart::cache::format::manifest::{Fallback, key_from_parts};
     use warmstart::cache::format::{BranchManifest, Chunk, KeyEntry, KeyPart};

@@ -1,5 +1,6 @@
-//! Issue 18 compatibility, through the real binary, real git (`git daemon`
-//! on 127.0.0.1), the zstd CLI and coreutils:
+//! Compatibility of the framed cache format with today's branches and with
+//! older binaries, through the real binary, real git (`git daemon` on
+//! 127.0.0.1), the zstd CLI and coreutils:
 //! - branches in today's shape (one zstd stream cut at fixed sizes, no
 //!   `frames`, raw digests or index) still restore, unsigned and signed
 //!   with a version 1 statement written here by hand from README "Trust";
@@ -190,7 +191,7 @@ impl Cx {
     pub fn installed(&self) -> (BTreeMap<String, String>, Option<Vec<u8>>) {
         let stamp = std::fs::read(self.work.join(".git/warmstart/cache/stamps/art.json")).ok();
         let files = if self.target.exists() {
-            crate::unpack::snapshot(&self.target)
+            crate::util::tree::snapshot(&self.target, crate::util::tree::Detail::EXTRACTED)
         } else {
             BTreeMap::new()
         };
@@ -238,7 +239,7 @@ pub fn tar_of(files: &Files, key: &str) -> (Vec<u8>, Value) {
 pub enum Shape {
     /// Today's: one zstd stream (`zstd -3`), cut every `n` bytes.
     Stream(usize),
-    /// Issue 18's: the tar cut into `n` slices of about equal size, each
+    /// The framed format's: the tar cut into `n` slices of about equal size, each
     /// compressed on its own (`zstd -3`, content checksum on), with raw
     /// sizes and digests and a `frames` record.
     Frames(usize),
