@@ -19,6 +19,7 @@ pub mod conda;
 pub mod contract;
 pub mod demo;
 pub mod exit;
+pub mod fsio;
 pub mod gates;
 pub mod git;
 pub mod glob;

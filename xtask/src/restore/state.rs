@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
@@ -225,22 +225,7 @@ pub fn update(paths: &Paths, f: impl FnOnce(&mut StateFile)) -> Result<()> {
     write_atomic(&paths.state, text.as_bytes())
 }
 
-/// Writes `bytes` to a temp file beside `path`, then renames it over `path`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().context("a state path has a parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    // Unique per write, not only per process: steps of a parallel plan
-    // write from several threads at once.
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))
-}
+pub use crate::fsio::write_atomic;
 
 fn stamp_path(paths: &Paths, step: &str) -> PathBuf {
     paths.stamps.join(format!("{step}.json"))
