@@ -20,9 +20,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
 
-use super::writers::{Job, Writers, create_file, finish_file};
+use super::create::{create_file, finish_file, refuse, set_symlink_mtime};
+use super::writers::{Job, Writers};
 use super::{Limits, Options, Stats};
 use crate::exit::{Code, fail};
 
@@ -273,14 +273,6 @@ fn read_whole(entry: &mut impl Read, size: u64, name: &str) -> Result<Vec<u8>> {
         ));
     }
     Ok(data)
-}
-
-/// A refusal naming the entry.
-pub(super) fn refuse(name: &str, reason: impl std::fmt::Display) -> anyhow::Error {
-    fail(
-        Code::Unsafe,
-        format!("refusing tar entry `{name}`: {reason}"),
-    )
 }
 
 /// Splits an archive path into its normal components, refusing absolute
@@ -680,46 +672,6 @@ impl Extractor<'_> {
         }
         Ok(())
     }
-}
-
-pub(super) fn epoch(secs: u64) -> SystemTime {
-    // Clamped like `set_symlink_mtime`: a base-256 mtime beyond i64::MAX
-    // seconds must not overflow (a panic); the kernel clamps what remains
-    // to what the file system can store.
-    let secs = secs.min(i64::MAX as u64);
-    SystemTime::UNIX_EPOCH
-        .checked_add(Duration::from_secs(secs))
-        .unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
-/// Sets the mtime of `path` itself (not what a symlink points to).
-fn set_symlink_mtime(path: &Path, mtime: u64) -> Result<()> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .with_context(|| format!("{} contains a NUL byte", path.display()))?;
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        libc::timespec {
-            tv_sec: mtime.min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: 0,
-        },
-    ];
-    // SAFETY: `c` is a valid NUL-terminated path and `times` has two entries.
-    let rc = unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error())
-            .with_context(|| format!("setting the mtime of {}", path.display()));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
