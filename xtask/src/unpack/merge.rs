@@ -339,15 +339,7 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
                 places.insert(rel, same);
                 continue;
             }
-            return Err(fail(
-                Code::Unsafe,
-                format!(
-                    "cannot merge into {}: `{}` and `{}` land on the same path, through a symlink of the prefix; nothing was installed",
-                    plan.prefix.display(),
-                    r0.display(),
-                    rel.display()
-                ),
-            ));
+            return Err(same_landing(plan, r0, rel));
         }
         let dst = match parent {
             Place::Existing { .. } => Some(dsts.get(parent_rel, &plan.prefix, || {
@@ -363,26 +355,7 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
         };
         match kind {
             Kind::Dir => {
-                let depth = parent.depth() + 1;
-                let place = match (there, &dst) {
-                    (Some(st), _) if is_dir(&st) => Place::Existing {
-                        dev: st.st_dev,
-                        ino: st.st_ino,
-                        depth,
-                    },
-                    (Some(st), Some(dst)) if is_link(&st) => {
-                        let through = through_link(root, plan, rel, dst, name)?;
-                        let depth = depth_below(root, &through).with_context(|| {
-                            format!("placing {}", plan.prefix.join(rel).display())
-                        })?;
-                        Place::existing(&through, depth)?
-                    }
-                    (Some(_), _) => return Err(file_meets_dir(plan, rel)),
-                    (None, _) => Place::New {
-                        rel: rel.clone(),
-                        depth,
-                    },
-                };
+                let place = place_dir(root, plan, rel, parent.depth() + 1, there, dst)?;
                 places.insert(rel, place);
             }
             Kind::File => {
@@ -399,6 +372,48 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where the staged directory `rel` lands: the directory there (maybe
+/// through a symlink of the prefix), or a new one at `depth`.
+fn place_dir(
+    root: &Dir,
+    plan: &Journal,
+    rel: &Path,
+    depth: usize,
+    there: Option<libc::stat>,
+    dst: Option<&Dir>,
+) -> Result<Place> {
+    Ok(match (there, dst) {
+        (Some(st), _) if is_dir(&st) => Place::Existing {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            depth,
+        },
+        (Some(st), Some(dst)) if is_link(&st) => {
+            let through = through_link(root, plan, rel, dst, split(rel)?.1)?;
+            let depth = depth_below(root, &through)
+                .with_context(|| format!("placing {}", plan.prefix.join(rel).display()))?;
+            Place::existing(&through, depth)?
+        }
+        (Some(_), _) => return Err(file_meets_dir(plan, rel)),
+        (None, _) => Place::New {
+            rel: rel.to_path_buf(),
+            depth,
+        },
+    })
+}
+
+fn same_landing(plan: &Journal, r0: &Path, rel: &Path) -> anyhow::Error {
+    fail(
+        Code::Unsafe,
+        format!(
+            "cannot merge into {}: `{}` and `{}` land on the same path, through a symlink of the prefix; nothing was installed",
+            plan.prefix.display(),
+            r0.display(),
+            rel.display()
+        ),
+    )
 }
 
 fn file_meets_dir(plan: &Journal, rel: &Path) -> anyhow::Error {
@@ -638,8 +653,12 @@ impl Slot {
 fn apply(root: &Dir, plan: &Journal) -> Result<Stats> {
     let src_root = Dir::open_path(&plan.staging)
         .with_context(|| format!("opening the staging directory {}", plan.staging.display()))?;
-    let mut stats = Stats::default();
-    let mut seen_inodes = HashSet::new();
+    let mut run = Apply {
+        root,
+        plan,
+        stats: Stats::default(),
+        seen_inodes: HashSet::new(),
+    };
     let (mut dsts, mut srcs) = (Slot::default(), Slot::default());
     for (kind, rel) in &plan.entries {
         let (parent_rel, name) = split(rel)?;
@@ -650,73 +669,115 @@ fn apply(root: &Dir, plan: &Journal) -> Result<Stats> {
             open_beneath(&src_root, parent_rel, Links::None)
                 .with_context(|| format!("opening {}", plan.staging.join(parent_rel).display()))
         });
-        let shown = plan.prefix.join(rel);
         let there = dst
             .lstat_at(name)
-            .with_context(|| format!("reading {}", shown.display()))?;
+            .with_context(|| format!("reading {}", plan.prefix.join(rel).display()))?;
         match kind {
-            Kind::Dir => {
-                match there {
-                    Some(st) if is_dir(&st) => continue,
-                    Some(st) if is_link(&st) => {
-                        through_link(root, plan, rel, dst, name)?;
-                        continue;
-                    }
-                    Some(_) => return Err(file_meets_dir(plan, rel)),
-                    None => {}
-                }
-                dst.mkdir_at(name, 0o700)
-                    .with_context(|| format!("creating {}", shown.display()))?;
-                let mode = match src.ok().map(|s| s.lstat_at(name)) {
-                    Some(Ok(Some(st))) => (st.st_mode & 0o7777) | 0o700,
-                    _ => 0o755,
-                };
-                dst.open_dir_at(name)
-                    .and_then(|d| d.chmod(mode))
-                    .with_context(|| format!("setting the mode of {}", shown.display()))?;
-                stats.dirs += 1;
-            }
+            Kind::Dir => run.dir(rel, dst, there, src.ok())?,
             Kind::File => {
-                let src = match src {
-                    Ok(s) => s,
-                    // Its directory was moved (emptied) by an earlier run.
-                    Err(_) if !plan.staging.join(parent_rel).exists() => continue,
-                    Err(e) => return Err(e),
-                };
-                let Some(st) = src
-                    .lstat_at(name)
-                    .with_context(|| format!("reading {}", plan.staging.join(rel).display()))?
-                else {
-                    continue; // moved by an earlier, interrupted run
-                };
-                if there.as_ref().is_some_and(is_dir) {
-                    return Err(dir_meets_file(plan, rel));
+                if run.file(rel, dst, there, src)? {
+                    dsts.touched = true;
+                    kill_point("merge:moved-one");
                 }
-                if is_link(&st) {
-                    let depth = depth_below(root, dst)
-                        .with_context(|| format!("placing {}", shown.display()))?;
-                    judge_link(plan, src, rel, depth, Some(dst))?;
-                    stats.symlinks += 1;
-                } else if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
-                    stats.hardlinks += 1;
-                } else {
-                    stats.files += 1;
-                    stats.bytes += st.st_size as u64;
-                }
-                move_one(src, dst, name, &st).with_context(|| {
-                    format!(
-                        "moving {} to {}",
-                        plan.staging.join(rel).display(),
-                        shown.display()
-                    )
-                })?;
-                dsts.touched = true;
-                kill_point("merge:moved-one");
             }
         }
     }
     dsts.flush(&plan.prefix)?;
-    Ok(stats)
+    Ok(run.stats)
+}
+
+/// One run of `apply`: where it moves to, and what it has moved.
+struct Apply<'a> {
+    root: &'a Dir,
+    plan: &'a Journal,
+    stats: Stats,
+    /// `(dev, ino)` of the hardlinked files moved so far: the first of each
+    /// counts as a file, the others as hardlinks.
+    seen_inodes: HashSet<(u64, u64)>,
+}
+
+impl Apply<'_> {
+    /// Creates the staged directory `rel` in `dst` unless it is there
+    /// (`there`), maybe as a symlink of the prefix, with the staged mode.
+    fn dir(
+        &mut self,
+        rel: &Path,
+        dst: &Dir,
+        there: Option<libc::stat>,
+        src: Option<&Dir>,
+    ) -> Result<()> {
+        let (plan, name) = (self.plan, split(rel)?.1);
+        let shown = plan.prefix.join(rel);
+        match there {
+            Some(st) if is_dir(&st) => return Ok(()),
+            Some(st) if is_link(&st) => {
+                through_link(self.root, plan, rel, dst, name)?;
+                return Ok(());
+            }
+            Some(_) => return Err(file_meets_dir(plan, rel)),
+            None => {}
+        }
+        dst.mkdir_at(name, 0o700)
+            .with_context(|| format!("creating {}", shown.display()))?;
+        let mode = match src.map(|s| s.lstat_at(name)) {
+            Some(Ok(Some(st))) => (st.st_mode & 0o7777) | 0o700,
+            _ => 0o755,
+        };
+        dst.open_dir_at(name)
+            .and_then(|d| d.chmod(mode))
+            .with_context(|| format!("setting the mode of {}", shown.display()))?;
+        self.stats.dirs += 1;
+        Ok(())
+    }
+
+    /// Moves the staged file or symlink `rel` into `dst`, judging a symlink
+    /// from where it lands; returns whether it moved (it is not there when
+    /// an earlier, interrupted run moved it).
+    fn file(
+        &mut self,
+        rel: &Path,
+        dst: &Dir,
+        there: Option<libc::stat>,
+        src: Result<&Dir>,
+    ) -> Result<bool> {
+        let plan = self.plan;
+        let (parent_rel, name) = split(rel)?;
+        let shown = plan.prefix.join(rel);
+        let src = match src {
+            Ok(s) => s,
+            // Its directory was moved (emptied) by an earlier run.
+            Err(_) if !plan.staging.join(parent_rel).exists() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let Some(st) = src
+            .lstat_at(name)
+            .with_context(|| format!("reading {}", plan.staging.join(rel).display()))?
+        else {
+            return Ok(false); // moved by an earlier, interrupted run
+        };
+        if there.as_ref().is_some_and(is_dir) {
+            return Err(dir_meets_file(plan, rel));
+        }
+        if is_link(&st) {
+            let depth = depth_below(self.root, dst)
+                .with_context(|| format!("placing {}", shown.display()))?;
+            judge_link(plan, src, rel, depth, Some(dst))?;
+            self.stats.symlinks += 1;
+        } else if st.st_nlink > 1 && !self.seen_inodes.insert((st.st_dev, st.st_ino)) {
+            self.stats.hardlinks += 1;
+        } else {
+            self.stats.files += 1;
+            self.stats.bytes += st.st_size as u64;
+        }
+        move_one(src, dst, name, &st).with_context(|| {
+            format!(
+                "moving {} to {}",
+                plan.staging.join(rel).display(),
+                shown.display()
+            )
+        })?;
+        Ok(true)
+    }
 }
 
 /// One file or symlink `name` from `src` into `dst` by a single rename.
