@@ -8,8 +8,9 @@
 //! comparison of `from_entry(..)` with the parsed signed file. This module
 //! never touches git, a file or a process.
 //!
-//! Two versions. Version 1 binds the fields every entry has. Version 2 is
-//! written exactly when an entry has one of the fields issue 18 added
+//! Two versions (`Version`). Version 1 (`Version::Entry`) binds the fields
+//! every entry has. Version 2 (`Version::Reuse`) is written exactly when an
+//! entry has one of the fields a restore reuses what is on disk by
 //! (`frames`, the chunks' `raw_size`/`raw_sha256`, the per-file `index`),
 //! and binds those too, and the key's `key_parts`: a restore trusts the
 //! raw digests to reuse chunks and the index to link files instead of
@@ -25,11 +26,33 @@ use sha2::{Digest, Sha256};
 use crate::cache::format::manifest::hex;
 use crate::cache::format::{Frames, IndexFile, KeyEntry, check_file_name, check_key};
 
-/// The first line of a version 1 statement.
+/// The first line of a version 1 statement (`Version::Entry`).
 pub const MAGIC: &str = "warmstart-statement 1";
 
-/// The first line of a version 2 statement.
+/// The first line of a version 2 statement (`Version::Reuse`).
 pub const MAGIC_V2: &str = "warmstart-statement 2";
+
+/// A statement's version: which of its entry's fields it binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    /// Version 1: the fields every entry has, and its chunks' digests.
+    Entry,
+    /// Version 2: also the fields a restore trusts to reuse and link what is
+    /// already on disk instead of writing it: the frames (how the chunks
+    /// were cut and compressed), each chunk's raw size and digest, the
+    /// per-file index, and the key's parts.
+    Reuse,
+}
+
+impl Version {
+    /// The statement's first line.
+    pub fn magic(self) -> &'static str {
+        match self {
+            Version::Entry => MAGIC,
+            Version::Reuse => MAGIC_V2,
+        }
+    }
+}
 
 /// What every statement's first line starts with, before its version.
 const MAGIC_PREFIX: &str = "warmstart-statement ";
@@ -47,8 +70,8 @@ pub fn sig_name(key: &str) -> String {
 /// What a signer vouches for about one cache key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Statement {
-    /// 1 or 2: 2 exactly when one of `frames`, `raw` or `index` is set.
-    pub version: u32,
+    /// `Reuse` exactly when one of `frames`, `raw` or `index` is set.
+    pub version: Version,
     /// The cache (manifest name): a statement of one cache never vouches for another.
     pub cache: String,
     pub key: String,
@@ -63,14 +86,14 @@ pub struct Statement {
     pub tar_sha256: String,
     pub tar_size: u64,
     pub files: u64,
-    /// Version 2: each pin's `(name, value)`, in order (empty in version 1,
-    /// which binds them only through the key's name).
+    /// `Version::Reuse`: each pin's `(name, value)`, in order (empty in
+    /// `Version::Entry`, which binds them only through the key's name).
     pub key_parts: Vec<(String, String)>,
-    /// Version 2: how the chunks were cut and compressed.
+    /// `Version::Reuse`: how the chunks were cut and compressed.
     pub frames: Option<Frames>,
-    /// Version 2: the per-file index file, its size and sha256.
+    /// `Version::Reuse`: the per-file index file, its size and sha256.
     pub index: Option<IndexFile>,
-    /// Version 2: each chunk's `(raw_size, raw_sha256)` in chunk order, or
+    /// `Version::Reuse`: each chunk's `(raw_size, raw_sha256)` in chunk order, or
     /// empty when no chunk has either.
     pub raw: Vec<(Option<u64>, Option<String>)>,
     /// `(sha256, file)` of each chunk, in chunk order.
@@ -87,8 +110,9 @@ pub fn gates_digest(gates: &serde_json::Value) -> Option<String> {
 }
 
 impl Statement {
-    /// The statement of `key` of cache `cache`, as its entry says: version 2
-    /// when the entry has any of issue 18's fields, else version 1.
+    /// The statement of `key` of cache `cache`, as its entry says:
+    /// `Version::Reuse` when the entry has any of the fields it binds, else
+    /// `Version::Entry`.
     pub fn from_entry(cache: &str, key: &str, e: &KeyEntry) -> Statement {
         let mut raw: Vec<(Option<u64>, Option<String>)> = e
             .chunks
@@ -103,9 +127,13 @@ impl Statement {
         if raw.iter().all(|r| *r == (None, None)) {
             raw.clear();
         }
-        let v2 = e.frames.is_some() || e.index.is_some() || !raw.is_empty();
+        let reuse = e.frames.is_some() || e.index.is_some() || !raw.is_empty();
         Statement {
-            version: if v2 { 2 } else { 1 },
+            version: if reuse {
+                Version::Reuse
+            } else {
+                Version::Entry
+            },
             cache: cache.to_string(),
             key: key.to_string(),
             created_at: e.created_at.clone(),
@@ -117,7 +145,7 @@ impl Statement {
             tar_sha256: e.tar_sha256.to_ascii_lowercase(),
             tar_size: e.tar_size,
             files: e.files,
-            key_parts: if v2 {
+            key_parts: if reuse {
                 e.key_parts
                     .iter()
                     .map(|p| (p.name.clone(), p.value.clone()))
@@ -142,7 +170,7 @@ impl Statement {
     /// The bytes that are signed.
     pub fn render(&self) -> String {
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-        let magic = if self.version == 2 { MAGIC_V2 } else { MAGIC };
+        let magic = self.version.magic();
         let mut s = format!(
             "{magic}\ncache {}\nkey {}\ncreated_at {}\nsource_commit {}\nsource_tree {}\ngates_sha256 {}\nungated {}\ncompression {}\ntar_sha256 {}\ntar_size {}\nfiles {}\n",
             self.cache,
@@ -157,8 +185,8 @@ impl Statement {
             self.tar_size,
             self.files,
         );
-        if self.version == 2 {
-            self.render_v2(&mut s);
+        if self.version == Version::Reuse {
+            self.render_reuse(&mut s);
         }
         for (sha, file) in &self.chunks {
             s.push_str(&format!("{sha}  {file}\n"));
@@ -166,10 +194,10 @@ impl Statement {
         s
     }
 
-    /// Version 2's lines between `files` and the chunk lines. None of them
+    /// `Version::Reuse`'s lines between `files` and the chunk lines. None of them
     /// starts with 64 hex digits and two spaces, so `grep` of the chunk
     /// lines and the shell bootstrap's check see only the chunks.
-    fn render_v2(&self, s: &mut String) {
+    fn render_reuse(&self, s: &mut String) {
         let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
         for (name, value) in &self.key_parts {
             s.push_str(&format!("key_part {} {}\n", word(name), word(value)));
@@ -208,8 +236,8 @@ impl Statement {
         let mut lines = text.split('\n').peekable();
         let first = lines.next().unwrap_or_default();
         let version = match first {
-            MAGIC => 1,
-            MAGIC_V2 => 2,
+            MAGIC => Version::Entry,
+            MAGIC_V2 => Version::Reuse,
             _ => match first.strip_prefix(MAGIC_PREFIX) {
                 Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => bail!(
                     "is statement version {v} but {} reads versions 1 and 2 only: upgrade to a warmstart that reads statement version {v}",
@@ -219,6 +247,32 @@ impl Statement {
             },
         };
         let mut f = Fields(&mut lines);
+        let mut s = Statement::parse_entry_head(&mut f, version)?;
+        if version == Version::Reuse {
+            s.parse_reuse_head(&mut f)?;
+        }
+        let rest: Vec<&str> = lines.collect();
+        let Some((last, body)) = rest.split_last() else {
+            bail!("ends without a newline");
+        };
+        if !last.is_empty() {
+            bail!("does not end with a newline");
+        }
+        let (raw_lines, chunk_lines) =
+            body.split_at(body.partition_point(|l| l.starts_with("raw ")));
+        s.parse_chunks(chunk_lines)?;
+        s.parse_raw(raw_lines)?;
+        s.check_values()?;
+        // Only one spelling of a statement is valid: what was signed is
+        // what `render` gives, so two texts never mean the same thing.
+        if s.render() != text {
+            bail!("is not in canonical form");
+        }
+        Ok(s)
+    }
+
+    /// The `field value` lines every version has, from `cache` to `files`.
+    fn parse_entry_head(f: &mut Fields, version: Version) -> Result<Statement> {
         let opt = |v: String| (v != "-").then_some(v);
         let cache = f.field("cache")?;
         let key = f.field("key")?;
@@ -231,7 +285,7 @@ impl Statement {
         let tar_sha256 = f.field("tar_sha256")?;
         let tar_size = number(&f.field("tar_size")?, "tar_size")?;
         let files = number(&f.field("files")?, "files")?;
-        let mut s = Statement {
+        Ok(Statement {
             version,
             cache,
             key,
@@ -249,42 +303,27 @@ impl Statement {
             index: None,
             raw: Vec::new(),
             chunks: Vec::new(),
-        };
-        if version == 2 {
-            s.parse_v2_head(&mut f)?;
-        }
-        let rest: Vec<&str> = lines.collect();
-        let Some((last, body)) = rest.split_last() else {
-            bail!("ends without a newline");
-        };
-        if !last.is_empty() {
-            bail!("does not end with a newline");
-        }
-        let (raw_lines, chunk_lines) =
-            body.split_at(body.partition_point(|l| l.starts_with("raw ")));
-        for line in chunk_lines {
+        })
+    }
+
+    /// The `<sha256>  <file>` lines, at least one.
+    fn parse_chunks(&mut self, lines: &[&str]) -> Result<()> {
+        for line in lines {
             let Some((sha, file)) = line.split_once("  ") else {
                 bail!("chunk line {line:?} is not `<sha256>  <file>`");
             };
             check_sha(sha, file)?;
             check_file_name(file)?;
-            s.chunks.push((sha.to_string(), file.to_string()));
+            self.chunks.push((sha.to_string(), file.to_string()));
         }
-        if s.chunks.is_empty() {
+        if self.chunks.is_empty() {
             bail!("lists no chunks");
         }
-        s.parse_raw(raw_lines)?;
-        s.check_values()?;
-        // Only one spelling of a statement is valid: what was signed is
-        // what `render` gives, so two texts never mean the same thing.
-        if s.render() != text {
-            bail!("is not in canonical form");
-        }
-        Ok(s)
+        Ok(())
     }
 
-    /// Version 2's `key_part`, frames and `index` lines.
-    fn parse_v2_head(&mut self, f: &mut Fields) -> Result<()> {
+    /// `Version::Reuse`'s `key_part`, frames and `index` lines.
+    fn parse_reuse_head(&mut self, f: &mut Fields) -> Result<()> {
         while let Some(part) = f.prefixed("key_part ") {
             let Some((name, value)) = part.split_once(' ') else {
                 bail!("key_part line {part:?} is not `key_part <name> <value>`");
@@ -340,7 +379,7 @@ impl Statement {
         if lines.is_empty() {
             return Ok(());
         }
-        if self.version != 2 || lines.len() != self.chunks.len() {
+        if self.version != Version::Reuse || lines.len() != self.chunks.len() {
             bail!(
                 "has {} raw lines for {} chunks",
                 lines.len(),
@@ -695,7 +734,7 @@ files 7
         }
     }
 
-    /// The entry of `entry()` with every field issue 18 added, and key
+    /// The entry of `entry()` with every field `Version::Reuse` binds, and key
     /// parts whose values need escaping.
     fn framed() -> KeyEntry {
         let mut e = entry();
@@ -777,7 +816,7 @@ raw 6144 7777777777777777777777777777777777777777777777777777777777777777 k.tar.
     #[test]
     fn an_entry_with_the_new_fields_renders_version_2() {
         let s = Statement::from_entry("art", "k", &framed());
-        assert_eq!(s.version, 2);
+        assert_eq!(s.version, Version::Reuse);
         assert_eq!(s.render(), V2_GOLDEN);
         assert_eq!(Statement::parse(V2_GOLDEN).unwrap(), s);
         // The chunk lines a shell greps out are exactly the chunks.
@@ -796,7 +835,7 @@ raw 6144 7777777777777777777777777777777777777777777777777777777777777777 k.tar.
         let mut e = entry();
         e.index = framed().index;
         let s = Statement::from_entry("art", "k", &e);
-        assert_eq!(s.version, 2);
+        assert_eq!(s.version, Version::Reuse);
         let text = s.render();
         assert!(text.contains("\nchunker -\nindex 321 "), "{text}");
         assert!(!text.contains("\nraw "), "{text}");
@@ -873,10 +912,10 @@ raw 6144 7777777777777777777777777777777777777777777777777777777777777777 k.tar.
             (c.raw_size, c.raw_sha256) = (None, None);
         }
         let other = Statement::from_entry("art", "k", &e);
-        assert_eq!(other.version, 1);
+        assert_eq!(other.version, Version::Entry);
         assert_eq!(base.first_difference(&other), Some("key_parts"));
         let mut v1_signed = other.clone();
-        v1_signed.version = 2;
+        v1_signed.version = Version::Reuse;
         assert_eq!(v1_signed.first_difference(&other), Some("version"));
     }
 
