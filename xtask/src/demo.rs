@@ -147,6 +147,60 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     let say = Say { on: !args.json };
     let mut timings = BTreeMap::new();
     let plan = pack::plan_tree(source, false, &pack::Rules::all())?;
+    introduce(&say, source, scratch, &plan, args.keep);
+    let origin = scratch.join("origin.git");
+    let work = scratch.join("work");
+    let clone = scratch.join("clone");
+    set_up_repositories(sh, &say, source, &origin, &work)?;
+    let published = publish_twice(sh, &say, &work, args.json, &mut timings)?;
+    restore_twice(sh, &say, &origin, &clone, args.json, &mut timings)?;
+    say.line("7. compare the restored tree with the source (digest of their deterministic tars)");
+    let t = Instant::now();
+    let target = clone.join("restored");
+    let a = pack::write_tar(&plan, std::io::sink(), &mut |_| {})?;
+    let b_plan = pack::plan_tree(&target, false, &pack::Rules::all())?;
+    let b = pack::write_tar(&b_plan, std::io::sink(), &mut |_| {})?;
+    timings.insert("compare", t.elapsed().as_millis() as u64);
+    let equal = a == b && published.tar_sha256.as_deref() == Some(a.sha256.as_str());
+    if !equal {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "the restored tree {} differs from the source {} (tar sha256 {} vs {}; published {})",
+                target.display(),
+                source.display(),
+                b.sha256,
+                a.sha256,
+                published.tar_sha256.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+    say.line(format!(
+        "   equal: {} entries, tar sha256 {}",
+        a.entries, a.sha256
+    ));
+    print_timings_and_next_steps(&say, &timings);
+
+    Ok(DemoSummary {
+        source: source.to_path_buf(),
+        scratch: scratch.to_path_buf(),
+        kept: args.keep,
+        entries: a.entries,
+        file_bytes: plan.file_bytes,
+        key: published.key.clone(),
+        branch: published.branch.clone(),
+        commit: published.commit.clone(),
+        chunk_count: published.chunks.len(),
+        compressed_bytes: published.compressed_size.unwrap_or(0),
+        tar_sha256: a.sha256,
+        restored_tar_sha256: b.sha256,
+        equal,
+        timings_ms: timings,
+    })
+}
+
+/// What the demo will do, and with which directories.
+fn introduce(say: &Say, source: &Path, scratch: &Path, plan: &pack::Plan, keep: bool) {
     say.line(
         "warmstart demo: publish a real directory to a local origin, restore it into a fresh clone",
     );
@@ -160,17 +214,24 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     say.line(format!(
         "scratch  {}{}",
         scratch.display(),
-        if args.keep {
+        if keep {
             " (kept)"
         } else {
             " (removed at the end; --keep keeps it)"
         }
     ));
     say.line("");
+}
 
-    let origin = scratch.join("origin.git");
-    let work = scratch.join("work");
-    let clone = scratch.join("clone");
+/// Steps 1 and 2: a bare origin set up like a hosting server, and a work
+/// repository with the demo's manifest pushed to it.
+fn set_up_repositories(
+    sh: &Shell,
+    say: &Say,
+    source: &Path,
+    origin: &Path,
+    work: &Path,
+) -> Result<()> {
     let git_id = [
         "-c",
         "user.name=warmstart demo",
@@ -208,20 +269,30 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     for line in manifest_text.lines() {
         say.line(format!("     | {line}"));
     }
+    Ok(())
+}
 
+/// Steps 3 and 4: publish, then publish again, which must change nothing.
+fn publish_twice(
+    sh: &Shell,
+    say: &Say,
+    work: &Path,
+    json: bool,
+    timings: &mut BTreeMap<&'static str, u64>,
+) -> Result<publish::Summary> {
     say.line(format!(
         "3. {cmd} cache publish demo",
         cmd = crate::invocation::command()
     ));
-    let work_repo = Repo::discover(&work)?;
+    let work_repo = Repo::discover(work)?;
     let req = Request {
         name: "demo".into(),
-        quiet: args.json,
+        quiet: json,
         json: false,
         ..Request::default()
     };
     let t = Instant::now();
-    let published = spaced(&say, || publish::publish(sh, &work_repo, &req))?;
+    let published = spaced(say, || publish::publish(sh, &work_repo, &req))?;
     timings.insert("publish", t.elapsed().as_millis() as u64);
 
     say.line(format!(
@@ -229,7 +300,7 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
         cmd = crate::invocation::command()
     ));
     let t = Instant::now();
-    let again = spaced(&say, || publish::publish(sh, &work_repo, &req))?;
+    let again = spaced(say, || publish::publish(sh, &work_repo, &req))?;
     timings.insert("publish_unchanged", t.elapsed().as_millis() as u64);
     if again.status != "unchanged" {
         return Err(fail(
@@ -240,15 +311,26 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
             ),
         ));
     }
+    Ok(published)
+}
 
+/// Steps 5 and 6: restore into a fresh clone, then again (warm).
+fn restore_twice(
+    sh: &Shell,
+    say: &Say,
+    origin: &Path,
+    clone: &Path,
+    json: bool,
+    timings: &mut BTreeMap<&'static str, u64>,
+) -> Result<()> {
     say.line(format!(
         "5. git clone origin clone/, then {cmd} cache restore demo",
         cmd = crate::invocation::command()
     ));
     cmd!(sh, "git clone -q {origin} {clone}").quiet().run()?;
-    let clone_repo = Repo::discover(&clone)?;
+    let clone_repo = Repo::discover(clone)?;
     let opts = RestoreOptions {
-        progress: !args.json && std::io::stderr().is_terminal(),
+        progress: !json && std::io::stderr().is_terminal(),
         ..RestoreOptions::default()
     };
     let t = Instant::now();
@@ -264,32 +346,11 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     let warm = restore::restore_named(sh, &clone_repo, "demo", &opts)?;
     timings.insert("restore_warm", t.elapsed().as_millis() as u64);
     say.line(format!("   {}", warm.summary()));
+    Ok(())
+}
 
-    say.line("7. compare the restored tree with the source (digest of their deterministic tars)");
-    let t = Instant::now();
-    let target = clone.join("restored");
-    let a = pack::write_tar(&plan, std::io::sink(), &mut |_| {})?;
-    let b_plan = pack::plan_tree(&target, false, &pack::Rules::all())?;
-    let b = pack::write_tar(&b_plan, std::io::sink(), &mut |_| {})?;
-    timings.insert("compare", t.elapsed().as_millis() as u64);
-    let equal = a == b && published.tar_sha256.as_deref() == Some(a.sha256.as_str());
-    if !equal {
-        return Err(fail(
-            Code::Verify,
-            format!(
-                "the restored tree {} differs from the source {} (tar sha256 {} vs {}; published {})",
-                target.display(),
-                source.display(),
-                b.sha256,
-                a.sha256,
-                published.tar_sha256.as_deref().unwrap_or("?")
-            ),
-        ));
-    }
-    say.line(format!(
-        "   equal: {} entries, tar sha256 {}",
-        a.entries, a.sha256
-    ));
+/// The table of step times, then how to use warmstart for real.
+fn print_timings_and_next_steps(say: &Say, timings: &BTreeMap<&'static str, u64>) {
     say.line("");
     say.line("| step | time |");
     say.line("|---|---:|");
@@ -320,23 +381,6 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
         cmd = crate::invocation::command()
     ));
     say.line("  4. no warmstart at hand? the cache branch's README.md restores it with git and coreutils alone");
-
-    Ok(DemoSummary {
-        source: source.to_path_buf(),
-        scratch: scratch.to_path_buf(),
-        kept: args.keep,
-        entries: a.entries,
-        file_bytes: plan.file_bytes,
-        key: published.key.clone(),
-        branch: published.branch.clone(),
-        commit: published.commit.clone(),
-        chunk_count: published.chunks.len(),
-        compressed_bytes: published.compressed_size.unwrap_or(0),
-        tar_sha256: a.sha256,
-        restored_tar_sha256: b.sha256,
-        equal,
-        timings_ms: timings,
-    })
 }
 
 /// `850ms`, `1.3s`, `45s`: `clock::human`.

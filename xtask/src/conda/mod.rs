@@ -245,9 +245,17 @@ fn render_info(r: &InfoReport) -> String {
         }
         _ => {}
     }
-    if !r.members.is_empty() {
+    render_members(&mut out, &r.members);
+    render_placeholders(&mut out, m);
+    out
+}
+
+/// The zip members of a `.conda`, one line each (nothing for a `.tar.bz2`).
+fn render_members(out: &mut String, members: &[Member]) {
+    use std::fmt::Write;
+    if !members.is_empty() {
         let _ = writeln!(out, "members");
-        for mem in &r.members {
+        for mem in members {
             let compression = match mem.zstd_window {
                 Some(w) => format!("zstd, window {w} bytes (2^{})", format::window_log(w)),
                 None => "stored".to_string(),
@@ -259,6 +267,11 @@ fn render_info(r: &InfoReport) -> String {
             );
         }
     }
+}
+
+/// Which files hold a prefix placeholder, and in which mode.
+fn render_placeholders(out: &mut String, m: &Metadata) {
+    use std::fmt::Write;
     match m.placeholder_source {
         None => {
             let _ = writeln!(out, "prefix placeholders: none");
@@ -290,7 +303,6 @@ fn render_info(r: &InfoReport) -> String {
             }
         }
     }
-    out
 }
 
 /// What `unpack_package` installed (`conda unpack --json` prints it).
@@ -398,90 +410,32 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
     // First finish any merge a killed run left, before anything else (it
     // needs that run's staging directory, which staging_dir_for would clear).
     unpack::recover(&journal, &prefix)?;
-    let limits = Limits {
-        max_bytes: args.max_bytes,
-        max_entries: args.max_entries,
-    };
-    let opts = Options {
-        allow_external_symlinks: args.allow_external_symlinks,
-        ..Options::default()
-    };
     let format = package::detect(&args.file)?;
-    let select_pkg = |rel: &Path| {
-        if rel.starts_with("info") || !included(&only, rel) {
-            Select::Skip
-        } else {
-            Select::Extract
-        }
-    };
     let new_prefix = prefix.as_os_str().as_bytes().to_vec();
-    let (meta, stats, staging, guard) = match format {
-        Format::Conda => {
-            let mut pkg = CondaFile::open(&args.file)?;
-            let meta = conda_metadata(&mut pkg, &limits)?;
-            // Refuse an impossible binary rewrite before writing anything.
-            check_binary_fit(&args.file, &meta, &only, &new_prefix)?;
-            let staging = unpack::staging_dir_for(&prefix)?;
-            let guard = StagingGuard(Some(staging.clone()));
-            let size = pkg.member(MemberKind::Pkg).size;
-            let pb = bar(size, "unpack");
-            let stats = pkg.with_tar(MemberKind::Pkg, &pb, |r| {
-                unpack::extract_tar_select(
-                    r,
-                    Some(&staging),
-                    &limits,
-                    &opts,
-                    &mut |rel| select_pkg(rel),
-                    &mut |_, _| Ok(()),
-                )
-            })?;
-            pb.finish_and_clear();
-            (meta, stats, staging, guard)
-        }
-        Format::TarBz2 => {
-            let staging = unpack::staging_dir_for(&prefix)?;
-            let guard = StagingGuard(Some(staging.clone()));
-            let mut captured = Captured::default();
-            let size = fs::metadata(&args.file).map(|m| m.len()).unwrap_or(0);
-            let pb = bar(size, "unpack");
-            let stats = package::with_bz2_tar(&args.file, &pb, |r| {
-                unpack::extract_tar_select(
-                    r,
-                    Some(&staging),
-                    &limits,
-                    &opts,
-                    &mut |rel| {
-                        if Captured::wants(rel) {
-                            Select::Capture
-                        } else {
-                            select_pkg(rel)
-                        }
-                    },
-                    &mut |rel, data| {
-                        captured.take(rel, data);
-                        Ok(())
-                    },
-                )
-            })?;
-            pb.finish_and_clear();
-            let meta = parse_metadata(&args.file, captured)?;
-            check_binary_fit(&args.file, &meta, &only, &new_prefix)?;
-            (meta, stats, staging, guard)
-        }
+    let plan = Plan {
+        file: &args.file,
+        prefix: &prefix,
+        only: &only,
+        new_prefix: &new_prefix,
+        limits: Limits {
+            max_bytes: args.max_bytes,
+            max_entries: args.max_entries,
+        },
+        opts: Options {
+            allow_external_symlinks: args.allow_external_symlinks,
+            ..Options::default()
+        },
     };
-    let mut rewritten = Vec::new();
-    for p in &meta.placeholders {
-        let rel = relative_path(&p.path).expect("checked by parse_metadata");
-        if !included(&only, &rel) {
-            continue;
-        }
-        if rewrite_in_staging(&staging, &rel, p, &new_prefix)
-            .with_context(|| format!("rewriting the prefix placeholder in `{}`", p.path))?
-        {
-            rewritten.push(p.path.clone());
-        }
-    }
-    let mut guard = guard;
+    let Staged {
+        meta,
+        stats,
+        staging,
+        mut guard,
+    } = match format {
+        Format::Conda => plan.stage_conda()?,
+        Format::TarBz2 => plan.stage_tar_bz2()?,
+    };
+    let rewritten = plan.rewrite_placeholders(&meta, &staging)?;
     guard.0 = None;
     let merge = unpack::MergeOptions {
         allow_external_symlinks: args.allow_external_symlinks,
@@ -508,6 +462,120 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
         bytes: stats.bytes,
         rewritten,
     })
+}
+
+/// What staging one package needs, resolved from `conda unpack`'s arguments.
+struct Plan<'a> {
+    file: &'a Path,
+    prefix: &'a Path,
+    only: &'a [PathBuf],
+    new_prefix: &'a [u8],
+    limits: Limits,
+    opts: Options,
+}
+
+/// A package extracted into its staging directory, not yet merged.
+struct Staged {
+    meta: Metadata,
+    stats: unpack::Stats,
+    staging: PathBuf,
+    /// Removes the staging directory unless the merge takes it over.
+    guard: StagingGuard,
+}
+
+impl Plan<'_> {
+    /// Package files outside `info/` that `--only` keeps are extracted.
+    fn select(&self, rel: &Path) -> Select {
+        if rel.starts_with("info") || !included(self.only, rel) {
+            Select::Skip
+        } else {
+            Select::Extract
+        }
+    }
+
+    /// A `.conda`: its metadata comes from the info tarball, read first.
+    fn stage_conda(&self) -> Result<Staged> {
+        let mut pkg = CondaFile::open(self.file)?;
+        let meta = conda_metadata(&mut pkg, &self.limits)?;
+        // Refuse an impossible binary rewrite before writing anything.
+        check_binary_fit(self.file, &meta, self.only, self.new_prefix)?;
+        let staging = unpack::staging_dir_for(self.prefix)?;
+        let guard = StagingGuard(Some(staging.clone()));
+        let size = pkg.member(MemberKind::Pkg).size;
+        let pb = bar(size, "unpack");
+        let stats = pkg.with_tar(MemberKind::Pkg, &pb, |r| {
+            unpack::extract_tar_select(
+                r,
+                Some(&staging),
+                &self.limits,
+                &self.opts,
+                &mut |rel| self.select(rel),
+                &mut |_, _| Ok(()),
+            )
+        })?;
+        pb.finish_and_clear();
+        Ok(Staged {
+            meta,
+            stats,
+            staging,
+            guard,
+        })
+    }
+
+    /// A `.tar.bz2`: one stream, so its metadata is captured on the way.
+    fn stage_tar_bz2(&self) -> Result<Staged> {
+        let staging = unpack::staging_dir_for(self.prefix)?;
+        let guard = StagingGuard(Some(staging.clone()));
+        let mut captured = Captured::default();
+        let size = fs::metadata(self.file).map(|m| m.len()).unwrap_or(0);
+        let pb = bar(size, "unpack");
+        let stats = package::with_bz2_tar(self.file, &pb, |r| {
+            unpack::extract_tar_select(
+                r,
+                Some(&staging),
+                &self.limits,
+                &self.opts,
+                &mut |rel| {
+                    if Captured::wants(rel) {
+                        Select::Capture
+                    } else {
+                        self.select(rel)
+                    }
+                },
+                &mut |rel, data| {
+                    captured.take(rel, data);
+                    Ok(())
+                },
+            )
+        })?;
+        pb.finish_and_clear();
+        let meta = parse_metadata(self.file, captured)?;
+        check_binary_fit(self.file, &meta, self.only, self.new_prefix)?;
+        Ok(Staged {
+            meta,
+            stats,
+            staging,
+            guard,
+        })
+    }
+
+    /// Rewrites the placeholder in every listed file `--only` keeps; returns
+    /// the paths where one was replaced.
+    fn rewrite_placeholders(&self, meta: &Metadata, staging: &Path) -> Result<Vec<String>> {
+        let mut rewritten = Vec::new();
+        for p in &meta.placeholders {
+            let rel = relative_path(&p.path).expect("checked by parse_metadata");
+            if !included(self.only, &rel) {
+                continue;
+            }
+            if rewrite_in_staging(staging, &rel, p, self.new_prefix)
+                .with_context(|| format!("rewriting the prefix placeholder in `{}`", p.path))?
+            {
+                rewritten.push(p.path.clone());
+            }
+        }
+        Ok(rewritten)
+    }
 }
 
 /// Binary files keep their length, so the new prefix must fit in the
@@ -541,16 +609,9 @@ fn check_binary_fit(
     Ok(())
 }
 
-/// Rewrites one file in staging into a new file beside it, then renames it
-/// over. Never follows a symlink: parents must be real directories, and a
-/// symlink listed with a placeholder is left alone (its target is a file of
-/// its own). Returns whether anything was replaced.
-fn rewrite_in_staging(
-    staging: &Path,
-    rel: &Path,
-    p: &Placeholder,
-    new_prefix: &[u8],
-) -> Result<bool> {
+/// The staged file `rel` names, reached through real directories only;
+/// `None` for a symlink, which is left alone.
+fn file_to_rewrite(staging: &Path, rel: &Path, p: &Placeholder) -> Result<Option<PathBuf>> {
     let mut at = staging.to_path_buf();
     let comps: Vec<_> = rel.components().collect();
     for (i, c) in comps.iter().enumerate() {
@@ -571,7 +632,7 @@ fn rewrite_in_staging(
         let last = i + 1 == comps.len();
         if meta.file_type().is_symlink() {
             if last {
-                return Ok(false);
+                return Ok(None);
             }
             return Err(fail(
                 Code::Unsafe,
@@ -597,6 +658,22 @@ fn rewrite_in_staging(
             ));
         }
     }
+    Ok(Some(at))
+}
+
+/// Rewrites one file in staging into a new file beside it, then renames it
+/// over. Never follows a symlink: parents must be real directories, and a
+/// symlink listed with a placeholder is left alone (its target is a file of
+/// its own). Returns whether anything was replaced.
+fn rewrite_in_staging(
+    staging: &Path,
+    rel: &Path,
+    p: &Placeholder,
+    new_prefix: &[u8],
+) -> Result<bool> {
+    let Some(at) = file_to_rewrite(staging, rel, p)? else {
+        return Ok(false);
+    };
     let meta = fs::symlink_metadata(&at)?;
     let src = OpenOptions::new()
         .read(true)

@@ -113,6 +113,90 @@ pub struct CondaFile {
     pub format_version: u64,
 }
 
+/// Reads and checks one zip member's record: a plain name of a known kind,
+/// STORED, unencrypted, sizes that agree, and for the tarballs a zstd header.
+fn check_member(zip: &mut zip::ZipArchive<File>, index: usize, path: &Path) -> Result<Member> {
+    let mut raw = zip
+        .by_index_raw(index)
+        .map_err(|e| refuse(path, format!("zip member {index}: {e}")))?;
+    let name_raw = raw.name_raw().to_vec();
+    let kind = format::classify_member(&name_raw).map_err(|why| refuse(path, why))?;
+    let name = String::from_utf8_lossy(&name_raw).into_owned();
+    let method = raw.compression();
+    if method != zip::CompressionMethod::Stored {
+        return Err(refuse(
+            path,
+            format!(
+                "zip member `{name}` is compressed with {}; .conda members must be STORED (was the package re-zipped?)",
+                method_name(method)
+            ),
+        ));
+    }
+    if raw.encrypted() {
+        return Err(refuse(path, format!("zip member `{name}` is encrypted")));
+    }
+    if raw.compressed_size() != raw.size() {
+        return Err(refuse(
+            path,
+            format!(
+                "zip member `{name}` is STORED but its sizes disagree ({} stored, {} declared)",
+                raw.compressed_size(),
+                raw.size()
+            ),
+        ));
+    }
+    let (size, offset) = (raw.size(), raw.data_start());
+    let zstd_window = if matches!(kind, MemberKind::Info | MemberKind::Pkg) {
+        let mut head = [0u8; 18];
+        let n = read_up_to(&mut raw, &mut head)
+            .with_context(|| format!("reading zip member `{name}` of {}", path.display()))?;
+        let window = format::zstd_window(&head[..n])
+            .ok_or_else(|| refuse(path, format!("zip member `{name}` is not a zstd stream")))?;
+        Some(window)
+    } else {
+        None
+    };
+    Ok(Member {
+        name,
+        kind,
+        index,
+        size,
+        offset,
+        zstd_window,
+    })
+}
+
+/// A package has exactly one info tarball and one pkg tarball.
+fn check_one_each(members: &[Member], path: &Path) -> Result<()> {
+    for kind in [MemberKind::Info, MemberKind::Pkg] {
+        let found: Vec<_> = members.iter().filter(|m| m.kind == kind).collect();
+        match found.len() {
+            1 => {}
+            0 => {
+                return Err(refuse(
+                    path,
+                    format!(
+                        "no {}-*.tar.zst member: not a conda package",
+                        kind_word(kind)
+                    ),
+                ));
+            }
+            _ => {
+                return Err(refuse(
+                    path,
+                    format!(
+                        "two {}-*.tar.zst members (`{}`, `{}`): which one is the package?",
+                        kind_word(kind),
+                        found[0].name,
+                        found[1].name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A refusal about the package file as a whole or one member.
 fn refuse(path: &Path, why: impl std::fmt::Display) -> anyhow::Error {
     fail(Code::Unsafe, format!("refusing {}: {why}", path.display()))
@@ -134,84 +218,10 @@ impl CondaFile {
             format_version: 0,
         };
         for index in 0..this.zip.len() {
-            let mut raw = this
-                .zip
-                .by_index_raw(index)
-                .map_err(|e| refuse(path, format!("zip member {index}: {e}")))?;
-            let name_raw = raw.name_raw().to_vec();
-            let kind = format::classify_member(&name_raw).map_err(|why| refuse(path, why))?;
-            let name = String::from_utf8_lossy(&name_raw).into_owned();
-            let method = raw.compression();
-            if method != zip::CompressionMethod::Stored {
-                return Err(refuse(
-                    path,
-                    format!(
-                        "zip member `{name}` is compressed with {}; .conda members must be STORED (was the package re-zipped?)",
-                        method_name(method)
-                    ),
-                ));
-            }
-            if raw.encrypted() {
-                return Err(refuse(path, format!("zip member `{name}` is encrypted")));
-            }
-            if raw.compressed_size() != raw.size() {
-                return Err(refuse(
-                    path,
-                    format!(
-                        "zip member `{name}` is STORED but its sizes disagree ({} stored, {} declared)",
-                        raw.compressed_size(),
-                        raw.size()
-                    ),
-                ));
-            }
-            let (size, offset) = (raw.size(), raw.data_start());
-            let zstd_window = if matches!(kind, MemberKind::Info | MemberKind::Pkg) {
-                let mut head = [0u8; 18];
-                let n = read_up_to(&mut raw, &mut head).with_context(|| {
-                    format!("reading zip member `{name}` of {}", path.display())
-                })?;
-                let window = format::zstd_window(&head[..n]).ok_or_else(|| {
-                    refuse(path, format!("zip member `{name}` is not a zstd stream"))
-                })?;
-                Some(window)
-            } else {
-                None
-            };
-            this.members.push(Member {
-                name,
-                kind,
-                index,
-                size,
-                offset,
-                zstd_window,
-            });
+            let member = check_member(&mut this.zip, index, path)?;
+            this.members.push(member);
         }
-        for kind in [MemberKind::Info, MemberKind::Pkg] {
-            let found: Vec<_> = this.members.iter().filter(|m| m.kind == kind).collect();
-            match found.len() {
-                1 => {}
-                0 => {
-                    return Err(refuse(
-                        path,
-                        format!(
-                            "no {}-*.tar.zst member: not a conda package",
-                            kind_word(kind)
-                        ),
-                    ));
-                }
-                _ => {
-                    return Err(refuse(
-                        path,
-                        format!(
-                            "two {}-*.tar.zst members (`{}`, `{}`): which one is the package?",
-                            kind_word(kind),
-                            found[0].name,
-                            found[1].name
-                        ),
-                    ));
-                }
-            }
-        }
+        check_one_each(&this.members, path)?;
         this.format_version = this.read_metadata()?;
         if this.format_version != format::CONDA_FORMAT_VERSION {
             return Err(refuse(

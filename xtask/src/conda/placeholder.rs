@@ -71,6 +71,23 @@ pub fn rewrite_text<R: Read, W: Write>(
     }
 }
 
+/// Writes one C string (its NUL not included in `s`) with every placeholder
+/// replaced, NUL-padded to its old length so that offsets after it hold;
+/// returns how many it replaced.
+fn write_padded<W: Write>(
+    w: &mut W,
+    s: &[u8],
+    finder: &memmem::Finder<'_>,
+    from: &[u8],
+    to: &[u8],
+) -> io::Result<u64> {
+    let n = memmem::find_iter(s, from).count();
+    w.write_all(&replace_all(s, finder, from, to))?;
+    w.write_all(&vec![0u8; (from.len() - to.len()) * n])?;
+    w.write_all(&[0])?;
+    Ok(n as u64)
+}
+
 /// Binary mode: NUL-padded replacement; returns how many placeholders were
 /// replaced. `to` must not be longer than `from` (the caller checks first
 /// and refuses with a message that names the file).
@@ -95,12 +112,7 @@ pub fn rewrite_binary<R: Read, W: Write>(
                 match memchr::memchr(0, &buf[start..]) {
                     Some(j) => {
                         s.extend_from_slice(&buf[start..start + j]);
-                        let n = memmem::find_iter(s, from).count();
-                        let replaced = replace_all(s, &finder, from, to);
-                        w.write_all(&replaced)?;
-                        w.write_all(&vec![0u8; (from.len() - to.len()) * n])?;
-                        w.write_all(&[0])?;
-                        count += n as u64;
+                        count += write_padded(&mut w, s, &finder, from, to)?;
                         string = None;
                         start += j + 1;
                     }

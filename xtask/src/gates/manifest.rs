@@ -241,7 +241,29 @@ pub fn parse(text: &str) -> Result<Plan> {
             .map_err(|e| fail(Code::Config, format!("{PATH}: {e:#}")))?,
         None => DEFAULT_GRACE,
     };
-    for pattern in &raw.ignore {
+    check_ignore(&raw.ignore)?;
+    let mut gates: Vec<Gate> = Vec::new();
+    for g in raw.gate {
+        let gate = check_gate(g, &gates)?;
+        gates.push(gate);
+    }
+    let network = raw
+        .network
+        .resolve()
+        .map_err(|e| fail(Code::Config, format!("{PATH}: {e:#}")))?;
+    Ok(Plan {
+        ignore: raw.ignore,
+        kill_grace,
+        gates,
+        records: raw.records,
+        network,
+    })
+}
+
+/// `ignore` entries are paths or globs of the cache manifests' dialect,
+/// never `:` pathspec magic.
+fn check_ignore(ignore: &[String]) -> Result<()> {
+    for pattern in ignore {
         if pattern.starts_with(':') {
             return Err(fail(
                 Code::Config,
@@ -255,69 +277,61 @@ pub fn parse(text: &str) -> Result<Plan> {
         crate::glob::check(pattern)
             .map_err(|e| fail(Code::Config, format!("{PATH}: ignore entry: {e}")))?;
     }
-    let mut gates: Vec<Gate> = Vec::new();
-    for g in raw.gate {
-        let name = g.name;
-        let what = |s: &str| format!("{PATH}: gate `{name}`: {s}");
-        if !valid_name(&name) {
-            return Err(fail(
-                Code::Config,
-                format!(
-                    "{PATH}: gate name `{name}` is not valid: use letters, digits, `.`, `_` and `-`, starting with a letter or digit"
-                ),
-            ));
-        }
-        if gates.iter().any(|o| o.name == name) {
-            return Err(fail(
-                Code::Config,
-                what("is defined twice: rename or remove one"),
-            ));
-        }
-        let empty = match &g.command {
-            GateCommand::Shell(s) => s.trim().is_empty(),
-            GateCommand::Argv(v) => v.first().is_none_or(|p| p.is_empty()),
-        };
-        if empty {
-            return Err(fail(Code::Config, what("command is empty")));
-        }
-        let cwd = g.cwd.unwrap_or_else(|| ".".into());
-        let escapes = Path::new(&cwd)
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
-        if cwd.is_empty() || escapes {
-            return Err(fail(
-                Code::Config,
-                what(&format!(
-                    "cwd `{cwd}` must be a path inside the repository, relative to its root (no `..`, not absolute)"
-                )),
-            ));
-        }
-        let timeout = match &g.timeout {
-            Some(d) => d
-                .resolve_positive(&format!("gate `{name}`: timeout"))
-                .map_err(|e| fail(Code::Config, format!("{PATH}: {e:#}")))?,
-            None => DEFAULT_TIMEOUT,
-        };
-        let digest = digest(&g.command, &cwd, &g.env);
-        gates.push(Gate {
-            name,
-            command: g.command,
-            cwd,
-            env: g.env,
-            timeout,
-            digest,
-        });
+    Ok(())
+}
+
+/// Validates one `[[gate]]` table against the gates before it: its name,
+/// a command, a cwd inside the repository, and a positive timeout.
+fn check_gate(g: RawGate, earlier: &[Gate]) -> Result<Gate> {
+    let name = g.name;
+    let what = |s: &str| format!("{PATH}: gate `{name}`: {s}");
+    if !valid_name(&name) {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{PATH}: gate name `{name}` is not valid: use letters, digits, `.`, `_` and `-`, starting with a letter or digit"
+            ),
+        ));
     }
-    let network = raw
-        .network
-        .resolve()
-        .map_err(|e| fail(Code::Config, format!("{PATH}: {e:#}")))?;
-    Ok(Plan {
-        ignore: raw.ignore,
-        kill_grace,
-        gates,
-        records: raw.records,
-        network,
+    if earlier.iter().any(|o| o.name == name) {
+        return Err(fail(
+            Code::Config,
+            what("is defined twice: rename or remove one"),
+        ));
+    }
+    let empty = match &g.command {
+        GateCommand::Shell(s) => s.trim().is_empty(),
+        GateCommand::Argv(v) => v.first().is_none_or(|p| p.is_empty()),
+    };
+    if empty {
+        return Err(fail(Code::Config, what("command is empty")));
+    }
+    let cwd = g.cwd.unwrap_or_else(|| ".".into());
+    let escapes = Path::new(&cwd)
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if cwd.is_empty() || escapes {
+        return Err(fail(
+            Code::Config,
+            what(&format!(
+                "cwd `{cwd}` must be a path inside the repository, relative to its root (no `..`, not absolute)"
+            )),
+        ));
+    }
+    let timeout = match &g.timeout {
+        Some(d) => d
+            .resolve_positive(&format!("gate `{name}`: timeout"))
+            .map_err(|e| fail(Code::Config, format!("{PATH}: {e:#}")))?,
+        None => DEFAULT_TIMEOUT,
+    };
+    let digest = digest(&g.command, &cwd, &g.env);
+    Ok(Gate {
+        name,
+        command: g.command,
+        cwd,
+        env: g.env,
+        timeout,
+        digest,
     })
 }
 

@@ -83,17 +83,7 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
     let head = store::head(sh, &repo.root)?;
     let record_it = !args.no_record;
     if record_it {
-        let dirty = store::dirty(sh, &repo.root, &plan.ignore)?;
-        if !dirty.is_empty() {
-            return Err(fail(
-                Code::NotGreen,
-                format!(
-                    "refusing to run gates for tree {}: {} (or run with --no-record to only test)",
-                    head.tree,
-                    dirty_reason(&dirty)
-                ),
-            ));
-        }
+        refuse_dirty(sh, repo, &plan, &head)?;
     }
     let existing = if args.skip_green {
         store::read_valid(sh, &repo.root, &head.tree)?
@@ -109,16 +99,7 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
 
     let mut runs: Vec<GateRun> = Vec::new();
     for gate in &gates {
-        let stop = if let Some(sig) = crate::process::signals::interrupted() {
-            Some(format!(
-                "warmstart was interrupted by {}",
-                crate::process::signals::signal_name(sig)
-            ))
-        } else if !args.keep_going && runs.iter().any(GateRun::bad) {
-            Some("an earlier gate failed".to_string())
-        } else {
-            None
-        };
+        let stop = stop_reason(args.keep_going, &runs);
         let mut run = GateRun {
             name: gate.name.clone(),
             result: Ended::NotRun,
@@ -154,6 +135,37 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
     }
     report(&head, &runs, record_it);
     finish(&head, &runs, record_it)
+}
+
+/// A recorded run must test the tree HEAD names: a dirty worktree is refused.
+fn refuse_dirty(sh: &Shell, repo: &Repo, plan: &Plan, head: &store::Head) -> Result<()> {
+    let dirty = store::dirty(sh, &repo.root, &plan.ignore)?;
+    if dirty.is_empty() {
+        return Ok(());
+    }
+    Err(fail(
+        Code::NotGreen,
+        format!(
+            "refusing to run gates for tree {}: {} (or run with --no-record to only test)",
+            head.tree,
+            dirty_reason(&dirty)
+        ),
+    ))
+}
+
+/// Why the next gate is not run (an interrupt, or an earlier failure
+/// without `--keep-going`), or `None` to run it.
+fn stop_reason(keep_going: bool, runs: &[GateRun]) -> Option<String> {
+    if let Some(sig) = crate::process::signals::interrupted() {
+        Some(format!(
+            "warmstart was interrupted by {}",
+            crate::process::signals::signal_name(sig)
+        ))
+    } else if !keep_going && runs.iter().any(GateRun::bad) {
+        Some("an earlier gate failed".to_string())
+    } else {
+        None
+    }
 }
 
 /// Runs one gate with live output; fills in result, duration and log.
@@ -214,30 +226,35 @@ fn run_one(repo: &Repo, plan: &Plan, gate: &Gate, run: &mut GateRun) -> Result<(
         run.note = Some("it left processes running; they were terminated".into());
     }
     if run.bad() {
-        let why = match &run.result {
-            Ended::Failed(why) => why.clone(),
-            Ended::TimedOut => format!(
-                "timed out after {}; its process group was sent SIGTERM, then SIGKILL after {}",
-                seconds(gate.timeout),
-                seconds(plan.kill_grace)
-            ),
-            Ended::Interrupted(s) => format!(
-                "interrupted by {}",
-                crate::process::signals::signal_name(*s)
-            ),
-            _ => String::new(),
-        };
-        eprintln!(
-            "==> gate {} {}: {why}\n--- last {TAIL_LINES} lines of its output (full log: {})\n{}\n---",
-            gate.name,
-            run.label(),
-            run.log
-                .as_ref()
-                .map_or(String::new(), |p| p.display().to_string()),
-            runner::last_lines(&outcome.output, TAIL_LINES)
-        );
+        print_failure(plan, gate, run, &outcome.output);
     }
     Ok(())
+}
+
+/// Says on stderr why a gate failed, with the last lines of its output.
+fn print_failure(plan: &Plan, gate: &Gate, run: &GateRun, output: &[u8]) {
+    let why = match &run.result {
+        Ended::Failed(why) => why.clone(),
+        Ended::TimedOut => format!(
+            "timed out after {}; its process group was sent SIGTERM, then SIGKILL after {}",
+            seconds(gate.timeout),
+            seconds(plan.kill_grace)
+        ),
+        Ended::Interrupted(s) => format!(
+            "interrupted by {}",
+            crate::process::signals::signal_name(*s)
+        ),
+        _ => String::new(),
+    };
+    eprintln!(
+        "==> gate {} {}: {why}\n--- last {TAIL_LINES} lines of its output (full log: {})\n{}\n---",
+        gate.name,
+        run.label(),
+        run.log
+            .as_ref()
+            .map_or(String::new(), |p| p.display().to_string()),
+        runner::last_lines(output, TAIL_LINES)
+    );
 }
 
 /// Records a passed gate, if HEAD and the worktree are still what it ran

@@ -51,15 +51,7 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         }
     });
     // Refused before anything is written, so a typo leaves no broken manifest.
-    for h in &args.pip_hash {
-        let hex = h.strip_prefix("sha256:").unwrap_or("");
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(fail(
-                Code::Usage,
-                format!("--pip-hash {h:?} is not `sha256:` and 64 hex digits (pip hash form)"),
-            ));
-        }
-    }
+    check_pip_hashes(&args.pip_hash)?;
     // Without --pip-hash, the pin already committed stays: a rerun of init
     // must not drop the registry step.
     let pip_hashes = if args.pip_hash.is_empty() {
@@ -71,14 +63,65 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
     let signers = trust_signers(&args.signer)?;
     let files = plan(&repo, binary, &pip_hashes)?;
     let cmd = crate::invocation::command();
+    let (mut rows, stale) = sync_files(&repo, &files, args.check)?;
+    // A missing binary cache is already the failure --check reports.
+    if !args.check || stale.is_empty() {
+        check_bin_caches(&repo)?;
+    }
+    rows.extend(trust_files(&repo, &signers, args.check)?);
+    rows.push(claude::wire(&repo.root, args.check)?);
+    print_rows(&rows, &stale, !pip_hashes.is_empty(), args.json);
+    if pip_hashes.is_empty() && !args.json {
+        println!(
+            "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
+        );
+    }
+    if !args.check && !args.json {
+        print_trust_steps(&repo, cmd);
+        println!(
+            "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
+        );
+        println!(
+            "next: commit these files; CI (.github/workflows/gates.yml) publishes the binary cache"
+        );
+    }
+    if !stale.is_empty() {
+        return Err(fail(
+            Code::Verify,
+            format!(
+                "generated file(s) missing or stale: {}; regenerate with `{cmd} init`",
+                stale.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Each `--pip-hash` is pip's hash form, refused before anything is written.
+fn check_pip_hashes(hashes: &[String]) -> Result<()> {
+    for h in hashes {
+        let hex = h.strip_prefix("sha256:").unwrap_or("");
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(fail(
+                Code::Usage,
+                format!("--pip-hash {h:?} is not `sha256:` and 64 hex digits (pip hash form)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes every generated file that is missing or stale (with `check`, only
+/// lists them); returns a row per file and the paths left stale.
+fn sync_files(repo: &Repo, files: &[File], check: bool) -> Result<(Vec<Row>, Vec<String>)> {
     let mut stale = Vec::new();
     let mut rows = Vec::new();
-    for f in &files {
+    for f in files {
         let path = repo.root.join(&f.rel);
         let existing = read_optional(&path)?;
         let state = generated::classify(existing.as_deref(), &f.body);
         let mut detail = String::new();
-        let word = match (&state, args.check) {
+        let word = match (&state, check) {
             (State::Current, _) => "current",
             (State::Yours(why), _) => {
                 detail = format!("{why}: left alone");
@@ -107,16 +150,15 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
             detail,
         });
     }
-    // A missing binary cache is already the failure --check reports.
-    if !args.check || stale.is_empty() {
-        check_bin_caches(&repo)?;
-    }
-    rows.extend(trust_files(&repo, &signers, args.check)?);
-    rows.push(claude::wire(&repo.root, args.check)?);
-    if args.json {
+    Ok((rows, stale))
+}
+
+/// The rows as text, or as `init --json`'s document.
+fn print_rows(rows: &[Row], stale: &[String], registry_step: bool, json: bool) {
+    if json {
         let out = serde_json::json!({
             "files": rows,
-            "registry_step": !pip_hashes.is_empty(),
+            "registry_step": registry_step,
             "post_create_command": BOOTSTRAP_PATH,
             "stale": stale,
         });
@@ -128,37 +170,13 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
             crate::contract::fail_with(&out);
         }
     } else {
-        for r in &rows {
+        for r in rows {
             match r.detail.as_str() {
                 "" => println!("{:<9} {}", r.state, r.path),
                 d => println!("{:<9} {} ({d})", r.state, r.path),
             }
         }
     }
-    if pip_hashes.is_empty() && !args.json {
-        println!(
-            "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
-        );
-    }
-    if !args.check && !args.json {
-        print_trust_steps(&repo, cmd);
-        println!(
-            "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
-        );
-        println!(
-            "next: commit these files; CI (.github/workflows/gates.yml) publishes the binary cache"
-        );
-    }
-    if !stale.is_empty() {
-        return Err(fail(
-            Code::Verify,
-            format!(
-                "generated file(s) missing or stale: {}; regenerate with `{cmd} init`",
-                stale.join(", ")
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// `--signer PRINCIPAL=FILE`, each read into an allowed_signers line

@@ -54,10 +54,23 @@ fn quoted(items: &[impl AsRef<str>]) -> String {
     format!("[{}]", v.join(", "))
 }
 
-/// The binary cache that tools/warmstart-bootstrap.sh reads.
-pub fn bin_cache(b: &BinCache) -> String {
+/// What differs between the xtask binary's cache and the standalone one's.
+struct BinParts {
+    /// The manifest's opening comment.
+    what: String,
+    /// The `[[key]]` tables.
+    key: String,
+    pack_root: String,
+    /// The executable, relative to the pack root.
+    exec: String,
+    /// The compile fallback's command, as a TOML array.
+    build: String,
+    /// Where the compile fallback leaves the executable.
+    built: String,
+}
+
+fn bin_parts(b: &BinCache) -> BinParts {
     let version = env!("CARGO_PKG_VERSION");
-    let name = bin_cache_name(b.binary);
     let (what, key, pack_root, exec, build, built) = match b.binary {
         Binary::Xtask => (
             format!(
@@ -99,7 +112,20 @@ pub fn bin_cache(b: &BinCache) -> String {
             "target/warmstart-build/bin/warmstart".to_string(),
         ),
     };
-    let pip = if b.pip_hashes.is_empty() {
+    BinParts {
+        what,
+        key,
+        pack_root,
+        exec,
+        build,
+        built,
+    }
+}
+
+/// The `[bootstrap]` registry step's lines, or why it is omitted.
+fn pip_lines(b: &BinCache) -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    if b.pip_hashes.is_empty() {
         "# The registry step (`pip install --require-hashes`) is omitted: no\n\
 # published version is pinned. `init --pip-hash sha256:...` adds it.\n"
             .to_string()
@@ -108,7 +134,21 @@ pub fn bin_cache(b: &BinCache) -> String {
             "pip = \"warmstart=={version}\"\npip_hashes = {}\n",
             quoted(b.pip_hashes)
         )
-    };
+    }
+}
+
+/// The binary cache that tools/warmstart-bootstrap.sh reads.
+pub fn bin_cache(b: &BinCache) -> String {
+    let name = bin_cache_name(b.binary);
+    let BinParts {
+        what,
+        key,
+        pack_root,
+        exec,
+        build,
+        built,
+    } = bin_parts(b);
+    let pip = pip_lines(b);
     format!(
         "# {what}\n\
 #\n\

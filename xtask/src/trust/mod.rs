@@ -1,5 +1,5 @@
 //! Trust: signed cache keys, and restores that refuse what the repository
-//! does not trust (issue 16; README "Trust").
+//! does not trust (README "Trust").
 //!
 //! Each key of a cache branch has a signed statement (`statement`), signed
 //! and checked with `ssh-keygen` (`sshsig`) against the allowed signers of
@@ -124,7 +124,7 @@ impl Checker {
                 ),
             ));
         };
-        let Some(allowed) = &self.root.allowed_signers else {
+        let Some(verdict) = self.verify(sh, &trust.principals, text, sig)? else {
             return Ok(KeyTrust::not(
                 key,
                 "untrusted",
@@ -134,6 +134,27 @@ impl Checker {
                     self.root.signers_where()
                 ),
             ));
+        };
+        let signer = match signer_of(verdict, key, trust) {
+            Ok(signer) => signer,
+            Err(refused) => return Ok(refused),
+        };
+        Ok(judge_statement(
+            cache, key, entry, text, signer, seen, trust,
+        ))
+    }
+
+    /// Whether `sig` is a good signature over `text` by one of `principals`
+    /// of the allowed signers (`None`: the trust root lists none).
+    fn verify(
+        &mut self,
+        sh: &Shell,
+        principals: &[String],
+        text: &[u8],
+        sig: &[u8],
+    ) -> Result<Option<Verdict>> {
+        let Some(allowed) = &self.root.allowed_signers else {
+            return Ok(None);
         };
         if self.verifier.is_none() {
             let dir = sshsig::scratch_dir(&self.state_dir, "verify");
@@ -145,101 +166,116 @@ impl Checker {
         // keeps three other keys, or `cache status`, costs no process for
         // them. Only trusted results are remembered.
         sshsig::count_check();
-        let memo = seen::verified_digest(allowed, &trust.principals, text, sig);
+        let memo = seen::verified_digest(allowed, principals, text, sig);
         let memo_file = seen::verified_path(&self.state_dir);
-        let verdict = match seen::verified(&memo_file, &memo) {
-            Some((principal, fingerprint)) => Verdict::Trusted {
+        if let Some((principal, fingerprint)) = seen::verified(&memo_file, &memo) {
+            return Ok(Some(Verdict::Trusted {
                 principal,
                 fingerprint,
-            },
-            None => {
-                let v = verifier.verify(sh, sig, text, &trust.principals)?;
-                if let Verdict::Trusted {
-                    principal,
-                    fingerprint,
-                } = &v
-                {
-                    seen::remember_verified(&memo_file, &memo, principal, fingerprint);
-                }
-                v
-            }
-        };
-        let signer = match verdict {
-            Verdict::Trusted {
-                principal,
-                fingerprint,
-            } => format!("{principal} ({fingerprint})"),
-            Verdict::Untrusted {
-                fingerprint,
-                principals,
-            } => {
-                let why = if principals.is_empty() {
-                    "its signing key is not an allowed signer".to_string()
-                } else {
-                    format!(
-                        "its signer {} is not among this cache's [trust] principals [{}]",
-                        principals.join(", "),
-                        trust.principals.join(", ")
-                    )
-                };
-                return Ok(KeyTrust::not(key, "untrusted", Some(fingerprint), why));
-            }
-            Verdict::Invalid => {
-                return Ok(KeyTrust::not(
-                    key,
-                    "invalid",
-                    None,
-                    "its signature does not verify over its statement".into(),
-                ));
-            }
-        };
-        let parsed = match std::str::from_utf8(text)
-            .map_err(|_| anyhow::anyhow!("is not UTF-8"))
-            .and_then(Statement::parse)
+            }));
+        }
+        let v = verifier.verify(sh, sig, text, principals)?;
+        if let Verdict::Trusted {
+            principal,
+            fingerprint,
+        } = &v
         {
-            Ok(s) => s,
-            Err(e) => {
-                return Ok(KeyTrust::not(
-                    key,
-                    "mismatch",
-                    Some(signer),
-                    format!("its signed statement cannot be read ({e:#})"),
-                ));
-            }
-        };
-        let expected = Statement::from_entry(cache, key, entry);
-        if let Some(field) = parsed.first_difference(&expected) {
-            return Ok(KeyTrust::not(
+            seen::remember_verified(&memo_file, &memo, principal, fingerprint);
+        }
+        Ok(Some(v))
+    }
+}
+
+/// The signer `principal (fingerprint)` of a good signature, or the verdict
+/// on a key whose signature is not one.
+fn signer_of(verdict: Verdict, key: &str, trust: &CacheTrust) -> Result<String, KeyTrust> {
+    match verdict {
+        Verdict::Trusted {
+            principal,
+            fingerprint,
+        } => Ok(format!("{principal} ({fingerprint})")),
+        Verdict::Untrusted {
+            fingerprint,
+            principals,
+        } => {
+            let why = if principals.is_empty() {
+                "its signing key is not an allowed signer".to_string()
+            } else {
+                format!(
+                    "its signer {} is not among this cache's [trust] principals [{}]",
+                    principals.join(", "),
+                    trust.principals.join(", ")
+                )
+            };
+            Err(KeyTrust::not(key, "untrusted", Some(fingerprint), why))
+        }
+        Verdict::Invalid => Err(KeyTrust::not(
+            key,
+            "invalid",
+            None,
+            "its signature does not verify over its statement".into(),
+        )),
+    }
+}
+
+/// The verdict on a key whose statement `signer` signed: the statement must
+/// say what warmstart.json says, be no older than the newest one this clone
+/// saw (`seen`), and be gated unless the cache allows it.
+fn judge_statement(
+    cache: &str,
+    key: &str,
+    entry: &KeyEntry,
+    text: &[u8],
+    signer: String,
+    seen: Option<&str>,
+    trust: &CacheTrust,
+) -> KeyTrust {
+    let parsed = match std::str::from_utf8(text)
+        .map_err(|_| anyhow::anyhow!("is not UTF-8"))
+        .and_then(Statement::parse)
+    {
+        Ok(s) => s,
+        Err(e) => {
+            return KeyTrust::not(
                 key,
                 "mismatch",
                 Some(signer),
-                format!("warmstart.json disagrees with its signed statement in `{field}`"),
-            ));
-        }
-        let mut verdict = KeyTrust {
-            key: key.to_string(),
-            signer: Some(signer),
-            verdict: "trusted",
-            reason: None,
-            created_at: Some(parsed.created_at.clone()),
-        };
-        if let Some(seen) = seen
-            && parsed.created_at.as_str() < seen
-        {
-            verdict.verdict = "rollback";
-            verdict.reason = Some(format!(
-                "its signed statement of {} is older than the one of {seen} this machine already saw (a rollback)",
-                parsed.created_at
-            ));
-        } else if parsed.ungated && !trust.allow_ungated {
-            verdict.verdict = "ungated";
-            verdict.reason = Some(
-                "it was published --allow-ungated and its manifest does not set [trust] allow_ungated = true"
-                    .into(),
+                format!("its signed statement cannot be read ({e:#})"),
             );
         }
-        Ok(verdict)
+    };
+    let expected = Statement::from_entry(cache, key, entry);
+    if let Some(field) = parsed.first_difference(&expected) {
+        return KeyTrust::not(
+            key,
+            "mismatch",
+            Some(signer),
+            format!("warmstart.json disagrees with its signed statement in `{field}`"),
+        );
     }
+    let mut verdict = KeyTrust {
+        key: key.to_string(),
+        signer: Some(signer),
+        verdict: "trusted",
+        reason: None,
+        created_at: Some(parsed.created_at.clone()),
+    };
+    if let Some(seen) = seen
+        && parsed.created_at.as_str() < seen
+    {
+        verdict.verdict = "rollback";
+        verdict.reason = Some(format!(
+            "its signed statement of {} is older than the one of {seen} this machine already saw (a rollback)",
+            parsed.created_at
+        ));
+    } else if parsed.ungated && !trust.allow_ungated {
+        verdict.verdict = "ungated";
+        verdict.reason = Some(
+            "it was published --allow-ungated and its manifest does not set [trust] allow_ungated = true"
+                .into(),
+        );
+    }
+    verdict
 }
 
 /// The one line of a refusal (exit 12) or a `warn` policy's warning.

@@ -155,40 +155,65 @@ impl Verifier {
         let sig_file = self.dir.join(format!("{}.sig", self.n));
         std::fs::write(&sig_file, sig)
             .with_context(|| format!("writing {}", sig_file.display()))?;
-        let allowed = &self.allowed;
         // One process instead of two or three when the signer's key and the
         // allowed keys can be read here: verify as the principals that list
         // that very key, and name an unlisted key without asking.
-        if let (Some(key), Some(keys)) = (armor::sig_public_key(sig), &self.keys) {
-            let fingerprint = armor::fingerprint(&key);
-            let principals: Vec<String> = keys
-                .iter()
-                .filter(|(_, k)| *k == key)
-                .flat_map(|(p, _)| p.iter().cloned())
-                .collect();
-            let candidates: Vec<&String> = principals
-                .iter()
-                .filter(|p| only.is_empty() || only.contains(p))
-                .collect();
-            if candidates.is_empty() {
-                let _ = std::fs::remove_file(&sig_file);
-                return Ok(Verdict::Untrusted {
+        let verdict = match (armor::sig_public_key(sig), &self.keys) {
+            (Some(key), Some(keys)) => self.verify_known_key(sh, &sig_file, data, only, &key, keys),
+            _ => self.verify_by_ssh_keygen(sh, &sig_file, data, only),
+        };
+        let _ = std::fs::remove_file(&sig_file);
+        verdict
+    }
+
+    /// The signer's `key` is among the readable allowed `keys`: verifies as
+    /// each principal listed with it that `only` accepts.
+    fn verify_known_key(
+        &self,
+        sh: &Shell,
+        sig_file: &Path,
+        data: &[u8],
+        only: &[String],
+        key: &[u8],
+        keys: &[(Vec<String>, Vec<u8>)],
+    ) -> Result<Verdict> {
+        let fingerprint = armor::fingerprint(key);
+        let principals: Vec<String> = keys
+            .iter()
+            .filter(|(_, k)| *k == key)
+            .flat_map(|(p, _)| p.iter().cloned())
+            .collect();
+        let candidates: Vec<&String> = principals
+            .iter()
+            .filter(|p| only.is_empty() || only.contains(p))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(Verdict::Untrusted {
+                fingerprint,
+                principals,
+            });
+        }
+        for p in candidates {
+            if self.verify_as(sh, sig_file, data, p)? {
+                return Ok(Verdict::Trusted {
+                    principal: p.clone(),
                     fingerprint,
-                    principals,
                 });
             }
-            for p in candidates {
-                if self.verify_as(sh, &sig_file, data, p)? {
-                    let _ = std::fs::remove_file(&sig_file);
-                    return Ok(Verdict::Trusted {
-                        principal: p.clone(),
-                        fingerprint,
-                    });
-                }
-            }
-            let _ = std::fs::remove_file(&sig_file);
-            return Ok(Verdict::Invalid);
         }
+        Ok(Verdict::Invalid)
+    }
+
+    /// Asks `ssh-keygen` who may have signed, verifies as each, and else
+    /// who signed at all.
+    fn verify_by_ssh_keygen(
+        &self,
+        sh: &Shell,
+        sig_file: &Path,
+        data: &[u8],
+        only: &[String],
+    ) -> Result<Verdict> {
+        let allowed = &self.allowed;
         let found = cmd!(
             sh,
             "ssh-keygen -Y find-principals -s {sig_file} -f {allowed}"
@@ -218,7 +243,6 @@ impl Verifier {
             .quiet();
             let out = with_stdin(out, data).map_err(|e| missing_tool(e.into()))?;
             if out.status.success() {
-                let _ = std::fs::remove_file(&sig_file);
                 return Ok(Verdict::Trusted {
                     principal: p.clone(),
                     fingerprint: fingerprint_in(&out.stdout).unwrap_or_default(),
@@ -232,7 +256,6 @@ impl Verifier {
         )
         .quiet();
         let out = with_stdin(out, data).map_err(|e| missing_tool(e.into()))?;
-        let _ = std::fs::remove_file(&sig_file);
         match fingerprint_in(&out.stdout).filter(|_| out.status.success()) {
             Some(fingerprint) => Ok(Verdict::Untrusted {
                 fingerprint,

@@ -14,15 +14,15 @@ use anyhow::{Context, Result};
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::fs::{self, Permissions};
+use std::fs::{self, File, Permissions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
 
-use super::writers::{Job, Writers, create_file, finish_file};
+use super::create::{create_file, finish_file, refuse, set_symlink_mtime};
+use super::writers::{Job, Writers};
 use super::{Limits, Options, Stats};
 use crate::exit::{Code, fail};
 
@@ -140,13 +140,7 @@ pub fn extract_tar_select<R: Read>(
     capture: &mut dyn FnMut(&Path, Vec<u8>) -> Result<()>,
 ) -> Result<Stats> {
     if let Some(dest) = dest {
-        let meta = fs::symlink_metadata(dest)
-            .with_context(|| format!("reading the destination {}", dest.display()))?;
-        anyhow::ensure!(
-            meta.is_dir(),
-            "the destination {} is not a directory",
-            dest.display()
-        );
+        check_destination(dest)?;
     }
     let budget = Rc::new(Budget {
         allowance: Cell::new(0),
@@ -157,10 +151,10 @@ pub fn extract_tar_select<R: Read>(
         budget: budget.clone(),
     });
     let mut entries = archive.entries().context("reading the tar stream")?;
-    let threads = match (dest, opts.writers) {
-        (None, _) => 0,
-        (Some(_), None) => DEFAULT_WRITERS,
-        (Some(_), Some(n)) => n,
+    // Only files extracted to a destination are written by the pool.
+    let threads = match dest {
+        None => 0,
+        Some(_) => opts.writers.unwrap_or(DEFAULT_WRITERS),
     };
     let pool = Writers::new(POOL_BUDGET);
     let mut x = Extractor {
@@ -186,46 +180,7 @@ pub fn extract_tar_select<R: Read>(
         // If this thread panics, the writers must still be told to stop, or
         // the scope would wait for them forever instead of unwinding.
         let _close = CloseOnPanic(&pool);
-        let mut read_all = || -> Result<()> {
-            let mut prev: Option<String> = None;
-            let mut prev_unread: u64 = 0;
-            loop {
-                // Skipping the unread rest of the previous entry, its padding,
-                // then the headers and extension records of the next one.
-                budget
-                    .allowance
-                    .set(prev_unread.saturating_add(1024 + EXT_BUDGET));
-                let entry = match entries.next() {
-                    None => return Ok(()),
-                    Some(Ok(entry)) => entry,
-                    Some(Err(err)) => {
-                        let after = match &prev {
-                            Some(name) => format!("after entry `{name}`"),
-                            None => "at the first entry".to_string(),
-                        };
-                        if budget.exceeded.get() {
-                            return Err(fail(
-                                Code::Unsafe,
-                                format!(
-                                    "refusing tar stream {after}: headers and extension records (long names, pax) exceed {EXT_BUDGET} bytes"
-                                ),
-                            ));
-                        }
-                        return Err(fail(
-                            Code::Unsafe,
-                            format!(
-                                "refusing tar stream {after}: {err} (an entry's data is longer than its declared size, or the stream is corrupt)"
-                            ),
-                        ));
-                    }
-                };
-                budget.allowance.set(u64::MAX);
-                let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-                prev_unread = x.entry(entry, &name)?;
-                prev = Some(name);
-            }
-        };
-        match read_all() {
+        match read_entries(&mut entries, &budget, &mut x) {
             Ok(()) => {
                 pool.close(false);
                 pool.wait_idle()?;
@@ -241,6 +196,67 @@ pub fn extract_tar_select<R: Read>(
             }
         }
     })
+}
+
+/// The destination must be a directory already (not a symlink to one).
+fn check_destination(dest: &Path) -> Result<()> {
+    let meta = fs::symlink_metadata(dest)
+        .with_context(|| format!("reading the destination {}", dest.display()))?;
+    anyhow::ensure!(
+        meta.is_dir(),
+        "the destination {} is not a directory",
+        dest.display()
+    );
+    Ok(())
+}
+
+/// Hands every entry of the stream to the extractor, each with the header
+/// budget it may read before it.
+fn read_entries<R: Read>(
+    entries: &mut tar::Entries<'_, BudgetReader<R>>,
+    budget: &Budget,
+    x: &mut Extractor<'_>,
+) -> Result<()> {
+    let mut prev: Option<String> = None;
+    let mut prev_unread: u64 = 0;
+    loop {
+        // Skipping the unread rest of the previous entry, its padding,
+        // then the headers and extension records of the next one.
+        budget
+            .allowance
+            .set(prev_unread.saturating_add(1024 + EXT_BUDGET));
+        let entry = match entries.next() {
+            None => return Ok(()),
+            Some(Ok(entry)) => entry,
+            Some(Err(err)) => return Err(stream_refused(prev.as_deref(), &err, budget)),
+        };
+        budget.allowance.set(u64::MAX);
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        prev_unread = x.entry(entry, &name)?;
+        prev = Some(name);
+    }
+}
+
+/// The refusal of a stream the `tar` crate could not read past `prev`.
+fn stream_refused(prev: Option<&str>, err: &io::Error, budget: &Budget) -> anyhow::Error {
+    let after = match prev {
+        Some(name) => format!("after entry `{name}`"),
+        None => "at the first entry".to_string(),
+    };
+    if budget.exceeded.get() {
+        return fail(
+            Code::Unsafe,
+            format!(
+                "refusing tar stream {after}: headers and extension records (long names, pax) exceed {EXT_BUDGET} bytes"
+            ),
+        );
+    }
+    fail(
+        Code::Unsafe,
+        format!(
+            "refusing tar stream {after}: {err} (an entry's data is longer than its declared size, or the stream is corrupt)"
+        ),
+    )
 }
 
 /// Closes the writer pool (dropping queued files) when dropped during a
@@ -273,14 +289,6 @@ fn read_whole(entry: &mut impl Read, size: u64, name: &str) -> Result<Vec<u8>> {
         ));
     }
     Ok(data)
-}
-
-/// A refusal naming the entry.
-pub(super) fn refuse(name: &str, reason: impl std::fmt::Display) -> anyhow::Error {
-    fail(
-        Code::Unsafe,
-        format!("refusing tar entry `{name}`: {reason}"),
-    )
 }
 
 /// Splits an archive path into its normal components, refusing absolute
@@ -376,82 +384,18 @@ enum Kind {
 impl Extractor<'_> {
     /// Handles one entry; returns how many bytes of its data were left unread.
     fn entry<R: Read>(&mut self, mut entry: tar::Entry<'_, R>, name: &str) -> Result<u64> {
-        self.entries += 1;
-        if self.entries > self.limits.max_entries {
-            return Err(refuse(
-                name,
-                format!(
-                    "the archive has more than {} entries (the cap)",
-                    self.limits.max_entries
-                ),
-            ));
-        }
         let size = entry.size();
-        self.declared = self.declared.saturating_add(size);
-        if self.declared > self.limits.max_bytes {
-            return Err(refuse(
-                name,
-                format!(
-                    "the archive's contents exceed {} bytes (the cap)",
-                    self.limits.max_bytes
-                ),
-            ));
-        }
+        self.count(name, size)?;
         let header = entry.header();
-        let ty = header.entry_type();
-        if ty.is_pax_global_extensions() {
+        if header.entry_type().is_pax_global_extensions() {
             // Metadata for the whole archive; nothing to create.
             return Ok(size);
         }
-        let raw = entry.path_bytes().into_owned();
-        let rel = safe_relative(&raw).map_err(|reason| refuse(name, reason))?;
-        let kind = if ty.is_dir() || (ty.is_file() && raw.last() == Some(&b'/')) {
-            Kind::Dir
-        } else if ty.is_file() || ty.is_contiguous() {
-            Kind::File
-        } else if ty.is_symlink() {
-            let target = entry
-                .link_name_bytes()
-                .ok_or_else(|| refuse(name, "symlink without a target"))?
-                .into_owned();
-            if target.is_empty() {
-                return Err(refuse(name, "symlink with an empty target"));
-            }
-            if !self.opts.allow_external_symlinks {
-                check_symlink_target(&rel, &target).map_err(|reason| {
-                    refuse(
-                        name,
-                        format!("{reason} (allow with --allow-external-symlinks)"),
-                    )
-                })?;
-            }
-            Kind::Symlink(target)
-        } else if ty.is_hard_link() {
-            let link = entry
-                .link_name_bytes()
-                .ok_or_else(|| refuse(name, "hardlink without a target"))?
-                .into_owned();
-            let shown = String::from_utf8_lossy(&link).into_owned();
-            let link_rel = safe_relative(&link)
-                .map_err(|reason| refuse(name, format!("hardlink target `{shown}`: {reason}")))?;
-            if link_rel.as_os_str().is_empty() {
-                return Err(refuse(name, "hardlink to the destination itself"));
-            }
-            Kind::Hardlink(link_rel, shown)
-        } else if ty.is_character_special() || ty.is_block_special() {
-            return Err(refuse(name, "device nodes are refused"));
-        } else if ty.is_fifo() {
-            return Err(refuse(name, "fifos are refused"));
-        } else if ty.is_gnu_sparse() {
-            return Err(refuse(name, "sparse files are not supported"));
-        } else {
-            return Err(refuse(
-                name,
-                format!("unsupported entry type {:?}", ty.as_byte() as char),
-            ));
-        };
         let mode = header.mode().unwrap_or(0o644) & 0o777;
         let mtime = header.mtime().unwrap_or(0);
+        let raw = entry.path_bytes().into_owned();
+        let rel = safe_relative(&raw).map_err(|reason| refuse(name, reason))?;
+        let kind = classify(&entry, &raw, &rel, name, self.opts.allow_external_symlinks)?;
         if rel.as_os_str().is_empty() {
             return match kind {
                 // `./` itself: the destination exists already; keep its mode.
@@ -462,22 +406,7 @@ impl Extractor<'_> {
         match (self.select)(&rel) {
             Select::Extract => {}
             Select::Skip => return Ok(size),
-            Select::Capture => {
-                if !matches!(kind, Kind::File) {
-                    return Ok(size);
-                }
-                if size > CAPTURE_MAX {
-                    return Err(refuse(
-                        name,
-                        format!(
-                            "{size} bytes is too large to read as metadata (the cap is {CAPTURE_MAX})"
-                        ),
-                    ));
-                }
-                let data = read_whole(&mut entry, size, name)?;
-                (self.capture)(&rel, data)?;
-                return Ok(0);
-            }
+            Select::Capture => return self.capture_file(&mut entry, &kind, &rel, name, size),
         }
         let Some(dest) = self.dest else {
             anyhow::bail!(
@@ -487,137 +416,176 @@ impl Extractor<'_> {
         self.ensure_parent(dest, &rel, name)?;
         let path = dest.join(&rel);
         match kind {
-            Kind::File => {
-                if let Some(pool) = self.writers
-                    && size <= POOL_FILE_MAX
-                {
-                    let data = read_whole(&mut entry, size, name)?;
-                    pool.submit(Job {
-                        seq: self.entries,
-                        name: name.to_string(),
-                        path,
-                        mode,
-                        mtime,
-                        data,
-                    })?;
-                    self.stats.files += 1;
-                    self.stats.bytes += size;
-                    return Ok(0);
-                }
-                let mut file = create_file(&path, name)?;
-                let mut done: u64 = 0;
-                while done < size {
-                    let n = match entry.read(&mut self.buf) {
-                        Ok(0) => {
-                            return Err(refuse(
-                                name,
-                                format!("declares {size} bytes but the stream ends after {done}"),
-                            ));
-                        }
-                        Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => {
-                            return Err(e).with_context(|| format!("reading tar entry `{name}`"));
-                        }
-                    };
-                    file.write_all(&self.buf[..n])
-                        .with_context(|| format!("writing {}", path.display()))?;
-                    done += n as u64;
-                }
-                finish_file(&file, &path, mode, mtime)?;
-                self.stats.files += 1;
-                self.stats.bytes += size;
-                Ok(0)
-            }
-            Kind::Dir => {
-                match fs::symlink_metadata(&path) {
-                    Ok(m) if m.is_dir() => {}
-                    Ok(_) => {
-                        return Err(refuse(
-                            name,
-                            "duplicate entry: a file or symlink of that name exists already",
-                        ));
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        fs::create_dir(&path)
-                            .with_context(|| format!("creating {}", path.display()))?;
-                    }
-                    Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-                }
-                self.dirs.insert(rel.clone());
-                self.deferred_dirs.push((rel, mode, mtime));
-                self.stats.dirs += 1;
-                Ok(size)
-            }
+            Kind::File => return self.file(&mut entry, path, size, mode, mtime, name),
+            Kind::Dir => self.dir(&path, rel, mode, mtime, name)?,
             Kind::Symlink(target) => {
-                match std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        return Err(refuse(name, "duplicate entry: the path exists already"));
-                    }
-                    Err(e) => {
-                        return Err(e)
-                            .with_context(|| format!("creating the symlink {}", path.display()));
-                    }
-                }
-                set_symlink_mtime(&path, mtime)?;
+                create_symlink(&target, &path, mtime, name)?;
                 self.stats.symlinks += 1;
-                Ok(size)
             }
             Kind::Hardlink(link_rel, shown) => {
-                // The target may still be queued or half written.
-                if let Some(pool) = self.writers {
-                    pool.wait_idle()?;
-                }
-                // Every directory on the way must be one this run made or
-                // checked, so the link cannot reach through a symlink.
-                if let Some(parent) = link_rel.parent()
-                    && !parent.as_os_str().is_empty()
-                    && !self.dirs.contains(parent)
-                {
-                    return Err(refuse(
-                        name,
-                        format!("hardlink target `{shown}` is not an earlier entry of the archive"),
-                    ));
-                }
-                let src = dest.join(&link_rel);
-                match fs::symlink_metadata(&src) {
-                    Ok(m) if m.file_type().is_file() => {}
-                    Ok(m) if m.file_type().is_symlink() => {
-                        return Err(refuse(
-                            name,
-                            format!("hardlink target `{shown}` is a symlink"),
-                        ));
-                    }
-                    Ok(_) => {
-                        return Err(refuse(
-                            name,
-                            format!("hardlink target `{shown}` is not a regular file"),
-                        ));
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        return Err(refuse(
-                            name,
-                            format!(
-                                "hardlink target `{shown}` is not an earlier entry of the archive"
-                            ),
-                        ));
-                    }
-                    Err(e) => return Err(e).with_context(|| format!("reading {}", src.display())),
-                }
-                match fs::hard_link(&src, &path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        return Err(refuse(name, "duplicate entry: the path exists already"));
-                    }
-                    Err(e) => {
-                        return Err(e)
-                            .with_context(|| format!("creating the hardlink {}", path.display()));
-                    }
-                }
+                self.hardlink(dest, &link_rel, &shown, &path, name)?;
                 self.stats.hardlinks += 1;
-                Ok(size)
             }
+        }
+        Ok(size)
+    }
+
+    /// Counts the entry and its declared size against the archive's caps.
+    fn count(&mut self, name: &str, size: u64) -> Result<()> {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(refuse(
+                name,
+                format!(
+                    "the archive has more than {} entries (the cap)",
+                    self.limits.max_entries
+                ),
+            ));
+        }
+        self.declared = self.declared.saturating_add(size);
+        if self.declared > self.limits.max_bytes {
+            return Err(refuse(
+                name,
+                format!(
+                    "the archive's contents exceed {} bytes (the cap)",
+                    self.limits.max_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Select::Capture`: hands a regular file's contents to the callback
+    /// (other kinds are passed over); returns the bytes left unread.
+    fn capture_file(
+        &mut self,
+        entry: &mut impl Read,
+        kind: &Kind,
+        rel: &Path,
+        name: &str,
+        size: u64,
+    ) -> Result<u64> {
+        if !matches!(kind, Kind::File) {
+            return Ok(size);
+        }
+        if size > CAPTURE_MAX {
+            return Err(refuse(
+                name,
+                format!("{size} bytes is too large to read as metadata (the cap is {CAPTURE_MAX})"),
+            ));
+        }
+        let data = read_whole(entry, size, name)?;
+        (self.capture)(rel, data)?;
+        Ok(0)
+    }
+
+    /// Creates a regular file: a small one through the writer pool, a large
+    /// one (or any, without a pool) streamed by this thread. Reads all its data.
+    fn file(
+        &mut self,
+        entry: &mut impl Read,
+        path: PathBuf,
+        size: u64,
+        mode: u32,
+        mtime: u64,
+        name: &str,
+    ) -> Result<u64> {
+        if let Some(pool) = self.writers
+            && size <= POOL_FILE_MAX
+        {
+            let data = read_whole(entry, size, name)?;
+            pool.submit(Job {
+                seq: self.entries,
+                name: name.to_string(),
+                path,
+                mode,
+                mtime,
+                data,
+            })?;
+        } else {
+            let file = create_file(&path, name)?;
+            stream_file(entry, &mut self.buf, &file, &path, size, name)?;
+            finish_file(&file, &path, mode, mtime)?;
+        }
+        self.stats.files += 1;
+        self.stats.bytes += size;
+        Ok(0)
+    }
+
+    /// Creates a directory (or checks the one an earlier entry made) and
+    /// defers its mode and mtime to the end.
+    fn dir(&mut self, path: &Path, rel: PathBuf, mode: u32, mtime: u64, name: &str) -> Result<()> {
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(refuse(
+                    name,
+                    "duplicate entry: a file or symlink of that name exists already",
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(path).with_context(|| format!("creating {}", path.display()))?;
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+        self.dirs.insert(rel.clone());
+        self.deferred_dirs.push((rel, mode, mtime));
+        self.stats.dirs += 1;
+        Ok(())
+    }
+
+    /// Links `path` to the earlier regular-file entry `link_rel`, reached only
+    /// through directories this run made or checked.
+    fn hardlink(
+        &self,
+        dest: &Path,
+        link_rel: &Path,
+        shown: &str,
+        path: &Path,
+        name: &str,
+    ) -> Result<()> {
+        // The target may still be queued or half written.
+        if let Some(pool) = self.writers {
+            pool.wait_idle()?;
+        }
+        let not_earlier = || {
+            refuse(
+                name,
+                format!("hardlink target `{shown}` is not an earlier entry of the archive"),
+            )
+        };
+        // Every directory on the way must be one this run made or
+        // checked, so the link cannot reach through a symlink.
+        if let Some(parent) = link_rel.parent()
+            && !parent.as_os_str().is_empty()
+            && !self.dirs.contains(parent)
+        {
+            return Err(not_earlier());
+        }
+        let src = dest.join(link_rel);
+        match fs::symlink_metadata(&src) {
+            Ok(m) if m.file_type().is_file() => {}
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(refuse(
+                    name,
+                    format!("hardlink target `{shown}` is a symlink"),
+                ));
+            }
+            Ok(_) => {
+                return Err(refuse(
+                    name,
+                    format!("hardlink target `{shown}` is not a regular file"),
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_earlier()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", src.display())),
+        }
+        match fs::hard_link(&src, path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Err(refuse(name, "duplicate entry: the path exists already"))
+            }
+            Err(e) => Err(e).with_context(|| format!("creating the hardlink {}", path.display())),
         }
     }
 
@@ -682,44 +650,123 @@ impl Extractor<'_> {
     }
 }
 
-pub(super) fn epoch(secs: u64) -> SystemTime {
-    // Clamped like `set_symlink_mtime`: a base-256 mtime beyond i64::MAX
-    // seconds must not overflow (a panic); the kernel clamps what remains
-    // to what the file system can store.
-    let secs = secs.min(i64::MAX as u64);
-    SystemTime::UNIX_EPOCH
-        .checked_add(Duration::from_secs(secs))
-        .unwrap_or(SystemTime::UNIX_EPOCH)
+/// What an entry creates, from its type and path, with its link target
+/// checked; refuses the kinds this extractor never creates.
+fn classify<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    raw: &[u8],
+    rel: &Path,
+    name: &str,
+    allow_external_symlinks: bool,
+) -> Result<Kind> {
+    let ty = entry.header().entry_type();
+    if ty.is_dir() || (ty.is_file() && raw.last() == Some(&b'/')) {
+        Ok(Kind::Dir)
+    } else if ty.is_file() || ty.is_contiguous() {
+        Ok(Kind::File)
+    } else if ty.is_symlink() {
+        symlink_target(entry, rel, name, allow_external_symlinks).map(Kind::Symlink)
+    } else if ty.is_hard_link() {
+        hardlink_target(entry, name)
+    } else if ty.is_character_special() || ty.is_block_special() {
+        Err(refuse(name, "device nodes are refused"))
+    } else if ty.is_fifo() {
+        Err(refuse(name, "fifos are refused"))
+    } else if ty.is_gnu_sparse() {
+        Err(refuse(name, "sparse files are not supported"))
+    } else {
+        Err(refuse(
+            name,
+            format!("unsupported entry type {:?}", ty.as_byte() as char),
+        ))
+    }
 }
 
-/// Sets the mtime of `path` itself (not what a symlink points to).
-fn set_symlink_mtime(path: &Path, mtime: u64) -> Result<()> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .with_context(|| format!("{} contains a NUL byte", path.display()))?;
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        libc::timespec {
-            tv_sec: mtime.min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: 0,
-        },
-    ];
-    // SAFETY: `c` is a valid NUL-terminated path and `times` has two entries.
-    let rc = unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error())
-            .with_context(|| format!("setting the mtime of {}", path.display()));
+/// A symlink's target, refused when empty or (unless allowed) when it
+/// leaves the destination.
+fn symlink_target<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    rel: &Path,
+    name: &str,
+    allow_external_symlinks: bool,
+) -> Result<Vec<u8>> {
+    let target = entry
+        .link_name_bytes()
+        .ok_or_else(|| refuse(name, "symlink without a target"))?
+        .into_owned();
+    if target.is_empty() {
+        return Err(refuse(name, "symlink with an empty target"));
+    }
+    if !allow_external_symlinks {
+        check_symlink_target(rel, &target).map_err(|reason| {
+            refuse(
+                name,
+                format!("{reason} (allow with --allow-external-symlinks)"),
+            )
+        })?;
+    }
+    Ok(target)
+}
+
+/// A hardlink's target as a checked relative path (and as the archive spells
+/// it, for messages); never the destination itself.
+fn hardlink_target<R: Read>(entry: &tar::Entry<'_, R>, name: &str) -> Result<Kind> {
+    let link = entry
+        .link_name_bytes()
+        .ok_or_else(|| refuse(name, "hardlink without a target"))?
+        .into_owned();
+    let shown = String::from_utf8_lossy(&link).into_owned();
+    let link_rel = safe_relative(&link)
+        .map_err(|reason| refuse(name, format!("hardlink target `{shown}`: {reason}")))?;
+    if link_rel.as_os_str().is_empty() {
+        return Err(refuse(name, "hardlink to the destination itself"));
+    }
+    Ok(Kind::Hardlink(link_rel, shown))
+}
+
+/// Copies exactly `size` bytes of an entry's data into `file` through `buf`,
+/// refusing an entry whose data ends early.
+fn stream_file(
+    entry: &mut impl Read,
+    buf: &mut [u8],
+    mut file: &File,
+    path: &Path,
+    size: u64,
+    name: &str,
+) -> Result<()> {
+    let mut done: u64 = 0;
+    while done < size {
+        let n = match entry.read(buf) {
+            Ok(0) => {
+                return Err(refuse(
+                    name,
+                    format!("declares {size} bytes but the stream ends after {done}"),
+                ));
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).with_context(|| format!("reading tar entry `{name}`")),
+        };
+        file.write_all(&buf[..n])
+            .with_context(|| format!("writing {}", path.display()))?;
+        done += n as u64;
     }
     Ok(())
+}
+
+/// Creates the symlink `path` -> `target`, refusing an existing path as a
+/// duplicate entry.
+fn create_symlink(target: &[u8], path: &Path, mtime: u64, name: &str) -> Result<()> {
+    match std::os::unix::fs::symlink(OsStr::from_bytes(target), path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return Err(refuse(name, "duplicate entry: the path exists already"));
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("creating the symlink {}", path.display()));
+        }
+    }
+    set_symlink_mtime(path, mtime)
 }
 
 #[cfg(test)]

@@ -30,11 +30,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::beneath::{self, Dir, Links, depth_below, escapes, is_dir, is_link, open_beneath};
+use super::beneath::{self, Dir, Links, depth_below, is_dir, is_link, open_beneath};
 use super::journal::{Journal, Kind};
 use super::swap::remove_tree;
 use super::{Stats, fsync_dir, kill_point};
 use crate::exit::{Code, fail};
+use checks::{Slot, dir_meets_file, file_meets_dir, judge_link, open_parent, split, through_link};
+
+mod checks;
 
 /// Suffix of the temporary copies made when staging is on another filesystem.
 const TMP_SUFFIX: &str = ".warmstart-new";
@@ -234,14 +237,6 @@ fn complete(journal: &Path, plan: &Journal, root: &Dir) -> Result<()> {
     finish(journal, plan)
 }
 
-/// A staged path's parent (empty for the root) and final name.
-fn split(rel: &Path) -> Result<(&Path, &OsStr)> {
-    match (rel.parent(), rel.file_name()) {
-        (Some(parent), Some(name)) => Ok((parent, name)),
-        _ => anyhow::bail!("`{}` is not a path inside the package", rel.display()),
-    }
-}
-
 /// Lists `dir` (relative `rel` under the staging root `shown`) in sorted
 /// order: directories before their contents.
 fn scan(dir: &Dir, shown: &Path, rel: &Path, out: &mut Vec<(Kind, PathBuf)>) -> Result<()> {
@@ -339,15 +334,7 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
                 places.insert(rel, same);
                 continue;
             }
-            return Err(fail(
-                Code::Unsafe,
-                format!(
-                    "cannot merge into {}: `{}` and `{}` land on the same path, through a symlink of the prefix; nothing was installed",
-                    plan.prefix.display(),
-                    r0.display(),
-                    rel.display()
-                ),
-            ));
+            return Err(same_landing(plan, r0, rel));
         }
         let dst = match parent {
             Place::Existing { .. } => Some(dsts.get(parent_rel, &plan.prefix, || {
@@ -363,26 +350,7 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
         };
         match kind {
             Kind::Dir => {
-                let depth = parent.depth() + 1;
-                let place = match (there, &dst) {
-                    (Some(st), _) if is_dir(&st) => Place::Existing {
-                        dev: st.st_dev,
-                        ino: st.st_ino,
-                        depth,
-                    },
-                    (Some(st), Some(dst)) if is_link(&st) => {
-                        let through = through_link(root, plan, rel, dst, name)?;
-                        let depth = depth_below(root, &through).with_context(|| {
-                            format!("placing {}", plan.prefix.join(rel).display())
-                        })?;
-                        Place::existing(&through, depth)?
-                    }
-                    (Some(_), _) => return Err(file_meets_dir(plan, rel)),
-                    (None, _) => Place::New {
-                        rel: rel.clone(),
-                        depth,
-                    },
-                };
+                let place = place_dir(root, plan, rel, parent.depth() + 1, there, dst)?;
                 places.insert(rel, place);
             }
             Kind::File => {
@@ -401,146 +369,46 @@ fn preflight(root: &Dir, src: &Dir, plan: &Journal) -> Result<()> {
     Ok(())
 }
 
-fn file_meets_dir(plan: &Journal, rel: &Path) -> anyhow::Error {
-    fail(
-        Code::Unsafe,
-        format!(
-            "cannot merge into {}: {} is a file but the package has a directory `{}/` there; move it away, then run again",
-            plan.prefix.display(),
-            plan.prefix.join(rel).display(),
-            rel.display()
-        ),
-    )
-}
-
-fn dir_meets_file(plan: &Journal, rel: &Path) -> anyhow::Error {
-    fail(
-        Code::Unsafe,
-        format!(
-            "cannot merge into {}: {} is a directory but the package has a file `{}` there; move it away, then run again",
-            plan.prefix.display(),
-            plan.prefix.join(rel).display(),
-            rel.display()
-        ),
-    )
-}
-
-/// The parent directory of a staged entry in the prefix (placed by
-/// `preflight`, so an error here means the prefix changed under the lock).
-fn open_parent(root: &Dir, plan: &Journal, parent_rel: &Path) -> Result<Dir> {
-    open_beneath(root, parent_rel, Links::Beneath).map_err(|e| {
-        let at = plan.prefix.join(parent_rel);
-        if escapes(&e) {
-            fail(
-                Code::Unsafe,
-                format!(
-                    "cannot merge into {}: {} leads outside it through a symlink; move the link away, then run again",
-                    plan.prefix.display(),
-                    at.display()
-                ),
-            )
-        } else {
-            anyhow::Error::new(e).context(format!("opening {}", at.display()))
+/// Where the staged directory `rel` lands: the directory there (maybe
+/// through a symlink of the prefix), or a new one at `depth`.
+fn place_dir(
+    root: &Dir,
+    plan: &Journal,
+    rel: &Path,
+    depth: usize,
+    there: Option<libc::stat>,
+    dst: Option<&Dir>,
+) -> Result<Place> {
+    Ok(match (there, dst) {
+        (Some(st), _) if is_dir(&st) => Place::Existing {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            depth,
+        },
+        (Some(st), Some(dst)) if is_link(&st) => {
+            let through = through_link(root, plan, rel, dst, split(rel)?.1)?;
+            let depth = depth_below(root, &through)
+                .with_context(|| format!("placing {}", plan.prefix.join(rel).display()))?;
+            Place::existing(&through, depth)?
         }
+        (Some(_), _) => return Err(file_meets_dir(plan, rel)),
+        (None, _) => Place::New {
+            rel: rel.to_path_buf(),
+            depth,
+        },
     })
 }
 
-/// The directory a staged directory `rel` reaches through the symlink
-/// `name` of the prefix (in `dst`), if that link resolves to a directory
-/// beneath the prefix; otherwise the refusal naming both paths.
-fn through_link(root: &Dir, plan: &Journal, rel: &Path, dst: &Dir, name: &OsStr) -> Result<Dir> {
-    let err = match open_beneath(root, rel, Links::Beneath) {
-        Ok(d) => return Ok(d),
-        Err(e) => e,
-    };
-    let target = dst
-        .read_link_at(name)
-        .map(|t| t.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let why = if escapes(&err) {
-        format!("which leads outside {}", plan.prefix.display())
-    } else if matches!(
-        err.raw_os_error(),
-        Some(libc::ENOTDIR | libc::ENOENT | libc::ELOOP)
-    ) {
-        format!("which is not a directory inside {}", plan.prefix.display())
-    } else {
-        return Err(err).with_context(|| format!("opening {}", plan.prefix.join(rel).display()));
-    };
-    Err(fail(
+fn same_landing(plan: &Journal, r0: &Path, rel: &Path) -> anyhow::Error {
+    fail(
         Code::Unsafe,
         format!(
-            "cannot merge into {}: the package has a directory `{}/` but {} is a symlink to `{target}`, {why}; nothing was installed: move the link away, then run again",
+            "cannot merge into {}: `{}` and `{}` land on the same path, through a symlink of the prefix; nothing was installed",
             plan.prefix.display(),
-            rel.display(),
-            plan.prefix.join(rel).display()
+            r0.display(),
+            rel.display()
         ),
-    ))
-}
-
-/// Refuses a staged symlink (in the staging directory `staged`) whose target
-/// leaves the prefix from the directory it lands in, `depth` real levels
-/// below the prefix root (unless the merge allows external symlinks).
-fn judge_link(
-    plan: &Journal,
-    staged: &Dir,
-    rel: &Path,
-    depth: usize,
-    lands_in: Option<&Dir>,
-) -> Result<()> {
-    let (_, name) = split(rel)?;
-    let Some(st) = staged
-        .lstat_at(name)
-        .with_context(|| format!("reading {}", plan.staging.join(rel).display()))?
-    else {
-        return Ok(()); // moved by an interrupted run
-    };
-    if plan.external_symlinks || !is_link(&st) {
-        return Ok(());
-    }
-    let target = staged
-        .read_link_at(name)
-        .with_context(|| format!("reading the symlink {}", plan.staging.join(rel).display()))?;
-    if !climbs_out(target.as_bytes(), depth) {
-        return Ok(());
-    }
-    let at = lands_in
-        .and_then(Dir::shown)
-        .map(|d| d.join(name))
-        .unwrap_or_else(|| plan.prefix.join(rel));
-    Err(fail(
-        Code::Unsafe,
-        format!(
-            "refusing symlink `{}` -> `{}`: it lands at {} (through symlinks of {}), from where it leads outside the prefix; nothing was installed",
-            rel.display(),
-            target.to_string_lossy(),
-            at.display(),
-            plan.prefix.display()
-        ),
-    ))
-}
-
-/// Whether a symlink target, read from a directory `depth` levels below the
-/// root, can resolve outside it: absolute, more leading `..` than `depth`,
-/// or a `..` after a name (which climbs from wherever that name leads).
-fn climbs_out(target: &[u8], depth: usize) -> bool {
-    if target.first() == Some(&b'/') {
-        return true;
-    }
-    let mut level = depth;
-    let mut seen_name = false;
-    for comp in target.split(|&b| b == b'/') {
-        match comp {
-            b"" | b"." => {}
-            b".." if seen_name => return true,
-            b".." => match level.checked_sub(1) {
-                Some(l) => level = l,
-                None => return true,
-            },
-            _ => seen_name = true,
-        }
-    }
-    false
+    )
 }
 
 fn write_journal(journal: &Path, plan: &Journal) -> Result<()> {
@@ -591,46 +459,6 @@ fn tmp_name(name: &OsStr) -> OsString {
     tmp
 }
 
-/// The handle on the directory the last entry was in. Entries come depth
-/// first, so most reuse it, and at most one handle per side is open however
-/// many directories the tree has (one per directory could exhaust the
-/// process's descriptors). A directory something was renamed into is
-/// fsynced when the slot moves on, and by `flush` at the end.
-#[derive(Default)]
-struct Slot {
-    at: Option<(PathBuf, Dir)>,
-    touched: bool,
-}
-
-impl Slot {
-    fn get(
-        &mut self,
-        rel: &Path,
-        shown: &Path,
-        open: impl FnOnce() -> Result<Dir>,
-    ) -> Result<&Dir> {
-        if self.at.as_ref().is_none_or(|(r, _)| r != rel) {
-            self.flush(shown)?;
-            self.at = None;
-            self.at = Some((rel.to_path_buf(), open()?));
-        }
-        Ok(&self.at.as_ref().expect("set above").1)
-    }
-
-    /// Syncs the directory if something was renamed into it (`shown` is the
-    /// root it is relative to, for messages).
-    fn flush(&mut self, shown: &Path) -> Result<()> {
-        if self.touched
-            && let Some((rel, dir)) = &self.at
-        {
-            dir.sync()
-                .with_context(|| format!("syncing {}", shown.join(rel).display()))?;
-        }
-        self.touched = false;
-        Ok(())
-    }
-}
-
 /// Moves what is still in staging into the prefix; idempotent, so a replay
 /// after a crash finishes the job. Makes the same checks as `preflight`
 /// (which is what refuses, before anything moves), so that even a prefix
@@ -638,8 +466,12 @@ impl Slot {
 fn apply(root: &Dir, plan: &Journal) -> Result<Stats> {
     let src_root = Dir::open_path(&plan.staging)
         .with_context(|| format!("opening the staging directory {}", plan.staging.display()))?;
-    let mut stats = Stats::default();
-    let mut seen_inodes = HashSet::new();
+    let mut run = Apply {
+        root,
+        plan,
+        stats: Stats::default(),
+        seen_inodes: HashSet::new(),
+    };
     let (mut dsts, mut srcs) = (Slot::default(), Slot::default());
     for (kind, rel) in &plan.entries {
         let (parent_rel, name) = split(rel)?;
@@ -650,73 +482,115 @@ fn apply(root: &Dir, plan: &Journal) -> Result<Stats> {
             open_beneath(&src_root, parent_rel, Links::None)
                 .with_context(|| format!("opening {}", plan.staging.join(parent_rel).display()))
         });
-        let shown = plan.prefix.join(rel);
         let there = dst
             .lstat_at(name)
-            .with_context(|| format!("reading {}", shown.display()))?;
+            .with_context(|| format!("reading {}", plan.prefix.join(rel).display()))?;
         match kind {
-            Kind::Dir => {
-                match there {
-                    Some(st) if is_dir(&st) => continue,
-                    Some(st) if is_link(&st) => {
-                        through_link(root, plan, rel, dst, name)?;
-                        continue;
-                    }
-                    Some(_) => return Err(file_meets_dir(plan, rel)),
-                    None => {}
-                }
-                dst.mkdir_at(name, 0o700)
-                    .with_context(|| format!("creating {}", shown.display()))?;
-                let mode = match src.ok().map(|s| s.lstat_at(name)) {
-                    Some(Ok(Some(st))) => (st.st_mode & 0o7777) | 0o700,
-                    _ => 0o755,
-                };
-                dst.open_dir_at(name)
-                    .and_then(|d| d.chmod(mode))
-                    .with_context(|| format!("setting the mode of {}", shown.display()))?;
-                stats.dirs += 1;
-            }
+            Kind::Dir => run.dir(rel, dst, there, src.ok())?,
             Kind::File => {
-                let src = match src {
-                    Ok(s) => s,
-                    // Its directory was moved (emptied) by an earlier run.
-                    Err(_) if !plan.staging.join(parent_rel).exists() => continue,
-                    Err(e) => return Err(e),
-                };
-                let Some(st) = src
-                    .lstat_at(name)
-                    .with_context(|| format!("reading {}", plan.staging.join(rel).display()))?
-                else {
-                    continue; // moved by an earlier, interrupted run
-                };
-                if there.as_ref().is_some_and(is_dir) {
-                    return Err(dir_meets_file(plan, rel));
+                if run.file(rel, dst, there, src)? {
+                    dsts.touched = true;
+                    kill_point("merge:moved-one");
                 }
-                if is_link(&st) {
-                    let depth = depth_below(root, dst)
-                        .with_context(|| format!("placing {}", shown.display()))?;
-                    judge_link(plan, src, rel, depth, Some(dst))?;
-                    stats.symlinks += 1;
-                } else if st.st_nlink > 1 && !seen_inodes.insert((st.st_dev, st.st_ino)) {
-                    stats.hardlinks += 1;
-                } else {
-                    stats.files += 1;
-                    stats.bytes += st.st_size as u64;
-                }
-                move_one(src, dst, name, &st).with_context(|| {
-                    format!(
-                        "moving {} to {}",
-                        plan.staging.join(rel).display(),
-                        shown.display()
-                    )
-                })?;
-                dsts.touched = true;
-                kill_point("merge:moved-one");
             }
         }
     }
     dsts.flush(&plan.prefix)?;
-    Ok(stats)
+    Ok(run.stats)
+}
+
+/// One run of `apply`: where it moves to, and what it has moved.
+struct Apply<'a> {
+    root: &'a Dir,
+    plan: &'a Journal,
+    stats: Stats,
+    /// `(dev, ino)` of the hardlinked files moved so far: the first of each
+    /// counts as a file, the others as hardlinks.
+    seen_inodes: HashSet<(u64, u64)>,
+}
+
+impl Apply<'_> {
+    /// Creates the staged directory `rel` in `dst` unless it is there
+    /// (`there`), maybe as a symlink of the prefix, with the staged mode.
+    fn dir(
+        &mut self,
+        rel: &Path,
+        dst: &Dir,
+        there: Option<libc::stat>,
+        src: Option<&Dir>,
+    ) -> Result<()> {
+        let (plan, name) = (self.plan, split(rel)?.1);
+        let shown = plan.prefix.join(rel);
+        match there {
+            Some(st) if is_dir(&st) => return Ok(()),
+            Some(st) if is_link(&st) => {
+                through_link(self.root, plan, rel, dst, name)?;
+                return Ok(());
+            }
+            Some(_) => return Err(file_meets_dir(plan, rel)),
+            None => {}
+        }
+        dst.mkdir_at(name, 0o700)
+            .with_context(|| format!("creating {}", shown.display()))?;
+        let mode = match src.map(|s| s.lstat_at(name)) {
+            Some(Ok(Some(st))) => (st.st_mode & 0o7777) | 0o700,
+            _ => 0o755,
+        };
+        dst.open_dir_at(name)
+            .and_then(|d| d.chmod(mode))
+            .with_context(|| format!("setting the mode of {}", shown.display()))?;
+        self.stats.dirs += 1;
+        Ok(())
+    }
+
+    /// Moves the staged file or symlink `rel` into `dst`, judging a symlink
+    /// from where it lands; returns whether it moved (it is not there when
+    /// an earlier, interrupted run moved it).
+    fn file(
+        &mut self,
+        rel: &Path,
+        dst: &Dir,
+        there: Option<libc::stat>,
+        src: Result<&Dir>,
+    ) -> Result<bool> {
+        let plan = self.plan;
+        let (parent_rel, name) = split(rel)?;
+        let shown = plan.prefix.join(rel);
+        let src = match src {
+            Ok(s) => s,
+            // Its directory was moved (emptied) by an earlier run.
+            Err(_) if !plan.staging.join(parent_rel).exists() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let Some(st) = src
+            .lstat_at(name)
+            .with_context(|| format!("reading {}", plan.staging.join(rel).display()))?
+        else {
+            return Ok(false); // moved by an earlier, interrupted run
+        };
+        if there.as_ref().is_some_and(is_dir) {
+            return Err(dir_meets_file(plan, rel));
+        }
+        if is_link(&st) {
+            let depth = depth_below(self.root, dst)
+                .with_context(|| format!("placing {}", shown.display()))?;
+            judge_link(plan, src, rel, depth, Some(dst))?;
+            self.stats.symlinks += 1;
+        } else if st.st_nlink > 1 && !self.seen_inodes.insert((st.st_dev, st.st_ino)) {
+            self.stats.hardlinks += 1;
+        } else {
+            self.stats.files += 1;
+            self.stats.bytes += st.st_size as u64;
+        }
+        move_one(src, dst, name, &st).with_context(|| {
+            format!(
+                "moving {} to {}",
+                plan.staging.join(rel).display(),
+                shown.display()
+            )
+        })?;
+        Ok(true)
+    }
 }
 
 /// One file or symlink `name` from `src` into `dst` by a single rename.
@@ -772,6 +646,7 @@ fn finish(journal: &Path, plan: &Journal) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::checks::climbs_out;
     use super::*;
     use crate::unpack::test_hook::run_killed_at;
 

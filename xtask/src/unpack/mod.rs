@@ -19,6 +19,7 @@
 //! it outside.
 
 mod beneath;
+mod create;
 mod extract;
 mod identity;
 mod journal;

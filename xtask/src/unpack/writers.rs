@@ -14,13 +14,11 @@
 
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
-use std::fs::{File, Permissions};
-use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use super::extract::{epoch, refuse};
+use super::create::{create_file, finish_file};
 
 /// What each queued job costs against the budget on top of its data, so
 /// that a stream of empty files is bounded too.
@@ -176,24 +174,4 @@ fn write_job(job: Job) -> Result<()> {
     file.write_all(&job.data)
         .with_context(|| format!("writing {}", job.path.display()))?;
     finish_file(&file, &job.path, job.mode, job.mtime)
-}
-
-/// Creates a new regular file (mode 0600 until `finish_file`), refusing an
-/// existing path as a duplicate entry and never following a symlink.
-pub(super) fn create_file(path: &Path, name: &str) -> Result<File> {
-    match super::create_new_file(path) {
-        Ok(f) => Ok(f),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            Err(refuse(name, "duplicate entry: the path exists already"))
-        }
-        Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
-    }
-}
-
-/// Sets the entry's mode and mtime on a file whose data is written.
-pub(super) fn finish_file(file: &File, path: &Path, mode: u32, mtime: u64) -> Result<()> {
-    file.set_permissions(Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", path.display()))?;
-    file.set_modified(epoch(mtime))
-        .with_context(|| format!("setting the mtime of {}", path.display()))
 }
