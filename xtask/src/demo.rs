@@ -249,6 +249,7 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     let clone_repo = Repo::discover(&clone)?;
     let opts = RestoreOptions {
         progress: !args.json && std::io::stderr().is_terminal(),
+        live_steps: crate::restore::plan::step_names,
         ..RestoreOptions::default()
     };
     let t = Instant::now();

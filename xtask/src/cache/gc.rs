@@ -41,6 +41,7 @@ pub use needs::installed;
 
 use anyhow::{Result, anyhow};
 use serde::Serialize;
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -148,6 +149,18 @@ pub struct LogReport {
     pub trimmed: Vec<PathBuf>,
 }
 
+/// Asks the layer above for the steps restore.toml names, whose logs gc
+/// keeps: the cache never reads restore.toml. It returns `None` when
+/// restore.toml does not load (then no step log goes) and an empty set when
+/// there is none. A function, not the names, so that a restore loads
+/// restore.toml only when it does run gc.
+pub type LiveSteps = fn(&Repo) -> Option<BTreeSet<String>>;
+
+/// For callers that have no restore.toml to ask: every step log stays.
+pub fn unknown_steps(_: &Repo) -> Option<BTreeSet<String>> {
+    None
+}
+
 /// How one gc runs.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -157,10 +170,13 @@ pub struct Options {
     /// How long to wait for restores that are reading the store.
     pub wait: Duration,
     pub progress: bool,
+    /// The steps restore.toml names (`LiveSteps`): logs of any other step
+    /// go once old; `None` keeps every step log.
+    pub live_steps: Option<BTreeSet<String>>,
 }
 
 /// `cargo xtask cache gc`.
-pub fn run(sh: &Shell, args: GcArgs) -> Result<()> {
+pub fn run(sh: &Shell, args: GcArgs, live_steps: LiveSteps) -> Result<()> {
     let repo = Repo::from_cwd()?;
     let keep = match &args.keep {
         Some(t) => crate::clock::parse_duration(t)
@@ -176,6 +192,7 @@ pub fn run(sh: &Shell, args: GcArgs) -> Result<()> {
         dry_run: args.dry_run,
         wait: crate::settings::duration("WARMSTART_LOCK_TIMEOUT")?.unwrap_or(STORE_LOCK_WAIT),
         progress: !args.out.quiet() && !args.out.json && std::io::stderr().is_terminal(),
+        live_steps: live_steps(&repo),
     };
     let r = gc(sh, &repo, &opts)?;
     if args.out.json {
@@ -315,7 +332,7 @@ impl Report {
 /// restores do not run it again at once. Fail-open: one line on stderr when
 /// it did something or failed, nothing when under the size; it never waits
 /// for another restore that is reading the store.
-pub fn after_restore(sh: &Shell, repo: &Repo) {
+pub fn after_restore(sh: &Shell, repo: &Repo, live_steps: LiveSteps) {
     let limit = match size_setting() {
         Ok(n) => n,
         Err(e) => return eprintln!("warning: automatic cache gc skipped: {e:#}"),
@@ -330,6 +347,7 @@ pub fn after_restore(sh: &Shell, repo: &Repo) {
         dry_run: false,
         wait: Duration::ZERO,
         progress: false,
+        live_steps: live_steps(repo),
     };
     match gc(sh, repo, &opts) {
         Ok(r) if !crate::contract::quiet() => eprintln!(

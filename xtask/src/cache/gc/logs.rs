@@ -1,9 +1,9 @@
 //! Old logs under `<state>/logs`: those of steps restore.toml no longer
-//! names, and the worker's appended log cut to its tail. It never removes
-//! a log when it is not told which steps are live.
+//! names, and the worker's appended log cut to its tail. It never reads
+//! restore.toml (the caller passes the live step names in `Options`), and
+//! never removes a step log when it is not told which steps are live.
 
 use anyhow::{Context, Result};
-use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -21,18 +21,13 @@ const WORKER_LOG_KEEP: u64 = 256 << 10;
 const WORKER_LOG_IDLE: Duration = Duration::from_secs(600);
 
 /// Logs of steps restore.toml no longer names, older than `LOG_AGE`, and
-/// the worker's appended log cut to its tail. Nothing goes when
-/// restore.toml does not load (a typo must not cost the logs).
+/// the worker's appended log cut to its tail. No step log goes when the
+/// caller could not tell the live steps (`Options::live_steps` is `None`:
+/// restore.toml does not load, and a typo must not cost the logs).
 pub(super) fn collect_logs(repo: &Repo, opts: &Options) -> Result<LogReport> {
     let dir = repo.state_dir().join("logs");
     let mut r = LogReport::default();
-    let steps: Option<BTreeSet<String>> = if crate::restore::plan::path_of(repo).is_file() {
-        crate::restore::plan::load(repo)
-            .ok()
-            .map(|p| p.steps.into_iter().map(|s| s.name).collect())
-    } else {
-        Some(BTreeSet::new())
-    };
+    let steps = opts.live_steps.as_ref();
     for e in read_dir_or_empty(&dir)? {
         let path = e.path();
         let file = e.file_name().to_string_lossy().into_owned();
@@ -53,7 +48,7 @@ pub(super) fn collect_logs(repo: &Repo, opts: &Options) -> Result<LogReport> {
         let step = file
             .strip_suffix(".service.log")
             .or_else(|| file.strip_suffix(".log"));
-        let (Some(step), Some(steps)) = (step, steps.as_ref()) else {
+        let (Some(step), Some(steps)) = (step, steps) else {
             continue;
         };
         if !steps.contains(step) && idle.is_some_and(|d| d > LOG_AGE) {
