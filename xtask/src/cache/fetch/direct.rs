@@ -293,7 +293,7 @@ pub fn fetch(
         let _ = stderr.read_to_string(&mut s);
         s
     });
-    let mut stdin = child.stdin.take().expect("piped");
+    let stdin = child.stdin.take().expect("piped");
     let mut out = BufReader::with_capacity(
         1 << 17,
         crate::net::Counted {
@@ -301,23 +301,7 @@ pub fn fetch(
             progress: watch.progress(),
         },
     );
-    let r = (|| {
-        if matches!(server, Server::Http(_)) {
-            connect(&mut stdin, &mut out)?;
-        }
-        advertisement(&mut out)?;
-        stdin.write_all(&request(wants))?;
-        drop(stdin);
-        let mut sink = PackSink::new(store, wants, on_stored);
-        response(&mut out, &mut sink)?;
-        if matches!(server, Server::Http(_)) {
-            // The helper ends each response with a response-end packet,
-            // and exits once it could write it.
-            let mut buf = Vec::new();
-            while !matches!(read_pkt(&mut out, &mut buf)?, Pkt::ResponseEnd) {}
-        }
-        sink.finish()
-    })();
+    let r = exchange(server, stdin, &mut out, wants, store, on_stored);
     drop(out);
     let status = child.wait();
     pid(None);
@@ -325,22 +309,61 @@ pub fn fetch(
     if let Some(v) = watch.finish() {
         return Err(Error::Failed(v.error("the direct read", "the server")));
     }
-    if crate::net::auth_refused(&stderr).is_some() {
+    verdict(server, r, status, &stderr)
+}
+
+/// One protocol v2 conversation over the server's pipes: the helper's
+/// connect (HTTP), the advertisement, the request, and the pack into the
+/// store.
+fn exchange(
+    server: &Server,
+    mut stdin: impl Write,
+    out: &mut impl io::BufRead,
+    wants: &[Want],
+    store: &Store,
+    on_stored: &mut dyn FnMut(usize),
+) -> Result<(), Error> {
+    if matches!(server, Server::Http(_)) {
+        connect(&mut stdin, out)?;
+    }
+    advertisement(out)?;
+    stdin.write_all(&request(wants))?;
+    drop(stdin);
+    let mut sink = PackSink::new(store, wants, on_stored);
+    response(out, &mut sink)?;
+    if matches!(server, Server::Http(_)) {
+        // The helper ends each response with a response-end packet,
+        // and exits once it could write it.
+        let mut buf = Vec::new();
+        while !matches!(read_pkt(out, &mut buf)?, Pkt::ResponseEnd) {}
+    }
+    sink.finish()
+}
+
+/// The outcome of a finished read: the conversation's, unless the server's
+/// exit and stderr say more (a refused login, a failed upload-pack).
+fn verdict(
+    server: &Server,
+    r: Result<(), Error>,
+    status: io::Result<std::process::ExitStatus>,
+    stderr: &str,
+) -> Result<(), Error> {
+    if crate::net::auth_refused(stderr).is_some() {
         let who = match server {
             Server::Ssh(_) => "ssh",
             _ => "git's HTTP helper",
         };
-        return Err(Error::Failed(crate::net::remote_failure(who, &stderr)));
+        return Err(Error::Failed(crate::net::remote_failure(who, stderr)));
     }
     match (r, status) {
         (Ok(()), Ok(s)) if s.success() => Ok(()),
         (Ok(()), _) => Err(Error::Failed(anyhow!(
             "git upload-pack failed: {}",
-            last_line(&stderr)
+            last_line(stderr)
         ))),
         (Err(Error::Failed(e)), _) if !stderr.trim().is_empty() => Err(Error::Failed(anyhow!(
             "{e:#}: git upload-pack: {}",
-            last_line(&stderr)
+            last_line(stderr)
         ))),
         (Err(e), _) => Err(e),
     }
