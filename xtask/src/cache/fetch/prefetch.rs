@@ -288,6 +288,66 @@ fn batches(chunks: &[usize], sizes: &[u64]) -> VecDeque<Vec<usize>> {
     out
 }
 
+/// Where each piece starts in the compressed stream.
+fn offsets(sizes: &[u64]) -> Vec<u64> {
+    sizes
+        .iter()
+        .scan(0u64, |at, s| {
+            let here = *at;
+            *at += s;
+            Some(here)
+        })
+        .collect()
+}
+
+/// The slots before any thread runs: chunks in cache.git are ready once
+/// their size checks (reused, or fetched with the branch when `fresh`
+/// holds them), every other one pending.
+fn first_slots(
+    job: &Job,
+    found: &[Found],
+    in_git: &[Option<u64>],
+    fresh: &std::collections::HashSet<String>,
+) -> (Vec<Slot>, Reuse) {
+    let mut reuse = Reuse::default();
+    let slots = (0..found.len())
+        .map(|j| match (found[j], in_git[j]) {
+            (Found::Git, Some(size)) => match job.size_check(j, size) {
+                Ok(()) if fresh.contains(&job.oids[j]) => {
+                    reuse.bytes_fetched += size;
+                    Slot::Ready(At::Git)
+                }
+                Ok(()) => {
+                    reuse.chunks_reused += 1;
+                    Slot::Ready(At::Git)
+                }
+                Err(e) => Slot::Failed(Some(e)),
+            },
+            _ => Slot::Pending,
+        })
+        .collect();
+    (slots, reuse)
+}
+
+/// The threads: one that hashes the chunks found in the chunk store or the
+/// user's repository, if any, and up to `PARALLEL` fetchers of the queue.
+fn spawn(job: &Arc<Job>, shared: &Arc<Shared>, found: &[Found]) -> Vec<JoinHandle<()>> {
+    let mut threads = Vec::new();
+    let local: Vec<(usize, Found)> = (0..found.len())
+        .filter(|&j| matches!(found[j], Found::Store | Found::Clone))
+        .map(|j| (j, found[j]))
+        .collect();
+    if !local.is_empty() {
+        let (job, shared) = (job.clone(), shared.clone());
+        threads.push(std::thread::spawn(move || job.run_local(&shared, &local)));
+    }
+    for _ in 0..PARALLEL.min(shared.lock().queue.len()) {
+        let (job, shared) = (job.clone(), shared.clone());
+        threads.push(std::thread::spawn(move || job.run_fetcher(&shared)));
+    }
+    threads
+}
+
 impl Prefetch {
     /// Finds the chunks of `kp` on this machine (`cache::fetch::reuse`) and starts
     /// fetching the others from `remote` (the branch `branch` was fetched
@@ -315,14 +375,7 @@ impl Prefetch {
             Ok(s) => (Some(s), None),
             Err(why) => (None, Some(why)),
         };
-        let offsets = sizes
-            .iter()
-            .scan(0u64, |at, s| {
-                let here = *at;
-                *at += s;
-                Some(here)
-            })
-            .collect();
+        let offsets = offsets(&sizes);
         let job = Arc::new(Job {
             git: git.clone(),
             remote: remote.clone(),
@@ -337,23 +390,7 @@ impl Prefetch {
             label: kp.plan.label.clone(),
             fix: kp.plan.fix.clone(),
         });
-        let mut reuse = Reuse::default();
-        let slots: Vec<Slot> = (0..found.len())
-            .map(|j| match (found[j], in_git[j]) {
-                (Found::Git, Some(size)) => match job.size_check(j, size) {
-                    Ok(()) if fresh.contains(&job.oids[j]) => {
-                        reuse.bytes_fetched += size;
-                        Slot::Ready(At::Git)
-                    }
-                    Ok(()) => {
-                        reuse.chunks_reused += 1;
-                        Slot::Ready(At::Git)
-                    }
-                    Err(e) => Slot::Failed(Some(e)),
-                },
-                _ => Slot::Pending,
-            })
-            .collect();
+        let (slots, reuse) = first_slots(&job, &found, &in_git, fresh);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 slots,
@@ -373,19 +410,7 @@ impl Prefetch {
             }),
             changed: Condvar::new(),
         });
-        let mut threads = Vec::new();
-        let local: Vec<(usize, Found)> = (0..found.len())
-            .filter(|&j| matches!(found[j], Found::Store | Found::Clone))
-            .map(|j| (j, found[j]))
-            .collect();
-        if !local.is_empty() {
-            let (job, shared) = (job.clone(), shared.clone());
-            threads.push(std::thread::spawn(move || job.run_local(&shared, &local)));
-        }
-        for _ in 0..PARALLEL.min(shared.lock().queue.len()) {
-            let (job, shared) = (job.clone(), shared.clone());
-            threads.push(std::thread::spawn(move || job.run_fetcher(&shared)));
-        }
+        let threads = spawn(&job, &shared, &found);
         Ok(Prefetch { shared, threads })
     }
 
