@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use xshell::Shell;
 
@@ -128,18 +129,52 @@ fn is_cache_branch(git: &CacheGit, r: &str) -> bool {
 /// unreachable.
 fn repack_promisor(git: &CacheGit, installed: &[String]) -> Result<u64> {
     let pack_dir = git.dir.join("objects").join("pack");
+    let packs = promisor_packs(&pack_dir)?;
+    if packs.is_empty() {
+        return Ok(0);
+    }
+    let held = objects_in(git, &packs)?;
+    let mut args = vec!["rev-list", "--objects", "--all", "--missing=allow-any"];
+    args.extend(installed.iter().map(String::as_str));
+    let reachable = git_out(git, &args)?;
+    let keep: BTreeSet<&str> = reachable
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|o| held.contains(*o))
+        .collect();
+    let dropped = (held.len() - keep.len()) as u64;
+    if dropped == 0 {
+        return Ok(0);
+    }
+    let new_base = write_pack(git, &pack_dir, &keep)?;
+    // Marked before the old packs go, so the objects never stop being
+    // promisor objects (a reachable tree names blobs the store never had).
+    File::create(new_base.with_extension("promisor"))
+        .with_context(|| format!("marking {}.pack", new_base.display()))?;
+    for p in packs.iter().filter(|p| **p != new_base) {
+        for ext in ["pack", "idx", "rev", "bitmap", "promisor"] {
+            remove_file(&p.with_extension(ext))?;
+        }
+    }
+    Ok(dropped)
+}
+
+/// The promisor packs of `pack_dir` not marked `.keep`, without extension.
+fn promisor_packs(pack_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut packs = Vec::new();
-    for e in read_dir_or_empty(&pack_dir)? {
+    for e in read_dir_or_empty(pack_dir)? {
         let p = e.path();
         if p.extension().is_some_and(|x| x == "promisor") && !p.with_extension("keep").exists() {
             packs.push(p.with_extension(""));
         }
     }
-    if packs.is_empty() {
-        return Ok(0);
-    }
+    Ok(packs)
+}
+
+/// The ids of every object the packs hold, from their indexes.
+fn objects_in(git: &CacheGit, packs: &[PathBuf]) -> Result<BTreeSet<String>> {
     let mut held = BTreeSet::new();
-    for p in &packs {
+    for p in packs {
         let idx = File::open(p.with_extension("idx"))
             .with_context(|| format!("opening {}.idx", p.display()))?;
         let out = git
@@ -156,18 +191,12 @@ fn repack_promisor(git: &CacheGit, installed: &[String]) -> Result<u64> {
             }
         }
     }
-    let mut args = vec!["rev-list", "--objects", "--all", "--missing=allow-any"];
-    args.extend(installed.iter().map(String::as_str));
-    let reachable = git_out(git, &args)?;
-    let keep: BTreeSet<&str> = reachable
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|o| held.contains(*o))
-        .collect();
-    let dropped = (held.len() - keep.len()) as u64;
-    if dropped == 0 {
-        return Ok(0);
-    }
+    Ok(held)
+}
+
+/// One new pack of the objects `keep` in `pack_dir`; its path without
+/// extension.
+fn write_pack(git: &CacheGit, pack_dir: &Path, keep: &BTreeSet<&str>) -> Result<PathBuf> {
     let mut input = keep.iter().copied().collect::<Vec<_>>().join("\n");
     input.push('\n');
     let mut child = git
@@ -191,17 +220,7 @@ fn repack_promisor(git: &CacheGit, installed: &[String]) -> Result<u64> {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     let new = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let new_base = pack_dir.join(format!("pack-{new}"));
-    // Marked before the old packs go, so the objects never stop being
-    // promisor objects (a reachable tree names blobs the store never had).
-    File::create(new_base.with_extension("promisor"))
-        .with_context(|| format!("marking {}.pack", new_base.display()))?;
-    for p in packs.iter().filter(|p| **p != new_base) {
-        for ext in ["pack", "idx", "rev", "bitmap", "promisor"] {
-            remove_file(&p.with_extension(ext))?;
-        }
-    }
-    Ok(dropped)
+    Ok(pack_dir.join(format!("pack-{new}")))
 }
 
 fn git_out(git: &CacheGit, args: &[&str]) -> Result<String> {
