@@ -101,8 +101,10 @@ pub fn run(cli: cli::Cli) -> Result<()> {
 fn dispatch(cli: cli::Cli) -> Result<()> {
     let sh = xshell::Shell::new()?;
     // One arm per command group: `cli::Command::X(args) => x::run(&sh, args)`.
+    // The cache is also handed how to read restore.toml's step names (for
+    // gc's log cleanup), which it must not read itself.
     match cli.command {
-        cli::Command::Cache(args) => cache::run(&sh, args),
+        cli::Command::Cache(args) => cache::run(&sh, args, restore::plan::step_names),
         cli::Command::Demo(args) => demo::run(&sh, args),
         cli::Command::Restore(args) => restore::run(&sh, args),
         cli::Command::Gates(args) => gates::run(&sh, args),

@@ -28,8 +28,10 @@ use xshell::Shell;
 
 use crate::cli::cache::{CacheArgs, CacheCommand};
 
-/// `cargo xtask cache ...`.
-pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
+/// `cargo xtask cache ...`. `live_steps` names the steps restore.toml
+/// declares, for gc's log cleanup (`cache gc`, and the gc a restore runs):
+/// the cache never reads restore.toml itself.
+pub fn run(sh: &Shell, args: CacheArgs, live_steps: gc::LiveSteps) -> Result<()> {
     match &args.command {
         CacheCommand::Publish(a) => a.network.apply()?,
         CacheCommand::Restore(a) => a.network.apply()?,
@@ -42,14 +44,14 @@ pub fn run(sh: &Shell, args: CacheArgs) -> Result<()> {
     }
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
-        CacheCommand::Restore(a) => restore::run(sh, a),
+        CacheCommand::Restore(a) => restore::run(sh, a, live_steps),
         CacheCommand::Verify(a) => check::run(sh, a),
         CacheCommand::List(a) => status::list(sh, a),
         CacheCommand::Status(a) => status::status(sh, a),
         CacheCommand::Migrate(a) => publish::migrate::run(sh, a),
         CacheCommand::Prune(a) => publish::prune::run(sh, a),
         CacheCommand::Resign(a) => publish::resign_run(sh, a),
-        CacheCommand::Gc(a) => gc::run(sh, a),
+        CacheCommand::Gc(a) => gc::run(sh, a, live_steps),
     }
 }
 

@@ -13,14 +13,14 @@ use serde::Serialize;
 use std::path::PathBuf;
 use xshell::Shell;
 
-use crate::cache::format::KeyPart;
 use crate::cache::format::manifest::{self, CacheManifest};
+use crate::cache::format::{BranchManifest, KeyPart};
 use crate::cache::restore;
 use crate::cache::restore::branch::{Branch, Content};
 use crate::cache::restore::stamp::{self, Loaded, PartChange};
 use crate::cli::cache::ListArgs;
 use crate::exit::{Code, code_of, fail};
-use crate::git::{CacheGit, RefProbe};
+use crate::git::{CacheGit, RefProbe, Remote as GitRemote};
 use crate::repo::Repo;
 
 /// One pin whose value differs between what is wanted here and a branch key.
@@ -245,40 +245,44 @@ fn print_status(c: &CacheStatus) {
     }
     match &c.remote {
         None => println!("  branch: not checked (--offline)"),
-        Some(r) => {
-            let at = r
-                .commit
-                .as_deref()
-                .map(|c| format!(" at {}", &c[..c.len().min(12)]))
-                .unwrap_or_default();
-            println!("  branch: {} on {}{at}", r.state, r.source);
-            if let Some(e) = &r.error {
-                println!("    {e}");
-            }
-            if let Some(p) = r.policy {
-                println!("    trust policy: {p}");
-            }
-            for k in &r.keys {
-                println!(
-                    "    {} ({} chunks, {} tar, published {})",
-                    k.key,
-                    k.chunks,
-                    crate::cache::human_bytes(k.tar_size),
-                    k.created_at
-                );
-                println!("      {}", trust_words(k, r.policy));
-            }
-            if let Some(n) = &r.nearest {
-                println!("    nearest key on the branch: {n}; it differs in:");
-                for d in &r.differs {
-                    println!(
-                        "      {}: branch has {}, this machine wants {}",
-                        d.name,
-                        d.branch.as_deref().unwrap_or("(no such pin)"),
-                        d.current.as_deref().unwrap_or("(no such pin)")
-                    );
-                }
-            }
+        Some(r) => print_remote(r),
+    }
+}
+
+/// The branch half of `cache status`: where it was read, its keys and
+/// their trust, and on a miss the nearest key.
+fn print_remote(r: &Remote) {
+    let at = r
+        .commit
+        .as_deref()
+        .map(|c| format!(" at {}", &c[..c.len().min(12)]))
+        .unwrap_or_default();
+    println!("  branch: {} on {}{at}", r.state, r.source);
+    if let Some(e) = &r.error {
+        println!("    {e}");
+    }
+    if let Some(p) = r.policy {
+        println!("    trust policy: {p}");
+    }
+    for k in &r.keys {
+        println!(
+            "    {} ({} chunks, {} tar, published {})",
+            k.key,
+            k.chunks,
+            crate::cache::human_bytes(k.tar_size),
+            k.created_at
+        );
+        println!("      {}", trust_words(k, r.policy));
+    }
+    if let Some(n) = &r.nearest {
+        println!("    nearest key on the branch: {n}; it differs in:");
+        for d in &r.differs {
+            println!(
+                "      {}: branch has {}, this machine wants {}",
+                d.name,
+                d.branch.as_deref().unwrap_or("(no such pin)"),
+                d.current.as_deref().unwrap_or("(no such pin)")
+            );
         }
     }
 }
@@ -438,51 +442,20 @@ fn remote_state(
         }
     };
     r.source = remote.to_string();
-    // Which store the branch is read from: cache-meta.git (fetched there,
-    // and rebuilt once if damaged: `git::healing`), or, when the server
-    // cannot filter, a store that already holds the commit (a restore
-    // fetched it); a read that fails for another reason is the branch's
-    // damage, reported below.
-    let fetched = match git.probe_ref(&remote, &m.branch) {
-        Err(e) => Err(e),
-        Ok(RefProbe { commit: None, .. }) => Ok(None),
-        Ok(RefProbe { filter: true, .. }) => crate::git::healing(|| {
-            let Some(commit) = git.try_fetch_branch(&remote, &m.branch)? else {
-                return Ok(None);
-            };
-            match Branch::read(git, remote.clone(), &m.branch, commit.clone()) {
-                Err(e) if crate::git::damage_of(&e).is_some() => Err(e),
-                b => Ok(Some((commit, b))),
-            }
-        }),
-        Ok(RefProbe {
-            commit: Some(c),
-            filter: false,
-        }) => match [Some(git.clone()), git.restore_store()]
-            .into_iter()
-            .flatten()
-            .find(|g| g.has_commit(&c))
-        {
-            Some(g) => {
-                let b = Branch::read(&g, remote.clone(), &m.branch, c.clone());
-                Ok(Some((c, b)))
-            }
-            None => {
-                r.state = "unread".into();
-                r.error = Some(format!(
-                    "{remote} does not filter fetches (uploadpack.allowFilter is off), so reading {} would download every chunk: not read; `{} cache restore {}` fetches it (status then reads that copy), or enable uploadpack.allowFilter on the server",
-                    m.branch,
-                    crate::invocation::command(),
-                    m.name
-                ));
-                r.commit = Some(c);
-                return (r, None);
-            }
-        },
-    };
-    let (commit, b) = match fetched {
-        Ok(Some(found)) => found,
-        Ok(None) => {
+    let (commit, b) = match find_branch(git, &remote, &m.branch) {
+        Ok(Found::Read(commit, b)) => (commit, b),
+        Ok(Found::Unread(c)) => {
+            r.state = "unread".into();
+            r.error = Some(format!(
+                "{remote} does not filter fetches (uploadpack.allowFilter is off), so reading {} would download every chunk: not read; `{} cache restore {}` fetches it (status then reads that copy), or enable uploadpack.allowFilter on the server",
+                m.branch,
+                crate::invocation::command(),
+                m.name
+            ));
+            r.commit = Some(c);
+            return (r, None);
+        }
+        Ok(Found::Absent) => {
             r.state = "no branch".into();
             r.error = Some(format!(
                 "publish it with `{cmd} cache publish {}`",
@@ -492,25 +465,11 @@ fn remote_state(
             return (r, None);
         }
         Err(e) => {
-            r.state = match code_of(&e) {
-                Code::Remote => "unreachable",
-                Code::AuthRefused => "refused",
-                _ => "damaged",
-            }
-            .into();
-            r.error = Some(format!("{e:#}"));
-            let e = if code_of(&e) == Code::Remote {
-                fail(
-                    Code::Remote,
-                    format!("{e:#} (use --offline to show local state only)"),
-                )
-            } else {
-                e
-            };
+            let e = not_read(&mut r, e);
             return (r, Some(e));
         }
     };
-    r.commit = Some(commit.clone());
+    r.commit = Some(commit);
     let b = match b {
         Ok(b) => b,
         Err(e) => {
@@ -522,56 +481,146 @@ fn remote_state(
     match &b.content {
         Content::Legacy { archive, parts, .. } => {
             r.state = "legacy".into();
-            let shape = if parts.len() == 1 && parts[0] == *archive {
-                "stored whole".to_string()
-            } else {
-                format!("in {} parts", parts.len())
-            };
-            r.error = Some(format!(
-                "made by the old shell recipe: one archive {archive} {shape}, checked by SHA256SUMS, restored whatever the key"
-            ));
+            r.error = Some(legacy_words(archive, parts));
         }
         Content::V1(bm) => {
-            // Read-only: the rollback record is read, never written here.
-            let seen = crate::trust::seen::load(&crate::trust::seen::path(&repo.state_dir()))
-                .unwrap_or_default();
-            let names: Vec<String> = bm.keys.keys().cloned().collect();
-            let all = crate::trust::files_of_keys(git, &b.entries, &names);
-            for (k, e) in &bm.keys {
-                let trust = match &all {
-                    Ok(all) => checker.judge(sh, m, k, e, &all[k], seen.get(&m.name, k)),
-                    Err(e) => Err(anyhow::anyhow!("{e:#}")),
-                };
-                let trust = match trust {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        r.error = Some(format!("checking the signature of {k}: {e:#}"));
-                        None
-                    }
-                };
-                r.keys.push(BranchKey {
-                    key: k.clone(),
-                    created_at: e.created_at.clone(),
-                    tar_size: e.tar_size,
-                    chunks: e.chunks.len(),
-                    parts: e.key_parts.clone(),
-                    trust,
-                });
-            }
-            match key {
-                Some(key) if bm.keys.contains_key(&key.value) => r.state = "has key".into(),
-                Some(key) => {
-                    r.state = "key missing".into();
-                    if let Some((nearest, differs)) = nearest(&r.keys, &key.parts) {
-                        r.nearest = Some(nearest);
-                        r.differs = differs;
-                    }
-                }
-                None => r.state = "unknown".into(),
-            }
+            judge_keys(&mut r, sh, git, m, (&*b, bm), (checker, repo));
+            key_state(&mut r, bm, key);
         }
     }
     (r, None)
+}
+
+/// How the branch was found on its remote.
+enum Found {
+    /// At this commit, read from a store (or its damage).
+    Read(String, Result<Box<Branch>>),
+    /// At this commit, not read: the server cannot filter and no store
+    /// holds it, so reading it would download every chunk.
+    Unread(String),
+    /// The remote has no such branch.
+    Absent,
+}
+
+/// Which store the branch is read from: cache-meta.git (fetched there,
+/// and rebuilt once if damaged: `git::healing`), or, when the server
+/// cannot filter, a store that already holds the commit (a restore
+/// fetched it). A read that fails for another reason is the branch's
+/// damage, which the caller reports.
+fn find_branch(git: &CacheGit, remote: &GitRemote, branch: &str) -> Result<Found> {
+    match git.probe_ref(remote, branch)? {
+        RefProbe { commit: None, .. } => Ok(Found::Absent),
+        RefProbe { filter: true, .. } => crate::git::healing(|| {
+            let Some(commit) = git.try_fetch_branch(remote, branch)? else {
+                return Ok(Found::Absent);
+            };
+            match Branch::read(git, remote.clone(), branch, commit.clone()) {
+                Err(e) if crate::git::damage_of(&e).is_some() => Err(e),
+                b => Ok(Found::Read(commit, b.map(Box::new))),
+            }
+        }),
+        RefProbe {
+            commit: Some(c),
+            filter: false,
+        } => Ok(
+            match [Some(git.clone()), git.restore_store()]
+                .into_iter()
+                .flatten()
+                .find(|g| g.has_commit(&c))
+            {
+                Some(g) => {
+                    let b = Branch::read(&g, remote.clone(), branch, c.clone());
+                    Found::Read(c, b.map(Box::new))
+                }
+                None => Found::Unread(c),
+            },
+        ),
+    }
+}
+
+/// A branch that could not be fetched: its state and words in `r`, and
+/// the error `cache status` ends with (exit 8 says how to skip remotes).
+fn not_read(r: &mut Remote, e: anyhow::Error) -> anyhow::Error {
+    r.state = match code_of(&e) {
+        Code::Remote => "unreachable",
+        Code::AuthRefused => "refused",
+        _ => "damaged",
+    }
+    .into();
+    r.error = Some(format!("{e:#}"));
+    if code_of(&e) == Code::Remote {
+        fail(
+            Code::Remote,
+            format!("{e:#} (use --offline to show local state only)"),
+        )
+    } else {
+        e
+    }
+}
+
+/// What a branch of the old shell recipe holds, in words.
+fn legacy_words(archive: &str, parts: &[String]) -> String {
+    let shape = if parts.len() == 1 && parts[0] == *archive {
+        "stored whole".to_string()
+    } else {
+        format!("in {} parts", parts.len())
+    };
+    format!(
+        "made by the old shell recipe: one archive {archive} {shape}, checked by SHA256SUMS, restored whatever the key"
+    )
+}
+
+/// Every key of the branch, with its signer and verdict, into `r.keys`.
+fn judge_keys(
+    r: &mut Remote,
+    sh: &Shell,
+    git: &CacheGit,
+    m: &CacheManifest,
+    (b, bm): (&Branch, &BranchManifest),
+    (checker, repo): (&mut crate::trust::Checker, &Repo),
+) {
+    // Read-only: the rollback record is read, never written here.
+    let seen =
+        crate::trust::seen::load(&crate::trust::seen::path(&repo.state_dir())).unwrap_or_default();
+    let names: Vec<String> = bm.keys.keys().cloned().collect();
+    let all = crate::trust::files_of_keys(git, &b.entries, &names);
+    for (k, e) in &bm.keys {
+        let trust = match &all {
+            Ok(all) => checker.judge(sh, m, k, e, &all[k], seen.get(&m.name, k)),
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        };
+        let trust = match trust {
+            Ok(t) => Some(t),
+            Err(e) => {
+                r.error = Some(format!("checking the signature of {k}: {e:#}"));
+                None
+            }
+        };
+        r.keys.push(BranchKey {
+            key: k.clone(),
+            created_at: e.created_at.clone(),
+            tar_size: e.tar_size,
+            chunks: e.chunks.len(),
+            parts: e.key_parts.clone(),
+            trust,
+        });
+    }
+}
+
+/// Whether the branch holds the key this machine wants, and on a miss
+/// the nearest one.
+fn key_state(r: &mut Remote, bm: &BranchManifest, key: Option<&manifest::Key>) {
+    match key {
+        Some(key) if bm.keys.contains_key(&key.value) => r.state = "has key".into(),
+        Some(key) => {
+            r.state = "key missing".into();
+            if let Some((nearest, differs)) = nearest(&r.keys, &key.parts) {
+                r.nearest = Some(nearest);
+                r.differs = differs;
+            }
+        }
+        None => r.state = "unknown".into(),
+    }
 }
 
 /// The branch key whose pins differ least from `current`, and how.

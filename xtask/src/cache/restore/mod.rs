@@ -61,6 +61,8 @@ pub struct RestoreOptions {
     pub key: Option<String>,
     /// Give up waiting for another restorer of the same target after this.
     pub lock_timeout: Duration,
+    /// The steps restore.toml names, for the gc a restore may run.
+    pub live_steps: crate::cache::gc::LiveSteps,
 }
 
 impl Default for RestoreOptions {
@@ -71,6 +73,7 @@ impl Default for RestoreOptions {
             progress: false,
             key: None,
             lock_timeout: lock_timeout_from_env(),
+            live_steps: crate::cache::gc::unknown_steps,
         }
     }
 }
@@ -251,13 +254,14 @@ impl DeltaInfo {
 }
 
 /// `cargo xtask cache restore NAME`.
-pub fn run(sh: &Shell, args: RestoreArgs) -> Result<()> {
+pub fn run(sh: &Shell, args: RestoreArgs, live_steps: crate::cache::gc::LiveSteps) -> Result<()> {
     let repo = Repo::from_cwd()?;
     let opts = RestoreOptions {
         remote: args.remote,
         verify: args.verify,
         key: args.key,
         progress: !args.out.quiet() && !args.out.json && std::io::stderr().is_terminal(),
+        live_steps,
         ..RestoreOptions::default()
     };
     crate::contract::fail_with(serde_json::json!({ "name": args.name }));
@@ -429,7 +433,7 @@ pub fn restore_named(
         crate::git::healing(|| cold(sh, repo, &m, &key, &stamp_file, opts, start, phases.clone()))
             .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
     drop(reading);
-    crate::cache::gc::after_restore(sh, repo);
+    crate::cache::gc::after_restore(sh, repo, opts.live_steps);
     outcome.reason = reason;
     Ok(outcome)
 }
