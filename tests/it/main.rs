@@ -51,6 +51,7 @@ mod secrets;
 mod strict;
 mod test_tools;
 mod tidy;
+mod tidy_layers;
 mod transports;
 mod transports_faults;
 mod trust;
