@@ -71,7 +71,10 @@ fn module_of(rel: &Path) -> Module {
         .iter()
         .map(|c| c.to_string_lossy().into_owned())
         .collect();
-    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
         parts.pop();
     }
     parts
@@ -93,7 +96,10 @@ fn code_of(text: &str) -> String {
             let hashes = rest[1..].bytes().take_while(|&c| c == b'#').count();
             let close = format!("\"{}", "#".repeat(hashes));
             let start = 2 + hashes;
-            i += start + rest[start..].find(&close).map_or(rest.len() - start, |n| n + close.len());
+            i += start
+                + rest[start..]
+                    .find(&close)
+                    .map_or(rest.len() - start, |n| n + close.len());
             out.push_str("\"\"");
         } else if b[i] == b'"' {
             let mut j = i + 1;
@@ -102,7 +108,10 @@ fn code_of(text: &str) -> String {
             }
             i = j + 1;
             out.push_str("\"\"");
-        } else if b[i] == b'\'' && rest.len() > 2 && (rest.as_bytes()[1] == b'\\' || rest[1..].chars().nth(1) == Some('\'')) {
+        } else if b[i] == b'\''
+            && rest.len() > 2
+            && (rest.as_bytes()[1] == b'\\' || rest[1..].chars().nth(1) == Some('\''))
+        {
             // A char literal ('x', '\n', '\''); a lifetime has no closing quote.
             let end = rest[2..].find('\'').map_or(rest.len(), |n| n + 3);
             i += end;
@@ -120,10 +129,18 @@ fn code_of(text: &str) -> String {
 }
 
 /// Every module a file names, with the line it names it on.
-fn references(me: &Module, is_mod_file: bool, code: &str, known: &BTreeSet<Module>) -> Vec<(Module, usize)> {
+fn references(
+    me: &Module,
+    is_mod_file: bool,
+    code: &str,
+    known: &BTreeSet<Module>,
+) -> Vec<(Module, usize)> {
     let mut out = Vec::new();
     let resolve = |path: Vec<String>| -> Option<Module> {
-        (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| known.contains(p))
+        (1..=path.len())
+            .rev()
+            .map(|n| path[..n].to_vec())
+            .find(|p| known.contains(p))
     };
     for (n, line) in code.lines().enumerate() {
         let words: Vec<&str> = line
@@ -131,7 +148,11 @@ fn references(me: &Module, is_mod_file: bool, code: &str, known: &BTreeSet<Modul
             .filter(|w| w.contains("::"))
             .collect();
         for w in words {
-            let segs: Vec<String> = w.split("::").filter(|s| !s.is_empty()).map(str::to_string).collect();
+            let segs: Vec<String> = w
+                .split("::")
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
             let Some(first) = segs.first() else { continue };
             // The module a file's own `super`/`self` mean: a file `x.rs` is
             // module `..::x`; its `self` is itself and `super` its parent.
@@ -153,7 +174,10 @@ fn references(me: &Module, is_mod_file: bool, code: &str, known: &BTreeSet<Modul
                     None
                 }
                 // `use child::x` in a folder's mod.rs (or a file's own children).
-                child if line.trim_start().starts_with("use ") || line.trim_start().starts_with("pub use ") => {
+                child
+                    if line.trim_start().starts_with("use ")
+                        || line.trim_start().starts_with("pub use ") =>
+                {
                     let mut p = me.clone();
                     p.push(child.to_string());
                     let _ = is_mod_file;
@@ -203,7 +227,9 @@ fn graph() -> Graph {
         let shown = rel.display().to_string();
         edges.insert(
             m.clone(),
-            refs.into_iter().map(|(t, l)| (t, shown.clone(), l)).collect(),
+            refs.into_iter()
+                .map(|(t, l)| (t, shown.clone(), l))
+                .collect(),
         );
     }
     Graph { edges, modules }
@@ -290,14 +316,19 @@ fn violations(g: &Graph, layers: &[Vec<Module>]) -> Vec<String> {
     let mut bad = Vec::new();
     for m in &g.modules {
         if !m.is_empty() && layer_of(layers, m).is_none() {
-            bad.push(format!("{} is in no layer of ARCHITECTURE.md's `## Layers`", show(m)));
+            bad.push(format!(
+                "{} is in no layer of ARCHITECTURE.md's `## Layers`",
+                show(m)
+            ));
         }
     }
     for (m, es) in &g.edges {
         if m.is_empty() {
             continue; // lib.rs: the dispatch above every room
         }
-        let Some((lm, _)) = layer_of(layers, m) else { continue };
+        let Some((lm, _)) = layer_of(layers, m) else {
+            continue;
+        };
         for (t, file, line) in es {
             if let Some((lt, entry)) = layer_of(layers, t)
                 && lt > lm
@@ -316,7 +347,12 @@ fn violations(g: &Graph, layers: &[Vec<Module>]) -> Vec<String> {
     let file_next = |m: &Module| -> Vec<Module> {
         g.edges
             .get(m)
-            .map(|es| es.iter().map(|e| e.0.clone()).filter(|t| !related(m, t)).collect())
+            .map(|es| {
+                es.iter()
+                    .map(|e| e.0.clone())
+                    .filter(|t| !related(m, t))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     for c in circles(&g.modules, &file_next) {
@@ -355,9 +391,17 @@ fn violations(g: &Graph, layers: &[Vec<Module>]) -> Vec<String> {
 #[test]
 fn every_import_follows_the_layer_order_and_no_files_import_in_a_circle() {
     let g = graph();
-    assert!(g.modules.len() > 50, "found too few modules: {}", g.modules.len());
+    assert!(
+        g.modules.len() > 50,
+        "found too few modules: {}",
+        g.modules.len()
+    );
     let bad = violations(&g, &layers(&architecture()));
-    assert!(bad.is_empty(), "layer order (ARCHITECTURE.md `## Layers`):\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "layer order (ARCHITECTURE.md `## Layers`):\n{}",
+        bad.join("\n")
+    );
 }
 
 /// The checker catches what it is for: each of these imports, added back to
@@ -369,7 +413,11 @@ fn the_layer_check_fails_on_an_import_against_the_order_or_a_circle() {
         // The network watchdog asking the gate runner for signal names.
         ("net", "gates::run", "higher layer"),
         // The manifest parser taking chunk sizes from the publisher.
-        ("cache::format::manifest", "cache::publish::chunks", "higher layer"),
+        (
+            "cache::format::manifest",
+            "cache::publish::chunks",
+            "higher layer",
+        ),
         // The cache layer reading the machine restore's plan.
         ("cache::gc", "restore::plan", "higher layer"),
         // Two files of the extractor importing each other.
@@ -379,11 +427,18 @@ fn the_layer_check_fails_on_an_import_against_the_order_or_a_circle() {
         let mut g = graph();
         let from: Module = from.split("::").map(str::to_string).collect();
         let to: Module = to.split("::").map(str::to_string).collect();
-        assert!(g.modules.contains(&from) && g.modules.contains(&to), "{from:?} {to:?}");
-        g.edges.get_mut(&from).unwrap().push((to.clone(), "added".into(), 1));
+        assert!(
+            g.modules.contains(&from) && g.modules.contains(&to),
+            "{from:?} {to:?}"
+        );
+        g.edges
+            .get_mut(&from)
+            .unwrap()
+            .push((to.clone(), "added".into(), 1));
         let bad = violations(&g, &layers);
         assert!(
-            bad.iter().any(|l| l.contains(says) && l.contains(&show(&to))),
+            bad.iter()
+                .any(|l| l.contains(says) && l.contains(&show(&to))),
             "adding {} -> {} was not reported: {bad:#?}",
             show(&from),
             show(&to)

@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use std::time::Duration;
 
-use crate::gates::manifest::parse_duration;
+use crate::clock::parse_positive_duration as parse_duration;
 
 // The group's help is the doc comment of `Command::Gates` in cli/mod.rs.
 #[derive(Debug, Args)]
