@@ -300,7 +300,7 @@ pub struct CacheManifest {
     pub gates: Vec<String>,
     pub chunk_bytes: u64,
     /// Content-defined chunk sizes (of uncompressed tar) within `chunk_bytes`.
-    pub chunk_sizes: crate::cache::publish::chunks::Sizes,
+    pub chunk_sizes: crate::cache::format::chunk_sizes::Sizes,
     pub level: i32,
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
@@ -449,7 +449,7 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
         Some(spec) => Some(spec.resolve("publish.chunk_avg")?),
         None => None,
     };
-    let chunk_sizes = crate::cache::publish::chunks::Sizes::for_limit(chunk_avg, chunk_bytes)?;
+    let chunk_sizes = crate::cache::format::chunk_sizes::Sizes::for_limit(chunk_avg, chunk_bytes)?;
     let level = level_of(raw.publish.level.as_ref())?;
     let lease_deadline = raw
         .publish

@@ -30,7 +30,10 @@ use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry, healing, is_stale_le
 use crate::cache::format::manifest::{self, CacheManifest, Key, PinSource};
 use crate::cache::format::{BranchManifest, KeyEntry};
 use crate::cache::human_bytes;
-use crate::cache::publish::{self, BranchState, Lease, Reporter, plural};
+use crate::cache::publish::branch::BranchState;
+use crate::cache::publish::commit::generated_files;
+use crate::cache::publish::lease::{Lease, lease_deadline};
+use crate::cache::publish::report::{Reporter, plural};
 use crate::cli::cache::PruneArgs;
 use crate::clock;
 use crate::exit::{Code, fail};
@@ -320,7 +323,7 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
     let repo = Repo::from_cwd()?;
     let m = manifest::load(&repo, &args.name)?;
     let key = manifest::compute_key(sh, &repo, &m)?;
-    let deadline = publish::lease_deadline(&m)?;
+    let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
     let mut git = CacheGit::open(sh, &repo)?.with_lock_wait(deadline);
@@ -448,7 +451,7 @@ fn prune_commit(
         }
     }
     const GENERATED: [&str; 3] = ["README.md", "warmstart.json", "SHA256SUMS"];
-    let mut tree = publish::generated_files(git, m, remote, &manifest)?;
+    let mut tree = generated_files(git, m, remote, &manifest)?;
     tree.extend(
         state
             .entries

@@ -37,7 +37,7 @@ use std::time::Duration;
 use crate::cache::fetch::git::{self, CacheGit, PushProgress, Remote, TreeEntry};
 use crate::cache::format::manifest::CacheManifest;
 use crate::cache::human_bytes;
-use crate::cache::publish::Reporter;
+use crate::cache::publish::report::Reporter;
 use crate::exit::{Code, fail};
 
 /// Below GitHub's 2 GiB per push, with room for pack headers and the
