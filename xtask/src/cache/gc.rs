@@ -38,8 +38,8 @@ use xshell::Shell;
 
 use crate::cache::fetch::git::{CacheGit, STORE_LOCK_WAIT, StoreLock};
 use crate::cache::format::BranchManifest;
-use crate::cache::format::manifest;
 use crate::cache::human_bytes;
+use crate::cache::manifests;
 use crate::cache::restore::branch::{Branch, Content};
 use crate::cache::restore::stamp::{self, Loaded, Stamp};
 use crate::cli::cache::GcArgs;
@@ -581,10 +581,10 @@ fn open_store(sh: &Shell, repo: &Repo, name: &str) -> Result<CacheGit> {
 /// The branch of every manifest, or `None` when one does not load (then no
 /// ref is dropped: a typo in a manifest must not cost a cache).
 fn manifest_branches(repo: &Repo) -> Option<BTreeSet<String>> {
-    let names = manifest::names(repo).ok()?;
+    let names = manifests::names(repo).ok()?;
     names
         .iter()
-        .map(|n| manifest::load(repo, n).ok().map(|m| m.branch))
+        .map(|n| manifests::load(repo, n).ok().map(|m| m.branch))
         .collect()
 }
 

@@ -16,6 +16,7 @@ use xshell::Shell;
 use crate::cache::fetch::git::{CacheGit, RefProbe};
 use crate::cache::format::KeyPart;
 use crate::cache::format::manifest::{self, CacheManifest};
+use crate::cache::manifests;
 use crate::cache::restore;
 use crate::cache::restore::branch::{Branch, Content};
 use crate::cache::restore::stamp::{self, Loaded, PartChange};
@@ -295,7 +296,7 @@ pub fn collect(
     offline: bool,
 ) -> Result<(Vec<Entry>, Option<anyhow::Error>)> {
     let names = if names.is_empty() {
-        manifest::names(repo)?
+        manifests::names(repo)?
     } else {
         names.to_vec()
     };
@@ -304,7 +305,7 @@ pub fn collect(
     let mut out = Vec::new();
     let mut err = None;
     for name in &names {
-        let m = match manifest::load(repo, name) {
+        let m = match manifests::load(repo, name) {
             Ok(m) => m,
             Err(e) => {
                 out.push(Entry::Broken {
@@ -315,7 +316,7 @@ pub fn collect(
                 continue;
             }
         };
-        let (key, key_error) = match manifest::compute_key(sh, repo, &m) {
+        let (key, key_error) = match manifests::compute_key(sh, repo, &m) {
             Ok(k) => (Some(k), None),
             Err(e) => (None, Some(format!("{e:#}"))),
         };

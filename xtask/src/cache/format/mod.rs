@@ -8,6 +8,7 @@ pub mod bootstrap;
 pub mod chunk_sizes;
 pub mod fallback;
 pub mod files;
+pub mod key;
 pub mod manifest;
 pub mod readme;
 

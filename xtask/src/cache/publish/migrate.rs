@@ -14,7 +14,7 @@ use serde::Serialize;
 use xshell::Shell;
 
 use crate::cache::fetch::git::{self, CacheGit, Remote};
-use crate::cache::format::manifest;
+use crate::cache::manifests;
 use crate::cli::cache::MigrateArgs;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
@@ -37,7 +37,7 @@ pub struct Migrated {
 pub fn run(sh: &Shell, args: MigrateArgs) -> Result<()> {
     crate::contract::fail_with(serde_json::json!({ "name": args.name }));
     let repo = Repo::from_cwd()?;
-    let m = manifest::load(&repo, &args.name)?;
+    let m = manifests::load(&repo, &args.name)?;
     if !m.branch.starts_with("refs/") {
         return Err(fail(
             Code::Config,

@@ -35,9 +35,10 @@ use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
 use crate::cache::fetch::git::{CacheGit, Remote, healing, is_stale_lease};
-use crate::cache::format::manifest::{self, CacheManifest, Key};
+use crate::cache::format::manifest::{CacheManifest, Key};
 use crate::cache::format::{KeyEntry, KeyPart};
 use crate::cache::human_bytes;
+use crate::cache::manifests;
 use crate::cache::publish::blobs::{PackedKey, pack_into_git};
 use crate::cache::publish::branch::BranchState;
 use crate::cache::publish::commit::build_commit;
@@ -157,9 +158,9 @@ pub fn run(sh: &Shell, args: PublishArgs) -> Result<()> {
 pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let out = Reporter::new(req.quiet, req.json);
     let started = Instant::now();
-    let m = manifest::load(repo, &req.name)?;
+    let m = manifests::load(repo, &req.name)?;
     let deadline = lease_deadline(&m)?;
-    let key = manifest::compute_key(sh, repo, &m)?;
+    let key = manifests::compute_key(sh, repo, &m)?;
     let mut summary = Summary::new(&m, &key);
     if req.key_only {
         out.say(&key.value);

@@ -30,6 +30,7 @@ use crate::cache::fetch::git::{CacheGit, Remote, TreeEntry, healing, is_stale_le
 use crate::cache::format::manifest::{self, CacheManifest, Key, PinSource};
 use crate::cache::format::{BranchManifest, KeyEntry};
 use crate::cache::human_bytes;
+use crate::cache::manifests;
 use crate::cache::publish::branch::BranchState;
 use crate::cache::publish::commit::generated_files;
 use crate::cache::publish::lease::{Lease, lease_deadline};
@@ -321,8 +322,8 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
     let out = Reporter::new(args.out.quiet(), args.out.json);
     let older_than = older_than(args)?;
     let repo = Repo::from_cwd()?;
-    let m = manifest::load(&repo, &args.name)?;
-    let key = manifest::compute_key(sh, &repo, &m)?;
+    let m = manifests::load(&repo, &args.name)?;
+    let key = manifests::compute_key(sh, &repo, &m)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;

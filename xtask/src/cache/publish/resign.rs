@@ -11,7 +11,8 @@ use std::path::Path;
 use xshell::Shell;
 
 use crate::cache::fetch::git::{CacheGit, Remote, healing, is_stale_lease};
-use crate::cache::format::manifest::{self, CacheManifest};
+use crate::cache::format::manifest::CacheManifest;
+use crate::cache::manifests;
 use crate::cache::publish::branch::BranchState;
 use crate::cache::publish::commit::write_root_commit;
 use crate::cache::publish::lease::{Lease, lease_deadline};
@@ -65,7 +66,7 @@ fn resign(
     out: &Reporter,
 ) -> Result<ResignSummary> {
     use crate::trust::sign::signing_key;
-    let m = manifest::load(repo, &args.name)?;
+    let m = manifests::load(repo, &args.name)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;

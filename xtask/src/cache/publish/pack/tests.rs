@@ -315,7 +315,7 @@ fn plan_selects_what_the_manifest_selects() {
             src.display()
         );
         fs::write(repo.manifests_dir().join("t.toml"), text).unwrap();
-        let m = crate::cache::format::manifest::load(&repo, "t").unwrap();
+        let m = crate::cache::manifests::load(&repo, "t").unwrap();
         let mut want: BTreeSet<String> = BTreeSet::new();
         let under_excluded = |rel: &str| {
             rel.match_indices('/')
