@@ -10,6 +10,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+use crate::cache::format::chunk_sizes::Sizes;
 use crate::cache::format::{DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::repo::Repo;
 
@@ -302,7 +303,7 @@ pub struct CacheManifest {
     pub gates: Vec<String>,
     pub chunk_bytes: u64,
     /// Content-defined chunk sizes (of uncompressed tar) within `chunk_bytes`.
-    pub chunk_sizes: crate::cache::format::chunk_sizes::Sizes,
+    pub chunk_sizes: Sizes,
     pub level: i32,
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
@@ -335,20 +336,76 @@ pub fn path_of(repo: &Repo, name: &str) -> PathBuf {
 pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManifest> {
     let raw: RawManifest = toml::from_str(text)
         .map_err(|e| anyhow!("{}", crate::settings::toml_error_line(text, &e)))?;
-    let bootstrap = match raw.bootstrap {
-        None => None,
-        Some(b) => {
-            let kinds: Vec<&str> = raw.key.iter().map(RawPin::kind).collect();
-            Some(crate::cache::format::bootstrap::resolve(
-                b,
-                text,
-                &kinds,
-                &raw.restore.path,
-            )?)
-        }
+    let bootstrap = resolve_bootstrap(raw.bootstrap, &raw.key, text, &raw.restore.path)?;
+    let pins = resolve_pins(repo, raw.key)?;
+    let restore_path = expand_path(repo, &raw.restore.path)?;
+    let (fallbacks, recheck) =
+        resolve_fallbacks(raw.restore.fallback, raw.restore.recheck.as_ref(), &pins)?;
+    let ready = resolve_ready(raw.ready)?;
+    let (chunk_bytes, chunk_sizes) = chunking(&raw.publish)?;
+    let level = level_of(raw.publish.level.as_ref())?;
+    let lease_deadline = raw
+        .publish
+        .lease_deadline
+        .as_ref()
+        .map(|d| d.resolve_positive("publish.lease_deadline"))
+        .transpose()?;
+    let branch = cache_ref(name, raw.cache.branch, raw.cache.full_ref)?;
+    let include = if raw.pack.include.is_empty() {
+        vec![Glob::new("**")?]
+    } else {
+        globs(&raw.pack.include)?
     };
+    Ok(CacheManifest {
+        name: name.to_string(),
+        file: file.to_path_buf(),
+        branch,
+        remote: raw.cache.remote.unwrap_or_else(|| "origin".into()),
+        description: raw.cache.description.unwrap_or_default(),
+        pins,
+        pack_root: expand_path(repo, &raw.pack.root)?,
+        include,
+        exclude: globs(&raw.pack.exclude)?,
+        keep_mtime: raw.pack.keep_mtime,
+        restore_path,
+        mode: raw.restore.mode,
+        ready,
+        gates: raw.publish.gates,
+        chunk_bytes,
+        chunk_sizes,
+        level,
+        lease_deadline,
+        network: raw.network.resolve()?,
+        keep: raw.publish.keep.map(|n| n as usize),
+        push_limit: raw
+            .publish
+            .push_limit
+            .as_ref()
+            .map(|s| s.resolve("publish.push_limit"))
+            .transpose()?,
+        fallbacks,
+        recheck,
+        trust: raw.trust,
+        bootstrap,
+    })
+}
+
+/// `[bootstrap]`, checked against what the bootstrap script can read.
+fn resolve_bootstrap(
+    raw: Option<crate::cache::format::bootstrap::RawBootstrap>,
+    pins: &[RawPin],
+    text: &str,
+    restore_path: &str,
+) -> Result<Option<crate::cache::format::bootstrap::Bootstrap>> {
+    let Some(b) = raw else { return Ok(None) };
+    let kinds: Vec<&str> = pins.iter().map(RawPin::kind).collect();
+    crate::cache::format::bootstrap::resolve(b, text, &kinds, restore_path).map(Some)
+}
+
+/// The `[[key]]` pins, each checked, no name twice.
+fn resolve_pins(repo: &Repo, raw: Vec<RawPin>) -> Result<Vec<Pin>> {
     let mut pins = Vec::new();
-    for p in raw.key {
+    for p in raw {
         pins.push(resolve_pin(repo, p)?);
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -357,10 +414,12 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
             bail!("key pin {:?} is declared twice", p.name);
         }
     }
-    let restore_path = expand_path(repo, &raw.restore.path)?;
-    let (fallbacks, recheck) =
-        resolve_fallbacks(raw.restore.fallback, raw.restore.recheck.as_ref(), &pins)?;
-    let ready = match raw.ready {
+    Ok(pins)
+}
+
+/// The `[ready]` probe: a path under the restore path, or a command.
+fn resolve_ready(raw: Option<RawReady>) -> Result<Ready> {
+    Ok(match raw {
         None => Ready::Exists,
         Some(RawReady {
             path: Some(p),
@@ -387,8 +446,13 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
             Ready::Command { argv, matches }
         }
         Some(_) => bail!("[ready] takes either `path`, or `command` with an optional `matches`"),
-    };
-    let chunk_bytes = match &raw.publish.chunk_bytes {
+    })
+}
+
+/// `[publish] chunk_bytes` (the limit of a compressed chunk file) and the
+/// content-defined sizes `chunk_avg` gives within it.
+fn chunking(raw: &RawPublish) -> Result<(u64, Sizes)> {
+    let chunk_bytes = match &raw.chunk_bytes {
         Some(spec) => spec.resolve("publish.chunk_bytes")?,
         None => DEFAULT_CHUNK_BYTES,
     };
@@ -397,65 +461,16 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
             "publish.chunk_bytes must be between 1 and {MAX_CHUNK_BYTES} (GitHub rejects files of 100 MiB)"
         );
     }
-    let chunk_avg = match &raw.publish.chunk_avg {
+    let chunk_avg = match &raw.chunk_avg {
         Some(spec) => Some(spec.resolve("publish.chunk_avg")?),
         None => None,
     };
-    let chunk_sizes = crate::cache::format::chunk_sizes::Sizes::for_limit(chunk_avg, chunk_bytes)?;
-    let level = level_of(raw.publish.level.as_ref())?;
-    let lease_deadline = raw
-        .publish
-        .lease_deadline
-        .as_ref()
-        .map(|d| d.resolve_positive("publish.lease_deadline"))
-        .transpose()?;
-    let branch = cache_ref(name, raw.cache.branch, raw.cache.full_ref)?;
-    let include = if raw.pack.include.is_empty() {
-        vec![Glob::new("**")?]
-    } else {
-        raw.pack
-            .include
-            .iter()
-            .map(|g| Glob::new(g))
-            .collect::<Result<_>>()?
-    };
-    Ok(CacheManifest {
-        name: name.to_string(),
-        file: file.to_path_buf(),
-        branch,
-        remote: raw.cache.remote.unwrap_or_else(|| "origin".into()),
-        description: raw.cache.description.unwrap_or_default(),
-        pins,
-        pack_root: expand_path(repo, &raw.pack.root)?,
-        include,
-        exclude: raw
-            .pack
-            .exclude
-            .iter()
-            .map(|g| Glob::new(g))
-            .collect::<Result<_>>()?,
-        keep_mtime: raw.pack.keep_mtime,
-        restore_path,
-        mode: raw.restore.mode,
-        ready,
-        gates: raw.publish.gates,
-        chunk_bytes,
-        chunk_sizes,
-        level,
-        lease_deadline,
-        network: raw.network.resolve()?,
-        keep: raw.publish.keep.map(|n| n as usize),
-        push_limit: raw
-            .publish
-            .push_limit
-            .as_ref()
-            .map(|s| s.resolve("publish.push_limit"))
-            .transpose()?,
-        fallbacks,
-        recheck,
-        trust: raw.trust,
-        bootstrap,
-    })
+    Ok((chunk_bytes, Sizes::for_limit(chunk_avg, chunk_bytes)?))
+}
+
+/// Globs compiled, in order.
+fn globs(raw: &[String]) -> Result<Vec<Glob>> {
+    raw.iter().map(|g| Glob::new(g)).collect()
 }
 
 /// `[[restore.fallback]]` and `restore.recheck`, checked against the pins.

@@ -173,27 +173,13 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
     summary.remote = Some(RemoteJson::of(&remote));
-    let t = Instant::now();
-    let planned_at_ns = clock::now_ns();
-    let plan = pack::plan(&m)?;
-    summary.timings_ms.insert("plan", ms(t.elapsed()));
-    summary.files = Some(plan.items.len() as u64);
-    summary.file_bytes = Some(plan.file_bytes);
-
+    let (plan, planned_at_ns) = walk(&m, &mut summary)?;
     if req.dry_run {
         summary.status = "dry-run";
         print_plan(&out, &m, &key, &plan, &remote);
         return Ok(summary);
     }
-
-    let t = Instant::now();
-    let stamp = plan.stamp();
-    let tree = packed::TreeRecord {
-        stamp: stamp.digest.clone(),
-        planned_at_ns,
-    };
-    summary.timings_ms.insert("stamp", ms(t.elapsed()));
-
+    let stamped = stamp(&plan, planned_at_ns, &mut summary);
     let (gate_record, ungated) = gate_record(sh, repo, &m, req.allow_ungated, &out)?;
     summary.ungated = ungated;
 
@@ -217,48 +203,38 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         git: &git,
         out: &out,
     };
-    let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
-    let params = packed::pack_params(&opts.params.frames(opts.sizes));
-    let record_path = packed::path(&repo.state_dir(), &m.name);
-    if cx.unchanged_by_record(
-        state.as_ref(),
-        ungated,
-        &plan,
-        &stamp,
-        &tree,
-        &params,
-        &mut summary,
-    )? {
-        summary.duration_ms = Some(ms(started.elapsed()));
-        return Ok(summary);
-    }
-    let (entry, oids) = cx.pack(state.as_ref(), &plan, gate_record, ungated, &mut summary)?;
-    let t = Instant::now();
-    let mut checker = crate::trust::Checker::new(sh, repo)?;
-    let warn = |line: String| out.warn(line);
-    let signed = crate::trust::sign::sign_key(
-        sh,
-        &mut checker,
-        &m,
-        &key.value,
-        &entry,
-        req.signing_key.as_deref(),
-        &warn,
-    )?;
-    summary.signed_by = signed.as_ref().and_then(|s| s.signer.clone());
-    summary.timings_ms.insert("sign", ms(t.elapsed()));
-
-    let new = NewKey {
-        entry: &entry,
-        oids: &oids,
-        signed: signed.as_ref(),
-    };
-    cx.land(state, &new, &mut checker, deadline, &mut summary)?;
-    if let Some(commit) = &summary.commit {
-        save_record(&record_path, &m, &key, commit, &entry, params, tree, &out);
-    }
+    let gates = (gate_record, ungated);
+    cx.publish_plan(state, &plan, stamped, gates, req, deadline, &mut summary)?;
     summary.duration_ms = Some(ms(started.elapsed()));
     Ok(summary)
+}
+
+/// The walk of the pack root, timed as `plan`, and when it began.
+fn walk(m: &CacheManifest, summary: &mut Summary) -> Result<(Plan, i64)> {
+    let t = Instant::now();
+    let planned_at_ns = clock::now_ns();
+    let plan = pack::plan(m)?;
+    summary.timings_ms.insert("plan", ms(t.elapsed()));
+    summary.files = Some(plan.items.len() as u64);
+    summary.file_bytes = Some(plan.file_bytes);
+    Ok((plan, planned_at_ns))
+}
+
+/// The plan's stamp (timed as `stamp`) and the record of it that a
+/// publish leaves in this clone (module `packed`).
+fn stamp(
+    plan: &Plan,
+    planned_at_ns: i64,
+    summary: &mut Summary,
+) -> (pack::TreeStamp, packed::TreeRecord) {
+    let t = Instant::now();
+    let stamp = plan.stamp();
+    let tree = packed::TreeRecord {
+        stamp: stamp.digest.clone(),
+        planned_at_ns,
+    };
+    summary.timings_ms.insert("stamp", ms(t.elapsed()));
+    (stamp, tree)
 }
 
 /// Records in this clone that the branch's `commit` holds `entry`'s tar
@@ -382,6 +358,68 @@ struct NewKey<'a> {
 }
 
 impl Cx<'_> {
+    /// Publishes `plan` (stamped as `tree`) onto the branch at `state`:
+    /// nothing when this clone's record shows the branch holds it already,
+    /// else pack, sign, land, and record what was packed.
+    #[allow(clippy::too_many_arguments)]
+    fn publish_plan(
+        &self,
+        state: Option<BranchState>,
+        plan: &Plan,
+        (stamp, tree): (pack::TreeStamp, packed::TreeRecord),
+        (gate_record, ungated): (Value, bool),
+        req: &Request,
+        deadline: Duration,
+        summary: &mut Summary,
+    ) -> Result<()> {
+        let (m, key) = (self.m, self.key);
+        let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
+        let params = packed::pack_params(&opts.params.frames(opts.sizes));
+        let record_path = packed::path(&self.repo.state_dir(), &m.name);
+        let (s, p) = (state.as_ref(), plan);
+        if self.unchanged_by_record(s, ungated, p, &stamp, &tree, &params, summary)? {
+            return Ok(());
+        }
+        let (entry, oids) = self.pack(state.as_ref(), plan, gate_record, ungated, summary)?;
+        let (mut checker, signed) = self.sign(&entry, req.signing_key.as_deref(), summary)?;
+        let new = NewKey {
+            entry: &entry,
+            oids: &oids,
+            signed: signed.as_ref(),
+        };
+        self.land(state, &new, &mut checker, deadline, summary)?;
+        if let Some(commit) = &summary.commit {
+            save_record(&record_path, m, key, commit, &entry, params, tree, self.out);
+        }
+        Ok(())
+    }
+
+    /// This key's statement signed with `signing_key` (else
+    /// `WARMSTART_SIGNING_KEY`; none when neither is set), timed as `sign`,
+    /// and the trust checker that landing the key checks the others with.
+    fn sign(
+        &self,
+        entry: &KeyEntry,
+        signing_key: Option<&Path>,
+        summary: &mut Summary,
+    ) -> Result<(crate::trust::Checker, Option<crate::trust::sign::Signed>)> {
+        let t = Instant::now();
+        let mut checker = crate::trust::Checker::new(self.sh, self.repo)?;
+        let warn = |line: String| self.out.warn(line);
+        let signed = crate::trust::sign::sign_key(
+            self.sh,
+            &mut checker,
+            self.m,
+            &self.key.value,
+            entry,
+            signing_key,
+            &warn,
+        )?;
+        summary.signed_by = signed.as_ref().and_then(|s| s.signer.clone());
+        summary.timings_ms.insert("sign", ms(t.elapsed()));
+        Ok((checker, signed))
+    }
+
     /// An unchanged artifact, found without compressing anything: when
     /// this clone's record (module `packed`) says the branch's chunks are
     /// what today's packing of that very tar makes, the tar's sha256 alone
@@ -551,28 +589,7 @@ impl Cx<'_> {
                 Ok(report) => {
                     summary.push = Some(report);
                     summary.timings_ms.insert("push", ms(t.elapsed()));
-                    git.set_local_branch(&m.branch, &commit)?;
-                    summary.status = "published";
-                    summary.commit = Some(commit.clone());
-                    summary.keys_on_branch = keys;
-                    if !drops.is_empty() {
-                        out.say(format!(
-                            "pruned {} ([publish] keep = {}): {}",
-                            plural(drops.len(), "key", "keys"),
-                            m.keep.unwrap_or(0),
-                            drops.join(", ")
-                        ));
-                    }
-                    summary.pruned = drops;
-                    out.say(format!(
-                        "published {} to {} on {}: commit {} (one root commit), push {}",
-                        key.value,
-                        m.branch,
-                        remote.shown_name(),
-                        &commit[..12],
-                        crate::clock::human(t.elapsed())
-                    ));
-                    return Ok(());
+                    return self.landed(&commit, keys, drops, t, summary);
                 }
                 Err(e) if is_stale_lease(&e) => {
                     let Some(pause) = lease.lost() else {
@@ -598,6 +615,41 @@ impl Cx<'_> {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Records and says that `commit` (holding `keys`, without `drops`)
+    /// is the branch now, pushed in the time since `pushed_from`.
+    fn landed(
+        &self,
+        commit: &str,
+        keys: Vec<String>,
+        drops: Vec<String>,
+        pushed_from: Instant,
+        summary: &mut Summary,
+    ) -> Result<()> {
+        let (m, key, out, remote) = (self.m, self.key, self.out, self.remote);
+        self.git.set_local_branch(&m.branch, commit)?;
+        summary.status = "published";
+        summary.commit = Some(commit.to_string());
+        summary.keys_on_branch = keys;
+        if !drops.is_empty() {
+            out.say(format!(
+                "pruned {} ([publish] keep = {}): {}",
+                plural(drops.len(), "key", "keys"),
+                m.keep.unwrap_or(0),
+                drops.join(", ")
+            ));
+        }
+        summary.pruned = drops;
+        out.say(format!(
+            "published {} to {} on {}: commit {} (one root commit), push {}",
+            key.value,
+            m.branch,
+            remote.shown_name(),
+            &commit[..12],
+            crate::clock::human(pushed_from.elapsed())
+        ));
+        Ok(())
     }
 
     /// The root commit of the branch at `state` with `new` merged in and

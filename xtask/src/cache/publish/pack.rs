@@ -20,7 +20,6 @@
 //! This module never runs git and never writes outside the chunk directory
 //! it is given.
 
-#![warn(clippy::too_many_lines)]
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};

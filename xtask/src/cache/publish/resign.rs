@@ -7,7 +7,7 @@
 use anyhow::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use xshell::Shell;
 
 use crate::cache::fetch::git::{CacheGit, Remote, healing, is_stale_lease};
@@ -65,43 +65,17 @@ fn resign(
     args: &crate::cli::cache::ResignArgs,
     out: &Reporter,
 ) -> Result<ResignSummary> {
-    use crate::trust::sign::signing_key;
     let m = manifests::load(repo, &args.name)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::cache::fetch::git::resolve_remote(sh, &repo.root, &remote_name)?;
-    let Some(key_file) = signing_key(args.signing_key.as_deref()) else {
-        return Err(fail(
-            Code::Config,
-            format!(
-                "cache resign {} needs a signing key: give --signing-key or {}",
-                m.name,
-                crate::trust::sign::KEY_VAR
-            ),
-        ));
-    };
+    let key_file = signing_key(&m, args)?;
     let git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
     let mut checker = crate::trust::Checker::new(sh, repo)?;
     let mut lease = Lease::new(deadline);
     loop {
-        let state =
-            healing(|| BranchState::load(&git, &remote, &m.branch, out))?.ok_or_else(|| {
-                fail(
-                    Code::NotFound,
-                    format!(
-                        "{} does not exist on {remote}: nothing to re-sign",
-                        m.branch
-                    ),
-                )
-            })?;
-        let mut summary = ResignSummary {
-            name: m.name.clone(),
-            branch: m.branch.clone(),
-            commit: None,
-            signed_by: None,
-            resigned: Vec::new(),
-            skipped: Vec::new(),
-        };
+        let state = fetch(&git, &remote, &m, out)?;
+        let mut summary = ResignSummary::new(&m);
         let signatures = sign_keys(
             sh,
             &mut checker,
@@ -155,6 +129,53 @@ fn resign(
                 }
             },
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The signing key a re-sign needs: `--signing-key`, else
+/// `WARMSTART_SIGNING_KEY` (exit 10 when neither is given).
+fn signing_key(m: &CacheManifest, args: &crate::cli::cache::ResignArgs) -> Result<PathBuf> {
+    crate::trust::sign::signing_key(args.signing_key.as_deref()).ok_or_else(|| {
+        fail(
+            Code::Config,
+            format!(
+                "cache resign {} needs a signing key: give --signing-key or {}",
+                m.name,
+                crate::trust::sign::KEY_VAR
+            ),
+        )
+    })
+}
+
+/// The branch as it is on `remote` (exit 4 when it does not exist).
+fn fetch(
+    git: &CacheGit,
+    remote: &Remote,
+    m: &CacheManifest,
+    out: &Reporter,
+) -> Result<BranchState> {
+    healing(|| BranchState::load(git, remote, &m.branch, out))?.ok_or_else(|| {
+        fail(
+            Code::NotFound,
+            format!(
+                "{} does not exist on {remote}: nothing to re-sign",
+                m.branch
+            ),
+        )
+    })
+}
+
+impl ResignSummary {
+    /// Nothing re-signed yet.
+    fn new(m: &CacheManifest) -> ResignSummary {
+        ResignSummary {
+            name: m.name.clone(),
+            branch: m.branch.clone(),
+            commit: None,
+            signed_by: None,
+            resigned: Vec::new(),
+            skipped: Vec::new(),
         }
     }
 }
