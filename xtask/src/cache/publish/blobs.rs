@@ -89,20 +89,7 @@ pub(super) fn pack_into_git(
     );
     bar.finish_and_clear();
     drop(tx.take());
-    let written = writer
-        .join()
-        .map_err(|_| anyhow!("the git writer thread panicked"))?;
-    // A git failure explains a pack failure better than "writer stopped".
-    let (packed, mut oids) = match (result, written) {
-        (Ok(p), Ok(o)) => (p, o),
-        (_, Err(e)) => {
-            return Err(e.context(format!(
-                "writing chunks of {key} into {}",
-                git.dir.display()
-            )));
-        }
-        (Err(e), _) => return Err(e),
-    };
+    let (packed, mut oids) = joined(result, writer, git, key)?;
     let n = packed.chunks.len();
     let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();
     oids.extend(reused);
@@ -113,6 +100,27 @@ pub(super) fn pack_into_git(
         reused: is_reused,
         frames_reused,
     })
+}
+
+/// The pack and the blob ids the writer thread stored, once it ended. A
+/// git failure explains a pack failure better than "writer stopped".
+fn joined(
+    result: Result<pack::Packed>,
+    writer: std::thread::JoinHandle<Result<BTreeMap<usize, String>>>,
+    git: &CacheGit,
+    key: &str,
+) -> Result<(pack::Packed, BTreeMap<usize, String>)> {
+    let written = writer
+        .join()
+        .map_err(|_| anyhow!("the git writer thread panicked"))?;
+    match (result, written) {
+        (Ok(p), Ok(o)) => Ok((p, o)),
+        (_, Err(e)) => Err(e.context(format!(
+            "writing chunks of {key} into {}",
+            git.dir.display()
+        ))),
+        (Err(e), _) => Err(e),
+    }
 }
 
 /// The blob ids of the old entry's chunks by the sha256 of their raw

@@ -190,66 +190,24 @@ fn tar_stream(
     let mut buf = vec![0u8; 256 * 1024];
     let mut done = 0u64;
     for item in &plan.items {
-        let mtime = if plan.keep_mtime {
-            item.mtime
-        } else {
-            FIXED_MTIME
-        };
-        let (ty, size) = match &item.kind {
-            Kind::Dir => (tar::EntryType::Directory, 0),
-            Kind::File => (tar::EntryType::Regular, item.size),
-            Kind::Symlink(_) => (tar::EntryType::Symlink, 0),
-            Kind::Hardlink(_) => (tar::EntryType::Link, 0),
-        };
-        let mut name = item.rel.clone();
-        if item.kind == Kind::Dir {
-            name.push(b'/');
-        }
         // The entry starts at its first block: a long-name record if any.
         let offset = w.written;
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(ty);
-        h.set_size(size);
-        h.set_mode(item.mode);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(mtime);
-        set_long(&mut w, &mut h, Field::Name, &name)?;
-        if let Kind::Symlink(t) | Kind::Hardlink(t) = &item.kind {
-            set_long(&mut w, &mut h, Field::Link, t)?;
-        }
-        h.set_cksum();
-        w.write_all(h.as_bytes())?;
+        write_header(&mut w, item, plan.keep_mtime)?;
         let mut content = index.is_some().then(Sha256::new);
         if item.kind == Kind::File {
             let path = join(&plan.root, &item.rel);
-            let mut f = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-            let mut left = item.size;
-            while left > 0 {
-                let want = left.min(buf.len() as u64) as usize;
-                let n = f
-                    .read(&mut buf[..want])
-                    .with_context(|| format!("reading {}", path.display()))?;
-                if n == 0 {
-                    bail!(
-                        "{} shrank while it was being packed: publish again when nothing writes to it",
-                        path.display()
-                    );
-                }
-                w.write_all(&buf[..n])?;
-                if let Some(c) = &mut content {
-                    c.update(&buf[..n]);
-                }
-                left -= n as u64;
-                done += n as u64;
-                progress(done);
-            }
-            if f.read(&mut buf[..1])? != 0 {
-                bail!(
-                    "{} grew while it was being packed: publish again when nothing writes to it",
-                    path.display()
-                );
-            }
+            let mut copy = |n: u64| {
+                done += n;
+                progress(done)
+            };
+            copy_file(
+                &mut w,
+                &path,
+                item.size,
+                &mut buf,
+                content.as_mut(),
+                &mut copy,
+            )?;
             pad(&mut w, item.size)?;
         }
         if let Some(index) = index.as_deref_mut() {
@@ -260,6 +218,76 @@ fn tar_stream(
     w.write_all(&[0u8; 1024])?;
     w.inner.flush()?;
     Ok((w.written, w.hasher))
+}
+
+/// Writes the header of `item` (after its GNU long-name records, if its
+/// name or link target needs them): uid and gid 0, the fixed mtime unless
+/// `keep_mtime`.
+fn write_header(w: &mut impl Write, item: &Item, keep_mtime: bool) -> io::Result<()> {
+    let mtime = if keep_mtime { item.mtime } else { FIXED_MTIME };
+    let (ty, size) = match &item.kind {
+        Kind::Dir => (tar::EntryType::Directory, 0),
+        Kind::File => (tar::EntryType::Regular, item.size),
+        Kind::Symlink(_) => (tar::EntryType::Symlink, 0),
+        Kind::Hardlink(_) => (tar::EntryType::Link, 0),
+    };
+    let mut name = item.rel.clone();
+    if item.kind == Kind::Dir {
+        name.push(b'/');
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(ty);
+    h.set_size(size);
+    h.set_mode(item.mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(mtime);
+    set_long(w, &mut h, Field::Name, &name)?;
+    if let Kind::Symlink(t) | Kind::Hardlink(t) = &item.kind {
+        set_long(w, &mut h, Field::Link, t)?;
+    }
+    h.set_cksum();
+    w.write_all(h.as_bytes())
+}
+
+/// Copies exactly `size` bytes of the file at `path` into `w` through
+/// `buf`, hashing them into `content` if given and telling `copied` each
+/// read's length. A file that shrank or grew since the plan is an error.
+fn copy_file(
+    w: &mut impl Write,
+    path: &Path,
+    size: u64,
+    buf: &mut [u8],
+    mut content: Option<&mut Sha256>,
+    copied: &mut dyn FnMut(u64),
+) -> Result<()> {
+    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut left = size;
+    while left > 0 {
+        let want = left.min(buf.len() as u64) as usize;
+        let n = f
+            .read(&mut buf[..want])
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            bail!(
+                "{} shrank while it was being packed: publish again when nothing writes to it",
+                path.display()
+            );
+        }
+        w.write_all(&buf[..n])?;
+        if let Some(c) = content.as_deref_mut() {
+            c.update(&buf[..n]);
+        }
+        left -= n as u64;
+        copied(n as u64);
+    }
+    if f.read(&mut buf[..1])? != 0 {
+        bail!(
+            "{} grew while it was being packed: publish again when nothing writes to it",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The index line of `item`, whose tar bytes are `offset..end`.

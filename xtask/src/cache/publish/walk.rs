@@ -286,13 +286,7 @@ fn walk(root: &Path, rules: &Rules) -> Result<(Vec<Selected>, Dirs)> {
         let rd = fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
         for entry in rd {
             let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
-            let name = entry.file_name();
-            let mut rel = Vec::with_capacity(d.rel.len() + 1 + name.len());
-            rel.extend_from_slice(&d.rel);
-            if !rel.is_empty() {
-                rel.push(b'/');
-            }
-            rel.extend_from_slice(name.as_bytes());
+            let rel = child(&d.rel, &entry.file_name());
             // lstat relative to the directory being read (std uses statx
             // on the directory's fd with AT_SYMLINK_NOFOLLOW).
             let md = entry
@@ -315,21 +309,7 @@ fn walk(root: &Path, rules: &Rules) -> Result<(Vec<Selected>, Dirs)> {
             if !included || excluded {
                 continue;
             }
-            let (kind, size, inode) = if ft.is_dir() {
-                (Kind::Dir, 0, None)
-            } else if ft.is_symlink() {
-                let path = entry.path();
-                let target =
-                    fs::read_link(&path).with_context(|| format!("reading {}", path.display()))?;
-                (
-                    Kind::Symlink(target.as_os_str().as_bytes().to_vec()),
-                    0,
-                    None,
-                )
-            } else if ft.is_file() {
-                let inode = (md.nlink() > 1).then(|| (md.dev(), md.ino()));
-                (Kind::File, md.len(), inode)
-            } else {
+            let Some((kind, size, inode)) = kind_of(&entry, &md)? else {
                 special.push(entry.path().display().to_string());
                 continue;
             };
@@ -347,17 +327,58 @@ fn walk(root: &Path, rules: &Rules) -> Result<(Vec<Selected>, Dirs)> {
         }
     }
     if !special.is_empty() {
-        let n = special.len();
-        special.truncate(5);
-        return Err(fail(
-            Code::Unsafe,
-            format!(
-                "cannot pack {n} special file(s) (socket, fifo or device): {}; only files, directories and symlinks are packed: add them to pack.exclude",
-                special.join(", ")
-            ),
-        ));
+        return Err(special_files(special));
     }
     Ok((selected, dirs))
+}
+
+/// The path of entry `name` in directory `dir` (both relative to the root).
+fn child(dir: &[u8], name: &OsStr) -> Vec<u8> {
+    let mut rel = Vec::with_capacity(dir.len() + 1 + name.len());
+    rel.extend_from_slice(dir);
+    if !rel.is_empty() {
+        rel.push(b'/');
+    }
+    rel.extend_from_slice(name.as_bytes());
+    rel
+}
+
+/// An entry's kind, size, and (for a file with more than one name) its
+/// device and inode.
+type Found = (Kind, u64, Option<(u64, u64)>);
+
+/// What a selected entry becomes; `None` for a special file.
+fn kind_of(entry: &fs::DirEntry, md: &fs::Metadata) -> Result<Option<Found>> {
+    let ft = md.file_type();
+    Ok(Some(if ft.is_dir() {
+        (Kind::Dir, 0, None)
+    } else if ft.is_symlink() {
+        let path = entry.path();
+        let target = fs::read_link(&path).with_context(|| format!("reading {}", path.display()))?;
+        (
+            Kind::Symlink(target.as_os_str().as_bytes().to_vec()),
+            0,
+            None,
+        )
+    } else if ft.is_file() {
+        let inode = (md.nlink() > 1).then(|| (md.dev(), md.ino()));
+        (Kind::File, md.len(), inode)
+    } else {
+        return Ok(None);
+    }))
+}
+
+/// `Unsafe`: special files were selected; names the first few.
+fn special_files(mut special: Vec<String>) -> anyhow::Error {
+    let n = special.len();
+    special.truncate(5);
+    fail(
+        Code::Unsafe,
+        format!(
+            "cannot pack {n} special file(s) (socket, fifo or device): {}; only files, directories and symlinks are packed: add them to pack.exclude",
+            special.join(", ")
+        ),
+    )
 }
 
 /// Adds the directories above selected entries that were not selected
