@@ -1111,9 +1111,9 @@ fn restore_bootstrap_key_matches_the_cache_module() {
     let src = bootstrap_world(&env);
     let script_key = bootstrap(&env, "src", &["--print-key"]).ok().stdout();
     let repo = warmstart::repo::Repo::discover(&src).unwrap();
-    let m = warmstart::cache::format::manifest::load(&repo, "xtask-bin").unwrap();
+    let m = warmstart::cache::manifests::load(&repo, "xtask-bin").unwrap();
     let shell = xshell::Shell::new().unwrap();
-    let key = warmstart::cache::format::manifest::compute_key(&shell, &repo, &m).unwrap();
+    let key = warmstart::cache::manifests::compute_key(&shell, &repo, &m).unwrap();
     assert_eq!(script_key.trim(), key.value);
 }
 

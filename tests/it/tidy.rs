@@ -101,7 +101,7 @@ fn every_cache_manifest_parses() {
         let result = match stem.as_str() {
             "gates" => warmstart::gates::manifest::parse(&text).map(|_| ()),
             "restore" => warmstart::restore::plan::parse(&repo, &path, &text).map(|_| ()),
-            name => warmstart::cache::format::manifest::load(&repo, name).map(|_| ()),
+            name => warmstart::cache::manifests::load(&repo, name).map(|_| ()),
         };
         if let Err(e) = result {
             panic!("{} does not parse: {e:#}", path.display());

@@ -19,6 +19,7 @@ use xshell::Shell;
 
 use crate::cache::format::manifest;
 use crate::cache::human_bytes;
+use crate::cache::manifests;
 use crate::cache::restore;
 use crate::cache::restore::branch::Content;
 use crate::cache::restore::compare;
@@ -135,10 +136,10 @@ pub fn verify_named(
     remote: Option<&str>,
     progress: bool,
 ) -> Result<(Report, Option<anyhow::Error>)> {
-    let m = manifest::load(repo, name)?;
+    let m = manifests::load(repo, name)?;
     // The key is only needed to mark the current key and check the install;
     // a key that cannot be computed here does not stop the branch check.
-    let key = match manifest::compute_key(sh, repo, &m) {
+    let key = match manifests::compute_key(sh, repo, &m) {
         Ok(k) => Some(k),
         Err(e) => {
             eprintln!("warning: cannot compute the key of {name} here: {e:#}");

@@ -19,6 +19,7 @@ pub mod check;
 pub mod fetch;
 pub mod format;
 pub mod gc;
+pub mod manifests;
 pub mod publish;
 pub mod restore;
 pub mod status;

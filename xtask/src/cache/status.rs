@@ -15,6 +15,7 @@ use xshell::Shell;
 
 use crate::cache::format::manifest::{self, CacheManifest};
 use crate::cache::format::{BranchManifest, KeyPart};
+use crate::cache::manifests;
 use crate::cache::restore;
 use crate::cache::restore::branch::{Branch, Content};
 use crate::cache::restore::stamp::{self, Loaded, PartChange};
@@ -299,7 +300,7 @@ pub fn collect(
     offline: bool,
 ) -> Result<(Vec<Entry>, Option<anyhow::Error>)> {
     let names = if names.is_empty() {
-        manifest::names(repo)?
+        manifests::names(repo)?
     } else {
         names.to_vec()
     };
@@ -308,7 +309,7 @@ pub fn collect(
     let mut out = Vec::new();
     let mut err = None;
     for name in &names {
-        let m = match manifest::load(repo, name) {
+        let m = match manifests::load(repo, name) {
             Ok(m) => m,
             Err(e) => {
                 out.push(Entry::Broken {
@@ -319,7 +320,7 @@ pub fn collect(
                 continue;
             }
         };
-        let (key, key_error) = match manifest::compute_key(sh, repo, &m) {
+        let (key, key_error) = match manifests::compute_key(sh, repo, &m) {
             Ok(k) => (Some(k), None),
             Err(e) => (None, Some(format!("{e:#}"))),
         };

@@ -313,11 +313,11 @@ fn committed_pip_hashes(repo: &Repo, binary: Binary) -> Vec<String> {
 /// those with a `[bootstrap]` table. The script needs exactly one.
 fn check_bin_caches(repo: &Repo) -> Result<()> {
     let mut found = Vec::new();
-    for name in crate::cache::format::manifest::names(repo)? {
+    for name in crate::cache::manifests::names(repo)? {
         let path = crate::cache::format::manifest::path_of(repo, &name);
         let text = read_optional(&path)?.unwrap_or_default();
         if text.lines().any(|l| l.trim_end() == "[bootstrap]") {
-            crate::cache::format::manifest::load(repo, &name)?;
+            crate::cache::manifests::load(repo, &name)?;
             found.push(name);
         }
     }

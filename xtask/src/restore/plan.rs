@@ -399,7 +399,7 @@ impl Step {
 /// the table is drawn; a manifest that does not load shows its path, and
 /// the step itself says what is wrong).
 fn cache_source(repo: &Repo, c: &CacheStep) -> String {
-    match crate::cache::format::manifest::load(repo, &c.cache) {
+    match crate::cache::manifests::load(repo, &c.cache) {
         Ok(m) => format!(
             "{} @ {}",
             m.branch,

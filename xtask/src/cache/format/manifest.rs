@@ -2,17 +2,20 @@
 //!
 //! Two stages, as in ripgrep's flag handling: `Raw*` types are what the user
 //! wrote (serde, unknown fields refused), `CacheManifest` is the resolved plan
-//! (paths expanded, globs compiled, limits checked). Computing the key reads
-//! files and asks git for tree ids; parsing touches nothing but the manifest.
+//! (paths expanded, globs compiled, limits checked). Pure: the parsers take
+//! text and never read a file or run git; `cache::manifests` reads the
+//! manifest and the pin files, and asks git for tree ids.
 
 use crate::hex;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
-use crate::cache::format::{self, DEFAULT_CHUNK_BYTES, KeyPart, MAX_CHUNK_BYTES};
-use crate::exit::{Code, fail};
+use crate::cache::format::chunk_sizes::Sizes;
+use crate::cache::format::{DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::repo::Repo;
+
+pub use crate::cache::format::key::{Key, json_pin, key_from_parts, one_line, platform, regex_pin};
 
 /// Files in `cache-manifests/` that are not cache manifests.
 pub const RESERVED: [&str; 3] = ["restore", "gates", "trust"];
@@ -301,7 +304,7 @@ pub struct CacheManifest {
     pub gates: Vec<String>,
     pub chunk_bytes: u64,
     /// Content-defined chunk sizes (of uncompressed tar) within `chunk_bytes`.
-    pub chunk_sizes: crate::cache::publish::chunks::Sizes,
+    pub chunk_sizes: Sizes,
     pub level: i32,
     /// `[publish] lease_deadline`: how long a publish retries a lost lease
     /// (`None`: the default, see `publish::lease_deadline`).
@@ -329,75 +332,81 @@ pub fn path_of(repo: &Repo, name: &str) -> PathBuf {
     repo.manifests_dir().join(format!("{name}.toml"))
 }
 
-/// Loads and validates `cache-manifests/<name>.toml`.
-pub fn load(repo: &Repo, name: &str) -> Result<CacheManifest> {
-    let file = path_of(repo, name);
-    if RESERVED.contains(&name) {
-        return Err(fail(
-            Code::Config,
-            format!(
-                "{name} is reserved for {}, not a cache manifest",
-                file.display()
-            ),
-        ));
-    }
-    let text = match std::fs::read_to_string(&file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(fail(
-                Code::NotFound,
-                format!(
-                    "no cache manifest {}: create it, or see `{cmd} cache list` for the caches this repository has",
-                    file.display(),
-                    cmd = crate::invocation::command(),
-                ),
-            ));
-        }
-        Err(e) => return Err(anyhow!(e).context(format!("reading {}", file.display()))),
-    };
-    parse(repo, name, &file, &text)
-        .map_err(|e| fail(Code::Config, format!("{}: {e:#}", file.display())))
-}
-
-/// Names of every cache manifest in `repo` (sorted), without loading them.
-pub fn names(repo: &Repo) -> Result<Vec<String>> {
-    let dir = repo.manifests_dir();
-    let mut names = Vec::new();
-    let rd = match std::fs::read_dir(&dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
-        Err(e) => return Err(anyhow!(e).context(format!("reading {}", dir.display()))),
-    };
-    for entry in rd {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "toml")
-            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
-            && !RESERVED.contains(&stem)
-        {
-            names.push(stem.to_string());
-        }
-    }
-    names.sort();
-    Ok(names)
-}
-
-fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManifest> {
+/// Parses and validates the text of manifest `name` (read from `file`,
+/// which errors name); paths are expanded against `repo`.
+pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManifest> {
     let raw: RawManifest = toml::from_str(text)
         .map_err(|e| anyhow!("{}", crate::settings::toml_error_line(text, &e)))?;
-    let bootstrap = match raw.bootstrap {
-        None => None,
-        Some(b) => {
-            let kinds: Vec<&str> = raw.key.iter().map(RawPin::kind).collect();
-            Some(crate::cache::format::bootstrap::resolve(
-                b,
-                text,
-                &kinds,
-                &raw.restore.path,
-            )?)
-        }
+    let bootstrap = resolve_bootstrap(raw.bootstrap, &raw.key, text, &raw.restore.path)?;
+    let pins = resolve_pins(repo, raw.key)?;
+    let restore_path = expand_path(repo, &raw.restore.path)?;
+    let (fallbacks, recheck) =
+        resolve_fallbacks(raw.restore.fallback, raw.restore.recheck.as_ref(), &pins)?;
+    let ready = resolve_ready(raw.ready)?;
+    let (chunk_bytes, chunk_sizes) = chunking(&raw.publish)?;
+    let level = level_of(raw.publish.level.as_ref())?;
+    let lease_deadline = raw
+        .publish
+        .lease_deadline
+        .as_ref()
+        .map(|d| d.resolve_positive("publish.lease_deadline"))
+        .transpose()?;
+    let branch = cache_ref(name, raw.cache.branch, raw.cache.full_ref)?;
+    let include = if raw.pack.include.is_empty() {
+        vec![Glob::new("**")?]
+    } else {
+        globs(&raw.pack.include)?
     };
+    Ok(CacheManifest {
+        name: name.to_string(),
+        file: file.to_path_buf(),
+        branch,
+        remote: raw.cache.remote.unwrap_or_else(|| "origin".into()),
+        description: raw.cache.description.unwrap_or_default(),
+        pins,
+        pack_root: expand_path(repo, &raw.pack.root)?,
+        include,
+        exclude: globs(&raw.pack.exclude)?,
+        keep_mtime: raw.pack.keep_mtime,
+        restore_path,
+        mode: raw.restore.mode,
+        ready,
+        gates: raw.publish.gates,
+        chunk_bytes,
+        chunk_sizes,
+        level,
+        lease_deadline,
+        network: raw.network.resolve()?,
+        keep: raw.publish.keep.map(|n| n as usize),
+        push_limit: raw
+            .publish
+            .push_limit
+            .as_ref()
+            .map(|s| s.resolve("publish.push_limit"))
+            .transpose()?,
+        fallbacks,
+        recheck,
+        trust: raw.trust,
+        bootstrap,
+    })
+}
+
+/// `[bootstrap]`, checked against what the bootstrap script can read.
+fn resolve_bootstrap(
+    raw: Option<crate::cache::format::bootstrap::RawBootstrap>,
+    pins: &[RawPin],
+    text: &str,
+    restore_path: &str,
+) -> Result<Option<crate::cache::format::bootstrap::Bootstrap>> {
+    let Some(b) = raw else { return Ok(None) };
+    let kinds: Vec<&str> = pins.iter().map(RawPin::kind).collect();
+    crate::cache::format::bootstrap::resolve(b, text, &kinds, restore_path).map(Some)
+}
+
+/// The `[[key]]` pins, each checked, no name twice.
+fn resolve_pins(repo: &Repo, raw: Vec<RawPin>) -> Result<Vec<Pin>> {
     let mut pins = Vec::new();
-    for p in raw.key {
+    for p in raw {
         pins.push(resolve_pin(repo, p)?);
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -406,10 +415,12 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
             bail!("key pin {:?} is declared twice", p.name);
         }
     }
-    let restore_path = expand_path(repo, &raw.restore.path)?;
-    let (fallbacks, recheck) =
-        resolve_fallbacks(raw.restore.fallback, raw.restore.recheck.as_ref(), &pins)?;
-    let ready = match raw.ready {
+    Ok(pins)
+}
+
+/// The `[ready]` probe: a path under the restore path, or a command.
+fn resolve_ready(raw: Option<RawReady>) -> Result<Ready> {
+    Ok(match raw {
         None => Ready::Exists,
         Some(RawReady {
             path: Some(p),
@@ -436,8 +447,13 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
             Ready::Command { argv, matches }
         }
         Some(_) => bail!("[ready] takes either `path`, or `command` with an optional `matches`"),
-    };
-    let chunk_bytes = match &raw.publish.chunk_bytes {
+    })
+}
+
+/// `[publish] chunk_bytes` (the limit of a compressed chunk file) and the
+/// content-defined sizes `chunk_avg` gives within it.
+fn chunking(raw: &RawPublish) -> Result<(u64, Sizes)> {
+    let chunk_bytes = match &raw.chunk_bytes {
         Some(spec) => spec.resolve("publish.chunk_bytes")?,
         None => DEFAULT_CHUNK_BYTES,
     };
@@ -446,65 +462,16 @@ fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheManife
             "publish.chunk_bytes must be between 1 and {MAX_CHUNK_BYTES} (GitHub rejects files of 100 MiB)"
         );
     }
-    let chunk_avg = match &raw.publish.chunk_avg {
+    let chunk_avg = match &raw.chunk_avg {
         Some(spec) => Some(spec.resolve("publish.chunk_avg")?),
         None => None,
     };
-    let chunk_sizes = crate::cache::publish::chunks::Sizes::for_limit(chunk_avg, chunk_bytes)?;
-    let level = level_of(raw.publish.level.as_ref())?;
-    let lease_deadline = raw
-        .publish
-        .lease_deadline
-        .as_ref()
-        .map(|d| d.resolve_positive("publish.lease_deadline"))
-        .transpose()?;
-    let branch = cache_ref(name, raw.cache.branch, raw.cache.full_ref)?;
-    let include = if raw.pack.include.is_empty() {
-        vec![Glob::new("**")?]
-    } else {
-        raw.pack
-            .include
-            .iter()
-            .map(|g| Glob::new(g))
-            .collect::<Result<_>>()?
-    };
-    Ok(CacheManifest {
-        name: name.to_string(),
-        file: file.to_path_buf(),
-        branch,
-        remote: raw.cache.remote.unwrap_or_else(|| "origin".into()),
-        description: raw.cache.description.unwrap_or_default(),
-        pins,
-        pack_root: expand_path(repo, &raw.pack.root)?,
-        include,
-        exclude: raw
-            .pack
-            .exclude
-            .iter()
-            .map(|g| Glob::new(g))
-            .collect::<Result<_>>()?,
-        keep_mtime: raw.pack.keep_mtime,
-        restore_path,
-        mode: raw.restore.mode,
-        ready,
-        gates: raw.publish.gates,
-        chunk_bytes,
-        chunk_sizes,
-        level,
-        lease_deadline,
-        network: raw.network.resolve()?,
-        keep: raw.publish.keep.map(|n| n as usize),
-        push_limit: raw
-            .publish
-            .push_limit
-            .as_ref()
-            .map(|s| s.resolve("publish.push_limit"))
-            .transpose()?,
-        fallbacks,
-        recheck,
-        trust: raw.trust,
-        bootstrap,
-    })
+    Ok((chunk_bytes, Sizes::for_limit(chunk_avg, chunk_bytes)?))
+}
+
+/// Globs compiled, in order.
+fn globs(raw: &[String]) -> Result<Vec<Glob>> {
+    raw.iter().map(|g| Glob::new(g)).collect()
 }
 
 /// `[[restore.fallback]]` and `restore.recheck`, checked against the pins.
@@ -728,139 +695,16 @@ fn expand_vars(raw: &str) -> Result<String> {
     Ok(out)
 }
 
-/// `x86_64-linux`, `aarch64-macos`, ...: the `platform` pin.
-pub fn platform() -> String {
-    format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS)
-}
-
-/// A computed key and the values that built it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Key {
-    pub value: String,
-    pub parts: Vec<KeyPart>,
-}
-
-/// Computes the key: each pin's value, sanitised to file-name characters,
-/// joined with `-` after the manifest name. `git_tree` pins run git.
-pub fn compute_key(sh: &xshell::Shell, repo: &Repo, m: &CacheManifest) -> Result<Key> {
-    let mut parts = Vec::new();
-    for pin in &m.pins {
-        let value = pin_value(sh, repo, pin)
-            .with_context(|| format!("key pin {:?} of {}", pin.name, m.file.display()))?;
-        parts.push(KeyPart {
-            name: pin.name.clone(),
-            value,
-        });
-    }
-    Ok(key_from_parts(&m.name, parts))
-}
-
-/// The key string for `name` and pin values (sanitised, joined with `-`).
-pub fn key_from_parts(name: &str, parts: Vec<KeyPart>) -> Key {
-    let mut value = sanitize(name);
-    for p in &parts {
-        value.push('-');
-        value.push_str(&sanitize(&p.value));
-    }
-    debug_assert!(format::check_key(&value).is_ok());
-    Key { value, parts }
-}
-
-fn sanitize(s: &str) -> String {
-    let t: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._+".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if t.is_empty() || t.starts_with('.') {
-        format!("_{t}")
-    } else {
-        t
-    }
-}
-
-fn pin_value(sh: &xshell::Shell, repo: &Repo, pin: &Pin) -> Result<String> {
-    match &pin.source {
-        PinSource::Literal(s) => Ok(s.clone()),
-        PinSource::Platform => Ok(platform()),
-        PinSource::Json { file, pointer } => {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("reading {}", file.display()))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not JSON", file.display()))?;
-            let found = v
-                .pointer(pointer)
-                .ok_or_else(|| anyhow!("{} has nothing at {pointer}", file.display()))?;
-            Ok(match found {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-        }
-        PinSource::Regex { file, pattern } => {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("reading {}", file.display()))?;
-            let caps = pattern.captures(&text).ok_or_else(|| {
-                anyhow!("{} does not match /{}/", file.display(), pattern.as_str())
-            })?;
-            Ok(caps
-                .get(1)
-                .map(|m| m.as_str().to_string())
-                .unwrap_or_default())
-        }
-        PinSource::GitTree(paths) => git_tree_digest(sh, repo, paths),
-        PinSource::File(file) => one_line(file),
-    }
-}
-
-/// A `file` pin: the file's one line, without its newline. More lines, or
-/// bytes outside printable ASCII, are refused, as the bootstrap script
-/// refuses them (its `tr` works on bytes, not characters).
-fn one_line(file: &Path) -> Result<String> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let line = text.strip_suffix('\n').unwrap_or(&text);
-    // A bad pin file is configuration, as a bad manifest is (exit 10).
-    if line.contains('\n') {
-        return Err(fail(
-            Code::Config,
-            format!(
-                "{} has more than one line: a `file` pin reads one line",
-                file.display()
-            ),
-        ));
-    }
-    if !line.bytes().all(|b| (b' '..=b'~').contains(&b)) {
-        return Err(fail(
-            Code::Config,
-            format!(
-                "{} holds more than printable ASCII: a `file` pin reads a plain line",
-                file.display()
-            ),
-        ));
-    }
-    Ok(line.to_string())
-}
-
-/// The first 16 hex digits of sha256 over `git rev-parse HEAD:<path>` lines
-/// (each with its newline). tools/warmstart-bootstrap.sh computes the same with git and
-/// coreutils: `git rev-parse HEAD:a HEAD:b | sha256sum | cut -c1-16`.
-pub fn git_tree_digest(sh: &xshell::Shell, repo: &Repo, paths: &[String]) -> Result<String> {
+/// A `git_tree` pin's value from the output of `git rev-parse HEAD:<path>...`
+/// (one tree id a line): the first 16 hex digits of sha256 over those lines,
+/// each with its newline. tools/warmstart-bootstrap.sh computes the same with
+/// git and coreutils: `git rev-parse HEAD:a HEAD:b | sha256sum | cut -c1-16`.
+pub fn tree_digest(rev_parse_out: &str) -> String {
     use sha2::{Digest, Sha256};
-    let revs: Vec<String> = paths.iter().map(|p| format!("HEAD:{p}")).collect();
-    let root = &repo.root;
-    let out = xshell::cmd!(sh, "git -C {root} rev-parse {revs...}")
-        .quiet()
-        .read()
-        .with_context(|| format!("asking git for the tree ids of {}", paths.join(", ")))?;
-    let mut text = out;
+    let mut text = rev_parse_out.to_string();
     text.push('\n');
     let digest = Sha256::digest(text.as_bytes());
-    Ok(hex::encode(&digest)[..16].to_string())
+    hex::encode(&digest)[..16].to_string()
 }
 
 /// A path glob in the dialect of `crate::glob` (checked there): `*` and `?`
@@ -1037,48 +881,6 @@ mod tests {
                 "{bad}: {err:#}"
             );
         }
-    }
-
-    #[test]
-    fn pins_build_the_key() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(
-            tmp.path().join("build-info.json"),
-            r#"{"llvm": {"version": "19.1"}}"#,
-        )
-        .unwrap();
-        std::fs::write(
-            tmp.path().join("rust-toolchain.toml"),
-            "channel = \"1.95.0\"\n",
-        )
-        .unwrap();
-        let text = r#"
-[[key]]
-name = "v"
-literal = "2"
-[[key]]
-name = "llvm"
-json = { file = "build-info.json", pointer = "/llvm/version" }
-[[key]]
-name = "rust"
-regex = { file = "rust-toolchain.toml", pattern = 'channel = "([^"]+)"' }
-[[key]]
-name = "platform"
-platform = true
-[pack]
-root = "out"
-[restore]
-path = "dest"
-"#;
-        let m = parse_str(tmp.path(), text).unwrap();
-        let sh = xshell::Shell::new().unwrap();
-        let key = compute_key(&sh, &repo(tmp.path()), &m).unwrap();
-        assert_eq!(
-            key.value,
-            format!("tc-2-19.1-1.95.0-{}", platform().replace('-', "_"))
-        );
-        assert_eq!(key.parts[1].value, "19.1");
-        format::check_key(&key.value).unwrap();
     }
 
     #[test]

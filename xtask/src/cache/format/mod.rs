@@ -5,8 +5,10 @@
 //! DESIGN.md, "Cache branch format v1" and "Legacy branches".
 
 pub mod bootstrap;
+pub mod chunk_sizes;
 pub mod fallback;
 pub mod files;
+pub mod key;
 pub mod manifest;
 pub mod readme;
 
@@ -68,7 +70,7 @@ pub struct KeyEntry {
     /// `warmstart <version>` that published it.
     pub tool_version: String,
     /// How the chunks were cut and compressed when each chunk is its own
-    /// zstd frame, cut at content-defined boundaries of the tar (issue 18).
+    /// zstd frame, cut at content-defined boundaries of the tar.
     /// Absent on branches published before: one zstd stream cut at fixed
     /// sizes. Either way the concatenation of the chunks is one valid zstd
     /// stream, so restorers that ignore this field still read the key.

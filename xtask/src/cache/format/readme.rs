@@ -6,7 +6,7 @@
 //! v1"). Pure text: this module renders and never touches anything.
 
 use crate::cache::format::BranchManifest;
-use crate::cache::human_bytes;
+use crate::size::human as human_bytes;
 
 /// Inputs of the README besides the branch manifest.
 pub struct ReadmeContext<'a> {
@@ -22,6 +22,15 @@ pub struct ReadmeContext<'a> {
 
 /// Renders the branch README.
 pub fn render(cx: &ReadmeContext, m: &BranchManifest) -> String {
+    let mut s = intro(cx);
+    s.push_str(&holdings(m));
+    s.push_str(&restores(cx, m));
+    s.push_str(&signatures(cx));
+    s
+}
+
+/// The title, where the cache lives, and what a cache branch is.
+fn intro(cx: &ReadmeContext) -> String {
     let ReadmeContext {
         name,
         branch,
@@ -59,6 +68,12 @@ commit with no parent: every publish replaces that commit, so a fetch of it down
 only the current artifacts (a clone that fetched an older one keeps those objects \
 until `git gc` prunes them). {clones}\n\n"
     ));
+    s
+}
+
+/// The table of keys, and what each file of the branch is.
+fn holdings(m: &BranchManifest) -> String {
+    let mut s = String::new();
     s.push_str("## What it holds\n\n");
     s.push_str("| key | entries | unpacked | compressed | chunks | published |\n");
     s.push_str("|---|---:|---:|---:|---:|---|\n");
@@ -80,6 +95,19 @@ its tar, how its key was built, the commit it was published from, its gate recor
 chunks. The chunks of a key, concatenated in name order, are one zstd stream whose \
 content is a tar of the artifact.\n\n",
     );
+    s
+}
+
+/// How to restore: with warmstart, and with git and coreutils alone.
+fn restores(cx: &ReadmeContext, m: &BranchManifest) -> String {
+    let ReadmeContext {
+        name,
+        branch,
+        remote,
+        command,
+        ..
+    } = *cx;
+    let mut s = String::new();
     s.push_str("## Restore with warmstart\n\n");
     s.push_str(&format!(
         "```sh\n{command} cache restore {name}\n```\n\n\
@@ -101,6 +129,13 @@ git fetch {remote} {branch} && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp
 check the unpacked tar too, compare `cat tmp/$KEY.tar.zst.part* | zstd -d | sha256sum` \
 with the key's `tar_sha256` in `warmstart.json`.\n\n",
     );
+    s
+}
+
+/// How to check a key's signed statement with ssh-keygen and coreutils.
+fn signatures(cx: &ReadmeContext) -> String {
+    let remote = cx.remote;
+    let mut s = String::new();
     s.push_str("## Check who published it\n\n");
     s.push_str(&format!(
         "A signed key has `<key>.statement` (what was signed: its chunks' sha256 lines, its tar \

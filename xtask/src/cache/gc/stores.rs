@@ -13,7 +13,6 @@ use std::process::Stdio;
 use xshell::Shell;
 
 use super::{Options, StoreReport, read_dir_or_empty, remove_file, tree_size};
-use crate::cache::format::manifest;
 use crate::cache::restore::stamp::{self, Loaded};
 use crate::git::{CacheGit, StoreLock};
 use crate::repo::Repo;
@@ -32,10 +31,14 @@ pub(super) fn open_store(sh: &Shell, repo: &Repo, name: &str) -> Result<CacheGit
 /// The branch of every manifest, or `None` when one does not load (then no
 /// ref is dropped: a typo in a manifest must not cost a cache).
 pub(super) fn manifest_branches(repo: &Repo) -> Option<BTreeSet<String>> {
-    let names = manifest::names(repo).ok()?;
+    let names = crate::cache::manifests::names(repo).ok()?;
     names
         .iter()
-        .map(|n| manifest::load(repo, n).ok().map(|m| m.branch))
+        .map(|n| {
+            crate::cache::manifests::load(repo, n)
+                .ok()
+                .map(|m| m.branch)
+        })
         .collect()
 }
 

@@ -16,84 +16,19 @@
 //! most two maximum chunks, and at most `2 * workers` chunks (and at most
 //! `IN_FLIGHT_BYTES` of them) are being compressed or wait to be handed over.
 
-#![warn(clippy::too_many_lines)]
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex, mpsc};
 
+use crate::cache::format::chunk_sizes::{MIN_AVG, Sizes};
 use crate::cache::format::{CHUNKER, Frames};
 use crate::hex;
-
-/// The default average chunk: 4 MiB of tar. Smaller chunks share more
-/// between two versions of a tree; each chunk costs a blob, a pack and a
-/// round trip. H6's measurement (BENCHMARKS.md) decides the final value.
-pub const DEFAULT_AVG: u64 = 4 << 20;
-
-/// The smallest average accepted (the chunker's masks need a few bits).
-pub const MIN_AVG: u64 = 256;
-
-/// The largest average accepted: the chunker has masks up to 2^25, and a
-/// maximum chunk (4 * avg, 64 MiB) must stay well under the 99 MiB files.
-pub const MAX_AVG: u64 = 16 << 20;
 
 /// Uncompressed bytes of chunks being compressed or waiting to be handed
 /// over, at most (one chunk is always allowed, whatever its size).
 pub const IN_FLIGHT_BYTES: u64 = 128 << 20;
-
-/// Chunk sizes in bytes of uncompressed tar: FastCDC cuts no chunk below
-/// `min` (but the last) and none above `max`, and aims at `avg`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sizes {
-    pub min: u64,
-    pub avg: u64,
-    pub max: u64,
-}
-
-impl Sizes {
-    /// `min = avg / 4`, `max = avg * 4`, all even (the cut scans bytes in pairs).
-    pub fn from_avg(avg: u64) -> Sizes {
-        let even = |n: u64| n & !1;
-        Sizes {
-            min: even(avg / 4).max(2),
-            avg: even(avg),
-            max: even(avg * 4),
-        }
-    }
-
-    /// The sizes a publish uses: `avg` (`[publish] chunk_avg`, else
-    /// `DEFAULT_AVG`). A given `avg` must keep even an incompressible
-    /// maximum chunk within `chunk_bytes` (the limit of a compressed chunk
-    /// file). The default may not when `chunk_bytes` is lowered below its
-    /// worst case (tests do, to get several chunks of a small tree): then a
-    /// frame over the limit is split, see `frames`.
-    pub fn for_limit(avg: Option<u64>, chunk_bytes: u64) -> Result<Sizes> {
-        let Some(a) = avg else {
-            return Ok(Sizes::from_avg(DEFAULT_AVG));
-        };
-        if !(MIN_AVG..=MAX_AVG).contains(&a) {
-            bail!(
-                "publish.chunk_avg must be from {MIN_AVG} bytes to {} (e.g. \"4MiB\")",
-                crate::cache::human_bytes(MAX_AVG)
-            );
-        }
-        let s = Sizes::from_avg(a);
-        let worst = bound(s.max);
-        if worst > chunk_bytes {
-            bail!(
-                "publish.chunk_avg = {a} allows chunks of {} bytes of tar, which zstd may compress to {worst} bytes, over publish.chunk_bytes = {chunk_bytes}: lower chunk_avg or raise chunk_bytes",
-                s.max
-            );
-        }
-        Ok(s)
-    }
-}
-
-/// zstd's worst case for `n` input bytes: the compressed size never exceeds it.
-pub fn bound(n: u64) -> u64 {
-    zstd::zstd_safe::compress_bound(n as usize) as u64
-}
 
 /// The zstd parameters of every frame, all pinned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -537,6 +472,7 @@ impl Order<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::format::chunk_sizes::bound;
 
     /// Bytes that do not compress and never repeat (xorshift64).
     fn noise(len: usize, seed: u64) -> Vec<u8> {
@@ -624,21 +560,6 @@ mod tests {
             "{shared} of {} chunks survived an early insertion",
             a.len()
         );
-    }
-
-    #[test]
-    fn sizes_keep_every_frame_under_the_limit() {
-        let d = Sizes::for_limit(None, 99 << 20).unwrap();
-        assert_eq!((d.min, d.avg, d.max), (1 << 20, 4 << 20, 16 << 20));
-        assert!(bound(d.max) < 99 << 20);
-        assert_eq!(Sizes::for_limit(None, 500).unwrap(), d);
-        let e = Sizes::for_limit(Some(4 << 20), 10 << 20).unwrap_err();
-        assert!(e.to_string().contains("lower chunk_avg"), "{e}");
-        assert!(Sizes::for_limit(Some(100), 99 << 20).is_err());
-        assert!(Sizes::for_limit(Some(32 << 20), 99 << 20).is_err());
-        let big = Sizes::for_limit(Some(16 << 20), 99 << 20).unwrap();
-        assert_eq!(big.max, 64 << 20);
-        assert!(bound(big.max) < 99 << 20);
     }
 
     /// Below the worst case of a chunk, a frame over the limit is cut again

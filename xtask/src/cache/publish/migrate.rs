@@ -13,7 +13,8 @@ use anyhow::Result;
 use serde::Serialize;
 use xshell::Shell;
 
-use crate::cache::format::manifest;
+use crate::cache::format::manifest::CacheManifest;
+use crate::cache::manifests;
 use crate::cli::cache::MigrateArgs;
 use crate::exit::{Code, fail};
 use crate::git::{self, CacheGit, Remote};
@@ -37,28 +38,8 @@ pub struct Migrated {
 pub fn run(sh: &Shell, args: MigrateArgs) -> Result<()> {
     crate::contract::fail_with(serde_json::json!({ "name": args.name }));
     let repo = Repo::from_cwd()?;
-    let m = manifest::load(&repo, &args.name)?;
-    if !m.branch.starts_with("refs/") {
-        return Err(fail(
-            Code::Config,
-            format!(
-                "{} keeps the cache on branch {}: set `ref = \"refs/warmstart/cache/{}\"` under [cache] (and drop `branch`), then run the migration",
-                m.file.display(),
-                m.branch,
-                m.name
-            ),
-        ));
-    }
-    let from = args.from.unwrap_or_else(|| format!("{}-cache", m.name));
-    if from.starts_with("refs/") {
-        return Err(fail(
-            Code::Usage,
-            format!(
-                "--from takes a branch name (e.g. {}-cache), not a ref",
-                m.name
-            ),
-        ));
-    }
+    let m = manifests::load(&repo, &args.name)?;
+    let from = old_branch(&m, args.from)?;
     git::check_branch(&from)?;
     let mut git = CacheGit::open(sh, &repo)?;
     git.set_network(&m.network)?;
@@ -106,24 +87,57 @@ pub fn run(sh: &Shell, args: MigrateArgs) -> Result<()> {
     if args.out.json {
         crate::contract::document(&result);
     } else if !args.out.quiet() {
-        match result.state {
-            "already" => println!(
-                "{} already lives at {} on {} (commit {}), and branch {from} is gone",
-                m.name,
-                m.branch,
-                result.remote,
-                &result.commit[..12]
-            ),
-            _ => println!(
-                "moved {} from branch {from} to {} on {} (commit {}): plain clones no longer download it; other clones drop their copy with `git fetch --prune`",
-                m.name,
-                m.branch,
-                result.remote,
-                &result.commit[..12]
-            ),
-        }
+        say(&m, &result);
     }
     Ok(())
+}
+
+/// The branch to move (`--from`, else `<name>-cache`), once the manifest
+/// names a ref to move it to.
+fn old_branch(m: &CacheManifest, from: Option<String>) -> Result<String> {
+    if !m.branch.starts_with("refs/") {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "{} keeps the cache on branch {}: set `ref = \"refs/warmstart/cache/{}\"` under [cache] (and drop `branch`), then run the migration",
+                m.file.display(),
+                m.branch,
+                m.name
+            ),
+        ));
+    }
+    let from = from.unwrap_or_else(|| format!("{}-cache", m.name));
+    if from.starts_with("refs/") {
+        return Err(fail(
+            Code::Usage,
+            format!(
+                "--from takes a branch name (e.g. {}-cache), not a ref",
+                m.name
+            ),
+        ));
+    }
+    Ok(from)
+}
+
+/// What a migration did, for people.
+fn say(m: &CacheManifest, result: &Migrated) {
+    let from = &result.from;
+    match result.state {
+        "already" => println!(
+            "{} already lives at {} on {} (commit {}), and branch {from} is gone",
+            m.name,
+            m.branch,
+            result.remote,
+            &result.commit[..12]
+        ),
+        _ => println!(
+            "moved {} from branch {from} to {} on {} (commit {}): plain clones no longer download it; other clones drop their copy with `git fetch --prune`",
+            m.name,
+            m.branch,
+            result.remote,
+            &result.commit[..12]
+        ),
+    }
 }
 
 /// Refuses to move a branch that is not a cache: history, or neither

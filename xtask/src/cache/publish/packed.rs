@@ -166,7 +166,8 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::publish::chunks::{Params, Sizes};
+    use crate::cache::format::chunk_sizes::Sizes;
+    use crate::cache::publish::chunks::Params;
 
     fn pack_params(level: i32, avg: u64) -> String {
         let params = Params {

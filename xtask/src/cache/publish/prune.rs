@@ -29,7 +29,11 @@ use xshell::Shell;
 use crate::cache::format::manifest::{self, CacheManifest, Key, PinSource};
 use crate::cache::format::{BranchManifest, KeyEntry};
 use crate::cache::human_bytes;
-use crate::cache::publish::{self, BranchState, Lease, Reporter, plural};
+use crate::cache::manifests;
+use crate::cache::publish::branch::BranchState;
+use crate::cache::publish::commit::generated_files;
+use crate::cache::publish::lease::{Lease, lease_deadline};
+use crate::cache::publish::report::{Reporter, plural};
 use crate::cli::cache::PruneArgs;
 use crate::clock::{self, parse_rfc3339_ms};
 use crate::exit::{Code, fail};
@@ -270,13 +274,66 @@ fn summarize(
     }
 }
 
+/// Says which keys go (or would go, on a dry run), or that none does.
+fn say_choice(out: &Reporter, m: &CacheManifest, summary: &PruneSummary, dry_run: bool) {
+    for r in &summary.dropped {
+        out.say(format!(
+            "{} {} (created {}, {})",
+            if dry_run { "would drop" } else { "drop" },
+            r.key,
+            r.created_at,
+            human_bytes(r.bytes)
+        ));
+    }
+    if summary.dropped.is_empty() {
+        out.say(format!(
+            "nothing to prune on {} ({} kept)",
+            m.branch,
+            plural(summary.kept.len(), "key", "keys")
+        ));
+    }
+}
+
+/// The kept keys' statements and signatures go into the new commit byte
+/// for byte, never re-signed; checked first, as a publish checks the keys
+/// it keeps: each that does not hold is named in a warning, and kept
+/// (restores refuse it by themselves; dropping it would delete another
+/// publisher's key on this clone's say-so).
+fn check_kept(
+    sh: &Shell,
+    checker: &mut crate::trust::Checker,
+    (m, git): (&CacheManifest, &CacheGit),
+    state: &BranchState,
+    summary: &PruneSummary,
+    out: &Reporter,
+) -> Result<()> {
+    let kept: Vec<String> = summary.kept.iter().map(|r| r.key.clone()).collect();
+    let files = crate::trust::files_of_keys(git, &state.entries, &kept)?;
+    let warn = |line: String| out.warn(line);
+    crate::trust::sign::check_kept(sh, checker, m, &state.manifest, None, &files, &warn)?;
+    Ok(())
+}
+
+/// Exit 3 when other publishers kept moving the branch past the deadline.
+fn lease_lost(m: &CacheManifest, remote: &Remote, lease: &Lease) -> anyhow::Error {
+    fail(
+        Code::Busy,
+        format!(
+            "lease on {} lost {} in {:.0}s: publishers kept moving it on {remote}; nothing was pruned; prune again, or allow more time with [publish] lease_deadline or WARMSTART_PUBLISH_LEASE_DEADLINE",
+            m.branch,
+            plural(lease.lost, "time", "times"),
+            lease.start.elapsed().as_secs_f64()
+        ),
+    )
+}
+
 fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
     let out = Reporter::new(args.out.quiet(), args.out.json);
     let older_than = older_than(args)?;
     let repo = Repo::from_cwd()?;
-    let m = manifest::load(&repo, &args.name)?;
-    let key = manifest::compute_key(sh, &repo, &m)?;
-    let deadline = publish::lease_deadline(&m)?;
+    let m = manifests::load(&repo, &args.name)?;
+    let key = manifests::compute_key(sh, &repo, &m)?;
+    let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::git::resolve_remote(sh, &repo.root, &remote_name)?;
     let mut git = CacheGit::open(sh, &repo)?.with_lock_wait(deadline);
@@ -294,36 +351,15 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
         };
         let drops = select(&state.manifest, part.as_deref(), &policy);
         let mut summary = summarize(&m, &remote, &state, &drops, part.as_deref(), lease.lost);
-        for r in &summary.dropped {
-            out.say(format!(
-                "{} {} (created {}, {})",
-                if args.dry_run { "would drop" } else { "drop" },
-                r.key,
-                r.created_at,
-                human_bytes(r.bytes)
-            ));
-        }
+        say_choice(&out, &m, &summary, args.dry_run);
         if drops.is_empty() {
-            out.say(format!(
-                "nothing to prune on {} ({} kept)",
-                m.branch,
-                plural(summary.kept.len(), "key", "keys")
-            ));
             return Ok(summary);
         }
         if args.dry_run {
             summary.status = "dry-run";
             return Ok(summary);
         }
-        // The kept keys' statements and signatures go into the new commit
-        // byte for byte, never re-signed; checked first, as a publish checks
-        // the keys it keeps: each that does not hold is named in a warning,
-        // and kept (restores refuse it by themselves; dropping it would
-        // delete another publisher's key on this clone's say-so).
-        let kept: Vec<String> = summary.kept.iter().map(|r| r.key.clone()).collect();
-        let files = crate::trust::files_of_keys(&git, &state.entries, &kept)?;
-        let warn = |line: String| out.warn(line);
-        crate::trust::sign::check_kept(sh, &mut checker, &m, &state.manifest, None, &files, &warn)?;
+        check_kept(sh, &mut checker, (&m, &git), &state, &summary, &out)?;
         let commit = prune_commit(&git, &m, &remote, &state, &drops)?;
         let pushed = git.push_branch(
             &remote,
@@ -349,15 +385,7 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
             }
             Err(e) if is_stale_lease(&e) => {
                 let Some(pause) = lease.lost() else {
-                    return Err(fail(
-                        Code::Busy,
-                        format!(
-                            "lease on {} lost {} in {:.0}s: publishers kept moving it on {remote}; nothing was pruned; prune again, or allow more time with [publish] lease_deadline or WARMSTART_PUBLISH_LEASE_DEADLINE",
-                            m.branch,
-                            plural(lease.lost, "time", "times"),
-                            lease.start.elapsed().as_secs_f64()
-                        ),
-                    ));
+                    return Err(lease_lost(&m, &remote, &lease));
                 };
                 out.say(format!(
                     "{} moved on {remote} while pruning (a publish?): choosing again in {} ms",
@@ -404,7 +432,7 @@ fn prune_commit(
         }
     }
     const GENERATED: [&str; 3] = ["README.md", "warmstart.json", "SHA256SUMS"];
-    let mut tree = publish::generated_files(git, m, remote, &manifest)?;
+    let mut tree = generated_files(git, m, remote, &manifest)?;
     tree.extend(
         state
             .entries

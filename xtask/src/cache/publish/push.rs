@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use crate::cache::format::manifest::CacheManifest;
 use crate::cache::human_bytes;
-use crate::cache::publish::Reporter;
+use crate::cache::publish::report::Reporter;
 use crate::exit::{Code, fail};
 use crate::git::{self, CacheGit, PushProgress, Remote, TreeEntry};
 

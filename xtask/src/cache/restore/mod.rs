@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 use xshell::Shell;
 
 use crate::cache::fetch::prefetch;
-use crate::cache::format::manifest::{self, CacheManifest, Key, Mode, Ready};
+use crate::cache::format::manifest::{CacheManifest, Key, Mode, Ready};
+use crate::cache::manifests;
 use crate::cache::restore::branch::{Branch, Content, KeyPlan};
 use crate::cache::restore::stamp::{Loaded, Miss, Stamp};
 use crate::cli::cache::RestoreArgs;
@@ -389,7 +390,7 @@ pub fn restore_named(
 ) -> Result<RestoreOutcome> {
     let start = Instant::now();
     let started_ms = clock::now_ms();
-    let m = manifest::load(repo, name)?;
+    let m = manifests::load(repo, name)?;
     let key = match &opts.key {
         // Its parts are known once the branch is read (`cold`).
         Some(k) => {
@@ -400,7 +401,7 @@ pub fn restore_named(
                 parts: Vec::new(),
             }
         }
-        None => manifest::compute_key(sh, repo, &m)?,
+        None => manifests::compute_key(sh, repo, &m)?,
     };
     let state_dir = repo.state_dir();
     let stamp_file = stamp::path(&state_dir, name);
@@ -450,8 +451,8 @@ pub fn is_warm(
     repo: &Repo,
     name: &str,
 ) -> Result<Result<(Stamp, Option<PartialInfo>), String>> {
-    let m = manifest::load(repo, name)?;
-    let key = manifest::compute_key(sh, repo, &m)?;
+    let m = manifests::load(repo, name)?;
+    let key = manifests::compute_key(sh, repo, &m)?;
     let file = stamp::path(&repo.state_dir(), name);
     Ok(warm_check(&m, &key, &file, false)?
         .map(|s| {

@@ -1,0 +1,285 @@
+//! Packing a plan into chunk blobs in cache.git: chunk files in a scratch
+//! directory next to the objects, each stored as a blob and deleted as soon
+//! as git has it, and this key's entry for `warmstart.json`.
+//!
+//! Never holds more than a few chunk files on disk, and never fetches a
+//! blob to reuse it (a chunk cache.git lacks is compressed again).
+
+use anyhow::{Context, Result, anyhow};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+use crate::cache::format::manifest::CacheManifest;
+use crate::cache::format::{Chunk, IndexFile, KeyEntry, archive_name, chunk_name, index_name};
+use crate::cache::publish::pack::{self, ChunkFile, PackOptions, Plan};
+use crate::cache::publish::report::Reporter;
+use crate::git::CacheGit;
+
+/// The packed key, the blob ids of its files (chunks and index) by name,
+/// and which chunks were already on the branch.
+pub(super) struct PackedKey {
+    pub(super) entry: KeyEntry,
+    pub(super) oids: BTreeMap<String, String>,
+    pub(super) reused: Vec<bool>,
+    /// Chunks whose earlier frame was used instead of compressing again.
+    pub(super) frames_reused: usize,
+}
+
+/// Packs the plan into chunk blobs in cache.git. Chunk files live in a
+/// scratch directory inside cache.git (same file system as the objects) and
+/// are deleted as soon as git has them; a chunk identical to the one the
+/// branch already holds at that place is not written again.
+pub(super) fn pack_into_git(
+    git: &CacheGit,
+    m: &CacheManifest,
+    key: &str,
+    plan: &Plan,
+    old: Option<&KeyEntry>,
+    old_oids: &BTreeMap<String, String>,
+    out: &Reporter,
+) -> Result<PackedKey> {
+    remove_dead_scratch(&git.dir);
+    let scratch = Scratch::new(
+        git.dir
+            .join(format!("warmstart-publish-{}", std::process::id())),
+    )?;
+    // One chunk queued while git stores another and zstd fills a third:
+    // disk use stays at a few chunks whatever the artifact's size.
+    let (tx, rx) = mpsc::sync_channel::<ChunkFile>(1);
+    let writer = spawn_blob_writer(git.clone(), rx);
+    let mut reused = BTreeMap::new();
+    let bar = out.bar(plan.file_bytes, "pack");
+    let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
+    // A chunk the branch holds already, at any place (content-defined cuts
+    // move chunks, they do not change them): same bytes, same blob.
+    let on_branch: BTreeMap<&str, &String> = old
+        .iter()
+        .flat_map(|o| o.chunks.iter())
+        .filter_map(|c| Some((c.sha256.as_str(), old_oids.get(&c.file)?)))
+        .collect();
+    let earlier = earlier_frames(old, old_oids, &opts);
+    let reuse = |raw_sha256: &str| local_blob(git, earlier.get(raw_sha256)?);
+    let mut frames_reused = 0;
+    let mut tx = Some(tx);
+    let result = pack::pack(
+        plan,
+        opts,
+        &reuse,
+        &scratch.0,
+        // Scratch names only: the count, and so the width of the names on
+        // the branch, is known once packing ends.
+        &|i| format!("chunk-{i}"),
+        &mut |c: ChunkFile| {
+            frames_reused += usize::from(c.reused_frame);
+            if let Some(oid) = on_branch.get(c.sha256.as_str()) {
+                std::fs::remove_file(&c.path)
+                    .with_context(|| format!("removing {}", c.path.display()))?;
+                reused.insert(c.index, (*oid).clone());
+                return Ok(());
+            }
+            tx.as_ref()
+                .expect("sender lives until packing ends")
+                .send(c)
+                .map_err(|_| anyhow!("the git writer stopped"))
+        },
+        &mut |done| bar.set_position(done),
+    );
+    bar.finish_and_clear();
+    drop(tx.take());
+    let (packed, mut oids) = joined(result, writer, git, key)?;
+    let n = packed.chunks.len();
+    let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();
+    oids.extend(reused);
+    let (entry, files) = key_entry(git, key, &packed, oids, opts)?;
+    Ok(PackedKey {
+        entry,
+        oids: files,
+        reused: is_reused,
+        frames_reused,
+    })
+}
+
+/// The pack and the blob ids the writer thread stored, once it ended. A
+/// git failure explains a pack failure better than "writer stopped".
+fn joined(
+    result: Result<pack::Packed>,
+    writer: std::thread::JoinHandle<Result<BTreeMap<usize, String>>>,
+    git: &CacheGit,
+    key: &str,
+) -> Result<(pack::Packed, BTreeMap<usize, String>)> {
+    let written = writer
+        .join()
+        .map_err(|_| anyhow!("the git writer thread panicked"))?;
+    match (result, written) {
+        (Ok(p), Ok(o)) => Ok((p, o)),
+        (_, Err(e)) => Err(e.context(format!(
+            "writing chunks of {key} into {}",
+            git.dir.display()
+        ))),
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// The blob ids of the old entry's chunks by the sha256 of their raw
+/// bytes, when its frames were made exactly as today's would be (same
+/// chunker sizes, zstd version and parameters): such a chunk of today's
+/// tar need not be compressed again if its blob is in cache.git (read
+/// with `local_blob`, checked by `chunks` before use).
+fn earlier_frames(
+    old: Option<&KeyEntry>,
+    old_oids: &BTreeMap<String, String>,
+    opts: &PackOptions,
+) -> BTreeMap<String, String> {
+    let today = opts.params.frames(opts.sizes);
+    let Some(old) = old.filter(|o| o.frames.as_ref() == Some(&today)) else {
+        return BTreeMap::new();
+    };
+    old.chunks
+        .iter()
+        .filter_map(|c| Some((c.raw_sha256.clone()?, old_oids.get(&c.file)?.clone())))
+        .collect()
+}
+
+/// The bytes of blob `oid` when cache.git has it, never fetched (a chunk
+/// the branch fetch left on the remote is compressed again instead).
+fn local_blob(git: &CacheGit, oid: &str) -> Option<Vec<u8>> {
+    let mut cmd = git.git();
+    cmd.env("GIT_NO_LAZY_FETCH", "1")
+        .args(["cat-file", "blob", oid])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let out = cmd.output().ok()?;
+    out.status.success().then_some(out.stdout)
+}
+
+/// A thread that stores each chunk file it is sent as a blob in cache.git
+/// and deletes the file; it returns the blob ids by chunk index.
+fn spawn_blob_writer(
+    git: CacheGit,
+    rx: mpsc::Receiver<ChunkFile>,
+) -> std::thread::JoinHandle<Result<BTreeMap<usize, String>>> {
+    std::thread::spawn(move || -> Result<BTreeMap<usize, String>> {
+        let mut oids = BTreeMap::new();
+        let mut blobs = None;
+        for c in rx {
+            let w = match &mut blobs {
+                Some(w) => w,
+                None => blobs.insert(git.blob_writer()?),
+            };
+            let oid = w
+                .write_file(&c.path)
+                .with_context(|| format!("storing chunk {}", c.name))?;
+            std::fs::remove_file(&c.path)
+                .with_context(|| format!("removing {}", c.path.display()))?;
+            oids.insert(c.index, oid);
+        }
+        if let Some(w) = blobs {
+            w.finish()?;
+        }
+        Ok(oids)
+    })
+}
+
+/// The entry of `key` packed as `packed` (chunks named now that their
+/// count is known, the file index stored as a blob), and the blob ids of
+/// its files by name; `oids` holds the chunks' ids by index.
+fn key_entry(
+    git: &CacheGit,
+    key: &str,
+    packed: &pack::Packed,
+    mut oids: BTreeMap<usize, String>,
+    opts: PackOptions,
+) -> Result<(KeyEntry, BTreeMap<String, String>)> {
+    let n = packed.chunks.len();
+    let mut files: BTreeMap<String, String> = (0..n)
+        .map(|i| {
+            let oid = oids
+                .remove(&i)
+                .ok_or_else(|| anyhow!("chunk {i} of {key} has no blob"))?;
+            Ok((chunk_name(key, i, n), oid))
+        })
+        .collect::<Result<_>>()?;
+    let index_bytes = pack::index_file(&packed.index)?;
+    let index = IndexFile {
+        file: index_name(key),
+        size: index_bytes.len() as u64,
+        sha256: crate::hex::encode(&Sha256::digest(&index_bytes)),
+    };
+    let index_oid = git
+        .write_blob_bytes(&index_bytes)
+        .with_context(|| format!("storing {} in {}", index.file, git.dir.display()))?;
+    files.insert(index.file.clone(), index_oid);
+    let entry = KeyEntry {
+        archive: archive_name(key),
+        compression: "zstd".into(),
+        chunks: packed
+            .chunks
+            .iter()
+            .map(|c| Chunk {
+                file: chunk_name(key, c.index, n),
+                size: c.size,
+                sha256: c.sha256.clone(),
+                raw_size: Some(c.raw_size),
+                raw_sha256: Some(c.raw_sha256.clone()),
+            })
+            .collect(),
+        tar_sha256: packed.tar.sha256.clone(),
+        tar_size: packed.tar.size,
+        files: packed.tar.entries,
+        key_parts: Vec::new(),
+        source_commit: None,
+        source_tree: None,
+        gates: Value::Null,
+        ungated: false,
+        created_at: String::new(),
+        tool_version: format!("warmstart {}", env!("CARGO_PKG_VERSION")),
+        frames: Some(opts.params.frames(opts.sizes)),
+        index: Some(index),
+    };
+    Ok((entry, files))
+}
+
+/// Removes chunk directories left by publishes that were killed (their
+/// process is gone): each can hold a few chunks' worth of disk.
+fn remove_dead_scratch(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in rd.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("warmstart-publish-"))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let alive = pid == std::process::id() as i32
+            || unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// A scratch directory removed when dropped (also on error).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(path: PathBuf) -> Result<Scratch> {
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Scratch(path))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
