@@ -19,44 +19,7 @@ pub const TRUST_FILE: &str = "cache-manifests/trust.toml";
 /// The allowed signers (OpenSSH `allowed_signers` format).
 pub const SIGNERS_FILE: &str = "cache-manifests/allowed_signers";
 
-/// What a restore does with a key whose signature does not hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// Refuse it (exit 12) before a chunk is fetched.
-    Require,
-    /// Check, say what is wrong on stderr, and restore anyway.
-    Warn,
-    /// Check nothing.
-    Off,
-}
-
-impl Policy {
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Require => "require",
-            Policy::Warn => "warn",
-            Policy::Off => "off",
-        }
-    }
-}
-
-/// The `[trust]` table of `cache-manifests/<name>.toml`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CacheTrust {
-    /// Overrides trust.toml's policy for this cache.
-    pub policy: Option<Policy>,
-    /// Only these principals of allowed_signers may sign this cache (all when empty).
-    #[serde(default)]
-    pub principals: Vec<String>,
-    /// With `require`, accept keys published `--allow-ungated`.
-    #[serde(default)]
-    pub allow_ungated: bool,
-    /// A publish accepts only gate entries signed by an allowed signer.
-    #[serde(default)]
-    pub signed_gates: bool,
-}
+pub use crate::cache::format::trust::{CacheTrust, Policy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -37,7 +37,7 @@ struct RawManifest {
     #[serde(default)]
     network: crate::net::RawNetwork,
     #[serde(default)]
-    trust: crate::trust::policy::CacheTrust,
+    trust: super::trust::CacheTrust,
     /// Only in the binary cache that tools/warmstart-bootstrap.sh reads.
     #[serde(default)]
     bootstrap: Option<crate::cache::format::bootstrap::RawBootstrap>,
@@ -322,7 +322,7 @@ pub struct CacheManifest {
     pub fallbacks: Vec<Fallback>,
     pub recheck: Option<std::time::Duration>,
     /// `[trust]`: this cache's policy override, principals and ungated opt-in.
-    pub trust: crate::trust::policy::CacheTrust,
+    pub trust: super::trust::CacheTrust,
     /// `[bootstrap]`: this is the binary cache the bootstrap script reads.
     pub bootstrap: Option<crate::cache::format::bootstrap::Bootstrap>,
 }

@@ -11,6 +11,7 @@ pub mod files;
 pub mod key;
 pub mod manifest;
 pub mod readme;
+pub mod trust;
 
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
