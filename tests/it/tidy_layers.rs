@@ -83,43 +83,58 @@ fn module_of(rel: &Path) -> Module {
 /// The code without comments, string and char literals, and without
 /// `#[cfg(test)] mod ... { ... }` bodies.
 fn code_of(text: &str) -> String {
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(b.len());
+    let c: Vec<char> = text.chars().collect();
+    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
+    let mut out = String::with_capacity(text.len());
     let mut i = 0;
-    while i < b.len() {
-        let rest = &text[i..];
-        if rest.starts_with("//") {
-            i += rest.find('\n').unwrap_or(rest.len());
-        } else if rest.starts_with("/*") {
-            i += rest.find("*/").map_or(rest.len(), |n| n + 2);
-        } else if rest.starts_with("r#\"") || rest.starts_with("r\"") {
-            let hashes = rest[1..].bytes().take_while(|&c| c == b'#').count();
-            let close = format!("\"{}", "#".repeat(hashes));
-            let start = 2 + hashes;
-            i += start
-                + rest[start..]
-                    .find(&close)
-                    .map_or(rest.len() - start, |n| n + close.len());
-            out.push_str("\"\"");
-        } else if b[i] == b'"' {
+    while i < c.len() {
+        if at(i) == '/' && at(i + 1) == '/' {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if at(i) == '/' && at(i + 1) == '*' {
+            i += 2;
+            while i < c.len() && !(at(i) == '*' && at(i + 1) == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if at(i) == 'r'
+            && (at(i + 1) == '"' || (at(i + 1) == '#' && matches!(at(i + 2), '#' | '"')))
+            && (i == 0 || !(c[i - 1].is_alphanumeric() || c[i - 1] == '_'))
+        {
             let mut j = i + 1;
-            while j < b.len() && b[j] != b'"' {
-                j += if b[j] == b'\\' { 2 } else { 1 };
+            let mut hashes = 0;
+            while at(j) == '#' {
+                hashes += 1;
+                j += 1;
+            }
+            j += 1;
+            while j < c.len() && !(c[j] == '"' && (0..hashes).all(|k| at(j + 1 + k) == '#')) {
+                j += 1;
+            }
+            i = j + 1 + hashes;
+            out.push_str("\"\"");
+        } else if at(i) == '"' {
+            let mut j = i + 1;
+            while j < c.len() && c[j] != '"' {
+                j += if c[j] == '\\' { 2 } else { 1 };
             }
             i = j + 1;
             out.push_str("\"\"");
-        } else if b[i] == b'\''
-            && rest.len() > 2
-            && (rest.as_bytes()[1] == b'\\' || rest[1..].chars().nth(1) == Some('\''))
-        {
+        } else if at(i) == '\'' && (at(i + 1) == '\\' || at(i + 2) == '\'') {
             // A char literal ('x', '\n', '\''); a lifetime has no closing quote.
-            let end = rest[2..].find('\'').map_or(rest.len(), |n| n + 3);
-            i += end;
+            let mut j = i + 1;
+            if at(j) == '\\' {
+                j += 2;
+            }
+            while j < c.len() && c[j] != '\'' {
+                j += 1;
+            }
+            i = j + 1;
             out.push_str("' '");
         } else {
-            let c = rest.chars().next().unwrap();
-            out.push(c);
-            i += c.len_utf8();
+            out.push(c[i]);
+            i += 1;
         }
     }
     match out.find("#[cfg(test)]\nmod ") {
@@ -142,7 +157,29 @@ fn references(
             .map(|n| path[..n].to_vec())
             .find(|p| known.contains(p))
     };
+    // Inline `mod x { ... }` blocks: their `self` and `super` are one deeper.
+    let mut depth = 0usize;
+    let mut inline: Vec<(usize, String)> = Vec::new();
+    let header = regex_lite::Regex::new(r"^\s*(pub(\([^)]*\))?\s+)?mod\s+(\w+)\s*\{").unwrap();
     for (n, line) in code.lines().enumerate() {
+        if let Some(c) = header.captures(line) {
+            inline.push((depth, c[3].to_string()));
+        }
+        let mut me = me.clone();
+        me.extend(inline.iter().map(|(_, m)| m.clone()));
+        let me = &me;
+        for ch in line.chars() {
+            match ch {
+                '{' => depth += 1,
+                '}' => {
+                    depth = depth.saturating_sub(1);
+                    while inline.last().is_some_and(|(d, _)| *d >= depth) {
+                        inline.pop();
+                    }
+                }
+                _ => {}
+            }
+        }
         let words: Vec<&str> = line
             .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
             .filter(|w| w.contains("::"))

@@ -2,11 +2,15 @@
 //! `fn main() { warmstart::main() }`, whether it is the `warmstart` binary
 //! of this package or an adopter's own xtask crate.
 //!
-//! Modules are one per capability (see ARCHITECTURE.md for the map). Shared
-//! pieces: `exit` (exit codes), `repo` (finding the repository and its state
-//! directory), `cli` (all argument types), `settings` (the `WARMSTART_*`
-//! variables), `clock` and `size` (parsing and printing durations and sizes),
-//! `out` (stdout that ends quietly on a closed pipe).
+//! Modules are one per capability, in layers (ARCHITECTURE.md "Layers"):
+//! the ground floor that every room may use and that uses none of them
+//! (`out`, `exit`, `hex`, `clock`, `size`, `settings`, `redact`, `repo`,
+//! `fsio`, `process`, `net`, `git`, `contract`, `progress`), then `cli` (all
+//! argument types), then the rooms, one per command group.
+
+// A function fits on a screen or two (clippy.toml: 100 lines); no module
+// opts out.
+#![warn(clippy::too_many_lines)]
 
 // First, so that its `println!`/`print!` shadow std's in every module below.
 #[macro_use]

@@ -192,7 +192,7 @@ fn any_mixture_of_git_output_gives_one_clean_line_and_the_right_code() {
     }
 }
 
-/// Regression (issue 14): a push refused by a server hook kept only git's
+/// Regression: a push refused by a server hook kept only git's
 /// last line or two, losing the hook's message. All of the hook's lines
 /// are kept, git's frame around the push is dropped.
 #[test]
