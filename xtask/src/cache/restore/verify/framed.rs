@@ -174,35 +174,11 @@ fn read_chunks(
 
 /// A piece, whole, and its sha256; refused if it is not its size.
 fn read_whole(plan: &Plan, piece: &Piece, src: &mut dyn Read) -> Result<(Vec<u8>, [u8; 32])> {
-    let what = || format!("chunk {} of {}", piece.file, plan.label);
     let mut data = Vec::with_capacity(piece.size as usize);
-    src.take(piece.size + 1)
-        .read_to_end(&mut data)
-        .map_err(|e| anyhow!(e).context(format!("reading {}", what())))?;
-    let n = data.len() as u64;
-    if n > piece.size {
-        return Err(fail(
-            Code::Verify,
-            format!(
-                "{} is longer than its {} bytes: {}",
-                what(),
-                piece.size,
-                plan.fix
-            ),
-        ));
-    }
-    if n < piece.size {
-        return Err(fail(
-            Code::Verify,
-            format!(
-                "{} ends after {n} of its {} bytes: {}",
-                what(),
-                piece.size,
-                plan.fix
-            ),
-        ));
-    }
-    let digest: [u8; 32] = Sha256::digest(&data).into();
+    let digest = stream_piece(plan, piece, src, None, &mut |buf| {
+        data.extend_from_slice(&buf);
+        Ok(Some(buf))
+    })?;
     Ok((data, digest))
 }
 
@@ -257,8 +233,8 @@ fn emit(
     recycle: &Receiver<Vec<u8>>,
 ) -> Result<(u64, Option<[u8; 32]>)> {
     let mut waiting: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
-    let mut hasher = plan.hash_tar.then(Sha256::new);
-    let (mut next, mut total) = (0usize, 0u64);
+    let mut tally = TarTally::new(plan);
+    let mut next = 0usize;
     while next < plan.pieces.len() {
         let Ok((i, out)) = done.recv() else {
             // Every decoder is gone: a stage before failed.
@@ -269,21 +245,10 @@ fn emit(
         };
         waiting.insert(i, out?);
         while let Some(raw) = waiting.remove(&next) {
-            total += raw.len() as u64;
-            if total > plan.tar_cap {
+            if let Err(fits) = tally.take(&raw) {
                 // What fits first, as `decode_stage` does.
-                let fits = raw.len() - (total - plan.tar_cap) as usize;
                 pass_on(&raw[..fits], tx, recycle)?;
-                return Err(fail(
-                    Code::Unsafe,
-                    format!(
-                        "the tar stream of {} is longer than the {} bytes declared for it",
-                        plan.label, plan.tar_cap
-                    ),
-                ));
-            }
-            if let Some(h) = hasher.as_mut() {
-                h.update(&raw);
+                return Err(tally.over_cap());
             }
             pass_on(&raw, tx, recycle)?;
             next += 1;
@@ -293,9 +258,7 @@ fn emit(
             }
         }
     }
-    let digest: Option<[u8; 32]> = hasher.map(|h| h.finalize().into());
-    check_tar(plan, total, digest)?;
-    Ok((total, digest))
+    tally.finish()
 }
 
 /// `raw` to the consumer in blocks of at most `BLOCK` bytes.

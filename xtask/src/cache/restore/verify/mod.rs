@@ -42,10 +42,10 @@ mod read;
 #[cfg(test)]
 mod tests;
 
-use decode::{check_tar, decode_stage};
+use decode::{TarTally, decode_stage};
 use pipe::{BlockReader, Cancelled, Msg, failed, fill, is_cancelled, send, take_buffer};
 pub use read::chunk_mismatch;
-use read::{mismatch, read_stage};
+use read::{mismatch, read_stage, stream_piece};
 
 /// Size of the blocks passed between stages when nothing forces a chunk.
 const BLOCK: usize = 1 << 20;

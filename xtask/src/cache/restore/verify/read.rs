@@ -6,12 +6,13 @@ use super::*;
 
 /// Reads one piece in blocks, hashing them, and hands each block to `sink`
 /// (which returns the buffer if it did not keep it). Checks the size;
-/// returns the digest.
-fn stream_piece(
+/// returns the digest. The one loop that hashes a piece, in both paths
+/// (`framed` has no buffers to recycle).
+pub(super) fn stream_piece(
     plan: &Plan,
     piece: &Piece,
     src: &mut dyn Read,
-    recycle: &Receiver<Vec<u8>>,
+    recycle: Option<&Receiver<Vec<u8>>>,
     sink: &mut dyn FnMut(Vec<u8>) -> Result<Option<Vec<u8>>>,
 ) -> Result<[u8; 32]> {
     let what = || format!("chunk {} of {}", piece.file, plan.label);
@@ -19,7 +20,10 @@ fn stream_piece(
     let mut left = piece.size;
     let mut spare: Option<Vec<u8>> = None;
     loop {
-        let mut buf = spare.take().unwrap_or_else(|| take_buffer(recycle));
+        let mut buf = spare
+            .take()
+            .or_else(|| recycle.map(take_buffer))
+            .unwrap_or_default();
         buf.resize(BLOCK, 0);
         let n =
             fill(src, &mut buf).map_err(|e| anyhow!(e).context(format!("reading {}", what())))?;
@@ -118,73 +122,28 @@ pub(super) fn read_stage(
 ) -> Result<(u64, u64)> {
     let mut hashed = 0u64;
     if let Check::Whole { archive, sha256 } = &plan.check {
-        let mut whole = Sha256::new();
-        for (i, piece) in plan.pieces.iter().enumerate() {
-            let mut src = open(i)?.reader;
-            stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-                on_progress(Phase::Verified, buf.len() as u64);
-                whole.update(&buf);
-                Ok(Some(buf))
-            })?;
-            hashed += piece.size;
-        }
-        let got: [u8; 32] = whole.finalize().into();
-        if got != *sha256 {
-            return Err(whole_mismatch(plan, archive, &got, sha256, ""));
-        }
+        hashed += check_whole_first(plan, archive, sha256, open, on_progress, recycle)?;
     }
     let mut total = 0u64;
-    let mut whole = Sha256::new();
+    let mut whole = matches!(plan.check, Check::Whole { .. }).then(Sha256::new);
     // Set when the next stage hung up (it failed): the current chunk (v1) or
     // the whole archive (legacy) is still hashed to its end, so that damage
     // is reported as such rather than as whatever it decoded to.
     let mut downstream_gone = false;
     for (i, piece) in plan.pieces.iter().enumerate() {
-        let checked = if plan.check == Check::PerPiece {
-            let expected = piece
-                .sha256
-                .ok_or_else(|| anyhow!("chunk {} has no digest", piece.file))?;
-            let first = open(i)?;
-            if first.checked {
-                // Hashed as it arrived, by this process.
-                on_progress(Phase::Verified, piece.size);
+        let checked = match plan.check {
+            Check::PerPiece => {
                 hashed += piece.size;
-                Some(first)
-            } else {
-                let mut src = first.reader;
-                let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-                    on_progress(Phase::Verified, buf.len() as u64);
-                    Ok(Some(buf))
-                })?;
-                if got != expected {
-                    return Err(mismatch(plan, piece, &got, &expected));
-                }
-                hashed += piece.size;
-                None
+                check_piece_first(plan, i, piece, open, on_progress, recycle)?
             }
-        } else {
-            None
+            Check::Whole { .. } => None,
         };
         let mut src = match checked {
             Some(o) => o.reader,
             None => open(i)?.reader,
         };
-        // If the next stage hangs up mid-chunk, the chunk is still read to
-        // its end: a chunk that changed is reported as such. This second
-        // read reports no progress: the consumer's reads of the tar do.
-        let whole_digest = matches!(plan.check, Check::Whole { .. });
-        let got = stream_piece(plan, piece, &mut *src, recycle, &mut |buf| {
-            if whole_digest {
-                whole.update(&buf);
-            }
-            if downstream_gone {
-                return Ok(Some(buf));
-            }
-            if send(tx, buf).is_err() {
-                downstream_gone = true;
-            }
-            Ok(None)
-        })?;
+        let send_to = (tx, &mut downstream_gone);
+        let got = pass_on_piece(plan, piece, &mut *src, recycle, send_to, whole.as_mut())?;
         if let Some(expected) = piece.sha256 {
             if got != expected {
                 return Err(mismatch(plan, piece, &got, &expected));
@@ -199,24 +158,106 @@ pub(super) fn read_stage(
             crate::unpack::kill_point("restore:first-chunk-decoding");
         }
     }
-    if let Check::Whole { archive, sha256 } = &plan.check {
+    if let (Check::Whole { archive, sha256 }, Some(whole)) = (&plan.check, whole) {
         // The second read must give the bytes the first one checked: the
         // parts are still in staging only if they changed in between.
         let got: [u8; 32] = whole.finalize().into();
         if got != *sha256 {
-            return Err(whole_mismatch(
-                plan,
-                archive,
-                &got,
-                sha256,
-                " (they changed while being read)",
-            ));
+            let when = " (they changed while being read)";
+            return Err(whole_mismatch(plan, archive, &got, sha256, when));
         }
         if downstream_gone {
             return Err(anyhow!(Cancelled));
         }
     }
     Ok((total, hashed))
+}
+
+/// The legacy archive's first read: every part hashed, in order, and the
+/// digest compared with `SHA256SUMS` before any byte is passed on. Returns
+/// the bytes hashed.
+fn check_whole_first(
+    plan: &Plan,
+    archive: &str,
+    sha256: &[u8; 32],
+    open: &mut Open<'_>,
+    on_progress: &(dyn Fn(Phase, u64) + Sync),
+    recycle: &Receiver<Vec<u8>>,
+) -> Result<u64> {
+    let mut hashed = 0u64;
+    let mut whole = Sha256::new();
+    for (i, piece) in plan.pieces.iter().enumerate() {
+        let mut src = open(i)?.reader;
+        stream_piece(plan, piece, &mut *src, Some(recycle), &mut |buf| {
+            on_progress(Phase::Verified, buf.len() as u64);
+            whole.update(&buf);
+            Ok(Some(buf))
+        })?;
+        hashed += piece.size;
+    }
+    let got: [u8; 32] = whole.finalize().into();
+    if got != *sha256 {
+        return Err(whole_mismatch(plan, archive, &got, sha256, ""));
+    }
+    Ok(hashed)
+}
+
+/// A v1 chunk's first read: hashed and checked before any byte of it is
+/// passed on. A chunk this process checked as it arrived is not read again
+/// here: it is returned, opened, for the read that decodes it.
+fn check_piece_first(
+    plan: &Plan,
+    i: usize,
+    piece: &Piece,
+    open: &mut Open<'_>,
+    on_progress: &(dyn Fn(Phase, u64) + Sync),
+    recycle: &Receiver<Vec<u8>>,
+) -> Result<Option<Opened>> {
+    let expected = piece
+        .sha256
+        .ok_or_else(|| anyhow!("chunk {} has no digest", piece.file))?;
+    let first = open(i)?;
+    if first.checked {
+        // Hashed as it arrived, by this process.
+        on_progress(Phase::Verified, piece.size);
+        return Ok(Some(first));
+    }
+    let mut src = first.reader;
+    let got = stream_piece(plan, piece, &mut *src, Some(recycle), &mut |buf| {
+        on_progress(Phase::Verified, buf.len() as u64);
+        Ok(Some(buf))
+    })?;
+    if got != expected {
+        return Err(mismatch(plan, piece, &got, &expected));
+    }
+    Ok(None)
+}
+
+/// The read that feeds the decoder: `piece` re-hashed (and, for a legacy
+/// archive, added to `whole`) as its blocks are passed on. If the next
+/// stage hangs up mid-piece, the piece is still read to its end, so that a
+/// piece that changed is reported as such; `gone` says it hung up. This
+/// read reports no progress: the consumer's reads of the tar do.
+fn pass_on_piece(
+    plan: &Plan,
+    piece: &Piece,
+    src: &mut dyn Read,
+    recycle: &Receiver<Vec<u8>>,
+    (tx, gone): (&SyncSender<Msg>, &mut bool),
+    mut whole: Option<&mut Sha256>,
+) -> Result<[u8; 32]> {
+    stream_piece(plan, piece, src, Some(recycle), &mut |buf| {
+        if let Some(w) = whole.as_mut() {
+            w.update(&buf);
+        }
+        if *gone {
+            return Ok(Some(buf));
+        }
+        if send(tx, buf).is_err() {
+            *gone = true;
+        }
+        Ok(None)
+    })
 }
 
 /// A legacy archive whose bytes do not have the digest SHA256SUMS gives
