@@ -282,15 +282,10 @@ pub(super) fn copy_into(
     buf: &mut [u8],
     report: &mut Report,
 ) -> Result<Reused> {
-    let out = match dir.create_file_at(name) {
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-            return Err(fallback(format!("duplicate entry {}", shown(&e.path))));
-        }
-        r => r.with_context(|| format!("creating {}", shown(&e.path)))?,
-    };
+    let out = create_entry_file(dir, name, e)?;
     // SAFETY: two open fds; FICLONE only reads its argument.
     let cloned = unsafe { libc::ioctl(out.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) } == 0;
-    if !cloned && !copy_hashed(src, &out, e, buf)? {
+    if !cloned && !same_content(copy_hashed(&mut &*src, &out, e, buf, "the installed")?, e) {
         dir.unlink_at(name)
             .with_context(|| format!("removing {}", shown(&e.path)))?;
         return Ok(Reused::No);
@@ -310,19 +305,28 @@ pub(super) fn copy_into(
     })
 }
 
-/// Copies `src` into `out`; whether the bytes have the entry's size and digest.
+/// Whether what was copied has the entry's size and digest.
+pub(super) fn same_content((size, digest): (u64, [u8; 32]), e: &Entry) -> bool {
+    size == e.size && Some(digest) == e.sha256
+}
+
+/// Copies `src` into `out`, hashing the bytes on the way: how many there
+/// were and their sha256. `reading` names the source in an error (`the
+/// installed`, `tar entry`). The one copy loop of the delta, for the files
+/// it copies from the installed tree and those it writes from the tar.
 pub(super) fn copy_hashed(
-    mut src: &File,
+    src: &mut dyn Read,
     mut out: &File,
     e: &Entry,
     buf: &mut [u8],
-) -> Result<bool> {
+    reading: &str,
+) -> Result<(u64, [u8; 32])> {
     let mut h = Sha256::new();
     let mut done = 0u64;
     loop {
         let n = src
             .read(buf)
-            .with_context(|| format!("reading the installed {}", shown(&e.path)))?;
+            .with_context(|| format!("reading {reading} {}", shown(&e.path)))?;
         if n == 0 {
             break;
         }
@@ -331,7 +335,18 @@ pub(super) fn copy_hashed(
             .with_context(|| format!("writing {}", shown(&e.path)))?;
         done += n as u64;
     }
-    Ok(done == e.size && Some(<[u8; 32]>::from(h.finalize())) == e.sha256)
+    Ok((done, h.finalize().into()))
+}
+
+/// Creates the file of entry `e` as `name` in `dir`; one that is there
+/// already is a duplicate entry, which a full install judges.
+pub(super) fn create_entry_file(dir: &Dir, name: &OsStr, e: &Entry) -> Result<File> {
+    match dir.create_file_at(name) {
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+            Err(fallback(format!("duplicate entry {}", shown(&e.path))))
+        }
+        r => r.with_context(|| format!("creating {}", shown(&e.path))),
+    }
 }
 
 /// The entry's mode (permission bits, as the extractor keeps them) and the

@@ -1,4 +1,4 @@
-//! The delta install (issue 18): a replace-mode restore of a new key into a
+//! The delta install: a replace-mode restore of a new key into a
 //! target that holds an older key warmstart installed builds the staging
 //! tree from the installed one, so that an unchanged file is not written.
 //!

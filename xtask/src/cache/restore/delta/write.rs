@@ -106,28 +106,9 @@ pub(super) fn write_file(
     e: &Entry,
     buf: &mut [u8],
 ) -> Result<()> {
-    let mut out = match dir.create_file_at(name) {
-        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-            return Err(fallback(format!("duplicate entry {}", shown(&e.path))));
-        }
-        r => r.with_context(|| format!("creating {}", shown(&e.path)))?,
-    };
-    let mut h = Sha256::new();
-    let mut done = 0u64;
-    loop {
-        let n = src
-            .read(buf)
-            .with_context(|| format!("reading tar entry {}", shown(&e.path)))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        out.write_all(&buf[..n])
-            .with_context(|| format!("writing {}", shown(&e.path)))?;
-        done += n as u64;
-    }
-    let digest: [u8; 32] = h.finalize().into();
-    if done != e.size || Some(digest) != e.sha256 {
+    let out = create_entry_file(dir, name, e)?;
+    let (size, digest) = copy_hashed(src, &out, e, buf, "tar entry")?;
+    if !same_content((size, digest), e) {
         return Err(fallback(format!(
             "{} in the tar has sha256 {} but the file index says another",
             shown(&e.path),
