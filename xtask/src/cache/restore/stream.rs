@@ -43,6 +43,30 @@ pub fn unpack_into(
     })
 }
 
+/// One key of `branch` through a restore's verified stream into the empty
+/// directory `dest`, as `cache verify` checks it: trusted before any chunk
+/// is fetched (exit 12 fetches none), planned (`fix` says what to do about
+/// a damaged branch), then fetched, hashed, decoded, checked and unpacked
+/// by `unpack_into`. Returns the key's plan, what was unpacked and what was
+/// hashed; it installs nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn verified_unpack(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    git: &CacheGit,
+    branch: &Branch,
+    key: &str,
+    fix: &str,
+    dest: &Path,
+    progress: bool,
+) -> Result<(KeyPlan, unpack::Stats, verify::Stats)> {
+    crate::trust::check_before_fetch(sh, repo, m, git, branch, key)?;
+    let kp = branch.plan(key, fix)?;
+    let (u, v, _) = unpack_into(git, branch, &kp, dest, progress)?;
+    Ok((kp, u, v))
+}
+
 /// Streams `kp` through verification into `consume` (the extractor, or a
 /// delta install's writer), fetching chunks as `unpack_into` says.
 pub fn stream_key<T>(
