@@ -75,7 +75,7 @@ pub(super) fn choose_keys(
 /// The key to install and its trust check, before any chunk is fetched
 /// (DESIGN.md invariant 9). The exact key is installed or refused (exit 12
 /// under `require`). Fallback candidates the policy refuses are skipped
-/// with a warning and the next one is tried (issue 17); when every one is
+/// with a warning and the next one is tried; when every one is
 /// refused, exit 12 names each with its verdict. Nothing is installed then.
 pub(super) fn choose_trusted(
     sh: &Shell,

@@ -136,40 +136,6 @@ pub(super) fn recover_first(repo: &Repo, m: &CacheManifest) -> Result<(PathBuf, 
     Ok((state_dir, journal))
 }
 
-/// Fetches the key's file index (replace mode keeps it for the next delta
-/// install) and builds staging `dest`: a delta of the installed tree where
-/// it can be, else a full unpack.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn stage(
-    git: &CacheGit,
-    branch: &Branch,
-    kp: &KeyPlan,
-    m: &CacheManifest,
-    key: &Key,
-    (state_dir, stamp_file): (&Path, &Path),
-    opts: &RestoreOptions,
-    dest: &Path,
-) -> Result<(Option<Result<delta::NewIndex, String>>, delta::Staged)> {
-    let index = match m.mode {
-        Mode::Replace => delta::fetch_index(git, branch, &key.value)?,
-        _ => None,
-    };
-    let ctx = delta::Ctx {
-        git,
-        branch,
-        kp,
-        name: &m.name,
-        target: &m.restore_path,
-        state_dir,
-        stamp_file,
-        index: index.as_ref(),
-        allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
-        progress: opts.progress,
-    };
-    let staged = delta::stage(&ctx, dest)?;
-    Ok((index, staged))
-}
-
 /// With `--verify` over an installed copy: `Verified` when staging and the
 /// target agree, else `Repaired` and the first difference.
 pub(super) fn compared(
@@ -204,128 +170,224 @@ pub(super) fn ready_after_install(m: &CacheManifest, key: &Key) -> Result<()> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn cold(
-    sh: &Shell,
-    repo: &Repo,
-    m: &CacheManifest,
-    key: &Key,
-    stamp_file: &Path,
-    opts: &RestoreOptions,
-    start: Instant,
-    mut phases: Phases,
-) -> Result<RestoreOutcome> {
-    let target = &m.restore_path;
-    let (state_dir, journal) = recover_first(repo, m)?;
+/// What every step of a cold restore reads.
+pub(super) struct Cold<'a> {
+    pub(super) sh: &'a Shell,
+    pub(super) repo: &'a Repo,
+    pub(super) m: &'a CacheManifest,
+    pub(super) stamp_file: &'a Path,
+    pub(super) opts: &'a RestoreOptions,
+    pub(super) start: Instant,
+}
 
-    let t = Instant::now();
-    let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
-    // Trusted before read (DESIGN.md invariant 9), for the key chosen (the
-    // exact one or the first fallback candidate the policy lets through):
-    // exit 12 here leaves the install as it is and fetches no chunk.
-    let t_trust = Instant::now();
-    let (mut kp, key, partial, trust) = choose_trusted(sh, repo, m, key, opts, &git, &branch)?;
-    let key = &key;
-    let trust_us = t_trust.elapsed().as_micros() as u64;
-    if let Some(p) = &partial
-        && !opts.verify
-        && let Some(outcome) = same_stand_in(m, stamp_file, &branch, key, p, start, &phases)?
-    {
-        return Ok(outcome);
-    }
-    // Every compressed byte of a v1 branch is authenticated by its chunk's
-    // digest before it is decoded, and zstd checks its frames' content
-    // checksums: hashing the whole tar again would only check the decoder
-    // (`verify::Plan::hash_tar`). `--verify` still does.
-    if kp.plan.check == verify::Check::PerPiece && !opts.verify {
-        kp.plan.hash_tar = false;
-    }
-    phases.fetch_ms = (t.elapsed().as_millis() as u64).saturating_sub(trust_us / 1000);
-    phases.trust_us = trust_us;
-    unpack::kill_point("restore:fetched");
+/// The key a cold restore installs, chosen and trusted after the branch
+/// fetch, before any chunk of it is read.
+struct Chosen {
+    git: CacheGit,
+    branch: Branch,
+    kp: KeyPlan,
+    key: Key,
+    partial: Option<stamp::Partial>,
+    trust: crate::trust::Checked,
+}
 
-    let t = Instant::now();
-    let mut staging = Staging(Some(unpack::staging_dir_for(target)?));
-    let dest = staging.0.clone().expect("staging is set");
-    let files = (state_dir.as_path(), stamp_file);
-    let (index, staged) = stage(&git, &branch, &kp, m, key, files, opts, &dest)?;
-    let (ustats, vstats, fetched) = (staged.unpacked, &staged.verified, &staged.fetched);
-    phases.unpack_ms = t.elapsed().as_millis() as u64;
-    phases.chunk_fetch_ms = fetched.fetch_ms;
-    phases.chunk_wait_ms = fetched.wait_ms;
-    unpack::kill_point("restore:unpacked");
-
-    let bytes_hashed = vstats.bytes_hashed;
-    // Overlay: the files the user changed since they were installed leave
-    // staging here, so neither `--verify`'s comparison nor the merge sees
-    // them.
-    let overlay_file = overlay::path(&state_dir, &m.name);
-    let overlay_plan = match m.mode {
-        Mode::Overlay => Some(overlay::hold_back(
-            &dest,
-            target,
-            &overlay::load(&overlay_file, target),
-        )?),
-        _ => None,
-    };
-    let (mut state, difference) = compared(opts, m, &dest)?;
-
-    let t = Instant::now();
-    if state != State::Verified {
-        let installed = Installed {
-            m,
-            state_dir: &state_dir,
-            stamp_file,
-            journal: &journal,
-            overlay_file: &overlay_file,
+impl Cold<'_> {
+    /// Recover, fetch, choose, stage, compare, install, stamp.
+    pub(super) fn run(&self, key: &Key, mut phases: Phases) -> Result<RestoreOutcome> {
+        let (m, target) = (self.m, &self.m.restore_path);
+        let (state_dir, journal) = recover_first(self.repo, m)?;
+        let c = match self.fetch_and_choose(key, &mut phases)? {
+            Ok(chosen) => chosen,
+            Err(same) => return Ok(same),
         };
-        installed.swap_or_merge(&dest, overlay_plan.as_ref())?;
-        staging.0 = None;
-        unpack::kill_point("restore:installed");
-        if let Some(Ok(new)) = &index {
-            let tar = &vstats.tar_sha256;
-            let verified = staged.delta.is_some();
-            delta::remember_or_warn(&state_dir, &m.name, target, &key.value, tar, new, verified);
+
+        let t = Instant::now();
+        let mut staging = Staging(Some(unpack::staging_dir_for(target)?));
+        let dest = staging.0.clone().expect("staging is set");
+        let (index, staged) = self.stage(&c, &state_dir, &dest)?;
+        phases.unpack_ms = t.elapsed().as_millis() as u64;
+        phases.chunk_fetch_ms = staged.fetched.fetch_ms;
+        phases.chunk_wait_ms = staged.fetched.wait_ms;
+        unpack::kill_point("restore:unpacked");
+
+        let overlay_file = overlay::path(&state_dir, &m.name);
+        let overlay_plan = held_back(m, &dest, &overlay_file)?;
+        let compared = compared(self.opts, m, &dest)?;
+
+        let t = Instant::now();
+        if compared.0 != State::Verified {
+            let installed = Installed {
+                m,
+                state_dir: &state_dir,
+                stamp_file: self.stamp_file,
+                journal: &journal,
+                overlay_file: &overlay_file,
+            };
+            installed.swap_or_merge(&dest, overlay_plan.as_ref())?;
+            staging.0 = None;
+            unpack::kill_point("restore:installed");
+            if let Some(Ok(new)) = &index {
+                let tar = &staged.verified.tar_sha256;
+                let verified = staged.delta.is_some();
+                let key = &c.key.value;
+                delta::remember_or_warn(&state_dir, &m.name, target, key, tar, new, verified);
+            }
+        }
+        drop(staging);
+        let u = &staged.unpacked;
+        let files = u.files + u.dirs + u.symlinks + u.hardlinks;
+        let partial = c.partial.clone();
+        let s = new_stamp(
+            m,
+            &c.key,
+            &c.branch,
+            &c.kp,
+            &staged.verified,
+            files,
+            partial,
+        );
+        stamp::store(self.stamp_file, &s)?;
+        crate::cache::gc::installed(&state_dir, &s, &c.branch);
+        phases.install_ms = t.elapsed().as_millis() as u64;
+        ready_after_install(m, &c.key)?;
+        let kept = overlay_plan.map(|p| p.kept.len() as u64);
+        Ok(self.outcome(c, staged, &s, compared, kept, phases))
+    }
+
+    /// Fetches the branch and chooses the key to install, trusted before any
+    /// chunk is read (DESIGN.md invariant 9). `Err(outcome)` when the
+    /// stand-in chosen is the very install the stamp describes.
+    fn fetch_and_choose(
+        &self,
+        key: &Key,
+        phases: &mut Phases,
+    ) -> Result<Result<Chosen, RestoreOutcome>> {
+        let (sh, repo, m, opts) = (self.sh, self.repo, self.m, self.opts);
+        let t = Instant::now();
+        let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
+        // Trusted before read, for the key chosen (the exact one or the
+        // first fallback candidate the policy lets through): exit 12 here
+        // leaves the install as it is and fetches no chunk.
+        let t_trust = Instant::now();
+        let (mut kp, key, partial, trust) = choose_trusted(sh, repo, m, key, opts, &git, &branch)?;
+        let trust_us = t_trust.elapsed().as_micros() as u64;
+        if let Some(p) = &partial
+            && !opts.verify
+            && let Some(outcome) =
+                same_stand_in(m, self.stamp_file, &branch, &key, p, self.start, phases)?
+        {
+            return Ok(Err(outcome));
+        }
+        // Every compressed byte of a v1 branch is authenticated by its chunk's
+        // digest before it is decoded, and zstd checks its frames' content
+        // checksums: hashing the whole tar again would only check the decoder
+        // (`verify::Plan::hash_tar`). `--verify` still does.
+        if kp.plan.check == verify::Check::PerPiece && !opts.verify {
+            kp.plan.hash_tar = false;
+        }
+        phases.fetch_ms = (t.elapsed().as_millis() as u64).saturating_sub(trust_us / 1000);
+        phases.trust_us = trust_us;
+        unpack::kill_point("restore:fetched");
+        Ok(Ok(Chosen {
+            git,
+            branch,
+            kp,
+            key,
+            partial,
+            trust,
+        }))
+    }
+
+    /// Fetches the key's file index (replace mode keeps it for the next delta
+    /// install) and builds staging `dest`: a delta of the installed tree where
+    /// it can be, else a full unpack.
+    fn stage(
+        &self,
+        c: &Chosen,
+        state_dir: &Path,
+        dest: &Path,
+    ) -> Result<(Option<Result<delta::NewIndex, String>>, delta::Staged)> {
+        let (m, opts) = (self.m, self.opts);
+        let index = match m.mode {
+            Mode::Replace => delta::fetch_index(&c.git, &c.branch, &c.key.value)?,
+            _ => None,
+        };
+        let ctx = delta::Ctx {
+            git: &c.git,
+            branch: &c.branch,
+            kp: &c.kp,
+            name: &m.name,
+            target: &m.restore_path,
+            state_dir,
+            stamp_file: self.stamp_file,
+            index: index.as_ref(),
+            allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
+            progress: opts.progress,
+        };
+        let staged = delta::stage(&ctx, dest)?;
+        Ok((index, staged))
+    }
+
+    /// What a cold restore that installed (or verified) the key reports.
+    fn outcome(
+        &self,
+        c: Chosen,
+        staged: delta::Staged,
+        s: &Stamp,
+        (state, difference): (State, Option<String>),
+        kept: Option<u64>,
+        phases: Phases,
+    ) -> RestoreOutcome {
+        let m = self.m;
+        let state = match state {
+            State::Restored if c.partial.is_some() => State::Partial,
+            other => other,
+        };
+        let (v, fetched) = (&staged.verified, &staged.fetched);
+        let duration = self.start.elapsed();
+        RestoreOutcome {
+            name: m.name.clone(),
+            state,
+            key: c.key.value.clone(),
+            target: m.restore_path.clone(),
+            mode: stamp::mode_name(m.mode),
+            branch: c.branch.name.clone(),
+            source: c.branch.remote.to_string(),
+            commit: c.branch.commit.clone(),
+            layout: c.kp.layout.to_string(),
+            bytes: v.tar_bytes,
+            compressed_bytes: v.compressed_bytes,
+            chunk_source: Some(fetched.source),
+            reuse: fetched.reuse,
+            chunks_direct: fetched.direct,
+            direct_fallback: fetched.direct_fallback.clone(),
+            files: s.files,
+            bytes_hashed: v.bytes_hashed,
+            signature_checks: crate::trust::sshsig::checks(),
+            trust: Some(c.trust),
+            duration_ms: duration.as_millis() as u64,
+            duration,
+            phases,
+            difference,
+            reason: None,
+            partial: partial_info(m, s),
+            kept,
+            delta: DeltaInfo::of(&staged.delta, staged.fallback),
         }
     }
-    drop(staging);
-    let files = ustats.files + ustats.dirs + ustats.symlinks + ustats.hardlinks;
-    let s = new_stamp(m, key, &branch, &kp, vstats, files, partial.clone());
-    stamp::store(stamp_file, &s)?;
-    crate::cache::gc::installed(&state_dir, &s, &branch);
-    phases.install_ms = t.elapsed().as_millis() as u64;
-    ready_after_install(m, key)?;
-    let duration = start.elapsed();
-    if partial.is_some() && state == State::Restored {
-        state = State::Partial;
-    }
-    Ok(RestoreOutcome {
-        name: m.name.clone(),
-        state,
-        key: key.value.clone(),
-        target: target.clone(),
-        mode: stamp::mode_name(m.mode),
-        branch: branch.name.clone(),
-        source: branch.remote.to_string(),
-        commit: branch.commit.clone(),
-        layout: kp.layout.to_string(),
-        bytes: vstats.tar_bytes,
-        compressed_bytes: vstats.compressed_bytes,
-        chunk_source: Some(fetched.source),
-        reuse: fetched.reuse,
-        chunks_direct: fetched.direct,
-        direct_fallback: fetched.direct_fallback.clone(),
-        files,
-        bytes_hashed,
-        signature_checks: crate::trust::sshsig::checks(),
-        trust: Some(trust),
-        duration_ms: duration.as_millis() as u64,
-        duration,
-        phases,
-        difference,
-        reason: None,
-        partial: partial_info(m, &s),
-        kept: overlay_plan.map(|p| p.kept.len() as u64),
-        delta: DeltaInfo::of(&staged.delta, staged.fallback),
+}
+
+/// Overlay: the files the user changed since they were installed leave
+/// staging here, so neither `--verify`'s comparison nor the merge sees
+/// them.
+fn held_back(m: &CacheManifest, dest: &Path, overlay_file: &Path) -> Result<Option<overlay::Plan>> {
+    let target = &m.restore_path;
+    Ok(match m.mode {
+        Mode::Overlay => Some(overlay::hold_back(
+            dest,
+            target,
+            &overlay::load(overlay_file, target),
+        )?),
+        _ => None,
     })
 }

@@ -173,7 +173,15 @@ pub fn restore_named(
     // `cache gc` removes no chunk while this restore may read one.
     let reading = crate::cache::gc::Reading::take(&state_dir, opts.lock_timeout)?;
     let mut outcome = crate::cache::fetch::git::healing(|| {
-        cold(sh, repo, &m, &key, &stamp_file, opts, start, phases.clone())
+        let cold = Cold {
+            sh,
+            repo,
+            m: &m,
+            stamp_file: &stamp_file,
+            opts,
+            start,
+        };
+        cold.run(&key, phases.clone())
     })
     .with_context(|| format!("restoring cache {name} into {}", m.restore_path.display()))?;
     drop(reading);

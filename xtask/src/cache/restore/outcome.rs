@@ -98,7 +98,7 @@ pub struct RestoreOutcome {
     /// whole); `null` when nothing was unpacked.
     pub chunk_source: Option<prefetch::Source>,
     /// What the machine had and what was fetched: `chunks_reused`,
-    /// `chunks_from_clone`, `chunks_fetched`, `bytes_fetched` (issue 18).
+    /// `chunks_from_clone`, `chunks_fetched`, `bytes_fetched`.
     #[serde(flatten)]
     pub reuse: prefetch::Reuse,
     /// Of those, chunks read straight from the pack a remote on this
