@@ -17,15 +17,15 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use xshell::Shell;
 
-use crate::cache::format::manifest;
+use crate::cache::format::manifest::{self, Key};
 use crate::cache::human_bytes;
-use crate::cache::manifests;
 use crate::cache::restore;
-use crate::cache::restore::branch::Content;
+use crate::cache::restore::branch::{Branch, Content};
 use crate::cache::restore::compare;
 use crate::cache::restore::stamp::{self, Loaded};
 use crate::cli::cache::VerifyArgs;
 use crate::exit::{Code, code_of, fail};
+use crate::git::CacheGit;
 use crate::repo::Repo;
 use crate::unpack;
 
@@ -136,10 +136,10 @@ pub fn verify_named(
     remote: Option<&str>,
     progress: bool,
 ) -> Result<(Report, Option<anyhow::Error>)> {
-    let m = manifests::load(repo, name)?;
+    let m = crate::cache::manifests::load(repo, name)?;
     // The key is only needed to mark the current key and check the install;
     // a key that cannot be computed here does not stop the branch check.
-    let key = match manifests::compute_key(sh, repo, &m) {
+    let key = match crate::cache::manifests::compute_key(sh, repo, &m) {
         Ok(k) => Some(k),
         Err(e) => {
             eprintln!("warning: cannot compute the key of {name} here: {e:#}");
@@ -152,56 +152,115 @@ pub fn verify_named(
         crate::cache::restore::RestoreOptions::default().lock_timeout,
     )?;
     let (git, branch) = crate::git::healing(|| restore::fetch(sh, repo, &m, remote, progress))?;
-    // Scratch trees are staging directories of a target that is never
-    // swapped in: `staging_dir_for` also removes those of killed runs.
-    let scratch = git.dir.join("warmstart-verify");
-    let fix = restore::republish_fix(name);
-    let keys: Vec<String> = match &branch.content {
-        Content::V1(_) => branch.keys(),
-        // A legacy branch holds one archive, restored whatever the key.
-        Content::Legacy { archive, .. } => vec![
-            key.as_ref()
-                .map(|k| k.value.clone())
-                .unwrap_or_else(|| archive.clone()),
-        ],
+    let ctx = Ctx {
+        sh,
+        repo,
+        m: &m,
+        key: key.as_ref(),
+        git: &git,
+        branch: &branch,
+        // Scratch trees are staging directories of a target that is never
+        // swapped in: `staging_dir_for` also removes those of killed runs.
+        scratch: git.dir.join("warmstart-verify"),
+        fix: restore::republish_fix(name),
+        progress,
     };
-    let mut reports = Vec::new();
-    let mut first_err = None;
-    let mut installed = None;
-    let mut bytes_hashed = 0;
-    let layout = match &branch.content {
-        Content::V1(_) => "v1",
-        Content::Legacy { compression, .. } => match compression {
-            crate::cache::format::Compression::Gzip => "legacy-gzip",
-            crate::cache::format::Compression::Zstd => "legacy-zstd",
+    let mut found = Found::default();
+    for k in keys_to_verify(&branch, key.as_ref()) {
+        ctx.verify_key(k, &mut found)?;
+    }
+    let first_err = found.first_err.take().or_else(|| ctx.verdict(&found));
+    debug_assert!(first_err.as_ref().is_none_or(|e| code_of(e) != Code::Ok));
+    Ok((
+        Report {
+            name: name.to_string(),
+            branch: branch.name.clone(),
+            source: branch.remote.to_string(),
+            commit: branch.commit.clone(),
+            layout: branch.layout(),
+            ok: first_err.is_none(),
+            keys: found.reports,
+            installed: found.installed,
+            bytes_hashed: found.bytes_hashed,
         },
-    };
-    for k in keys {
-        let current = key.as_ref().is_some_and(|c| c.value == k);
-        let dest = unpack::staging_dir_for(&scratch)?;
+        first_err,
+    ))
+}
+
+/// The keys to verify: every key of a v1 branch; a legacy branch holds one
+/// archive, restored whatever the key.
+fn keys_to_verify(branch: &Branch, key: Option<&Key>) -> Vec<String> {
+    match &branch.content {
+        Content::V1(_) => branch.keys(),
+        Content::Legacy { archive, .. } => {
+            vec![
+                key.map(|k| k.value.clone())
+                    .unwrap_or_else(|| archive.clone()),
+            ]
+        }
+    }
+}
+
+/// What `verify_named` checks each key with.
+struct Ctx<'a> {
+    sh: &'a Shell,
+    repo: &'a Repo,
+    m: &'a manifest::CacheManifest,
+    /// This machine's key, when it could be computed.
+    key: Option<&'a Key>,
+    git: &'a CacheGit,
+    branch: &'a Branch,
+    scratch: PathBuf,
+    fix: String,
+    progress: bool,
+}
+
+/// What the keys verified so far found.
+#[derive(Default)]
+struct Found {
+    reports: Vec<KeyReport>,
+    first_err: Option<anyhow::Error>,
+    installed: Option<InstalledReport>,
+    bytes_hashed: u64,
+}
+
+impl Ctx<'_> {
+    /// Streams key `k` through a restore's verified stream into a scratch
+    /// tree (removed after), and compares the installed copy with it when
+    /// `k` is this machine's key.
+    fn verify_key(&self, k: String, found: &mut Found) -> Result<()> {
+        let current = self.key.is_some_and(|c| c.value == k);
+        let dest = unpack::staging_dir_for(&self.scratch)?;
         // A chunk unreadable in a damaged cache.git: rebuilt once, and the
         // key's chunks are fetched again by id (the plan needs no tree).
         // The scratch tree lives in cache.git, so each attempt makes it anew.
         let result = crate::git::healing(|| {
-            unpack::staging_dir_for(&scratch)?;
-            // Trusted before read, as in a restore: exit 12 fetches no chunk.
-            crate::trust::check_before_fetch(sh, repo, &m, &git, &branch, &k)?;
-            let kp = branch.plan(&k, &fix)?;
-            let (u, v, _) = restore::unpack_into(&git, &branch, &kp, &dest, progress)?;
-            Ok((kp.plan.pieces.len(), u, v))
+            unpack::staging_dir_for(&self.scratch)?;
+            let (m, git, branch) = (self.m, self.git, self.branch);
+            restore::verified_unpack(
+                self.sh,
+                self.repo,
+                m,
+                git,
+                branch,
+                &k,
+                &self.fix,
+                &dest,
+                self.progress,
+            )
         });
         match result {
-            Ok((chunks, u, v)) => {
-                bytes_hashed += v.bytes_hashed;
-                if current && let Some(key) = &key {
-                    installed = Some(check_installed(repo, &m, &key.value, &dest)?);
+            Ok((kp, u, v)) => {
+                found.bytes_hashed += v.bytes_hashed;
+                if current && let Some(key) = self.key {
+                    found.installed = Some(check_installed(self.repo, self.m, &key.value, &dest)?);
                 }
-                reports.push(KeyReport {
+                found.reports.push(KeyReport {
                     key: k,
                     current,
                     ok: true,
                     error: None,
-                    chunks,
+                    chunks: kp.plan.pieces.len(),
                     compressed_bytes: v.compressed_bytes,
                     tar_bytes: v.tar_bytes,
                     tar_sha256: v.tar_sha256,
@@ -209,7 +268,7 @@ pub fn verify_named(
                 })
             }
             Err(e) => {
-                reports.push(KeyReport {
+                found.reports.push(KeyReport {
                     key: k.clone(),
                     current,
                     ok: false,
@@ -220,32 +279,35 @@ pub fn verify_named(
                     tar_sha256: String::new(),
                     entries: 0,
                 });
-                if first_err.is_none() {
-                    first_err = Some(e.context(format!("verifying key {k} of cache {name}")));
+                if found.first_err.is_none() {
+                    let name = &self.m.name;
+                    found.first_err = Some(e.context(format!("verifying key {k} of cache {name}")));
                 }
             }
         }
         unpack::remove_tree(&dest)?;
+        Ok(())
     }
-    if let Some(key) = &key
-        && !reports.iter().any(|r| r.current)
-        && first_err.is_none()
-    {
-        first_err = Some(fail(
-            Code::NotFound,
-            format!(
-                "branch {} holds no key {} (this machine's key): the other keys verified; publish this one with `{cmd} cache publish {name}`",
-                branch.name,
-                key.value,
-                cmd = crate::invocation::command(),
-            ),
-        ));
-    }
-    if let Some(i) = &installed
-        && i.state == "differs"
-        && first_err.is_none()
-    {
-        first_err = Some(fail(
+
+    /// When every key verified: exit 4 if the branch lacks this machine's
+    /// key, exit 6 if the installed copy differs, else `None`.
+    fn verdict(&self, found: &Found) -> Option<anyhow::Error> {
+        let name = &self.m.name;
+        if let Some(key) = self.key
+            && !found.reports.iter().any(|r| r.current)
+        {
+            return Some(fail(
+                Code::NotFound,
+                format!(
+                    "branch {} holds no key {} (this machine's key): the other keys verified; publish this one with `{cmd} cache publish {name}`",
+                    self.branch.name,
+                    key.value,
+                    cmd = crate::invocation::command(),
+                ),
+            ));
+        }
+        let i = found.installed.as_ref().filter(|i| i.state == "differs")?;
+        Some(fail(
             Code::Verify,
             format!(
                 "the installed copy of cache {name} at {} differs from the branch ({}): repair it with `{cmd} cache restore {name} --verify`",
@@ -253,24 +315,8 @@ pub fn verify_named(
                 i.difference.as_deref().unwrap_or("?"),
                 cmd = crate::invocation::command(),
             ),
-        ));
+        ))
     }
-    let ok = first_err.is_none();
-    debug_assert!(first_err.as_ref().is_none_or(|e| code_of(e) != Code::Ok));
-    Ok((
-        Report {
-            name: name.to_string(),
-            branch: branch.name.clone(),
-            source: branch.remote.to_string(),
-            commit: branch.commit.clone(),
-            layout,
-            ok,
-            keys: reports,
-            installed,
-            bytes_hashed,
-        },
-        first_err,
-    ))
 }
 
 /// Compares the installed copy with the verified scratch tree, if the stamp

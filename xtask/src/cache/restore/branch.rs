@@ -100,29 +100,7 @@ impl Branch {
             Layout::V1 => {
                 let entry = find("warmstart.json")
                     .ok_or_else(|| corrupt(branch, &commit, "warmstart.json is not a file"))?;
-                let bytes = git
-                    .read_blob_bytes(&entry.oid)
-                    .with_context(|| format!("reading warmstart.json of {branch}"))?;
-                let text = String::from_utf8(bytes.clone())
-                    .map_err(|_| corrupt(branch, &commit, "warmstart.json is not UTF-8"))?;
-                let manifest = BranchManifest::parse(&text).map_err(|e| {
-                    corrupt(
-                        branch,
-                        &commit,
-                        format!(
-                            "{e:#}: republish with `{} cache publish`",
-                            crate::invocation::command()
-                        ),
-                    )
-                })?;
-                check_sums_agree(&manifest, &sums).map_err(|e| {
-                    corrupt(
-                        branch,
-                        &commit,
-                        format!("{e}: the branch was edited by hand or damaged; republish it"),
-                    )
-                })?;
-                (Content::V1(manifest), hex::encode(&Sha256::digest(&bytes)))
+                read_v1(git, branch, &commit, &entry.oid, &sums)?
             }
             Layout::Legacy {
                 archive,
@@ -155,6 +133,17 @@ impl Branch {
         match &self.content {
             Content::V1(m) => m.keys.keys().cloned().collect(),
             Content::Legacy { .. } => Vec::new(),
+        }
+    }
+
+    /// `v1`, `legacy-gzip` or `legacy-zstd`: how the branch is laid out.
+    pub fn layout(&self) -> &'static str {
+        match &self.content {
+            Content::V1(_) => "v1",
+            Content::Legacy { compression, .. } => match compression {
+                Compression::Gzip => "legacy-gzip",
+                Compression::Zstd => "legacy-zstd",
+            },
         }
     }
 
@@ -290,7 +279,7 @@ impl Branch {
                 max_bytes: entry.tar_size,
                 max_entries: entry.files.saturating_add(1),
             },
-            layout: "v1",
+            layout: self.layout(),
             files: Some(entry.files),
         })
     }
@@ -345,13 +334,44 @@ impl Branch {
             },
             oids,
             limits,
-            layout: match compression {
-                Compression::Gzip => "legacy-gzip",
-                Compression::Zstd => "legacy-zstd",
-            },
+            layout: self.layout(),
             files: None,
         })
     }
+}
+
+/// A v1 branch's `warmstart.json` (blob `oid`), parsed and checked against
+/// its `SHA256SUMS`, with its sha256.
+fn read_v1(
+    git: &CacheGit,
+    branch: &str,
+    commit: &str,
+    oid: &str,
+    sums: &str,
+) -> Result<(Content, String)> {
+    let bytes = git
+        .read_blob_bytes(oid)
+        .with_context(|| format!("reading warmstart.json of {branch}"))?;
+    let text = String::from_utf8(bytes.clone())
+        .map_err(|_| corrupt(branch, commit, "warmstart.json is not UTF-8"))?;
+    let manifest = BranchManifest::parse(&text).map_err(|e| {
+        corrupt(
+            branch,
+            commit,
+            format!(
+                "{e:#}: republish with `{} cache publish`",
+                crate::invocation::command()
+            ),
+        )
+    })?;
+    check_sums_agree(&manifest, sums).map_err(|e| {
+        corrupt(
+            branch,
+            commit,
+            format!("{e}: the branch was edited by hand or damaged; republish it"),
+        )
+    })?;
+    Ok((Content::V1(manifest), hex::encode(&Sha256::digest(&bytes))))
 }
 
 /// `SHA256SUMS` must list exactly the chunks of `warmstart.json`, with the

@@ -33,90 +33,102 @@ pub fn first_difference(
         names.sort();
         for name in names {
             let rel = rel.join(&name);
-            let (e, a) = (expected.join(&rel), actual.join(&rel));
-            let shown = rel.display();
-            let em =
-                fs::symlink_metadata(&e).with_context(|| format!("reading {}", e.display()))?;
-            let am = match fs::symlink_metadata(&a) {
-                Ok(m) => m,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                    return Ok((Some(format!("{shown} is missing")), compared));
-                }
-                Err(err) => {
-                    return Err(err).with_context(|| format!("reading {}", a.display()));
-                }
-            };
-            let (et, at) = (em.file_type(), am.file_type());
-            if et.is_dir() != at.is_dir()
-                || et.is_file() != at.is_file()
-                || et.is_symlink() != at.is_symlink()
-            {
-                return Ok((
-                    Some(format!(
-                        "{shown} is a {} in the cache but a {} here",
-                        kind(&et),
-                        kind(&at)
-                    )),
-                    compared,
-                ));
-            }
-            if !et.is_symlink() && em.mode() & 0o7777 != am.mode() & 0o7777 {
-                return Ok((
-                    Some(format!(
-                        "{shown} has mode {:o} but the cache says {:o}",
-                        am.mode() & 0o7777,
-                        em.mode() & 0o7777
-                    )),
-                    compared,
-                ));
-            }
-            if et.is_symlink() {
-                let (el, al) = (fs::read_link(&e)?, fs::read_link(&a)?);
-                if el != al {
-                    return Ok((
-                        Some(format!(
-                            "{shown} points to {} but the cache says {}",
-                            al.display(),
-                            el.display()
-                        )),
-                        compared,
-                    ));
-                }
-            } else if et.is_dir() {
-                stack.push(rel.clone());
-            } else {
-                if em.len() != am.len() {
-                    return Ok((
-                        Some(format!(
-                            "{shown} is {} bytes but the cache says {}",
-                            am.len(),
-                            em.len()
-                        )),
-                        compared,
-                    ));
-                }
-                if !same_bytes(&e, &a)? {
-                    return Ok((Some(format!("{shown} has different content")), compared));
-                }
-                compared += em.len();
+            match entry_difference(expected, actual, &rel)? {
+                Same::Differs(d) => return Ok((Some(d), compared)),
+                Same::Dir => stack.push(rel),
+                Same::Bytes(n) => compared += n,
             }
         }
-        if exact {
-            let adir = actual.join(&rel);
-            for entry in
-                fs::read_dir(&adir).with_context(|| format!("reading {}", adir.display()))?
-            {
-                let name = entry?.file_name();
-                if fs::symlink_metadata(dir.join(&name)).is_err() {
-                    return Ok((
-                        Some(format!("{} is not in the cache", rel.join(&name).display())),
-                        compared,
-                    ));
-                }
-            }
+        if exact && let Some(d) = extra_entry(&dir, &actual.join(&rel), &rel)? {
+            return Ok((Some(d), compared));
         }
     }
     Ok((None, compared))
+}
+
+/// How one entry of the cache compares with the install.
+enum Same {
+    /// The first difference, in words.
+    Differs(String),
+    /// A directory of the same mode: its entries are compared next.
+    Dir,
+    /// A file or symlink that agrees; the file bytes compared.
+    Bytes(u64),
+}
+
+/// Compares entry `rel` of `expected` with the same path in `actual`: kind,
+/// permission bits, then the symlink's target or the file's size and bytes.
+fn entry_difference(expected: &Path, actual: &Path, rel: &Path) -> Result<Same> {
+    let (e, a) = (expected.join(rel), actual.join(rel));
+    let shown = rel.display();
+    let em = fs::symlink_metadata(&e).with_context(|| format!("reading {}", e.display()))?;
+    let am = match fs::symlink_metadata(&a) {
+        Ok(m) => m,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Same::Differs(format!("{shown} is missing")));
+        }
+        Err(err) => {
+            return Err(err).with_context(|| format!("reading {}", a.display()));
+        }
+    };
+    let (et, at) = (em.file_type(), am.file_type());
+    if et.is_dir() != at.is_dir()
+        || et.is_file() != at.is_file()
+        || et.is_symlink() != at.is_symlink()
+    {
+        return Ok(Same::Differs(format!(
+            "{shown} is a {} in the cache but a {} here",
+            kind(&et),
+            kind(&at)
+        )));
+    }
+    if !et.is_symlink() && em.mode() & 0o7777 != am.mode() & 0o7777 {
+        return Ok(Same::Differs(format!(
+            "{shown} has mode {:o} but the cache says {:o}",
+            am.mode() & 0o7777,
+            em.mode() & 0o7777
+        )));
+    }
+    if et.is_symlink() {
+        let (el, al) = (fs::read_link(&e)?, fs::read_link(&a)?);
+        if el != al {
+            return Ok(Same::Differs(format!(
+                "{shown} points to {} but the cache says {}",
+                al.display(),
+                el.display()
+            )));
+        }
+        return Ok(Same::Bytes(0));
+    }
+    if et.is_dir() {
+        return Ok(Same::Dir);
+    }
+    if em.len() != am.len() {
+        return Ok(Same::Differs(format!(
+            "{shown} is {} bytes but the cache says {}",
+            am.len(),
+            em.len()
+        )));
+    }
+    if !same_bytes(&e, &a)? {
+        return Ok(Same::Differs(format!("{shown} has different content")));
+    }
+    Ok(Same::Bytes(em.len()))
+}
+
+/// With `exact`: the first entry of the installed directory `adir` (at
+/// `rel`) that the cache's `dir` lacks.
+fn extra_entry(dir: &Path, adir: &Path, rel: &Path) -> Result<Option<String>> {
+    for entry in fs::read_dir(adir).with_context(|| format!("reading {}", adir.display()))? {
+        let name = entry?.file_name();
+        if fs::symlink_metadata(dir.join(&name)).is_err() {
+            return Ok(Some(format!(
+                "{} is not in the cache",
+                rel.join(&name).display()
+            )));
+        }
+    }
+    Ok(None)
 }
 
 fn kind(t: &fs::FileType) -> &'static str {

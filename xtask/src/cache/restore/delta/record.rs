@@ -1,0 +1,350 @@
+//! The record an install leaves for the next delta: each installed file's
+//! stat beside a copy of its key's index, written once the install is final
+//! and read back only when it still names the stamp's key and tar. It never
+//! vouches for a file whose stat moved.
+
+use super::*;
+
+/// One installed file's stat, as recorded once the install was final (a
+/// link made into it, and the removal of the tree before, move its ctime).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStat {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// `st_mode`, file-type bits included.
+    pub mode: u32,
+    /// Links to the inode: a hardlink someone made to it (from outside the
+    /// tree too) changes it, whatever the clock.
+    pub nlink: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl FileStat {
+    pub fn of(st: &libc::stat) -> FileStat {
+        FileStat {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            mode: st.st_mode,
+            nlink: st.st_nlink,
+            mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec,
+            ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+        }
+    }
+
+    pub(super) fn is_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+}
+
+/// The first line of every record this build writes and reads.
+pub const RECORD_MAGIC: &str = "warmstart-installed 1";
+
+/// `<state>/cache/installed/<name>.record`: what an install left, file by
+/// file (one stat per `File` entry of the index, in index order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: String,
+    pub tar_sha256: String,
+    /// sha256 of the index file kept beside the record.
+    pub index_sha256: String,
+    /// The clock (ns since the epoch) before the stats were read: a file whose
+    /// ctime is within `RACY_NS` of it could be changed again within the
+    /// same tick of the file system's coarse clock, unseen by its ctime, so
+    /// its bytes are hashed before it is linked (git's "racily clean").
+    pub clock_ns: i64,
+    /// Whether every recorded file was checked against the index's digest
+    /// on this machine: a delta checks what it writes, hashes or inherits
+    /// what it links, so its record is; a full install never compares the
+    /// tar with the index (a pusher's index may lie about its own tar), so
+    /// the next delta hashes each file of its record before linking it.
+    pub verified: bool,
+    pub stats: Vec<FileStat>,
+}
+
+/// More than a coarse clock tick (at most 10 ms, at HZ=100).
+pub const RACY_NS: i64 = 20_000_000;
+
+impl Record {
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "{RECORD_MAGIC}\nkey {}\ntar {}\nindex {}\nclock {}\nverified {}\nfiles {}\n",
+            self.key,
+            self.tar_sha256,
+            self.index_sha256,
+            self.clock_ns,
+            if self.verified { "yes" } else { "no" },
+            self.stats.len()
+        );
+        for st in &self.stats {
+            s.push_str(&format!(
+                "{} {} {} {:o} {} {} {}\n",
+                st.dev, st.ino, st.size, st.mode, st.nlink, st.mtime_ns, st.ctime_ns
+            ));
+        }
+        s
+    }
+
+    pub fn parse(text: &str) -> Result<Record> {
+        let mut lines = text.split_terminator('\n');
+        anyhow::ensure!(lines.next() == Some(RECORD_MAGIC), "not a {RECORD_MAGIC:?}");
+        let mut field = |name: &str| -> Result<String> {
+            lines
+                .next()
+                .and_then(|l| l.strip_prefix(name))
+                .and_then(|l| l.strip_prefix(' '))
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("no {name} line"))
+        };
+        let key = field("key")?;
+        let tar_sha256 = field("tar")?;
+        let index_sha256 = field("index")?;
+        let clock_ns: i64 = field("clock")?.parse().context("clock")?;
+        let verified = match field("verified")?.as_str() {
+            "yes" => true,
+            "no" => false,
+            other => anyhow::bail!("verified is {other:?}, not yes or no"),
+        };
+        let count: usize = field("files")?.parse().context("files")?;
+        let stats = lines.map(parse_stat).collect::<Result<Vec<_>>>()?;
+        anyhow::ensure!(
+            stats.len() == count,
+            "{} stats for {count} files",
+            stats.len()
+        );
+        Ok(Record {
+            key,
+            tar_sha256,
+            index_sha256,
+            clock_ns,
+            verified,
+            stats,
+        })
+    }
+}
+
+pub(super) fn parse_stat(line: &str) -> Result<FileStat> {
+    let f: Vec<&str> = line.split(' ').collect();
+    anyhow::ensure!(f.len() == 7, "a stat line has 7 fields: {line:?}");
+    let n = |i: usize| f[i].parse::<u64>().with_context(|| format!("{line:?}"));
+    let t = |i: usize| f[i].parse::<i64>().with_context(|| format!("{line:?}"));
+    Ok(FileStat {
+        dev: n(0)?,
+        ino: n(1)?,
+        size: n(2)?,
+        mode: u32::from_str_radix(f[3], 8).with_context(|| format!("{line:?}"))?,
+        nlink: n(4)?,
+        mtime_ns: t(5)?,
+        ctime_ns: t(6)?,
+    })
+}
+
+/// Where the records live.
+pub fn dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("cache").join("installed")
+}
+
+pub(super) fn record_path(state_dir: &Path, name: &str) -> PathBuf {
+    dir(state_dir).join(format!("{name}.record"))
+}
+
+pub(super) fn index_path(state_dir: &Path, name: &str) -> PathBuf {
+    dir(state_dir).join(format!("{name}.files.zst"))
+}
+
+/// Removes the record of cache `name` (and what a killed `remember` left):
+/// called before the target is replaced, so no record outlives its tree.
+pub fn forget(state_dir: &Path, name: &str) -> Result<()> {
+    let d = dir(state_dir);
+    let entries = match std::fs::read_dir(&d) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", d.display())),
+    };
+    let (record, index) = (format!("{name}.record"), format!("{name}.files.zst"));
+    for e in entries {
+        let e = e.with_context(|| format!("reading {}", d.display()))?;
+        let n = e.file_name().to_string_lossy().into_owned();
+        let ours = [&record, &index]
+            .iter()
+            .any(|f| n == **f || n.starts_with(&format!("{f}.tmp-")));
+        if ours {
+            match std::fs::remove_file(e.path()) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => {
+                    return Err(err).with_context(|| format!("removing {}", e.path().display()));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().expect("a record path has a parent");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
+}
+
+/// After an install is final (swapped in, the tree before removed):
+/// records each file's stat, with the key's index, for the next delta.
+/// `verified`: the install was a delta (see `Record::verified`).
+pub fn remember(
+    state_dir: &Path,
+    name: &str,
+    target: &Path,
+    key: &str,
+    tar_sha256: &str,
+    new: &NewIndex,
+    verified: bool,
+) -> Result<()> {
+    // Before the first stat: a file changed after its stat within the same
+    // coarse tick as its ctime has a ctime no earlier than this less a
+    // tick, however long the walk over the other files takes.
+    let clock_ns = now_ns();
+    let stats = stat_files(target, &new.index)?;
+    let record = Record {
+        key: key.to_string(),
+        tar_sha256: tar_sha256.to_string(),
+        index_sha256: hex::encode(&Sha256::digest(&new.bytes)),
+        clock_ns,
+        verified,
+        stats,
+    };
+    // The index first: the record names it by digest, so a kill between
+    // the two leaves a record that does not match, never a wrong one.
+    write_atomic(&index_path(state_dir, name), &new.bytes)?;
+    write_atomic(&record_path(state_dir, name), record.render().as_bytes())
+}
+
+/// The real-time clock in ns (the one file times are taken from; their
+/// coarse ticks are never ahead of it).
+pub(super) fn now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// `remember`, after the swap removed the tree before (links and that
+/// removal moved ctimes). A failure only costs the next restore its delta:
+/// a warning, never an error (the install itself is complete).
+pub fn remember_or_warn(
+    state_dir: &Path,
+    name: &str,
+    target: &Path,
+    key: &str,
+    tar_sha256: &str,
+    new: &NewIndex,
+    verified: bool,
+) {
+    if let Err(e) = remember(state_dir, name, target, key, tar_sha256, new, verified) {
+        eprintln!("warning: {e:#}; the next restore of {name} installs in full");
+    }
+    unpack::kill_point("delta:recorded");
+}
+
+/// The stat of each `File` entry of `index` in `target`, read through
+/// directory handles that never follow a symlink.
+pub(super) fn stat_files(target: &Path, index: &Index) -> Result<Vec<FileStat>> {
+    let mut tree = Tree::open(target)?;
+    let mut out = Vec::new();
+    for e in index.entries.iter().filter(|e| e.kind == Kind::File) {
+        let rel = entry_rel(e)?;
+        let shown = || target.join(&rel).display().to_string();
+        let (dir, name) = tree
+            .parent(&rel)
+            .with_context(|| format!("reading {}", shown()))?;
+        let st = dir
+            .lstat_at(name)
+            .with_context(|| format!("reading {}", shown()))?
+            .ok_or_else(|| anyhow!("{} is missing after the install", shown()))?;
+        out.push(FileStat::of(&st));
+    }
+    Ok(out)
+}
+
+/// What the installed tree is, by the record and its index.
+#[derive(Clone, Debug)]
+pub struct Installed {
+    pub key: String,
+    pub index: Index,
+    /// One per index entry: the recorded stat of a `File`, else `None`.
+    pub stats: Vec<Option<FileStat>>,
+    /// Files whose recorded ctime is after this are hashed before use.
+    pub racy_after_ns: i64,
+}
+
+/// The record of cache `name`, if it describes the install `stamp` names
+/// (`key`, `tar_sha256`, `files`). `Ok(None)`: there is none (an older
+/// warmstart installed it, or its key had no index). `Err`: it is there but
+/// cannot be used (why, in words): our own state, so never an error.
+pub fn installed(
+    state_dir: &Path,
+    name: &str,
+    key: &str,
+    tar_sha256: &str,
+    files: u64,
+) -> Result<Option<Installed>, String> {
+    let path = record_path(state_dir, name);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let record = Record::parse(&text).map_err(|e| format!("{}: {e:#}", path.display()))?;
+    if record.key != key || !record.tar_sha256.eq_ignore_ascii_case(tar_sha256) {
+        return Err(format!(
+            "{} describes key {}, not the installed {key}",
+            path.display(),
+            record.key
+        ));
+    }
+    let ipath = index_path(state_dir, name);
+    let bytes = std::fs::read(&ipath).map_err(|e| format!("{}: {e}", ipath.display()))?;
+    if hex::encode(&Sha256::digest(&bytes)) != record.index_sha256 {
+        return Err(format!(
+            "{} is not the index its record names",
+            ipath.display()
+        ));
+    }
+    let index = decode_index(&bytes, files).map_err(|e| format!("{}: {e}", ipath.display()))?;
+    // Unverified: every file counts as racy, so it is hashed before use.
+    let clock_ns = if record.verified {
+        record.clock_ns
+    } else {
+        i64::MIN.saturating_add(RACY_NS)
+    };
+    let mut stats = record.stats.into_iter();
+    let aligned: Vec<Option<FileStat>> = index
+        .entries
+        .iter()
+        .map(|e| {
+            if e.kind == Kind::File {
+                stats.next()
+            } else {
+                None
+            }
+        })
+        .collect();
+    let files_in_index = index
+        .entries
+        .iter()
+        .filter(|e| e.kind == Kind::File)
+        .count();
+    if stats.next().is_some() || aligned.iter().flatten().count() != files_in_index {
+        return Err(format!("{} does not match its index", path.display()));
+    }
+    Ok(Some(Installed {
+        key: key.to_string(),
+        index,
+        stats: aligned,
+        racy_after_ns: clock_ns.saturating_sub(RACY_NS),
+    }))
+}
