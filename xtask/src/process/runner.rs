@@ -76,24 +76,12 @@ pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> 
     crate::process::signals::catch_interrupts();
     crate::process::group::become_subreaper();
     let program = cmd.get_program().to_string_lossy().into_owned();
-    let (mut reader, writer) = std::io::pipe().context("creating a pipe for the output")?;
+    let (reader, writer) = std::io::pipe().context("creating a pipe for the output")?;
     let (live, log, cap) = match output {
         Output::Live { log, tail } => (true, log, tail),
         Output::Capture { tail } => (false, None, tail),
     };
-    let mut log_file = match &log {
-        Some(path) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-            }
-            Some(
-                std::fs::File::create(path)
-                    .with_context(|| format!("creating the log {}", path.display()))?,
-            )
-        }
-        None => None,
-    };
+    let log_file = log.as_deref().map(create_log).transpose()?;
     cmd.stdin(Stdio::null())
         .stdout(writer.try_clone().context("duplicating the output pipe")?)
         .stderr(writer)
@@ -114,48 +102,9 @@ pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> 
         buf: VecDeque::new(),
         cap,
     }));
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    {
-        let tail = Arc::clone(&tail);
-        std::thread::spawn(move || {
-            let mut chunk = [0u8; 8192];
-            loop {
-                let n = match reader.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                let bytes = &chunk[..n];
-                // `--quiet`: the output still goes to the log and the tail.
-                if live && !crate::out::quiet() {
-                    let mut err = std::io::stderr().lock();
-                    let _ = err.write_all(bytes);
-                    let _ = err.flush();
-                }
-                if let Some(f) = log_file.as_mut() {
-                    let _ = f.write_all(bytes);
-                }
-                tail.lock().unwrap_or_else(|e| e.into_inner()).push(bytes);
-            }
-            let _ = done_tx.send(());
-        });
-    }
+    let done_rx = tee(reader, live, log_file, Arc::clone(&tail));
 
-    let deadline = start + limits.timeout;
-    let end = loop {
-        group.reap();
-        if group.status.is_some() {
-            break group.end();
-        }
-        if let Some(sig) = crate::process::signals::interrupted() {
-            group.terminate(sig, limits.grace);
-            break End::Interrupted(sig);
-        }
-        if Instant::now() >= deadline {
-            group.terminate(libc::SIGTERM, limits.grace);
-            break End::TimedOut;
-        }
-        std::thread::sleep(POLL);
-    };
+    let end = wait(&mut group, start + limits.timeout, limits.grace);
     let duration = start.elapsed();
     // A command that ends while processes it started still run would leave
     // them holding the machine (and our output pipe): they go with it.
@@ -177,6 +126,68 @@ pub fn run(mut cmd: Command, limits: Limits, output: Output) -> Result<Outcome> 
         output,
         killed_leftovers,
     })
+}
+
+/// The command's log file, its directory made first.
+fn create_log(path: &std::path::Path) -> Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::File::create(path).with_context(|| format!("creating the log {}", path.display()))
+}
+
+/// Copies the output pipe to stderr (live mode, unless `--quiet`), the log
+/// and the tail, on a thread of its own; the receiver hears when it ends.
+fn tee(
+    mut reader: std::io::PipeReader,
+    live: bool,
+    mut log_file: Option<std::fs::File>,
+    tail: Arc<Mutex<Tail>>,
+) -> mpsc::Receiver<()> {
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        loop {
+            let n = match reader.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let bytes = &chunk[..n];
+            // `--quiet`: the output still goes to the log and the tail.
+            if live && !crate::out::quiet() {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(bytes);
+                let _ = err.flush();
+            }
+            if let Some(f) = log_file.as_mut() {
+                let _ = f.write_all(bytes);
+            }
+            tail.lock().unwrap_or_else(|e| e.into_inner()).push(bytes);
+        }
+        let _ = done_tx.send(());
+    });
+    done_rx
+}
+
+/// Waits for the group's leader until `deadline`; an interrupt noted by
+/// `signals` or the deadline ends the group (the signal, then SIGKILL after
+/// `grace`).
+fn wait(group: &mut crate::process::group::Group, deadline: Instant, grace: Duration) -> End {
+    loop {
+        group.reap();
+        if group.status.is_some() {
+            return group.end();
+        }
+        if let Some(sig) = crate::process::signals::interrupted() {
+            group.terminate(sig, grace);
+            return End::Interrupted(sig);
+        }
+        if Instant::now() >= deadline {
+            group.terminate(libc::SIGTERM, grace);
+            return End::TimedOut;
+        }
+        std::thread::sleep(POLL);
+    }
 }
 
 /// The last `n` lines of `bytes`, as text.
