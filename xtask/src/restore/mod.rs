@@ -15,6 +15,7 @@
 //! prints; this module reports what they return.
 
 pub mod env;
+pub mod exports;
 pub mod plan;
 pub mod proc;
 pub mod report;

@@ -39,7 +39,7 @@ pub struct Plan {
     /// order `after` gives (`restore/schedule.rs`). `None`: file order.
     pub parallel: Option<usize>,
     /// The top-level `[env]`: exported whatever the steps' states.
-    pub exports: super::env::Exports,
+    pub exports: super::exports::Exports,
 }
 
 /// One validated step.
@@ -53,7 +53,7 @@ pub struct Step {
     /// With `parallel`: the steps this one waits for (else always empty).
     pub after: Vec<String>,
     /// `path = [...]` and `env = {...}`, for `restore env`.
-    pub exports: super::env::Exports,
+    pub exports: super::exports::Exports,
     pub kind: Kind,
 }
 
@@ -450,8 +450,10 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
     };
     let parallel = parallel_limit(top.remove("parallel")).map_err(|e| bad(format!("{e:#}")))?;
     let exports = match top.remove("env") {
-        None => super::env::Exports::default(),
-        Some(v) => super::env::top_level(repo, v).map_err(|e| bad(one_line(&format!("{e:#}"))))?,
+        None => super::exports::Exports::default(),
+        Some(v) => {
+            super::exports::top_level(repo, v).map_err(|e| bad(one_line(&format!("{e:#}"))))?
+        }
     };
     if let Some(key) = top.keys().next() {
         return Err(bad(format!(
@@ -492,7 +494,7 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
             .iter()
             .map(|s| (format!("step {:?}", s.name), &s.exports)),
     );
-    super::env::check_conflicts(sources).map_err(|e| bad(format!("{e:#}")))?;
+    super::exports::check_conflicts(sources).map_err(|e| bad(format!("{e:#}")))?;
     Ok(Plan {
         file: file.to_path_buf(),
         steps,
@@ -591,7 +593,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
     let background = take_bool(&mut t, "background", false).map_err(named)?;
     let fail_open = take_bool(&mut t, "fail_open", true).map_err(named)?;
     let after = take_after(&mut t).map_err(named)?;
-    let exports = super::env::take(repo, &mut t).map_err(named)?;
+    let exports = super::exports::take(repo, &mut t).map_err(named)?;
     let rest = toml::Value::Table(t);
     let kind = match kind.as_str() {
         "cache" => resolve_cache(de(rest)?),
