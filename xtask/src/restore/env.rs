@@ -1,7 +1,6 @@
-//! Environment exports: the `path = [...]` prepends and `env = {...}` values
-//! of restore steps and of the top-level `[env]` table, and `restore env`,
-//! which writes them for a shell's `eval`, for GitHub Actions, or into a file
-//! an agent hook names.
+//! `restore env`: the plan's exports (`exports.rs`) of the steps whose
+//! recorded state lets them through, written for a shell's `eval`, for
+//! GitHub Actions, or into a file an agent hook names.
 //!
 //! A hook cannot set PATH for the shells that come after it; the caller must
 //! `eval` what this prints. It reads the plan and the recorded state only:
@@ -10,7 +9,7 @@
 //! Quoting is the whole job here: whatever bytes a value holds (quotes,
 //! newlines, `$`, backticks), `eval` must set exactly that value.
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result};
 use serde_json::json;
 use std::io::Write;
 use std::path::Path;
@@ -309,46 +308,13 @@ fn github_files() -> Result<(std::path::PathBuf, std::path::PathBuf)> {
     Ok((get("GITHUB_ENV")?, get("GITHUB_PATH")?))
 }
 
-/// Opens `path` to append, creating it (mode 0644), but never through a
-/// symlink in its last component, never a FIFO or device (`O_NONBLOCK` makes
-/// a FIFO without a reader fail instead of hanging) and never a file another
-/// user owns: in /tmp, another local user could plant any of those to make
-/// warmstart write into a file of theirs choosing or into one they can edit
-/// later.
-pub fn open_append_own(path: &Path) -> Result<std::fs::File> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let f = std::fs::File::options()
-        .create(true)
-        .append(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => anyhow!("it is a symlink: give the real path"),
-            _ => anyhow!(e),
-        })?;
-    let meta = f.metadata()?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if !meta.is_file() {
-        bail!("it is not a regular file: give a path to a file");
-    }
-    if meta.uid() != me {
-        bail!(
-            "it is owned by uid {}, not this user: remove it or choose another path",
-            meta.uid()
-        );
-    }
-    Ok(f)
-}
-
 /// Appends `text` with one write on an `O_APPEND` handle, so that lines of
 /// another writer of the same file are never cut into.
 fn append(file: &Path, text: &str) -> Result<()> {
     if text.is_empty() {
         return Ok(());
     }
-    let mut f = open_append_own(file)
+    let mut f = state::open_append_own(file)
         .with_context(|| format!("opening {} to append the exports", file.display()))?;
     f.write_all(text.as_bytes())
         .with_context(|| format!("appending the exports to {}", file.display()))

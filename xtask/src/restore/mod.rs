@@ -300,7 +300,7 @@ fn schedule_steps(
         .map(|s| schedule::Node {
             // `after` a step that `--only` left out: nothing to wait for.
             after: s.after.iter().filter_map(|a| index(a)).collect(),
-            exclusive: schedule::writes_repo_git(s),
+            exclusive: s.writes_repo_git(),
         })
         .collect();
     let (repo, paths) = (ctx.repo, ctx.paths);

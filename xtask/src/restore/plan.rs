@@ -295,6 +295,13 @@ impl Step {
         }
     }
 
+    /// Whether the step writes this repository's own git state
+    /// (`.git/config`, the index, refs): two such steps at once would fail
+    /// on each other's lock files, so the scheduler never runs them together.
+    pub fn writes_repo_git(&self) -> bool {
+        matches!(self.kind, Kind::Submodules(_) | Kind::Freshness(_))
+    }
+
     /// Where the step restores from, for the orientation table.
     pub fn source(&self, repo: &Repo) -> String {
         let rel = |p: &Path| {

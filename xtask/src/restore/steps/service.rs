@@ -438,7 +438,7 @@ fn spawn(name: &str, s: &Service, log: &mut Log) -> Result<(Child, Record)> {
             })?;
         }
     }
-    let mut out = crate::restore::env::open_append_own(&s.log)
+    let mut out = crate::restore::state::open_append_own(&s.log)
         .with_context(|| format!("opening the service log {}", s.log.display()))?;
     let _ = writeln!(
         out,
