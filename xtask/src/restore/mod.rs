@@ -23,6 +23,7 @@ pub mod retry;
 pub mod schedule;
 pub mod state;
 pub mod steps;
+pub mod stop;
 
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -47,7 +48,7 @@ pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
         return env::run(e);
     }
     if let Some(RestoreCommand::Stop(s)) = &args.command {
-        return steps::service::stop_command(s);
+        return stop::run(s);
     }
     args.network.apply()?;
     let repo = Repo::from_cwd()?;
