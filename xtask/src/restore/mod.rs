@@ -16,6 +16,7 @@
 
 pub mod env;
 pub mod exports;
+pub mod fields;
 pub mod plan;
 pub mod proc;
 pub mod report;

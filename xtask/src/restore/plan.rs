@@ -17,6 +17,8 @@ use crate::cache::format::manifest::expand_path;
 use crate::clock::DurationSpec;
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
+use crate::restore::fields::{dur, field, one_line, repo_relative, retry_policy, shown, timeout};
+use crate::restore::steps::command::Cmdline;
 
 /// The step kinds this build knows, as written in `kind = "..."`.
 pub const KINDS: [&str; 8] = [
@@ -132,38 +134,6 @@ pub enum Entries {
     Dirs,
     Files,
     All,
-}
-
-/// A command line: a string runs through `sh -c`, a list runs as argv.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum Cmdline {
-    Shell(String),
-    Argv(Vec<String>),
-}
-
-impl Cmdline {
-    pub fn program_and_args(&self) -> (String, Vec<String>) {
-        match self {
-            Cmdline::Shell(s) => ("sh".into(), vec!["-c".into(), s.clone()]),
-            Cmdline::Argv(v) => (v[0].clone(), v[1..].to_vec()),
-        }
-    }
-
-    pub fn display(&self) -> String {
-        match self {
-            Cmdline::Shell(s) => s.clone(),
-            Cmdline::Argv(v) => v.join(" "),
-        }
-    }
-
-    fn check(&self, what: &str) -> Result<()> {
-        match self {
-            Cmdline::Shell(s) if s.trim().is_empty() => bail!("`{what}` is empty"),
-            Cmdline::Argv(v) if v.is_empty() || v[0].is_empty() => bail!("`{what}` is empty"),
-            _ => Ok(()),
-        }
-    }
 }
 
 /// Runs only when `creates` is missing and `unless` does not succeed.
@@ -524,15 +494,6 @@ fn parallel_limit(v: Option<toml::Value>) -> Result<Option<usize>> {
     }
 }
 
-/// A value as a message shows it: numbers and strings as written, else its type.
-fn shown(v: &toml::Value) -> String {
-    match v {
-        toml::Value::Integer(n) => n.to_string(),
-        toml::Value::String(s) => format!("{s:?}"),
-        v => format!("a {}", v.type_str()),
-    }
-}
-
 /// `after` only means something in a parallel plan (file order already
 /// orders every step), and names foreground steps for foreground steps:
 /// a background step ends after the command returned, so nothing in the
@@ -562,14 +523,6 @@ fn check_after(steps: &[Step], parallel: Option<usize>) -> std::result::Result<(
         }
     }
     Ok(())
-}
-
-fn one_line(s: &str) -> String {
-    s.trim()
-        .split('\n')
-        .map(str::trim)
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 type StepError = (Option<String>, anyhow::Error);
@@ -659,35 +612,6 @@ fn check_name(name: &str) -> Result<()> {
         bail!("name {name:?} must be letters, digits, `.`, `_` or `-` (it names the log file)");
     }
     Ok(())
-}
-
-fn dur(raw: &Option<DurationSpec>, field: &str, default: Duration) -> Result<Duration> {
-    raw.as_ref()
-        .map(|r| r.resolve(field))
-        .transpose()
-        .map(|d| d.unwrap_or(default))
-}
-
-/// A timeout: like `dur`, but zero is refused (it would end the step
-/// before it starts, which nobody means).
-fn timeout(raw: &Option<DurationSpec>, field: &str, default: Duration) -> Result<Duration> {
-    raw.as_ref()
-        .map(|r| r.resolve_positive(field))
-        .transpose()
-        .map(|d| d.unwrap_or(default))
-}
-
-/// A path inside the repository, written relative to its root.
-fn repo_relative(field: &str, raw: &str) -> Result<String> {
-    let p = Path::new(raw);
-    if raw.is_empty()
-        || p.is_absolute()
-        || p.components()
-            .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
-        bail!("`{field}` = {raw:?} must be a path inside the repository, relative to its root");
-    }
-    Ok(raw.trim_end_matches('/').to_string())
 }
 
 #[derive(Deserialize)]
@@ -881,53 +805,6 @@ fn resolve_command(repo: &Repo, r: RawCommand) -> Result<Kind> {
             .transpose()?,
         retry: retry_policy(r.retries.as_ref(), r.backoff, 0)?,
     }))
-}
-
-/// `retries` and `backoff`, the same for every step kind that has them: a
-/// whole number from 0 to 10 (a negative or fractional count is refused,
-/// not rounded), and a duration (zero allowed: retry at once).
-fn retry_policy(
-    retries: Option<&toml::Value>,
-    backoff: Option<toml::Value>,
-    default_retries: u32,
-) -> Result<crate::restore::retry::Policy> {
-    let retries = match retries {
-        None => default_retries,
-        Some(toml::Value::Integer(n)) if (0..=10).contains(n) => *n as u32,
-        Some(toml::Value::Integer(n)) if *n > 10 => {
-            bail!("`retries` = {n} is too many (at most 10)")
-        }
-        Some(v) => {
-            let shown = match v {
-                toml::Value::Integer(n) => n.to_string(),
-                toml::Value::Float(f) => f.to_string(),
-                toml::Value::String(s) => format!("{s:?}"),
-                other => format!("a {}", other.type_str()),
-            };
-            bail!(
-                "`retries` = {shown} is not a number of retries: write a whole number from 0 to 10"
-            )
-        }
-    };
-    Ok(crate::restore::retry::Policy {
-        retries,
-        backoff: dur(
-            &field::<DurationSpec>(backoff, "backoff")?,
-            "backoff",
-            Duration::from_secs(1),
-        )?,
-    })
-}
-
-/// Deserializes one field taken as a raw value, so that a value of the
-/// wrong type is an error naming the field (serde's own error for a whole
-/// step says "invalid type" without saying where).
-fn field<T: serde::de::DeserializeOwned>(v: Option<toml::Value>, name: &str) -> Result<Option<T>> {
-    v.map(|v| {
-        v.try_into::<T>()
-            .map_err(|e| anyhow!("`{name}`: {}", one_line(e.message())))
-    })
-    .transpose()
 }
 
 #[derive(Deserialize)]

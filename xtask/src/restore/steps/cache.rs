@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::cache::restore::{self as cache_restore, PartialInfo, RestoreOptions, State};
 use crate::restore::plan::CacheStep;
 use crate::restore::proc::Log;

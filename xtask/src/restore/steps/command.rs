@@ -9,14 +9,47 @@
 //! a command that succeeded without creating `creates` is not, since the
 //! manifest and not the network is wrong then.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
+use serde::Deserialize;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::{Ctx, Outcome, Probe};
-use crate::restore::plan::{Cmdline, CommandStep};
+use super::common::{Ctx, Outcome, Probe};
+use crate::restore::plan::CommandStep;
 use crate::restore::proc::{self, Log};
 use crate::restore::retry::{self, Attempt, Failure};
+
+/// A command line: a string runs through `sh -c`, a list runs as argv.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Cmdline {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+impl Cmdline {
+    pub fn program_and_args(&self) -> (String, Vec<String>) {
+        match self {
+            Cmdline::Shell(s) => ("sh".into(), vec!["-c".into(), s.clone()]),
+            Cmdline::Argv(v) => (v[0].clone(), v[1..].to_vec()),
+        }
+    }
+
+    pub fn display(&self) -> String {
+        match self {
+            Cmdline::Shell(s) => s.clone(),
+            Cmdline::Argv(v) => v.join(" "),
+        }
+    }
+
+    pub fn check(&self, what: &str) -> Result<()> {
+        match self {
+            Cmdline::Shell(s) if s.trim().is_empty() => bail!("`{what}` is empty"),
+            Cmdline::Argv(v) if v.is_empty() || v[0].is_empty() => bail!("`{what}` is empty"),
+            _ => Ok(()),
+        }
+    }
+}
 
 fn command(c: &Cmdline, cwd: &Path) -> Command {
     let (program, args) = c.program_and_args();

@@ -35,7 +35,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::cache::format::manifest::hex;
 use crate::cli::conda::{DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, UnpackArgs};
 use crate::conda;

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use xshell::cmd;
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::restore::plan::Freshness;
 use crate::restore::proc::{self, Exit, Log};
 use crate::restore::report::fmt_duration;

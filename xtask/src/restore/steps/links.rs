@@ -14,7 +14,7 @@
 use anyhow::{Context, Result};
 use std::path::{Component, Path, PathBuf};
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::cache::format::manifest::Glob;
 use crate::restore::plan::{Entries, Links};
 use crate::restore::proc::Log;

@@ -30,9 +30,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Ctx, Outcome, Probe};
-use crate::restore::plan::{Cmdline, Ready, Service};
+use super::common::{Ctx, Outcome, Probe};
+use crate::restore::plan::{Ready, Service};
 use crate::restore::proc::{self, Log};
+use crate::restore::steps::command::Cmdline;
 
 /// The format of the pidfile's second line (the first is the bare pid).
 const FORMAT: u32 = 1;

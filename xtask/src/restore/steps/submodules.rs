@@ -16,7 +16,7 @@
 use anyhow::Result;
 use std::time::{Duration, Instant};
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::restore::plan::{Sentinel, Submodules};
 use crate::restore::proc::{self, Log};
 
