@@ -11,9 +11,9 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::plan::Service;
 use super::plan::{self, Kind};
 use super::state::{self, Paths};
+use super::steps::service::Service;
 use super::steps::service::{Liveness, liveness, stop_group};
 use crate::cli::restore::StopArgs;
 use crate::exit::{Code, fail};

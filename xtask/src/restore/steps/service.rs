@@ -21,8 +21,13 @@
 //! whose identity differs, means "not running", and only the file is
 //! removed.
 
+use crate::cache::format::manifest::expand_path;
+use crate::clock::DurationSpec;
+use crate::repo::Repo;
+use crate::restore::fields::{dur, timeout};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -31,9 +36,127 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::common::{Ctx, Outcome, Probe};
-use crate::restore::plan::{Ready, Service};
 use crate::restore::proc::{self, Log};
 use crate::restore::steps::command::Cmdline;
+
+/// A long-running process kept alive by restore (`steps/service.rs`).
+#[derive(Debug)]
+pub struct Service {
+    /// Stays in the foreground: it is the process the pidfile names.
+    pub run: Cmdline,
+    pub pidfile: PathBuf,
+    /// Its stdout and stderr (appended).
+    pub log: PathBuf,
+    pub ready: Option<Ready>,
+    /// How long a start may take to become ready.
+    pub ready_timeout: Duration,
+    /// A change to one of these (device, inode, size, mtime) restarts it.
+    pub watch: Vec<PathBuf>,
+    pub cwd: PathBuf,
+    /// `restore stop`: SIGTERM, then SIGKILL after this long.
+    pub kill_grace: Duration,
+}
+
+/// When a started service counts as ready.
+#[derive(Debug)]
+pub enum Ready {
+    /// Something accepts TCP connections on 127.0.0.1:port.
+    Port(u16),
+    /// The command exits 0.
+    Cmd(Cmdline),
+}
+
+impl Service {
+    pub fn describe(&self) -> Value {
+        json!({
+            "run": self.run.display(), "pidfile": self.pidfile, "log": self.log,
+            "ready_port": match &self.ready { Some(Ready::Port(p)) => json!(p), _ => Value::Null },
+            "ready_cmd": match &self.ready { Some(Ready::Cmd(c)) => json!(c.display()), _ => Value::Null },
+            "ready_timeout_ms": self.ready_timeout.as_millis() as u64,
+            "watch": self.watch, "cwd": self.cwd,
+            "kill_grace_ms": self.kill_grace.as_millis() as u64,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawService {
+    run: Cmdline,
+    pidfile: Option<String>,
+    log: Option<String>,
+    /// Taken as any value, so that a wrong type is refused naming the field.
+    ready_port: Option<toml::Value>,
+    ready_cmd: Option<Cmdline>,
+    ready_timeout: Option<DurationSpec>,
+    #[serde(default)]
+    watch: Vec<String>,
+    cwd: Option<String>,
+    kill_grace: Option<DurationSpec>,
+}
+
+pub fn resolve_service(repo: &Repo, name: &str, r: RawService) -> Result<Service> {
+    r.run.check("run")?;
+    let ready = match (r.ready_port, r.ready_cmd) {
+        (Some(_), Some(_)) => {
+            bail!("`ready_port` and `ready_cmd` are two probes: keep one")
+        }
+        (Some(p), None) => match p.as_integer().map(u16::try_from) {
+            Some(Ok(n)) if n > 0 => Some(Ready::Port(n)),
+            _ => bail!(
+                "`ready_port` = {} is not a TCP port (a number from 1 to 65535)",
+                p.as_integer()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| format!("a {}", p.type_str()))
+            ),
+        },
+        (None, Some(c)) => {
+            c.check("ready_cmd")?;
+            Some(Ready::Cmd(c))
+        }
+        (None, None) => None,
+    };
+    let state = repo.state_dir();
+    let path_or = |raw: Option<String>, default: PathBuf| match raw {
+        Some(p) if p.is_empty() => bail!("a path of the service is empty"),
+        Some(p) => expand_path(repo, &p),
+        None => Ok(default),
+    };
+    let pidfile = path_or(
+        r.pidfile,
+        state.join("restore/services").join(format!("{name}.pid")),
+    )?;
+    let log = path_or(
+        r.log,
+        state.join("logs").join(format!("{name}.service.log")),
+    )?;
+    if pidfile == log {
+        bail!("`pidfile` and `log` are the same file: give each its own path");
+    }
+    let watch = r
+        .watch
+        .iter()
+        .map(|w| {
+            if w.is_empty() {
+                bail!("`watch` holds an empty path");
+            }
+            expand_path(repo, w)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Service {
+        run: r.run,
+        pidfile,
+        log,
+        ready,
+        ready_timeout: timeout(&r.ready_timeout, "ready_timeout", Duration::from_secs(10))?,
+        watch,
+        cwd: match r.cwd {
+            Some(c) => expand_path(repo, &c)?,
+            None => repo.root.clone(),
+        },
+        kill_grace: dur(&r.kill_grace, "kill_grace", Duration::from_secs(5))?,
+    })
+}
 
 /// The format of the pidfile's second line (the first is the bare pid).
 const FORMAT: u32 = 1;
