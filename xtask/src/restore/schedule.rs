@@ -68,15 +68,6 @@ pub fn default_limit() -> usize {
         .clamp(2, 16)
 }
 
-/// Steps that write this repository's own git state (`.git/config`, the
-/// index, refs): two at once would fail on each other's lock files.
-pub fn writes_repo_git(step: &super::plan::Step) -> bool {
-    matches!(
-        step.kind,
-        super::plan::Kind::Submodules(_) | super::plan::Kind::Freshness(_)
-    )
-}
-
 /// Checks the `after` lists of a plan (names in file order): every name is
 /// a step of the plan and not the step itself, and there is no cycle.
 pub fn check_order(names: &[&str], after: &[Vec<String>]) -> Result<(), String> {

@@ -16,11 +16,11 @@
 //! anew, so threads of one process (a parallel plan) exclude each other as
 //! two processes do. This module never runs a step.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
@@ -226,6 +226,39 @@ pub fn update(paths: &Paths, f: impl FnOnce(&mut StateFile)) -> Result<()> {
 }
 
 pub use crate::fsio::write_atomic;
+
+/// Opens `path` to append, creating it (mode 0644), but never through a
+/// symlink in its last component, never a FIFO or device (`O_NONBLOCK` makes
+/// a FIFO without a reader fail instead of hanging) and never a file another
+/// user owns: in /tmp, another local user could plant any of those to make
+/// warmstart write into a file of theirs choosing or into one they can edit
+/// later.
+pub fn open_append_own(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => anyhow!("it is a symlink: give the real path"),
+            _ => anyhow!(e),
+        })?;
+    let meta = f.metadata()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() {
+        bail!("it is not a regular file: give a path to a file");
+    }
+    if meta.uid() != me {
+        bail!(
+            "it is owned by uid {}, not this user: remove it or choose another path",
+            meta.uid()
+        );
+    }
+    Ok(f)
+}
 
 fn stamp_path(paths: &Paths, step: &str) -> PathBuf {
     paths.stamps.join(format!("{step}.json"))

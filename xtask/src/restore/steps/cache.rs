@@ -7,11 +7,57 @@
 //! branch or writes into a cache's target itself.
 
 use anyhow::Result;
+use anyhow::bail;
+use serde::Deserialize;
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::cache::restore::{self as cache_restore, PartialInfo, RestoreOptions, State};
-use crate::restore::plan::CacheStep;
 use crate::restore::proc::Log;
+
+/// A cache of `cache-manifests/<cache>.toml`, restored by the cache module.
+#[derive(Debug)]
+pub struct CacheStep {
+    /// The cache manifest's name.
+    pub cache: String,
+    /// Fetch from this remote (name or URL) instead of the manifest's.
+    pub remote: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    cache: String,
+    remote: Option<String>,
+}
+
+pub fn resolve_cache(r: RawCache) -> Result<CacheStep> {
+    let ok = !r.cache.is_empty()
+        && !r.cache.starts_with('.')
+        && r.cache
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !ok {
+        bail!(
+            "`cache` = {:?} must name a manifest cache-manifests/<cache>.toml (letters, digits, `.`, `_`, `-`)",
+            r.cache
+        );
+    }
+    if crate::cache::format::manifest::RESERVED.contains(&r.cache.as_str()) {
+        bail!(
+            "`cache` = {:?} names a reserved file, not a cache manifest",
+            r.cache
+        );
+    }
+    if let Some(remote) = &r.remote
+        && (remote.is_empty() || remote.starts_with('-'))
+    {
+        bail!("`remote` = {remote:?} is not a remote name or URL");
+    }
+    Ok(CacheStep {
+        cache: r.cache,
+        remote: r.remote,
+    })
+}
 
 fn short(commit: &str) -> &str {
     &commit[..commit.len().min(12)]

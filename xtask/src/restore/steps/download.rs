@@ -27,23 +27,170 @@
 //! and the next run tries again. The stamp then also records the prefix and
 //! filters, and the probe checks that the prefix exists.
 
+use super::command::Cmdline;
+use crate::cache::format::manifest::expand_path;
+use crate::clock::DurationSpec;
+use crate::repo::Repo;
+use crate::restore::fields::{field, retry_policy, timeout};
+use anyhow::bail;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::cli::conda::{DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, UnpackArgs};
 use crate::conda;
 use crate::hex;
-use crate::restore::plan::Download;
 use crate::restore::proc::{self, Exit, Log};
 use crate::restore::report::fmt_duration;
 use crate::restore::retry::{self, Attempt, Failure};
 use crate::restore::state;
+
+/// A file fetched over HTTPS, pinned by sha256, installed atomically.
+#[derive(Debug)]
+pub struct Download {
+    pub url: String,
+    pub sha256: String,
+    pub dest: PathBuf,
+    pub executable: bool,
+    /// A `.conda` (or `.tar.bz2`) package to unpack into this prefix with
+    /// the conda module once its pin checked.
+    pub unpack_into: Option<PathBuf>,
+    /// With `unpack_into`: install only these directories of the package.
+    pub only: Vec<String>,
+    pub connect_timeout: Duration,
+    /// A transfer that moves no byte for this long is abandoned (and retried).
+    pub read_timeout: Duration,
+    pub max_time: Option<Duration>,
+    /// Further attempts after the first one.
+    pub retries: u32,
+    /// Wait before the first retry; doubles on each further one.
+    pub backoff: Duration,
+    /// A probe command whose success means the download is not needed
+    /// (e.g. the system's own tool is recent enough).
+    pub unless: Option<Cmdline>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDownload {
+    url: String,
+    sha256: String,
+    dest: String,
+    #[serde(default)]
+    executable: bool,
+    unpack_into: Option<String>,
+    #[serde(default)]
+    only: Vec<String>,
+    connect_timeout: Option<DurationSpec>,
+    read_timeout: Option<DurationSpec>,
+    max_time: Option<DurationSpec>,
+    retries: Option<toml::Value>,
+    backoff: Option<toml::Value>,
+    unless: Option<toml::Value>,
+}
+
+pub fn resolve_download(repo: &Repo, r: RawDownload) -> Result<Download> {
+    check_url(&r.url)?;
+    let sha256 = r.sha256.to_ascii_lowercase();
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!(
+            "`sha256` = {:?} is not 64 hex digits: pin the file with `sha256sum FILE`",
+            r.sha256
+        );
+    }
+    let dest = expand_path(repo, &r.dest)?;
+    if dest.file_name().is_none() || r.dest.ends_with('/') {
+        bail!("`dest` = {:?} must name the file to install", r.dest);
+    }
+    let unpack_into = r.unpack_into.map(|p| expand_path(repo, &p)).transpose()?;
+    match &unpack_into {
+        None if !r.only.is_empty() => {
+            bail!("`only` needs `unpack_into`: it filters what a package installs")
+        }
+        Some(_) if !(r.dest.ends_with(".conda") || r.dest.ends_with(".tar.bz2")) => bail!(
+            "`dest` = {:?} must end in .conda or .tar.bz2 when `unpack_into` is set",
+            r.dest
+        ),
+        Some(_) if r.executable => {
+            bail!("`executable` does not apply to a package that is unpacked")
+        }
+        _ => {}
+    }
+    for o in &r.only {
+        let p = Path::new(o);
+        if o.is_empty()
+            || p.is_absolute()
+            || p.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            bail!("`only` = {o:?} must be a directory inside the package, such as \"bin/\"");
+        }
+    }
+    let retry = retry_policy(r.retries.as_ref(), r.backoff, 3)?;
+    let unless = field::<Cmdline>(r.unless, "unless")?;
+    if let Some(u) = &unless {
+        u.check("unless")?;
+    }
+    Ok(Download {
+        url: r.url,
+        sha256,
+        dest,
+        executable: r.executable,
+        unpack_into,
+        only: r.only,
+        connect_timeout: timeout(
+            &r.connect_timeout,
+            "connect_timeout",
+            Duration::from_secs(10),
+        )?,
+        read_timeout: timeout(&r.read_timeout, "read_timeout", Duration::from_secs(30))?,
+        max_time: r
+            .max_time
+            .map(|t| t.resolve_positive("max_time"))
+            .transpose()?,
+        retries: retry.retries,
+        backoff: retry.backoff,
+        unless,
+    })
+}
+
+/// HTTPS only; plain HTTP is accepted for loopback hosts (local mirrors and
+/// tests), where nothing crosses a network. The sha256 pin guards the bytes
+/// either way.
+fn check_url(url: &str) -> Result<()> {
+    if let Some(rest) = url.strip_prefix("https://") {
+        if rest.is_empty() {
+            bail!("`url` = {:?} has no host", crate::redact::url(url));
+        }
+        return Ok(());
+    }
+    if let Some(rest) = url.strip_prefix("http://") {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        // `user:password@` is not the host.
+        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let host = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+        };
+        let loopback = host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if loopback {
+            return Ok(());
+        }
+    }
+    bail!(
+        "`url` = {:?} must be https:// (plain http:// only for 127.0.0.1 or localhost)",
+        crate::redact::url(url)
+    )
+}
 
 #[derive(Serialize, Deserialize, PartialEq)]
 struct Stamp {

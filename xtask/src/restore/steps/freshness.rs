@@ -8,15 +8,61 @@
 //! the time of the last check (`interval`), so a warm restore never goes to
 //! the network.
 
+use crate::clock::DurationSpec;
+use crate::restore::fields::{dur, timeout};
+use anyhow::bail;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 use xshell::cmd;
 
-use super::{Ctx, Outcome, Probe};
-use crate::restore::plan::Freshness;
+use super::common::{Ctx, Outcome, Probe};
 use crate::restore::proc::{self, Exit, Log};
 use crate::restore::report::fmt_duration;
 use crate::restore::state;
+
+/// Fetch the current branch's upstream; fast-forward when behind and clean.
+#[derive(Debug)]
+pub struct Freshness {
+    /// Default: the branch's configured remote, else `origin`.
+    pub remote: Option<String>,
+    /// Default: the branch's configured upstream branch, else its own name.
+    pub branch: Option<String>,
+    /// Bound on the fetch; past it the remote counts as unreachable.
+    pub timeout: Duration,
+    /// A check younger than this is warm (no network).
+    pub interval: Duration,
+    /// The step's `[network]` table (connect and stall deadlines).
+    pub network: crate::net::ManifestNetwork,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFreshness {
+    remote: Option<String>,
+    branch: Option<String>,
+    timeout: Option<DurationSpec>,
+    interval: Option<DurationSpec>,
+    #[serde(default)]
+    network: crate::net::RawNetwork,
+}
+
+pub fn resolve_freshness(r: RawFreshness) -> Result<Freshness> {
+    for (field, v) in [("remote", &r.remote), ("branch", &r.branch)] {
+        if let Some(v) = v
+            && (v.is_empty() || v.starts_with('-'))
+        {
+            bail!("`{field}` = {v:?} is not a remote or branch name");
+        }
+    }
+    Ok(Freshness {
+        remote: r.remote,
+        branch: r.branch,
+        timeout: timeout(&r.timeout, "timeout", Duration::from_secs(10))?,
+        interval: dur(&r.interval, "interval", Duration::from_secs(600))?,
+        network: r.network.resolve()?,
+    })
+}
 
 #[derive(Serialize, Deserialize)]
 struct Stamp {

@@ -11,13 +11,95 @@
 //! removes symlinks: a regular file or directory in the farm is left alone
 //! with a warning. The probe is a directory scan and a few `readlink` calls.
 
+use crate::cache::format::manifest::expand_path;
+use crate::repo::Repo;
+use crate::restore::fields::field;
 use anyhow::{Context, Result};
+use anyhow::{anyhow, bail};
+use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
 
-use super::{Ctx, Outcome, Probe};
+use super::common::{Ctx, Outcome, Probe};
 use crate::cache::format::manifest::Glob;
-use crate::restore::plan::{Entries, Links};
 use crate::restore::proc::Log;
+
+/// A symlink farm: one link in `farm` per entry of `source`.
+#[derive(Debug)]
+pub struct Links {
+    pub source: PathBuf,
+    pub farm: PathBuf,
+    /// A file that should mention every entry by name (e.g. an INDEX.md).
+    pub index: Option<PathBuf>,
+    pub entries: Entries,
+    /// Only entries whose path under `source` matches one of these globs
+    /// are linked (all of them when empty); see `steps::links`.
+    pub include: Vec<LinkGlob>,
+}
+
+/// One `include` pattern of a `links` step, split into its components
+/// (the scan walks exactly that deep, so a warm probe stays a few
+/// `readdir` calls).
+#[derive(Debug)]
+pub struct LinkGlob {
+    pub text: String,
+    pub components: Vec<crate::cache::format::manifest::Glob>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Entries {
+    Dirs,
+    Files,
+    All,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLinks {
+    source: String,
+    farm: String,
+    index: Option<String>,
+    entries: Option<Entries>,
+    include: Option<toml::Value>,
+}
+
+pub fn resolve_links(repo: &Repo, r: RawLinks) -> Result<Links> {
+    let source = expand_path(repo, &r.source)?;
+    let farm = expand_path(repo, &r.farm)?;
+    if source == farm || farm.starts_with(&source) {
+        bail!("`farm` must not be `source` or inside it (the scan would see the links)");
+    }
+    Ok(Links {
+        source,
+        farm,
+        index: r.index.map(|i| expand_path(repo, &i)).transpose()?,
+        entries: r.entries.unwrap_or(Entries::All),
+        include: field::<Vec<String>>(r.include, "include")?
+            .unwrap_or_default()
+            .iter()
+            .map(|g| link_glob(g))
+            .collect::<Result<_>>()?,
+    })
+}
+
+/// A links `include` glob: the one dialect (`crate::glob`), without `**`,
+/// which would make every warm probe walk the whole source tree.
+fn link_glob(text: &str) -> Result<LinkGlob> {
+    crate::glob::check(text).map_err(|e| anyhow!("`include`: {e}"))?;
+    if text.split('/').any(|c| c == "**") {
+        bail!(
+            "`include`: glob `{text}` uses `**`, which links do not support (the farm is flat and the scan stays shallow): name each level, e.g. `bin/*`"
+        );
+    }
+    let components = text
+        .split('/')
+        .map(crate::cache::format::manifest::Glob::new)
+        .collect::<Result<_>>()?;
+    Ok(LinkGlob {
+        text: text.to_string(),
+        components,
+    })
+}
 
 /// One entry to link: `farm/<name>` -> `source/<rel>`.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -409,12 +491,12 @@ mod tests {
                     std::fs::write(&path, "x").unwrap();
                 }
             }
-            let include: Vec<crate::restore::plan::LinkGlob> = (0..1 + rng.next() % 2)
+            let include: Vec<LinkGlob> = (0..1 + rng.next() % 2)
                 .map(|_| {
                     let depth = 1 + rng.next() % 3;
                     let text: Vec<&str> = (0..depth).map(|_| rng.pick(&parts)).collect();
                     let text = text.join("/");
-                    crate::restore::plan::LinkGlob {
+                    LinkGlob {
                         components: text.split('/').map(|c| Glob::new(c).unwrap()).collect(),
                         text,
                     }

@@ -7,16 +7,103 @@
 //! check. Fixes: a symlink (replacing only a symlink, never a real file), or a
 //! command. After a fix the check runs again; it must match.
 
+use super::command::Cmdline;
+use crate::cache::format::manifest::expand_path;
+use crate::clock::DurationSpec;
+use crate::repo::Repo;
+use crate::restore::fields::timeout;
 use anyhow::{Context, Result};
+use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use super::{Ctx, Outcome, Probe};
-use crate::restore::plan::{Fix, Pin};
+use super::common::{Ctx, Outcome, Probe};
 use crate::restore::proc::{self, Log};
 use crate::restore::state;
+
+/// A tool whose `--version` output must match `expect`, else `fix` is applied.
+#[derive(Debug)]
+pub struct Pin {
+    /// A name looked up in PATH, or a path (contains `/`).
+    pub tool: String,
+    pub args: Vec<String>,
+    pub expect: regex_lite::Regex,
+    pub timeout: Duration,
+    pub fix: Option<Fix>,
+}
+
+#[derive(Debug)]
+pub enum Fix {
+    /// Make `link` a symlink to `target` (replacing a link already there).
+    Symlink {
+        link: PathBuf,
+        target: PathBuf,
+    },
+    Run(Cmdline),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPin {
+    tool: String,
+    args: Option<Vec<String>>,
+    expect: String,
+    timeout: Option<DurationSpec>,
+    fix: Option<RawFix>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFix {
+    symlink: Option<String>,
+    target: Option<String>,
+    run: Option<Cmdline>,
+}
+
+pub fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Pin> {
+    if r.tool.is_empty() {
+        bail!("`tool` is empty");
+    }
+    let tool = if r.tool.contains('/') {
+        expand_path(repo, &r.tool)?.display().to_string()
+    } else {
+        r.tool
+    };
+    let expect = regex_lite::Regex::new(&r.expect)
+        .map_err(|e| anyhow!("`expect` = {:?} is not a valid pattern: {e}", r.expect))?;
+    let fix = match r.fix {
+        None => None,
+        Some(RawFix {
+            symlink: Some(link),
+            target: Some(target),
+            run: None,
+        }) => Some(Fix::Symlink {
+            link: expand_path(repo, &link)?,
+            target: expand_path(repo, &target)?,
+        }),
+        Some(RawFix {
+            symlink: None,
+            target: None,
+            run: Some(run),
+        }) => {
+            run.check("fix.run")?;
+            Some(Fix::Run(run))
+        }
+        Some(_) => bail!(
+            "`fix` must be either `{{ symlink = LINK, target = TARGET }}` or `{{ run = COMMAND }}`"
+        ),
+    };
+    Ok(Pin {
+        tool,
+        args: r.args.unwrap_or_else(|| vec!["--version".into()]),
+        expect,
+        timeout: timeout(&r.timeout, "timeout", Duration::from_secs(10))?,
+        fix,
+    })
+}
 
 #[derive(Serialize, Deserialize, PartialEq)]
 struct Stamp {

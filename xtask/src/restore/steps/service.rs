@@ -1,5 +1,5 @@
 //! `service`: a long-running process (a language server, a daemon) that
-//! restore keeps running, and `restore stop`, which ends it.
+//! restore keeps running, and the signal `restore stop` (`restore/stop.rs`) ends it with.
 //!
 //! "Running" is decided without a race and without trusting a bare pid. The
 //! pidfile records the pid, the process's start time (field 22 of
@@ -21,9 +21,13 @@
 //! whose identity differs, means "not running", and only the file is
 //! removed.
 
+use crate::cache::format::manifest::expand_path;
+use crate::clock::DurationSpec;
+use crate::repo::Repo;
+use crate::restore::fields::{dur, timeout};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -31,13 +35,128 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Ctx, Outcome, Probe};
-use crate::cli::restore::StopArgs;
-use crate::exit::{Code, fail};
-use crate::repo::Repo;
-use crate::restore::plan::{self, Cmdline, Kind, Ready, Service};
+use super::common::{Ctx, Outcome, Probe};
 use crate::restore::proc::{self, Log};
-use crate::restore::state::{self, Paths};
+use crate::restore::steps::command::Cmdline;
+
+/// A long-running process kept alive by restore (`steps/service.rs`).
+#[derive(Debug)]
+pub struct Service {
+    /// Stays in the foreground: it is the process the pidfile names.
+    pub run: Cmdline,
+    pub pidfile: PathBuf,
+    /// Its stdout and stderr (appended).
+    pub log: PathBuf,
+    pub ready: Option<Ready>,
+    /// How long a start may take to become ready.
+    pub ready_timeout: Duration,
+    /// A change to one of these (device, inode, size, mtime) restarts it.
+    pub watch: Vec<PathBuf>,
+    pub cwd: PathBuf,
+    /// `restore stop`: SIGTERM, then SIGKILL after this long.
+    pub kill_grace: Duration,
+}
+
+/// When a started service counts as ready.
+#[derive(Debug)]
+pub enum Ready {
+    /// Something accepts TCP connections on 127.0.0.1:port.
+    Port(u16),
+    /// The command exits 0.
+    Cmd(Cmdline),
+}
+
+impl Service {
+    pub fn describe(&self) -> Value {
+        json!({
+            "run": self.run.display(), "pidfile": self.pidfile, "log": self.log,
+            "ready_port": match &self.ready { Some(Ready::Port(p)) => json!(p), _ => Value::Null },
+            "ready_cmd": match &self.ready { Some(Ready::Cmd(c)) => json!(c.display()), _ => Value::Null },
+            "ready_timeout_ms": self.ready_timeout.as_millis() as u64,
+            "watch": self.watch, "cwd": self.cwd,
+            "kill_grace_ms": self.kill_grace.as_millis() as u64,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawService {
+    run: Cmdline,
+    pidfile: Option<String>,
+    log: Option<String>,
+    /// Taken as any value, so that a wrong type is refused naming the field.
+    ready_port: Option<toml::Value>,
+    ready_cmd: Option<Cmdline>,
+    ready_timeout: Option<DurationSpec>,
+    #[serde(default)]
+    watch: Vec<String>,
+    cwd: Option<String>,
+    kill_grace: Option<DurationSpec>,
+}
+
+pub fn resolve_service(repo: &Repo, name: &str, r: RawService) -> Result<Service> {
+    r.run.check("run")?;
+    let ready = match (r.ready_port, r.ready_cmd) {
+        (Some(_), Some(_)) => {
+            bail!("`ready_port` and `ready_cmd` are two probes: keep one")
+        }
+        (Some(p), None) => match p.as_integer().map(u16::try_from) {
+            Some(Ok(n)) if n > 0 => Some(Ready::Port(n)),
+            _ => bail!(
+                "`ready_port` = {} is not a TCP port (a number from 1 to 65535)",
+                p.as_integer()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| format!("a {}", p.type_str()))
+            ),
+        },
+        (None, Some(c)) => {
+            c.check("ready_cmd")?;
+            Some(Ready::Cmd(c))
+        }
+        (None, None) => None,
+    };
+    let state = repo.state_dir();
+    let path_or = |raw: Option<String>, default: PathBuf| match raw {
+        Some(p) if p.is_empty() => bail!("a path of the service is empty"),
+        Some(p) => expand_path(repo, &p),
+        None => Ok(default),
+    };
+    let pidfile = path_or(
+        r.pidfile,
+        state.join("restore/services").join(format!("{name}.pid")),
+    )?;
+    let log = path_or(
+        r.log,
+        state.join("logs").join(format!("{name}.service.log")),
+    )?;
+    if pidfile == log {
+        bail!("`pidfile` and `log` are the same file: give each its own path");
+    }
+    let watch = r
+        .watch
+        .iter()
+        .map(|w| {
+            if w.is_empty() {
+                bail!("`watch` holds an empty path");
+            }
+            expand_path(repo, w)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Service {
+        run: r.run,
+        pidfile,
+        log,
+        ready,
+        ready_timeout: timeout(&r.ready_timeout, "ready_timeout", Duration::from_secs(10))?,
+        watch,
+        cwd: match r.cwd {
+            Some(c) => expand_path(repo, &c)?,
+            None => repo.root.clone(),
+        },
+        kill_grace: dur(&r.kill_grace, "kill_grace", Duration::from_secs(5))?,
+    })
+}
 
 /// The format of the pidfile's second line (the first is the bare pid).
 const FORMAT: u32 = 1;
@@ -438,7 +557,7 @@ fn spawn(name: &str, s: &Service, log: &mut Log) -> Result<(Child, Record)> {
             })?;
         }
     }
-    let mut out = crate::restore::env::open_append_own(&s.log)
+    let mut out = crate::restore::state::open_append_own(&s.log)
         .with_context(|| format!("opening the service log {}", s.log.display()))?;
     let _ = writeln!(
         out,
@@ -603,7 +722,7 @@ fn wait_group_gone(pgid: u32, within: Duration) -> bool {
 
 /// Ends the process group `pgid` (a pid `liveness` just proved to be the
 /// service): SIGTERM, then SIGKILL after `grace`. Returns which one did it.
-fn stop_group(pgid: u32, grace: Duration) -> Result<&'static str> {
+pub fn stop_group(pgid: u32, grace: Duration) -> Result<&'static str> {
     // Never a group that is not a service's: pid 0 and 1 are refused by
     // `parse_pidfile`, and the pid led its own session a moment ago.
     if pgid <= 1 || pgid > i32::MAX as u32 {
@@ -626,148 +745,6 @@ fn stop_group(pgid: u32, grace: Duration) -> Result<&'static str> {
         crate::clock::human(KILL_WAIT),
         group_members(pgid)
     )
-}
-
-/// One service's result in `restore stop`.
-#[derive(Debug, Serialize)]
-struct Stopped {
-    step: String,
-    pidfile: PathBuf,
-    was_running: bool,
-    pid: Option<u32>,
-    /// `SIGTERM` or `SIGKILL` when it was running.
-    signal: Option<&'static str>,
-    /// Why it was not running, or why stopping failed.
-    note: Option<String>,
-    ok: bool,
-    #[serde(rename = "duration_ms")]
-    ms: u64,
-}
-
-fn stop_one(paths: &Paths, name: &str, s: &Service) -> Result<Stopped> {
-    let _lock = state::lock_step(paths, name, true)?;
-    let start = Instant::now();
-    let mut out = Stopped {
-        step: name.to_string(),
-        pidfile: s.pidfile.clone(),
-        was_running: false,
-        pid: None,
-        signal: None,
-        note: None,
-        ok: true,
-        ms: 0,
-    };
-    match liveness(&s.pidfile, name) {
-        Liveness::Absent => out.note = Some("not running (no pidfile)".into()),
-        Liveness::NotRunning(why) => out.note = Some(format!("not running: {why}")),
-        Liveness::Running(rec) => {
-            out.was_running = true;
-            out.pid = Some(rec.pid);
-            match stop_group(rec.pid, s.kill_grace) {
-                Ok(sig) => out.signal = Some(sig),
-                Err(e) => {
-                    out.ok = false;
-                    out.note = Some(format!("{e:#}"));
-                }
-            }
-        }
-    }
-    if out.ok {
-        match std::fs::remove_file(&s.pidfile) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                out.ok = false;
-                out.note = Some(format!("removing {}: {e}", s.pidfile.display()));
-            }
-        }
-    }
-    out.ms = start.elapsed().as_millis() as u64;
-    Ok(out)
-}
-
-/// `restore stop [STEP]`: ends the named service (default: every service
-/// step of the plan) by process group and removes its pidfile.
-pub fn stop_command(args: &StopArgs) -> Result<()> {
-    let repo = Repo::from_cwd()?;
-    let plan = plan::load(&repo)?;
-    let services = select_services(&plan, args.step.as_deref())?;
-    let paths = Paths::new(&repo);
-    let mut results = Vec::new();
-    for (name, s) in services {
-        results.push(stop_one(&paths, name, s)?);
-    }
-    let result = match results.iter().find(|r| !r.ok) {
-        Some(r) => Err(fail(
-            Code::Failed,
-            format!(
-                "service {} did not stop: {}",
-                r.step,
-                r.note.as_deref().unwrap_or("")
-            ),
-        )),
-        None => Ok(()),
-    };
-    if args.json {
-        return crate::contract::finish(json!({ "services": results }), result);
-    } else if results.is_empty() {
-        println!("no service steps in {}", plan.file.display());
-    } else {
-        for r in &results {
-            let line = match (r.pid, r.signal) {
-                (Some(pid), Some(sig)) => format!(
-                    "{}: stopped pid {pid} and its process group ({sig}, {}); removed {}",
-                    r.step,
-                    crate::clock::human(Duration::from_millis(r.ms)),
-                    r.pidfile.display()
-                ),
-                _ => format!("{}: {}", r.step, r.note.as_deref().unwrap_or("")),
-            };
-            println!("{line}");
-        }
-    }
-    result
-}
-
-fn select_services<'p>(
-    plan: &'p plan::Plan,
-    only: Option<&str>,
-) -> Result<Vec<(&'p str, &'p Service)>> {
-    let services: Vec<_> = plan
-        .steps
-        .iter()
-        .filter_map(|st| match &st.kind {
-            Kind::Service(s) if only.is_none_or(|o| o == st.name) => Some((st.name.as_str(), s)),
-            _ => None,
-        })
-        .collect();
-    if let Some(name) = only
-        && services.is_empty()
-    {
-        let why = match plan.steps.iter().find(|s| s.name == name) {
-            Some(st) => format!("step {name:?} is a {} step, not a service", st.kind_name()),
-            None => format!("no step named {name:?}"),
-        };
-        let names: Vec<_> = plan
-            .steps
-            .iter()
-            .filter(|s| matches!(s.kind, Kind::Service(_)))
-            .map(|s| s.name.as_str())
-            .collect();
-        return Err(fail(
-            Code::Usage,
-            format!(
-                "{why} in {}: services are {}",
-                plan.file.display(),
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
-            ),
-        ));
-    }
-    Ok(services)
 }
 
 #[cfg(test)]

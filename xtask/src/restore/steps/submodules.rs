@@ -13,12 +13,114 @@
 //! clones it left are deepened (`fetch --unshallow`, which only adds
 //! objects) and updated again without a depth, and a warning says so.
 
+use crate::clock::DurationSpec;
+use crate::repo::Repo;
+use crate::restore::fields::{repo_relative, shown, timeout};
 use anyhow::Result;
+use anyhow::bail;
+use serde::Deserialize;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{Ctx, Outcome, Probe};
-use crate::restore::plan::{Sentinel, Submodules};
+use super::common::{Ctx, Outcome, Probe};
 use crate::restore::proc::{self, Log};
+
+/// `git submodule update --init` of the listed paths, then one sentinel file per suite.
+#[derive(Debug)]
+pub struct Submodules {
+    /// Paths relative to the repository root, as `git submodule` takes them.
+    pub paths: Vec<String>,
+    pub sentinels: Vec<Sentinel>,
+    /// Allow `file://` and local-path submodule URLs (git refuses them by
+    /// default since 2.38.1 for submodules).
+    pub allow_file_protocol: bool,
+    pub timeout: Duration,
+    /// Submodules fetched at once (`git submodule update --jobs`).
+    pub jobs: u32,
+    /// `--depth 1`, with a full fetch where the server refuses it.
+    pub shallow: bool,
+}
+
+#[derive(Debug)]
+pub struct Sentinel {
+    pub suite: String,
+    /// As written (relative to the root), for the MISSING line.
+    pub path: String,
+    pub abs: PathBuf,
+    /// What stops working without it: the consumer named in MISSING lines.
+    pub breaks: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSubmodules {
+    paths: Vec<String>,
+    #[serde(default)]
+    sentinel: Vec<RawSentinel>,
+    #[serde(default)]
+    allow_file_protocol: bool,
+    timeout: Option<DurationSpec>,
+    // Values, not types: serde's "expected i64" would not name the field.
+    jobs: Option<toml::Value>,
+    shallow: Option<toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSentinel {
+    suite: String,
+    path: String,
+    breaks: String,
+}
+
+pub fn resolve_submodules(repo: &Repo, r: RawSubmodules) -> Result<Submodules> {
+    if r.paths.is_empty() {
+        bail!("`paths` is empty: list the submodule paths to initialise");
+    }
+    let paths = r
+        .paths
+        .iter()
+        .map(|p| repo_relative("paths", p))
+        .collect::<Result<Vec<_>>>()?;
+    let mut sentinels = Vec::new();
+    for s in r.sentinel {
+        let path = repo_relative("sentinel.path", &s.path)?;
+        if s.suite.is_empty() || s.breaks.is_empty() {
+            bail!(
+                "sentinel {path:?} needs a non-empty `suite` and `breaks` (what stops working without it)"
+            );
+        }
+        sentinels.push(Sentinel {
+            suite: s.suite,
+            abs: repo.root.join(&path),
+            path,
+            breaks: s.breaks,
+        });
+    }
+    // Default: every listed submodule at once, at most 8 (each is one
+    // clone talking to the server; git's own default is 1, one by one).
+    let jobs = match r.jobs {
+        None => paths.len().clamp(1, 8) as u32,
+        Some(toml::Value::Integer(n)) if (1..=64).contains(&n) => n as u32,
+        Some(v) => bail!(
+            "`jobs` = {} must be a number of submodules fetched at once, 1 to 64",
+            shown(&v)
+        ),
+    };
+    let shallow = match r.shallow {
+        None => false,
+        Some(toml::Value::Boolean(b)) => b,
+        Some(v) => bail!("`shallow` = {} must be true or false", shown(&v)),
+    };
+    Ok(Submodules {
+        paths,
+        sentinels,
+        allow_file_protocol: r.allow_file_protocol,
+        timeout: timeout(&r.timeout, "timeout", Duration::from_secs(600))?,
+        jobs,
+        shallow,
+    })
+}
 
 pub fn probe(ctx: &Ctx, s: &Submodules) -> Probe {
     if let Some(p) = s

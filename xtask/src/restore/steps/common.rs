@@ -1,0 +1,76 @@
+//! What every step kind shares: the context a probe and a run get, and the
+//! answers they give back (neither prints; the caller reports).
+
+use serde_json::Value;
+
+use crate::repo::Repo;
+use crate::restore::state::Paths;
+
+/// What every step may use.
+pub struct Ctx<'a> {
+    pub sh: &'a xshell::Shell,
+    pub repo: &'a Repo,
+    pub paths: &'a Paths,
+}
+
+/// The answer of a probe.
+#[derive(Debug)]
+pub enum Probe {
+    /// Already done: nothing to run. Warnings still reach the user.
+    Warm { what: String, warnings: Vec<String> },
+    /// Done with a stand-in (a cache's fallback key): nothing to run now.
+    /// `partial` names the key used and what differs (the row's JSON).
+    Partial { what: String, partial: Value },
+    /// Work to do, and why.
+    Needed(String),
+}
+
+impl Probe {
+    pub fn warm(what: impl Into<String>) -> Probe {
+        Probe::Warm {
+            what: what.into(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// What a run did. `failed` with the reason in `what`; `warnings` are whole
+/// lines for the user (e.g. `MISSING <suite> <path> -> breaks: <what>`).
+#[derive(Debug)]
+pub struct Outcome {
+    pub what: String,
+    pub warnings: Vec<String>,
+    pub failed: bool,
+    /// Done with a stand-in (see `Probe::Partial`).
+    pub partial: Option<Value>,
+}
+
+impl Outcome {
+    pub fn done(what: impl Into<String>) -> Outcome {
+        Outcome {
+            what: what.into(),
+            warnings: Vec::new(),
+            failed: false,
+            partial: None,
+        }
+    }
+
+    pub fn failed(what: impl Into<String>) -> Outcome {
+        Outcome {
+            what: what.into(),
+            warnings: Vec::new(),
+            failed: true,
+            partial: None,
+        }
+    }
+
+    pub fn with_warnings(mut self, warnings: Vec<String>) -> Outcome {
+        self.warnings = warnings;
+        self
+    }
+
+    pub fn with_partial(mut self, partial: Option<Value>) -> Outcome {
+        self.partial = partial;
+        self
+    }
+}
