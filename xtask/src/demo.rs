@@ -331,7 +331,7 @@ fn restore_twice(
     let clone_repo = Repo::discover(clone)?;
     let opts = RestoreOptions {
         progress: !json && std::io::stderr().is_terminal(),
-        live_steps: crate::restore::plan::step_names,
+        live_steps: crate::restore::step_names,
         ..RestoreOptions::default()
     };
     let t = Instant::now();

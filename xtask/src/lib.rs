@@ -108,7 +108,7 @@ fn dispatch(cli: cli::Cli) -> Result<()> {
     // The cache is also handed how to read restore.toml's step names (for
     // gc's log cleanup), which it must not read itself.
     match cli.command {
-        cli::Command::Cache(args) => cache::run(&sh, args, restore::plan::step_names),
+        cli::Command::Cache(args) => cache::run(&sh, args, restore::step_names),
         cli::Command::Demo(args) => demo::run(&sh, args),
         cli::Command::Restore(args) => restore::run(&sh, args),
         cli::Command::Gates(args) => gates::run(&sh, args),

@@ -42,6 +42,18 @@ use report::Row;
 use state::{Paths, State, StepRecord};
 use steps::{Ctx, Probe};
 
+/// The names of the steps restore.toml declares, for `cache gc`, which
+/// keeps their logs (`cache::gc::LiveSteps`): `None` when it does not load,
+/// none at all when there is no restore.toml.
+pub fn step_names(repo: &Repo) -> Option<std::collections::BTreeSet<String>> {
+    if !plan::path_of(repo).is_file() {
+        return Some(std::collections::BTreeSet::new());
+    }
+    plan::load(repo)
+        .ok()
+        .map(|p| p.steps.into_iter().map(|s| s.name).collect())
+}
+
 pub fn run(sh: &xshell::Shell, args: RestoreArgs) -> Result<()> {
     if let Some(RestoreCommand::Status(s)) = &args.command {
         return status::run(s.json);

@@ -215,18 +215,6 @@ pub fn path_of(repo: &Repo) -> PathBuf {
     repo.manifests_dir().join("restore.toml")
 }
 
-/// The names of the steps restore.toml declares, for `cache gc`, which
-/// keeps their logs (`cache::gc::LiveSteps`): `None` when it does not load,
-/// none at all when there is no restore.toml.
-pub fn step_names(repo: &Repo) -> Option<std::collections::BTreeSet<String>> {
-    if !path_of(repo).is_file() {
-        return Some(std::collections::BTreeSet::new());
-    }
-    load(repo)
-        .ok()
-        .map(|p| p.steps.into_iter().map(|s| s.name).collect())
-}
-
 /// Reads and validates the repository's restore.toml. Every problem is a
 /// `Code::Config` error naming the file, the step and the fix.
 pub fn load(repo: &Repo) -> Result<Plan> {

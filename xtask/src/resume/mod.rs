@@ -230,18 +230,7 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
             cwd,
             reinit,
         } => {
-            let cwd = match cwd {
-                Some(dir) => Some(
-                    std::path::absolute(&dir)
-                        .with_context(|| format!("making --cwd {} absolute", dir.display()))?
-                        .into_os_string()
-                        .into_string()
-                        .map_err(|p| {
-                            fail(Code::Usage, format!("--cwd {p:?} is not valid UTF-8"))
-                        })?,
-                ),
-                None => None,
-            };
+            let cwd = cwd.as_deref().map(absolute_utf8).transpose()?;
             let rec = Record {
                 surface: &surface,
                 session: &session,
@@ -306,25 +295,7 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
         ResumeCommand::Prune { max_age_ms, json } => {
             let (gone, left) = prune(&store, max_age_ms)?;
             if json {
-                // The pruned surfaces may hold lone surrogates: written as
-                // JSON.stringify would, like every other index text.
-                let path = store.path.to_str().ok_or_else(|| {
-                    fail(
-                        Code::Usage,
-                        format!(
-                            "the index path {:?} is not valid UTF-8, so --json cannot print it",
-                            store.path
-                        ),
-                    )
-                })?;
-                let mut report = Object::new();
-                report.insert("path".into(), Value::from(path));
-                report.insert(
-                    "pruned".into(),
-                    Value::Array(gone.into_iter().map(Value::String).collect()),
-                );
-                report.insert("remaining".into(), Value::Number(left as f64));
-                json_document_of(report)
+                prune_document(&store, gone, left)
             } else {
                 out(&format!(
                     "pruned {} entries not active within {max_age_ms} ms from {} ({left} left)\n",
@@ -334,6 +305,38 @@ pub fn run(_sh: &xshell::Shell, args: ResumeArgs) -> Result<()> {
             }
         }
     }
+}
+
+/// `--cwd`, absolute, as the UTF-8 text the index holds.
+fn absolute_utf8(dir: &std::path::Path) -> Result<String> {
+    std::path::absolute(dir)
+        .with_context(|| format!("making --cwd {} absolute", dir.display()))?
+        .into_os_string()
+        .into_string()
+        .map_err(|p| fail(Code::Usage, format!("--cwd {p:?} is not valid UTF-8")))
+}
+
+/// `resume prune --json`: the index, the surfaces pruned and how many are left.
+fn prune_document(store: &Store, gone: Vec<Str>, left: usize) -> Result<()> {
+    // The pruned surfaces may hold lone surrogates: written as
+    // JSON.stringify would, like every other index text.
+    let path = store.path.to_str().ok_or_else(|| {
+        fail(
+            Code::Usage,
+            format!(
+                "the index path {:?} is not valid UTF-8, so --json cannot print it",
+                store.path
+            ),
+        )
+    })?;
+    let mut report = Object::new();
+    report.insert("path".into(), Value::from(path));
+    report.insert(
+        "pruned".into(),
+        Value::Array(gone.into_iter().map(Value::String).collect()),
+    );
+    report.insert("remaining".into(), Value::Number(left as f64));
+    json_document_of(report)
 }
 
 #[cfg(test)]

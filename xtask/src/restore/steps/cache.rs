@@ -120,7 +120,7 @@ pub fn probe(ctx: &Ctx, c: &CacheStep) -> Probe {
 pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
     let opts = RestoreOptions {
         remote: c.remote.clone(),
-        live_steps: crate::restore::plan::step_names,
+        live_steps: crate::restore::step_names,
         ..RestoreOptions::default()
     };
     let o = cache_restore::restore_named(ctx.sh, ctx.repo, &c.cache, &opts)?;

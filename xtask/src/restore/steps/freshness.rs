@@ -83,6 +83,28 @@ pub fn probe(ctx: &Ctx, name: &str, f: &Freshness) -> Probe {
 }
 
 pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcome> {
+    let u = match upstream_of(ctx, f)? {
+        Ok(u) => u,
+        Err(nothing_to_do) => return Ok(nothing_to_do),
+    };
+    if let Some(failed) = fetch_upstream(ctx, f, &u, log)? {
+        return Ok(failed);
+    }
+    let outcome = compare_and_move(ctx, f, &u, log)?;
+    state::write_stamp(
+        ctx.paths,
+        name,
+        &Stamp {
+            checked_at: crate::clock::now_ms(),
+        },
+    )?;
+    Ok(outcome)
+}
+
+/// The branch to refresh, and the remote and upstream branch it follows
+/// (the step's settings first, then the branch's git config); an outcome
+/// instead where there is nothing to refresh.
+fn upstream_of(ctx: &Ctx, f: &Freshness) -> Result<Result<Upstream, Outcome>> {
     let sh = ctx.sh;
     let root = &ctx.repo.root;
     let git = |args: &[&str]| -> Result<String> {
@@ -93,11 +115,10 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
             .with_context(|| format!("git {}", args.join(" ")))
     };
     let Ok(branch) = git(&["symbolic-ref", "--quiet", "--short", "HEAD"]) else {
-        return Ok(
-            Outcome::done("detached HEAD: no branch to refresh").with_warnings(vec![
+        return Ok(Err(Outcome::done("detached HEAD: no branch to refresh")
+            .with_warnings(vec![
                 "WARNING: HEAD is detached, so there is no branch to fetch or fast-forward".into(),
-            ]),
-        );
+            ])));
     };
     let remote = match &f.remote {
         Some(r) => r.clone(),
@@ -114,11 +135,43 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
     let theirs_name = format!("{}/{upstream}", crate::redact::url(&remote));
     let is_url = remote.contains(':') || remote.contains('/');
     if !is_url && git(&["remote", "get-url", &remote]).is_err() {
-        return Ok(Outcome::failed(format!(
+        return Ok(Err(Outcome::failed(format!(
             "no remote named {remote:?} in this clone: add it, or set `remote` in the step"
-        )));
+        ))));
     }
 
+    Ok(Ok(Upstream {
+        branch,
+        remote,
+        upstream,
+        theirs_name,
+    }))
+}
+
+/// A branch and what it is compared with.
+struct Upstream {
+    branch: String,
+    remote: String,
+    upstream: String,
+    /// `remote/upstream`, credentials removed, for messages.
+    theirs_name: String,
+}
+
+/// Fetches the upstream branch under the network watchdog; the failure's
+/// outcome when it did not arrive.
+fn fetch_upstream(
+    ctx: &Ctx,
+    f: &Freshness,
+    u: &Upstream,
+    log: &mut Log,
+) -> Result<Option<Outcome>> {
+    let (sh, root) = (ctx.sh, &ctx.repo.root);
+    let Upstream {
+        branch,
+        remote,
+        upstream,
+        theirs_name,
+    } = u;
     let refspec = format!("refs/heads/{upstream}");
     // `--progress` despite `--quiet`: the server's progress is how the
     // watchdog sees a fetch that is alive (see `crate::net`).
@@ -150,14 +203,14 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
                 format!("{remote} did not answer within {}", fmt_duration(t))
             }
             v => v
-                .error(&format!("fetch of {theirs_name}"), &remote)
+                .error(&format!("fetch of {theirs_name}"), remote)
                 .to_string(),
         };
         let e = crate::redact::text(&e);
         log.line(&format!("-> {e}"));
-        return Ok(Outcome::failed(format!(
+        return Ok(Some(Outcome::failed(format!(
             "offline or unreachable: {e}; {branch} not refreshed"
-        )));
+        ))));
     }
     log.line(&format!("-> {}", Exit::Status(ran.status).describe()));
     if !ran.status.success() {
@@ -168,10 +221,30 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
         } else {
             "offline or unreachable"
         };
-        return Ok(Outcome::failed(format!(
+        return Ok(Some(Outcome::failed(format!(
             "{why}: {shown}; {branch} not refreshed"
-        )));
+        ))));
     }
+    Ok(None)
+}
+
+/// Compares HEAD with what was fetched and fast-forwards a clean tree that
+/// is only behind; anything else is left as it is, with a warning.
+fn compare_and_move(ctx: &Ctx, f: &Freshness, u: &Upstream, log: &mut Log) -> Result<Outcome> {
+    let sh = ctx.sh;
+    let root = &ctx.repo.root;
+    let git = |args: &[&str]| -> Result<String> {
+        cmd!(sh, "git -C {root} {args...}")
+            .quiet()
+            .ignore_stderr()
+            .read()
+            .with_context(|| format!("git {}", args.join(" ")))
+    };
+    let Upstream {
+        branch,
+        theirs_name,
+        ..
+    } = u;
     let theirs = git(&["rev-parse", "FETCH_HEAD"])?;
     let counts = git(&[
         "rev-list",
@@ -223,12 +296,5 @@ pub fn run(ctx: &Ctx, name: &str, f: &Freshness, log: &mut Log) -> Result<Outcom
             ))
         }
     };
-    state::write_stamp(
-        ctx.paths,
-        name,
-        &Stamp {
-            checked_at: crate::clock::now_ms(),
-        },
-    )?;
     Ok(outcome)
 }

@@ -1,3 +1,5 @@
+//! Unit tests of the delta install: the record, the link decision against user edits, chunk selection.
+
 use super::*;
 use crate::cache::format::{Chunk, Frames};
 use std::collections::BTreeMap;

@@ -1,3 +1,5 @@
+//! Unit tests of the verified stream: hashing before decoding, mismatches named, the framed decoders.
+
 use super::*;
 use crate::exit::code_of;
 use std::sync::atomic::{AtomicUsize, Ordering};
