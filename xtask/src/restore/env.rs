@@ -325,13 +325,7 @@ mod tests {
     use super::*;
 
     fn exports(path: &[&str], env: &[(&str, &str)]) -> Exports {
-        Exports {
-            path: path.iter().map(|s| s.to_string()).collect(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }
+        Exports::of(path, env)
     }
 
     #[test]

@@ -177,10 +177,9 @@ pub fn check_conflicts<'a>(sources: impl Iterator<Item = (String, &'a Exports)>)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn exports(path: &[&str], env: &[(&str, &str)]) -> Exports {
+impl Exports {
+    /// Exports from literals, for the tests of this file and of `restore env`.
+    pub(crate) fn of(path: &[&str], env: &[(&str, &str)]) -> Exports {
         Exports {
             path: path.iter().map(|s| s.to_string()).collect(),
             env: env
@@ -188,6 +187,15 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exports(path: &[&str], env: &[(&str, &str)]) -> Exports {
+        Exports::of(path, env)
     }
 
     #[test]
