@@ -28,15 +28,38 @@ pub fn temp_beside(path: &Path) -> Result<PathBuf> {
 }
 
 /// Writes `bytes` to `path` atomically (see the module doc), creating the
-/// parent directory when it is missing.
+/// parent directory when it is missing. The file gets the mode a plain
+/// create gives (0o666 less the umask).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write(path, bytes, None)
+}
+
+/// [`write_atomic`] with the file's permission bits set to exactly `mode`
+/// (the umask does not apply): a generated script's 0o755, a private
+/// journal's 0o600.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    write(path, bytes, Some(mode))
+}
+
+fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = temp_beside(path)?;
     let dir = tmp
         .parent()
         .expect("temp_beside names a file in a directory");
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // create_new with O_NOFOLLOW: never through a link or a file someone
+    // left at the temporary name, even in a directory another user writes.
     let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::File::options()
+            .write(true)
+            .create_new(true)
+            .mode(mode.unwrap_or(0o666))
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        if let Some(m) = mode {
+            f.set_permissions(std::fs::Permissions::from_mode(m))?;
+        }
         f.write_all(bytes)?;
         f.sync_all()
     })();
@@ -86,6 +109,38 @@ mod tests {
                 .to_string_lossy()
                 .starts_with(".y.json.tmp-")
         );
+    }
+
+    #[test]
+    fn a_mode_is_set_exactly_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        for mode in [0o755, 0o600, 0o644] {
+            let p = tmp.path().join(format!("f{mode:o}"));
+            write_atomic_mode(&p, b"x", mode).unwrap();
+            let got = std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(got, mode);
+        }
+    }
+
+    #[test]
+    fn a_link_at_the_temporary_name_is_never_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let precious = tmp.path().join("precious");
+        std::fs::write(&precious, "keep\n").unwrap();
+        // Plant a link at every name the next few writes could take.
+        let p = tmp.path().join("record");
+        let next = temp_beside(&p).unwrap();
+        let name = next.file_name().unwrap().to_string_lossy().into_owned();
+        let (stem, n) = name.rsplit_once('-').unwrap();
+        let n: u64 = n.parse().unwrap();
+        for k in n + 1..n + 64 {
+            std::os::unix::fs::symlink(&precious, tmp.path().join(format!("{stem}-{k}"))).unwrap();
+        }
+        // Another thread of this test binary may take some of those
+        // numbers; whatever name this write gets, the link's target is kept.
+        let _ = write_atomic(&p, b"new");
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep\n");
     }
 
     #[test]

@@ -432,19 +432,9 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<String>> {
     }
 }
 
-/// Writes `text` to `path` through a temporary file and a rename, so a
-/// reader never sees half a script.
+/// Writes `text` to `path` atomically, so a reader never sees half a
+/// script.
 pub(crate) fn write(path: &Path, text: &str, executable: bool) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = path.parent().context("a file path has a parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.init-tmp",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    ));
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     let mode = if executable { 0o755 } else { 0o644 };
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))
+    crate::fsio::write_atomic_mode(path, text.as_bytes(), mode)
 }

@@ -10,7 +10,7 @@
 //! <key>": created_at}}`): it is still read, merged in, and removed once the
 //! line file holds its entries.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -131,17 +131,13 @@ pub fn record(file: &Path, cache: &str, key: &str, created_at: &str) -> Result<(
     if !s.advance(format!("{cache} {key}"), created_at) && !legacy.exists() {
         return Ok(());
     }
-    let dir = file.parent().expect("the seen record has a parent");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!("seen.tmp-{}", std::process::id()));
     let mut text = String::from(
         "# the newest signed created_at this clone has seen per cache key: <cache> <key> <created_at>\n",
     );
     for (entry, at) in &s.seen {
         text.push_str(&format!("{entry} {at}\n"));
     }
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("renaming {}", tmp.display()))?;
+    crate::fsio::write_atomic(file, text.as_bytes())?;
     // Its entries are in the line file now.
     match std::fs::remove_file(&legacy) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -192,14 +188,8 @@ pub fn remember_verified(file: &Path, digest: &str, principal: &str, fingerprint
     let new = format!("{digest} {principal} {fingerprint}");
     lines.push(&new);
     let keep = &lines[lines.len().saturating_sub(256)..];
-    let Some(dir) = file.parent() else { return };
-    let tmp = dir.join(format!("verified.tmp-{}", std::process::id()));
-    let ok = std::fs::create_dir_all(dir).is_ok()
-        && std::fs::write(&tmp, keep.join("\n") + "\n").is_ok()
-        && std::fs::rename(&tmp, file).is_ok();
-    if !ok {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    // A failed write removes its own temporary; the old memo stays.
+    let _ = crate::fsio::write_atomic(file, (keep.join("\n") + "\n").as_bytes());
 }
 
 #[cfg(test)]

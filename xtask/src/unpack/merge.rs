@@ -24,10 +24,10 @@
 use anyhow::{Context, Result};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, OpenOptions, Permissions};
-use std::io::{self, Write};
+use std::fs::{self, Permissions};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::beneath::{self, Dir, Links, depth_below, is_dir, is_link, open_beneath};
@@ -411,36 +411,12 @@ fn same_landing(plan: &Journal, r0: &Path, rel: &Path) -> anyhow::Error {
     )
 }
 
+/// The journal is private to the merging user (0o600) and written
+/// atomically; `fsio` never writes through a link planted at its temporary
+/// name.
 fn write_journal(journal: &Path, plan: &Journal) -> Result<()> {
-    if let Some(parent) = journal.parent()
-        && !parent.as_os_str().is_empty()
-    {
-        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let mut tmp = journal.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    // Never through a symlink someone left at the temporary name: remove
-    // whatever is there (a link, not its target), then create afresh.
-    match fs::remove_file(&tmp) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing the stale {}", tmp.display()));
-        }
-        _ => {}
-    }
-    let mut file = OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("writing the merge journal {}", tmp.display()))?;
-    file.write_all(&plan.to_bytes())
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("writing the merge journal {}", tmp.display()))?;
-    fs::rename(&tmp, journal)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), journal.display()))?;
-    sync_parent(journal)
+    crate::fsio::write_atomic_mode(journal, &plan.to_bytes(), 0o600)
+        .with_context(|| format!("writing the merge journal {}", journal.display()))
 }
 
 fn sync_parent(path: &Path) -> Result<()> {

@@ -36,7 +36,7 @@
 //! unreadable or stale record means "pack in full". This module is the
 //! format and its file I/O only; it never decides what to publish.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::cache::publish::pack::TreeStamp;
 use serde::{Deserialize, Serialize};
@@ -117,19 +117,11 @@ pub fn load(path: &Path) -> Option<Record> {
     (r.format == RECORD_FORMAT).then_some(r)
 }
 
-/// Writes the record atomically (temp file, rename), creating its directory.
+/// Writes the record atomically, creating its directory.
 pub fn save(path: &Path, r: &Record) -> Result<()> {
-    let dir = path.parent().context("a record path has a parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
     let mut text = serde_json::to_string_pretty(r).expect("a record serializes");
     text.push('\n');
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))
+    crate::fsio::write_atomic(path, text.as_bytes())
 }
 
 impl Record {

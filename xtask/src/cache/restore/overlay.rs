@@ -81,14 +81,10 @@ pub fn load(file: &Path, target: &Path) -> Record {
     }
 }
 
-/// Writes the record atomically (temp file, rename).
+/// Writes the record atomically.
 pub fn save(file: &Path, record: &Record) -> Result<()> {
-    let dir = file.parent().expect("a record path has a parent");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = file.with_extension(format!("json.tmp-{}", std::process::id()));
     let text = serde_json::to_string_pretty(record).expect("record serializes") + "\n";
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("renaming {} into place", tmp.display()))
+    crate::fsio::write_atomic(file, text.as_bytes())
 }
 
 /// Every staged entry that is not a directory, relative, sorted. Staging is

@@ -9,7 +9,6 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::cache::format::KeyPart;
@@ -258,25 +257,11 @@ pub fn load(file: &Path) -> Loaded {
     }
 }
 
-/// Writes the stamp durably: a temp file in the same directory, fsync,
-/// rename, fsync of the directory. A crash leaves the old stamp or the new
-/// one, never a torn file.
+/// Writes the stamp durably (`fsio::write_atomic`): a crash leaves the old
+/// stamp or the new one, never a torn file.
 pub fn store(file: &Path, stamp: &Stamp) -> Result<()> {
-    let dir = file.parent().expect("a stamp path has a parent");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        file.file_name().unwrap().to_string_lossy(),
-        std::process::id()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(stamp.render().as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, file)?;
-        std::fs::File::open(dir)?.sync_all()
-    };
-    write().with_context(|| format!("writing stamp {}", file.display()))
+    crate::fsio::write_atomic(file, stamp.render().as_bytes())
+        .with_context(|| format!("writing stamp {}", file.display()))
 }
 
 /// Moves a corrupt stamp aside to `<file>.corrupt-<ms>` and returns where.

@@ -29,7 +29,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -672,24 +672,8 @@ fn ready_cmd_passes(c: &Cmdline, cwd: &Path, within: Duration) -> bool {
 /// Writes the pidfile atomically, readable by all and writable by its owner
 /// only (`liveness` ignores a pidfile that others could have written).
 fn write_pidfile(path: &Path, rec: &Record) -> Result<()> {
-    let dir = path.parent().context("a pidfile path has a parent")?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
     let text = format!("{}\n{}\n", rec.pid, serde_json::to_string(rec)?);
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::File::options()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o644))
-        .and_then(|()| f.write_all(text.as_bytes()))
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))
+    crate::fsio::write_atomic_mode(path, text.as_bytes(), 0o644)
 }
 
 /// The live (not exiting) members of process group `pgid`, from /proc.

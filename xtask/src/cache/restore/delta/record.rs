@@ -169,7 +169,13 @@ pub fn forget(state_dir: &Path, name: &str) -> Result<()> {
         let n = e.file_name().to_string_lossy().into_owned();
         let ours = [&record, &index]
             .iter()
-            .any(|f| n == **f || n.starts_with(&format!("{f}.tmp-")));
+            // `.<f>.tmp-*` is what `fsio::write_atomic` leaves when killed;
+            // `<f>.tmp-*` what earlier versions left.
+            .any(|f| {
+                n == **f
+                    || n.starts_with(&format!(".{f}.tmp-"))
+                    || n.starts_with(&format!("{f}.tmp-"))
+            });
         if ours {
             match std::fs::remove_file(e.path()) {
                 Err(err) if err.kind() != io::ErrorKind::NotFound => {
@@ -180,16 +186,6 @@ pub fn forget(state_dir: &Path, name: &str) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().expect("a record path has a parent");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = path.as_os_str().to_os_string();
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
 }
 
 /// After an install is final (swapped in, the tree before removed):
@@ -219,8 +215,8 @@ pub fn remember(
     };
     // The index first: the record names it by digest, so a kill between
     // the two leaves a record that does not match, never a wrong one.
-    write_atomic(&index_path(state_dir, name), &new.bytes)?;
-    write_atomic(&record_path(state_dir, name), record.render().as_bytes())
+    crate::fsio::write_atomic(&index_path(state_dir, name), &new.bytes)?;
+    crate::fsio::write_atomic(&record_path(state_dir, name), record.render().as_bytes())
 }
 
 /// The real-time clock in ns (the one file times are taken from; their
