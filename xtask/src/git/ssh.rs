@@ -100,6 +100,10 @@ pub struct Ssh {
     target: Target,
 }
 
+/// The config keys that choose the ssh program (`core.sshCommand`,
+/// `ssh.variant`), as a `git config --get-regexp` pattern.
+pub(super) const SSH_CONFIG: &str = r"^(core\.sshcommand|ssh\.variant)$";
+
 /// What selects the ssh program, from the environment and git's config.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Settings {
@@ -114,27 +118,15 @@ impl Settings {
     /// This process's environment and the config `git` sees in cache.git
     /// (system, global, forwarded from the user's repository).
     pub fn read(git: &CacheGit) -> Result<Settings, String> {
-        let out = git
-            .git()
-            .args([
-                "config",
-                "--get-regexp",
-                r"^(core\.sshcommand|ssh\.variant)$",
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("running git config: {e}"))?;
-        // Exit 1: no such setting.
-        if !out.status.success() && out.status.code() != Some(1) {
-            return Err("git config --get-regexp failed".into());
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
+        let found = git
+            .config_matching(SSH_CONFIG)
+            .map_err(|e| format!("{e:#}"))?;
         // The last value wins, as for git.
         let last = |key: &str| {
-            text.lines()
-                .filter_map(|l| l.split_once(' '))
-                .filter(|(k, _)| *k == key)
-                .map(|(_, v)| v.to_string())
+            found
+                .iter()
+                .filter(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
                 .next_back()
         };
         let env = |k: &str| std::env::var(k).ok();

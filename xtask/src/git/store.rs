@@ -150,17 +150,9 @@ impl CacheGit {
         {
             return true;
         }
-        let out = self
-            .git()
-            .args([
-                "config",
-                "--get-regexp",
-                r"^(core\.sshcommand|ssh\.variant)$",
-            ])
-            .stdin(Stdio::null())
-            .output();
         // Unknown is "theirs": better no belt than overriding a setting.
-        !matches!(out, Ok(o) if o.status.code() == Some(1))
+        self.config_matching(super::ssh::SSH_CONFIG)
+            .map_or(true, |found| !found.is_empty())
     }
 
     /// The same store, waiting at most `wait` for its lock (a publisher
@@ -186,13 +178,19 @@ impl CacheGit {
     /// system, global and the ones forwarded from the user's repository
     /// (lower-case names, as git prints them).
     pub fn transport_settings(&self) -> Result<Vec<(String, String)>> {
+        self.config_matching(r"^(url|protocol)\.")
+    }
+
+    /// `git config --get-regexp PATTERN` as git sees it in cache.git: the
+    /// (lower-case name, value) pairs in git's order, none when nothing
+    /// matches (git's exit 1).
+    pub fn config_matching(&self, pattern: &str) -> Result<Vec<(String, String)>> {
         let out = self
             .git()
-            .args(["config", "--get-regexp", r"^(url|protocol)\."])
+            .args(["config", "--get-regexp", pattern])
             .stdin(Stdio::null())
             .output()
             .context("running git config")?;
-        // Exit 1: no such setting.
         if !out.status.success() && out.status.code() != Some(1) {
             check_status(&out, "git config --get-regexp", None)?;
         }

@@ -147,20 +147,7 @@ fn porcelain_push_verdicts_are_read_for_our_ref_only() {
     assert_eq!(push_rejection(other, dst), None);
 }
 
-/// A tiny deterministic generator for the property tests below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-}
+use crate::test_rng::Rng;
 
 /// Never: a push that lost its lease (on the client or on the server,
 /// whatever else git printed around it, other refs' verdicts included)
