@@ -296,25 +296,16 @@ mod tests {
         assert!(DurationSpec::Seconds(0).resolve_positive("t").is_err());
     }
 
-    /// A small deterministic PRNG (xorshift64*), so hostile cases are reproducible.
-    fn rng(seed: u64) -> impl FnMut(u64) -> u64 {
-        let mut x = seed;
-        move |n| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[test]
     fn duration_parser_never_panics_nor_guesses() {
-        let mut r = rng(0x5eed);
+        let mut r = Rng(0x5eed);
         let alphabet: Vec<char> = "0123456789.hmsdnu µ-+eE_,xMSH\t".chars().collect();
         for _ in 0..20_000 {
-            let len = r(12) as usize;
+            let len = r.below(12) as usize;
             let text: String = (0..len)
-                .map(|_| alphabet[r(alphabet.len() as u64) as usize])
+                .map(|_| alphabet[r.below(alphabet.len() as u64) as usize])
                 .collect();
             // Whatever it is, it parses or is refused with the accepted forms.
             match parse_duration(&text) {
@@ -326,9 +317,12 @@ mod tests {
         for _ in 0..5_000 {
             let (mut text, mut want) = (String::new(), 0u64);
             for (names, secs) in &UNITS[..4] {
-                if r(2) == 0 {
-                    let n = r(1000);
-                    text.push_str(&format!("{n}{}", names[r(names.len() as u64) as usize]));
+                if r.below(2) == 0 {
+                    let n = r.below(1000);
+                    text.push_str(&format!(
+                        "{n}{}",
+                        names[r.below(names.len() as u64) as usize]
+                    ));
                     want += n * *secs as u64;
                 }
             }

@@ -39,6 +39,8 @@ pub mod restore;
 pub mod resume;
 pub mod settings;
 pub mod size;
+#[cfg(test)]
+mod test_rng;
 pub mod trust;
 pub mod unpack;
 pub mod wheel;

@@ -142,30 +142,18 @@ mod tests {
         assert_eq!(text("no url here"), "no url here");
     }
 
-    /// A tiny deterministic PRNG (xorshift), so the cases are the same on
-    /// every run and need no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
+    use crate::test_rng::Rng;
+
+    fn secret(rng: &mut Rng) -> String {
+        // Everything a userinfo may hold unencoded, `@` and `:` included.
+        const SET: &[u8] =
+            b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=%:@";
+        let n = 12 + rng.next() % 20;
+        let mut s = String::from("Z");
+        for _ in 0..n {
+            s.push(SET[(rng.next() % SET.len() as u64) as usize] as char);
         }
-        fn pick<'a>(&mut self, from: &'a [&'a str]) -> &'a str {
-            from[(self.next() % from.len() as u64) as usize]
-        }
-        fn secret(&mut self) -> String {
-            // Everything a userinfo may hold unencoded, `@` and `:` included.
-            const SET: &[u8] =
-                b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=%:@";
-            let n = 12 + self.next() % 20;
-            let mut s = String::from("Z");
-            for _ in 0..n {
-                s.push(SET[(self.next() % SET.len() as u64) as usize] as char);
-            }
-            s
-        }
+        s
     }
 
     /// Never: whatever the surrounding text, scheme, port, path or the
@@ -185,7 +173,7 @@ mod tests {
         ];
         let after = ["", "'", ")", "\"", ": done\n", " and more", ";next"];
         for _ in 0..5000 {
-            let (user, pass) = (rng.secret(), rng.secret());
+            let (user, pass) = (secret(&mut rng), secret(&mut rng));
             let userinfo = match rng.next() % 3 {
                 0 => user.clone(),
                 1 => format!("{user}:{pass}"),

@@ -368,19 +368,7 @@ mod tests {
         assert!(!e.contains('\n'), "{e}");
     }
 
-    /// A small deterministic PRNG (xorshift64*), so property cases repeat.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Kahn's algorithm: an independent answer to "is there a cycle".
     fn acyclic(edges: &[Vec<usize>]) -> bool {
@@ -401,11 +389,11 @@ mod tests {
     fn cycle_check_agrees_with_kahn_on_random_graphs() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..2000 {
-            let n = 1 + rng.below(7);
+            let n = 1 + rng.index(7);
             let edges: Vec<Vec<usize>> = (0..n)
                 .map(|i| {
-                    (0..rng.below(3))
-                        .map(|_| rng.below(n))
+                    (0..rng.index(3))
+                        .map(|_| rng.index(n))
                         .filter(|&j| j != i)
                         .collect()
                 })
@@ -429,12 +417,12 @@ mod tests {
     fn scheduler_keeps_its_promises_on_random_plans() {
         let mut rng = Rng(0xdead_beef_cafe_f00d);
         for _ in 0..3000 {
-            let n = 1 + rng.below(9);
+            let n = 1 + rng.index(9);
             // Edges only to lower indices of a random permutation: acyclic,
             // yet a step may wait for one later in the file.
             let mut perm: Vec<usize> = (0..n).collect();
             for i in (1..n).rev() {
-                perm.swap(i, rng.below(i + 1));
+                perm.swap(i, rng.index(i + 1));
             }
             let mut nodes = vec![
                 Node {
@@ -444,24 +432,24 @@ mod tests {
                 n
             ];
             for k in 1..n {
-                for _ in 0..rng.below(3) {
-                    let dep = perm[rng.below(k)];
+                for _ in 0..rng.index(3) {
+                    let dep = perm[rng.index(k)];
                     if !nodes[perm[k]].after.contains(&dep) {
                         nodes[perm[k]].after.push(dep);
                     }
                 }
             }
             for node in nodes.iter_mut() {
-                node.exclusive = rng.below(4) == 0;
+                node.exclusive = rng.index(4) == 0;
             }
             let ends: Vec<End> = (0..n)
-                .map(|_| match rng.below(10) {
+                .map(|_| match rng.index(10) {
                     0 => End::Failed,
                     1 => End::Fatal,
                     _ => End::Ok,
                 })
                 .collect();
-            let limit = 1 + rng.below(4);
+            let limit = 1 + rng.index(4);
             let mut s = Scheduler::new(&nodes, limit);
             let mut running: Vec<usize> = Vec::new();
             let mut fatal_seen = false;
@@ -478,7 +466,7 @@ mod tests {
                 if running.is_empty() {
                     break;
                 }
-                let i = running.remove(rng.below(running.len()));
+                let i = running.remove(rng.index(running.len()));
                 s.finish(i, ends[i]);
                 fatal_seen |= ends[i] == End::Fatal;
             }

@@ -217,19 +217,7 @@ pub(super) fn collect_chunks(
 mod tests {
     use super::*;
 
-    /// A small deterministic generator for the property below.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[test]
     fn choose_never_picks_a_protected_chunk_and_meets_the_budget_when_it_can() {

@@ -418,21 +418,7 @@ mod tests {
         assert!(mentions("pdf", "pdf"));
     }
 
-    /// xorshift64*: deterministic, so a failing case reproduces.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-            from[(self.next() % from.len() as u64) as usize]
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Every path of the tree under `dir`, `/`-separated, at any depth.
     fn all_paths(dir: &Path, rel: &str, out: &mut Vec<(String, bool)>) {

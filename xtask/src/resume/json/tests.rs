@@ -189,16 +189,7 @@ fn deep_nesting_is_refused_without_exhausting_the_stack() {
     assert!(parse(hostile.as_bytes()).is_err());
 }
 
-/// A small deterministic PRNG (xorshift64*), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+use crate::test_rng::Rng;
 
 fn hostile_units(rng: &mut Rng) -> Vec<u16> {
     let pool: [u16; 16] = [
