@@ -475,40 +475,49 @@ fn processes_a_passing_gate_leaves_behind_are_terminated() {
     );
 }
 
+/// The gate runner's signals: INT (Ctrl-C), TERM (a CI cancel) and HUP (a
+/// closed terminal) are each noted, forwarded to the gate's group, and end
+/// the run with exit 11 and no record.
 #[test]
-fn ctrl_c_on_warmstart_stops_the_gate_group_and_records_nothing() {
-    let env = TestEnv::new();
-    let pidfile = env.join("child.pid");
-    setup(
-        &env,
-        &format!(
-            "kill_grace = \"1s\"\n[[gate]]\nname = \"long\"\ncommand = \"sleep 300 & echo $! > {}; wait\"\n",
-            pidfile.display()
-        ),
-    );
-    let tree = rev(&env, "work", "HEAD^{tree}");
-    let mut child = env
-        .xtask_in("work")
-        .args(["gates", "run"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = wait_pid(&pidfile, &mut child);
-    assert!(alive(pid));
-    // SAFETY: signalling the xtask process this test spawned.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let r = Run {
-        out: child.wait_with_output().unwrap(),
+fn int_term_and_hup_on_warmstart_stop_the_gate_group_and_record_nothing() {
+    for (sig, name) in [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGHUP, "SIGHUP"),
+    ] {
+        let env = TestEnv::new();
+        let pidfile = env.join("child.pid");
+        setup(
+            &env,
+            &format!(
+                "kill_grace = \"1s\"\n[[gate]]\nname = \"long\"\ncommand = \"sleep 300 & echo $! > {}; wait\"\n",
+                pidfile.display()
+            ),
+        );
+        let tree = rev(&env, "work", "HEAD^{tree}");
+        let mut child = env
+            .xtask_in("work")
+            .args(["gates", "run"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = wait_pid(&pidfile, &mut child);
+        assert!(alive(pid));
+        // SAFETY: signalling the xtask process this test spawned.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let r = Run {
+            out: child.wait_with_output().unwrap(),
+        }
+        .expect_code(11);
+        assert!(!alive(pid), "{name}: the gate's child {pid} outlived it");
+        assert!(
+            r.stderr().contains(&format!("interrupted by {name}")),
+            "{name}: {}",
+            r.stderr()
+        );
+        assert_eq!(stored(&env, "work", &tree), None, "{name}");
     }
-    .expect_code(11);
-    assert!(!alive(pid), "the gate's child {pid} outlived the interrupt");
-    assert!(
-        r.stderr().contains("interrupted by SIGINT"),
-        "{}",
-        r.stderr()
-    );
-    assert_eq!(stored(&env, "work", &tree), None);
 }
 
 #[test]

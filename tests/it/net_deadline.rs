@@ -469,6 +469,56 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
     }
 }
 
+/// The watchdog takes a signal only where its disposition is still the
+/// default: a restore started with SIGTERM ignored (a `nohup`ed or
+/// supervised worker) runs on through a SIGTERM, until its stall deadline.
+#[test]
+fn an_ignored_sigterm_stays_ignored_by_the_network_watchdog() {
+    use std::os::unix::process::CommandExt;
+    let fx = published("");
+    let http = HttpGit::start(fx.env.path());
+    let relay = Relay::start(http.port, 40_000);
+    let url = format!("http://127.0.0.1:{}/origin.git", relay.port);
+    let mut args = vec!["cache", "restore", "art", "--remote", &url];
+    args.extend(STALL);
+    let mut cmd = fx.command(&args);
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    // SAFETY: signal(2) is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while partial_files(&fx).is_empty() && pack_temp_files(&fx).is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "ended before a transfer"
+        );
+        assert!(Instant::now() < until, "no chunk transfer started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(8),
+        "the ignored SIGTERM ended it: {err}"
+    );
+    assert!(err.contains("stalled: nothing moved for 3s"), "{err}");
+    assert!(partial_files(&fx).is_empty(), "{:?}", partial_files(&fx));
+}
+
 /// Answers every request with `code` (and the header that goes with it).
 fn refusing_server(code: u16) -> HttpServer {
     HttpServer::start(move |_, s| {
