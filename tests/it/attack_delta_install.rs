@@ -1,5 +1,6 @@
-//! Attacks on the delta install: what a pusher who wrote a lying
-//! file index can keep in a later, honest key's tree.
+//! Attacks on what a later, honest publish or install takes from a key a
+//! pusher wrote: a lying file index (the delta install), and swapped chunk
+//! blobs or frames (the chunks a refresh reuses).
 
 use crate::util::fixture::{Fixture, Manifest, Serve};
 use crate::util::{TestEnv, show};
@@ -30,7 +31,7 @@ fn pin(fx: &Fixture, v: &str) {
 }
 
 /// Publishes `dt-<v>`: forty files, `d/f00` says `first`.
-fn publish(fx: &Fixture, v: &str, first: &str) {
+fn publish(fx: &Fixture, v: &str, first: &str) -> crate::util::Run {
     pin(fx, v);
     let art = fx.env.join("art");
     let _ = fs::remove_dir_all(&art);
@@ -49,7 +50,7 @@ fn publish(fx: &Fixture, v: &str, first: &str) {
     for i in 0..3000 {
         fs::write(art.join(format!("e/g{i:04}")), format!("{i}\n")).unwrap();
     }
-    fx.publish("dt");
+    fx.xtask(&["cache", "publish", "dt", "--json"]).ok()
 }
 
 fn restore(fx: &Fixture, v: &str) -> Value {
@@ -205,17 +206,11 @@ fn zstd_cli(args: &[&str], input: &[u8]) -> std::process::Output {
     out
 }
 
-/// A pusher swaps a key's chunks for frames of the same raw bytes that ask
-/// for a 2 GiB window (`zstd --long=31` from a pipe). The next honest
-/// publish reuses frames by their raw sha256 and, once it checked they
-/// decode to those bytes, puts them in its own key, which CI signs: then
-/// `zstd -d` (the coreutils restore line) and every streaming decoder with
-/// zstd's default memory limit refuse that key.
-#[test]
-fn a_reused_frame_always_decodes_within_zstds_default_window() {
-    let fx = delta_cache();
-    let env = &fx.env;
-    publish(&fx, "1", "base");
+/// The pusher re-frames every chunk of `dt-1` with `zstd ARGS` (the same
+/// raw bytes, other frames), rewrites their sizes and digests in
+/// warmstart.json and SHA256SUMS so the branch agrees with itself, and
+/// pushes. `check` sees each new frame.
+fn swap_frames(env: &TestEnv, args: &[&str], check: &dyn Fn(&[u8])) {
     let cache_ref = pusher_checkout(env);
     let wj = env.join("evil/warmstart.json");
     let mut j: Value = serde_json::from_str(&fs::read_to_string(&wj).unwrap()).unwrap();
@@ -224,9 +219,9 @@ fn a_reused_frame_always_decodes_within_zstds_default_window() {
     for c in chunks.iter_mut() {
         let path = env.join("evil").join(c["file"].as_str().unwrap());
         let raw = zstd_decode(&fs::read(&path).unwrap());
-        let big = zstd_cli(&["-q", "-c", "--long=31"], &raw);
+        let big = zstd_cli(args, &raw);
         assert!(big.status.success(), "{}", show(&big));
-        assert!(!zstd_cli(&["-d", "-q", "-c"], &big.stdout).status.success());
+        check(&big.stdout);
         fs::write(&path, &big.stdout).unwrap();
         c["size"] = big.stdout.len().into();
         let new = hex(&Sha256::digest(&big.stdout));
@@ -246,19 +241,47 @@ fn a_reused_frame_always_decodes_within_zstds_default_window() {
         fs::write(&path, text).unwrap();
     }
     pusher_push(env, &cache_ref);
+}
+
+/// The chunks of `dt-1` on the branch now: (file, bytes).
+fn branch_chunks(env: &TestEnv) -> Vec<(String, Vec<u8>)> {
+    pusher_checkout(env);
+    let j: Value =
+        serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
+            .unwrap();
+    j["keys"]["dt-1"]["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let file = c["file"].as_str().unwrap().to_string();
+            let bytes = fs::read(env.join("evil").join(&file)).unwrap();
+            (file, bytes)
+        })
+        .collect()
+}
+
+/// A pusher swaps a key's chunks for frames of the same raw bytes that ask
+/// for a 2 GiB window (`zstd --long=31` from a pipe). The next honest
+/// publish reuses frames by their raw sha256 and, once it checked they
+/// decode to those bytes, puts them in its own key, which CI signs: then
+/// `zstd -d` (the coreutils restore line) and every streaming decoder with
+/// zstd's default memory limit refuse that key.
+#[test]
+fn a_reused_frame_always_decodes_within_zstds_default_window() {
+    let fx = delta_cache();
+    let env = &fx.env;
+    publish(&fx, "1", "base");
+    swap_frames(env, &["-q", "-c", "--long=31"], &|big| {
+        assert!(!zstd_cli(&["-d", "-q", "-c"], big).status.success());
+    });
 
     // CI restores the cache it refreshes (so cache.git holds its chunks),
     // then publishes the key again, one file changed.
     let r = restore(&fx, "1");
     assert_eq!(r["state"], "restored", "{r}");
     publish(&fx, "1", "next");
-    pusher_checkout(env);
-    let j: Value =
-        serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
-            .unwrap();
-    for c in j["keys"]["dt-1"]["chunks"].as_array().unwrap() {
-        let file = c["file"].as_str().unwrap();
-        let bytes = fs::read(env.join("evil").join(file)).unwrap();
+    for (file, bytes) in branch_chunks(env) {
         let d = zstd_cli(&["-d", "-q", "-c"], &bytes);
         assert!(
             d.status.success(),
@@ -266,6 +289,96 @@ fn a_reused_frame_always_decodes_within_zstds_default_window() {
             show(&d)
         );
     }
+}
+
+/// A pusher re-frames a key's chunks without zstd's content checksum
+/// (`zstd --no-check`): the frames decode to the right bytes, but the
+/// statement of the key CI signs next says every frame carries one. The
+/// honest refresh compresses those chunks again instead of reusing them.
+#[test]
+fn a_frame_without_a_checksum_is_never_reused_into_an_honest_key() {
+    let fx = delta_cache();
+    let env = &fx.env;
+    publish(&fx, "1", "base");
+    swap_frames(env, &["-q", "-c", "--no-check"], &|f| {
+        assert_eq!(f[4] & 0x04, 0, "zstd --no-check made a checksum");
+    });
+    let r = restore(&fx, "1");
+    assert_eq!(r["state"], "restored", "{r}");
+    let refresh = publish(&fx, "1", "next");
+    assert!(
+        refresh.stderr().contains("compressing it again"),
+        "no warning named the refused frames: {}",
+        refresh.stderr()
+    );
+    for (file, bytes) in branch_chunks(env) {
+        assert_ne!(bytes[4] & 0x04, 0, "{file}: the pusher's frame was reused");
+    }
+    fx.forget();
+    let r = restore(&fx, "1");
+    assert_eq!(r["state"], "restored", "{r}");
+}
+
+/// A pusher overwrites one chunk blob of a key with random bytes of the
+/// same size, leaving warmstart.json, SHA256SUMS and any statement as they
+/// were. The next honest publish makes that chunk again (its content did
+/// not change): it must store and push its own bytes, not take the
+/// branch's blob by the name and size warmstart.json claims, and it still
+/// reuses every chunk whose blob it verified.
+#[test]
+fn a_same_size_chunk_swap_is_never_reused_and_an_honest_refresh_heals_the_key() {
+    let fx = delta_cache();
+    let env = &fx.env;
+    let first = crate::util::fixture::json_of(&publish(&fx, "1", "base"));
+    let old: Vec<String> = first["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["sha256"].as_str().unwrap().to_string())
+        .collect();
+    assert!(old.len() >= 4, "{first}");
+    let cache_ref = pusher_checkout(env);
+    let j: Value =
+        serde_json::from_str(&fs::read_to_string(env.join("evil/warmstart.json")).unwrap())
+            .unwrap();
+    let victim = &j["keys"]["dt-1"]["chunks"][2];
+    let (file, digest) = (
+        victim["file"].as_str().unwrap(),
+        victim["sha256"].as_str().unwrap().to_string(),
+    );
+    let size = fs::metadata(env.join("evil").join(file)).unwrap().len();
+    let noise: Vec<u8> = (0..size).map(|i| (i * 7919 % 251) as u8).collect();
+    fs::write(env.join("evil").join(file), noise).unwrap();
+    pusher_push(env, &cache_ref);
+
+    // The honest refresh: d/f00 changes; the victim's content does not.
+    let refresh = publish(&fx, "1", "next");
+    let j = crate::util::fixture::json_of(&refresh);
+    let chunks = j["chunks"].as_array().unwrap();
+    let victim_row = chunks
+        .iter()
+        .find(|c| c["sha256"] == digest.as_str())
+        .unwrap_or_else(|| panic!("the refresh has no chunk {digest}: {j}"));
+    assert_eq!(
+        victim_row["reused"], false,
+        "the pusher's blob was taken: {j}"
+    );
+    assert!(
+        refresh.stderr().contains(&digest) && refresh.stderr().contains("not the bytes"),
+        "no warning named the swapped chunk: {}",
+        refresh.stderr()
+    );
+    // Every other chunk the key had before is reused: verified, not redone.
+    let kept = chunks
+        .iter()
+        .filter(|c| c["sha256"] != digest.as_str() && old.iter().any(|o| c["sha256"] == o.as_str()))
+        .collect::<Vec<_>>();
+    assert!(!kept.is_empty(), "{j}");
+    assert!(kept.iter().all(|c| c["reused"] == true), "{j}");
+    // A fresh machine installs the refreshed key.
+    fx.forget();
+    let r = restore(&fx, "1");
+    assert_eq!(r["state"], "restored", "{r}");
 }
 
 /// A pusher swaps the bytes of one chunk blob of a key and leaves its

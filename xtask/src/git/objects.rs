@@ -234,9 +234,26 @@ impl CacheGit {
     /// is streamed by git into its own pack, uncompressed (see `CONFIG`):
     /// no loose 99 MiB objects, no zlib, no copy through a pipe.
     pub fn blob_writer(&self) -> Result<BlobWriter> {
-        let mut child = self
-            .git()
-            .args(["hash-object", "-w", "--no-filters", "--stdin-paths"])
+        self.hash_objects(true)
+    }
+
+    /// Starts a hasher: the blob id each file would have in cache.git
+    /// (in its object format), storing nothing. A publish compares it with
+    /// the id a branch gives a chunk before it lets that blob stand for the
+    /// chunk it just made: the name a pusher wrote in `warmstart.json`
+    /// proves nothing, the id of the bytes does.
+    pub fn blob_hasher(&self) -> Result<BlobWriter> {
+        self.hash_objects(false)
+    }
+
+    fn hash_objects(&self, write: bool) -> Result<BlobWriter> {
+        let mut cmd = self.git();
+        cmd.arg("hash-object");
+        if write {
+            cmd.arg("-w");
+        }
+        let mut child = cmd
+            .args(["--no-filters", "--stdin-paths"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

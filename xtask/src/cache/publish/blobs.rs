@@ -3,7 +3,10 @@
 //! as git has it, and this key's entry for `warmstart.json`.
 //!
 //! Never holds more than a few chunk files on disk, and never fetches a
-//! blob to reuse it (a chunk cache.git lacks is compressed again).
+//! blob to reuse it (a chunk cache.git lacks is compressed again). A blob
+//! the branch names for a chunk stands for it only when its git id is the
+//! id of the bytes this publish made: `warmstart.json` is a pusher's word,
+//! and a CI signature over it must be over bytes that are there.
 
 use anyhow::{Context, Result, anyhow};
 use serde_json::Value;
@@ -63,6 +66,7 @@ pub(super) fn pack_into_git(
     let earlier = earlier_frames(old, old_oids, &opts);
     let reuse = |raw_sha256: &str| local_blob(git, earlier.get(raw_sha256)?);
     let mut frames_reused = 0;
+    let mut hasher = None;
     let mut tx = Some(tx);
     let result = pack::pack(
         plan,
@@ -75,10 +79,20 @@ pub(super) fn pack_into_git(
         &mut |c: ChunkFile| {
             frames_reused += usize::from(c.reused_frame);
             if let Some(oid) = on_branch.get(c.sha256.as_str()) {
-                std::fs::remove_file(&c.path)
-                    .with_context(|| format!("removing {}", c.path.display()))?;
-                reused.insert(c.index, (*oid).clone());
-                return Ok(());
+                let h = match &mut hasher {
+                    Some(h) => h,
+                    None => hasher.insert(git.blob_hasher()?),
+                };
+                if h.write_file(&c.path)? == **oid {
+                    std::fs::remove_file(&c.path)
+                        .with_context(|| format!("removing {}", c.path.display()))?;
+                    reused.insert(c.index, (*oid).clone());
+                    return Ok(());
+                }
+                out.loud(format!(
+                    "the branch's blob {oid} for chunk {} of {key} is not the bytes warmstart.json names (sha256 {}): storing and pushing this publish's own",
+                    c.index, c.sha256
+                ));
             }
             tx.as_ref()
                 .expect("sender lives until packing ends")
@@ -89,6 +103,9 @@ pub(super) fn pack_into_git(
     );
     bar.finish_and_clear();
     drop(tx.take());
+    if let Some(h) = hasher {
+        h.finish()?;
+    }
     let (packed, mut oids) = joined(result, writer, git, key)?;
     let n = packed.chunks.len();
     let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();

@@ -140,11 +140,19 @@ pub fn frames<T>(
                         _ => return,
                     };
                     let mut frames = Vec::new();
-                    if let Some(f) = reused(&job.raw, limit, reuse) {
-                        if tx.send(Ok((job.index, vec![f]))).is_err() {
-                            return;
+                    match reused(&job.raw, limit, reuse) {
+                        Some(Ok(f)) => {
+                            if tx.send(Ok((job.index, vec![f]))).is_err() {
+                                return;
+                            }
+                            continue;
                         }
-                        continue;
+                        Some(Err(why)) => eprintln!(
+                            "warning: chunk {} (raw sha256 {}): the earlier frame in cache.git {why}; compressing it again",
+                            job.index,
+                            hex::encode(&Sha256::digest(&job.raw))
+                        ),
+                        None => {}
                     }
                     let done = compress(&mut z, &job.raw, sizes, limit, &mut frames)
                         .with_context(|| format!("compressing chunk {}", job.index))
@@ -227,31 +235,84 @@ fn compress(
     Ok(())
 }
 
-/// The frame `reuse` has for `raw`, if it fits `limit`, is one zstd frame,
-/// and a streaming decoder with zstd's default memory limit (as `zstd -d`
-/// in the coreutils line, and our own stream path) decodes it to exactly
-/// `raw` (a wrong or damaged one is ignored: zstd then makes it). The
-/// bytes come from an earlier key a pusher may have written: a frame of
-/// the right bytes that asks for a 2 GiB window would otherwise go into a
-/// key CI signs, which no such decoder then reads.
-fn reused(raw: &[u8], limit: u64, reuse: Reuse) -> Option<Frame> {
+/// The frame `reuse` has for `raw` (`None`: it has none), taken only if
+/// it fits `limit`, is one zstd frame framed as ours are (`framing`), and a
+/// streaming decoder with zstd's default memory limit (as `zstd -d` in the
+/// coreutils line, and our own stream path) decodes it to exactly `raw`;
+/// else why not (zstd then makes the frame). The bytes come from an
+/// earlier key a pusher may have written: a frame of the right bytes that
+/// asks for a 2 GiB window, or carries no checksum, would otherwise go into
+/// a key CI signs, under a statement that promises otherwise.
+fn reused(raw: &[u8], limit: u64, reuse: Reuse) -> Option<Result<Frame, String>> {
     let raw_sha256 = hex::encode(&Sha256::digest(raw));
-    let bytes = reuse(&raw_sha256).filter(|b| b.len() as u64 <= limit)?;
-    let one_frame = zstd::zstd_safe::find_frame_compressed_size(&bytes).ok()? == bytes.len();
-    let mut decoded = Vec::with_capacity(raw.len());
-    zstd::stream::read::Decoder::with_buffer(&bytes[..])
-        .ok()?
-        .take(raw.len() as u64 + 1)
-        .read_to_end(&mut decoded)
-        .ok()?;
-    (one_frame && decoded == raw).then(|| Frame {
+    let bytes = reuse(&raw_sha256)?;
+    Some(check_reused(raw, limit, &bytes).map(|()| Frame {
         reused: true,
         index: 0,
         sha256: hex::encode(&Sha256::digest(&bytes)),
         bytes,
         raw_size: raw.len() as u64,
         raw_sha256,
-    })
+    }))
+}
+
+fn check_reused(raw: &[u8], limit: u64, bytes: &[u8]) -> Result<(), String> {
+    if bytes.len() as u64 > limit {
+        return Err(format!(
+            "is {} bytes, over the limit of {limit}",
+            bytes.len()
+        ));
+    }
+    if zstd::zstd_safe::find_frame_compressed_size(bytes).ok() != Some(bytes.len()) {
+        return Err("is not one zstd frame".into());
+    }
+    framing(bytes, raw.len() as u64)?;
+    let mut decoded = Vec::with_capacity(raw.len());
+    let read = zstd::stream::read::Decoder::with_buffer(bytes)
+        .map_err(|e| format!("does not decode ({e})"))?
+        .take(raw.len() as u64 + 1)
+        .read_to_end(&mut decoded);
+    match read {
+        Ok(_) if decoded == raw => Ok(()),
+        Ok(_) => Err("decodes to other bytes than this chunk's".into()),
+        Err(e) => Err(format!("does not decode ({e})")),
+    }
+}
+
+/// Whether a frame's header is what every frame of ours has, and so what
+/// the statement records (`frames`): a content checksum, no dictionary,
+/// the content size, and a window no larger than the content needs.
+/// (RFC 8878, section 3.1.1.1.)
+fn framing(bytes: &[u8], raw_len: u64) -> Result<(), String> {
+    const MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+    if bytes.get(..4) != Some(&MAGIC[..]) {
+        return Err("is not a zstd frame".into());
+    }
+    let fhd = *bytes.get(4).ok_or("has no frame header")?;
+    let (fcs_flag, single, checksum, dict) = (fhd >> 6, fhd & 0x20 != 0, fhd & 0x04 != 0, fhd & 3);
+    if !checksum {
+        return Err("carries no content checksum".into());
+    }
+    if dict != 0 || fhd & 0x08 != 0 {
+        return Err("names a dictionary or sets a reserved bit".into());
+    }
+    if fcs_flag == 0 && !single {
+        return Err("does not record its content size".into());
+    }
+    if !single {
+        let wd = *bytes.get(5).ok_or("has no window descriptor")?;
+        let log = 10 + u32::from(wd >> 3);
+        let base = 1u64 << log;
+        let window = base + (base / 8) * u64::from(wd & 7);
+        // zstd never needs a window past the content's next power of two.
+        let need = raw_len.max(1 << 10).next_power_of_two();
+        if window > need {
+            return Err(format!(
+                "asks for a {window}-byte window where {raw_len} bytes need at most {need}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn frame(raw: &[u8], bytes: Vec<u8>) -> Frame {
@@ -630,6 +691,58 @@ mod tests {
         .unwrap_err();
         let err = format!("{err:#}");
         assert!(err.contains("raise publish.chunk_bytes"), "{err}");
+    }
+
+    /// Every frame we make passes the framing check (else a refresh would
+    /// never reuse one), and frames framed otherwise do not.
+    #[test]
+    fn our_frames_pass_the_framing_check_and_others_do_not() {
+        use zstd::zstd_safe::CParameter as P;
+        let mut compressible = b"warmstart ".repeat(120_000);
+        compressible.truncate(1 << 20);
+        for data in [
+            noise(100, 1),
+            noise(5000, 2),
+            noise(1 << 20, 3),
+            compressible,
+        ] {
+            for level in [1, 3, 19] {
+                for window_log in [None, Some(20), Some(27)] {
+                    let mut z = Params { level, window_log }.compressor().unwrap();
+                    let bytes = z.compress(&data).unwrap();
+                    check_reused(&data, u64::MAX, &bytes).unwrap_or_else(|e| {
+                        panic!(
+                            "level {level} window {window_log:?} len {}: {e}",
+                            data.len()
+                        )
+                    });
+                }
+            }
+            let hostile = |params: &[P]| {
+                let mut z = zstd::bulk::Compressor::new(3).unwrap();
+                for p in params {
+                    z.set_parameter(*p).unwrap();
+                }
+                z.compress(&data).unwrap()
+            };
+            let no_sum = hostile(&[P::ChecksumFlag(false)]);
+            assert!(
+                check_reused(&data, u64::MAX, &no_sum)
+                    .unwrap_err()
+                    .contains("checksum")
+            );
+            // A streamed frame without its size, asking for a 128 MiB window.
+            let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+            e.set_parameter(P::ChecksumFlag(true)).unwrap();
+            e.set_parameter(P::WindowLog(27)).unwrap();
+            e.set_parameter(P::ContentSizeFlag(false)).unwrap();
+            e.write_all(&data).unwrap();
+            let wide = e.finish().unwrap();
+            assert!(check_reused(&data, u64::MAX, &wide).is_err());
+            let mut reserved = hostile(&[P::ChecksumFlag(true)]);
+            reserved[4] |= 0x08;
+            assert!(check_reused(&data, u64::MAX, &reserved).is_err());
+        }
     }
 
     /// A frame from `Reuse` is handed over as it is when it decodes to the
