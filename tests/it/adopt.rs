@@ -237,6 +237,47 @@ fn adopt_init_is_idempotent_leaves_edits_alone_and_check_finds_stale_files() {
     );
 }
 
+/// An edited bootstrap is the user's and never rewritten; one written by
+/// an older init (without the checks of the parts it reads) is reported
+/// stale by `init --check` (exit 6) with the reason, and `init` says so.
+#[test]
+fn adopt_init_check_reports_an_edited_bootstrap_that_predates_the_part_checks() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    ws(&env, "r", &["init"]).ok();
+    let script = repo.join("tools/warmstart-bootstrap.sh");
+    let current = std::fs::read_to_string(&script).unwrap();
+    let old: String = current
+        .lines()
+        .filter(|l| !l.starts_with("# warmstart-bootstrap-reads:"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        + "# my own line\n";
+    std::fs::write(&script, &old).unwrap();
+    let r = ws(&env, "r", &["init", "--check"]).expect_code(6);
+    assert!(
+        r.stdout()
+            .contains("stale     tools/warmstart-bootstrap.sh")
+            && r.stdout()
+                .contains("predates the checks of the parts it reads"),
+        "{}",
+        r.stdout()
+    );
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(
+        out.contains("yours     tools/warmstart-bootstrap.sh") && out.contains("predates"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&script).unwrap(),
+        old,
+        "never rewritten"
+    );
+    // With its own edit on top of the current script, it is simply the user's.
+    std::fs::write(&script, current + "# my own line\n").unwrap();
+    ws(&env, "r", &["init", "--check"]).ok();
+}
+
 #[test]
 fn adopt_init_pins_the_registry_step_only_with_a_well_formed_hash() {
     let env = TestEnv::new();

@@ -283,3 +283,168 @@ fn the_bootstrap_runs_only_a_signed_binary_cache_and_refuses_every_attack() {
     bx.publish("a", Some("ci"), &["--allow-ungated"]).ok();
     bx.refused("ungated", "--allow-ungated");
 }
+
+/// Runs the bootstrap `--prebuilt-only` under a hard limit of its own (a
+/// hang fails the test instead of stalling the suite), with `vars` set.
+fn bounded_bootstrap(bx: &Bx, vars: &[(&str, &std::ffi::OsStr)]) -> (Run, std::time::Duration) {
+    let _ = std::fs::remove_file(bx.repo.join(".git/warmstart/bootstrap/tool.key"));
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-s", "KILL", "120", "bash"])
+        .arg(bx.repo.join("tools/warmstart-bootstrap.sh"))
+        .arg("--prebuilt-only")
+        .current_dir(&bx.repo);
+    bx.env.isolate(&mut cmd);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let t0 = std::time::Instant::now();
+    let r = run(&mut cmd);
+    (r, t0.elapsed())
+}
+
+/// Never: a part, `SHA256SUMS`, the statement or its signature that is
+/// not a regular, non-executable blob of the size warmstart.json names is
+/// read. Each shape a pusher can give a name on the branch (a symlink to
+/// /dev/zero, which `sha256sum` would read forever; a gitlink; a tree; an
+/// executable; a blob of another size) is refused in seconds with exit 12
+/// under `--prebuilt-only`, naming it, and the install stays as it was.
+#[test]
+fn a_part_that_is_not_a_regular_blob_of_its_size_is_refused_unread() {
+    let bx = Bx::new();
+    bx.publish("a", Some("ci"), &[]).ok();
+    bx.bootstrap(None).ok();
+    // The signed branch as published, put back before each case.
+    let url = bx.daemon.url("origin.git");
+    bx.env.git(".", ["init", "-q", "--bare", "keep.git"]);
+    bx.env
+        .git("keep.git", ["fetch", "-q", &url, "+tool-cache:refs/keep"]);
+    type Shape = fn(&Path, &str);
+    let shapes: [(&str, Shape); 5] = [
+        ("a symlink to /dev/zero", |d, f| {
+            std::fs::remove_file(d.join(f)).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", d.join(f)).unwrap();
+        }),
+        ("a gitlink", |d, f| {
+            std::fs::remove_file(d.join(f)).unwrap();
+            let sub = d.join(f);
+            std::fs::create_dir_all(&sub).unwrap();
+            for args in [
+                &["init", "-q"][..],
+                &[
+                    "-c",
+                    "user.name=p",
+                    "-c",
+                    "user.email=p@x",
+                    "commit",
+                    "-q",
+                    "--allow-empty",
+                    "-m",
+                    "x",
+                ],
+            ] {
+                assert!(
+                    Command::new("git")
+                        .args(args)
+                        .current_dir(&sub)
+                        .status()
+                        .unwrap()
+                        .success()
+                );
+            }
+        }),
+        ("a tree", |d, f| {
+            std::fs::remove_file(d.join(f)).unwrap();
+            std::fs::create_dir_all(d.join(f)).unwrap();
+            std::fs::write(d.join(f).join("x"), "x").unwrap();
+        }),
+        ("an executable", |d, f| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d.join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }),
+        ("a blob of another size", |d, f| {
+            let mut b = std::fs::read(d.join(f)).unwrap();
+            b.push(0);
+            std::fs::write(d.join(f), b).unwrap();
+        }),
+    ];
+    let mut cases = 0;
+    for name in [
+        "tool-1.tar.zst.part001",
+        "SHA256SUMS",
+        "tool-1.statement",
+        "tool-1.statement.sig",
+    ] {
+        for (what, shape) in &shapes {
+            // A size of its own is a part's promise only.
+            if *what == "a blob of another size" && !name.contains(".part") {
+                continue;
+            }
+            bx.env.git(
+                "keep.git",
+                ["push", "-q", "-f", &url, "refs/keep:refs/heads/tool-cache"],
+            );
+            bx.tamper(|d| shape(d, name));
+            let (r, took) = bounded_bootstrap(&bx, &[]);
+            let case = format!("{name} as {what}");
+            assert_eq!(r.code(), 12, "{case}\n{}", show(&r.out));
+            assert!(
+                took < std::time::Duration::from_secs(60),
+                "{case}: took {took:?}"
+            );
+            assert!(
+                r.stderr().contains(&format!("refused: {name} on ")),
+                "{case}: not named\n{}",
+                show(&r.out)
+            );
+            assert_eq!(bx.installed(), TRUSTED, "{case}: the install changed");
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 17);
+}
+
+/// A step that reads data and never ends (here a `sha256sum` that hangs)
+/// runs into the bootstrap's deadline: one line naming the step and the
+/// setting, the next fallback, and exit 8 under `--prebuilt-only`.
+#[test]
+fn a_read_past_its_deadline_ends_the_binary_cache_with_exit_8() {
+    let bx = Bx::new();
+    bx.publish("a", Some("ci"), &[]).ok();
+    let slow = bx.env.join("slow-bin");
+    std::fs::create_dir_all(&slow).unwrap();
+    let fake = slow.join("sha256sum");
+    std::fs::write(&fake, "#!/bin/sh\nexec sleep 300\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", slow.display(), std::env::var("PATH").unwrap());
+    let (r, took) = bounded_bootstrap(
+        &bx,
+        &[
+            ("PATH", path.as_ref()),
+            ("WARMSTART_BOOTSTRAP_FETCH_TIMEOUT", "3".as_ref()),
+        ],
+    );
+    assert_eq!(r.code(), 8, "{}", show(&r.out));
+    assert!(took < std::time::Duration::from_secs(60), "took {took:?}");
+    assert!(
+        r.stderr().contains("sha256sum -c of tool-1 ran past 3s")
+            && r.stderr().contains("compile: skipped (--prebuilt-only)"),
+        "{}",
+        show(&r.out)
+    );
+}
+
+/// The trust root is HEAD's committed tree: a `[trust] policy = "off"`
+/// written into the work tree's manifest and never committed changes
+/// nothing; the unsigned key a pusher published is still refused.
+#[test]
+fn an_uncommitted_policy_off_never_lets_the_bootstrap_take_an_unsigned_key() {
+    let bx = Bx::new();
+    bx.publish("a", Some("ci"), &[]).ok();
+    bx.bootstrap(None).ok();
+    bx.publish("att", None, &[]).ok();
+    let m = bx.repo.join("cache-manifests/tool.toml");
+    let text = std::fs::read_to_string(&m).unwrap();
+    std::fs::write(&m, format!("{text}\n[trust]\npolicy = \"off\"\n")).unwrap();
+    bx.refused("uncommitted policy off", "is unsigned");
+}

@@ -6,7 +6,7 @@
 #
 #   tools/warmstart-bootstrap.sh [RESTORE-ARGS...]    e.g. --background
 #   tools/warmstart-bootstrap.sh --print-key          the binary cache key of this checkout
-#   tools/warmstart-bootstrap.sh --prebuilt-only ...  fail (exit 1; 12 after a trust refusal) rather than compile
+#   tools/warmstart-bootstrap.sh --prebuilt-only ...  fail (exit 1; 12 after a refusal, 8 after a deadline) rather than compile
 #   tools/warmstart-bootstrap.sh --no-prebuilt ...    always compile
 #   tools/warmstart-bootstrap.sh --build-only         compile, print the binary's path, restore nothing (CI)
 #
@@ -21,21 +21,28 @@
 # 1. binary cache: fetch the key from the cache branch with git alone; where
 #    the trust policy asks, check its signed statement with `ssh-keygen -Y
 #    verify` (no ssh-keygen and policy require: refused, on to the next
-#    step); check every part with `sha256sum -c` before a byte is
-#    decompressed, install by rename;
+#    step); read only regular blobs of the sizes warmstart.json names (never
+#    a symlink, gitlink, tree or executable where a part is expected); check
+#    every part with `sha256sum -c` before a byte is decompressed, every
+#    step that reads data under a deadline; install by rename;
 # 2. registry: `pip install --require-hashes` of the exact version and hashes
 #    the manifest pins (omitted until a version is published);
 # 3. compile: the manifest's build command.
 # Then: exec <binary> restore "$@".
 set -euo pipefail
+# warmstart-bootstrap-reads: regular-blobs deadline head-trust
+# (`warmstart init --check` reads this line: a bootstrap without it predates
+# those checks and is reported stale.)
 
 say() { echo "bootstrap: $*" >&2; }
 die() { say "$*"; exit 1; }
-# The last fallback failed: exit 12 when a binary cache was refused as
-# untrusted on the way (README.md "Exit codes"), else 1.
+# The last fallback failed: exit 12 when a binary cache was refused on the
+# way (untrusted, or a part that is not a regular blob of its size), 8 when
+# a step ran past its deadline (README.md "Exit codes"), else 1.
 give_up() {
   say "$*"
   if [ -n "${untrusted:-}" ]; then exit 12; fi
+  if [ -n "${timed_out:-}" ]; then exit 8; fi
   exit 1
 }
 
@@ -103,9 +110,7 @@ while IFS=$'\t' read -r table idx field value; do
     bootstrap.build) IFS=$'\037' read -r -a build <<<"$value" ;;
     bootstrap.pip) pip_req=$value ;;
     bootstrap.pip_hashes) IFS=$'\037' read -r -a pip_hashes <<<"$value" ;;
-    trust.policy) trust_policy=$value ;;
-    trust.principals) IFS=$'\037' read -r -a trust_principals <<<"$value" ;;
-    trust.allow_ungated) trust_allow_ungated=$value ;;
+    trust.*) ;; # read from HEAD's copy of the manifest below
     key.name) pin_names[idx]=$value ;;
     key.literal | key.platform | key.git_tree | key.file)
       pin_kinds[idx]=$field pin_values[idx]=$value ;;
@@ -129,12 +134,36 @@ cache_stamp=$git_dir/warmstart/cache/stamps/$name.json # warmstart::cache::stamp
 # The newest signed created_at this clone has seen per cache key, shared
 # with the binary: `<cache> <key> <created_at>` lines (warmstart::trust::seen).
 seen_file=$git_dir/warmstart/trust/seen
-untrusted="" # set by a trust refusal: giving up then exits 12 ("untrusted")
+untrusted="" # set by a refusal: giving up then exits 12 ("untrusted")
+timed_out="" # set by a step past its deadline: giving up then exits 8
+# The deadline of the fetch, and of each step that reads the fetched data.
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
+# `limited CMD...`: CMD under the deadline where `timeout` exists; 124 (and
+# timed_out set) when it ran past it.
+limited() {
+  local rc=0
+  if command -v timeout >/dev/null; then
+    timeout "$fetch_timeout" "$@" || rc=$?
+  else
+    "$@" || rc=$?
+  fi
+  if [ "$rc" = 124 ]; then timed_out=1; fi
+  return "$rc"
+}
 
-# ---- the trust policy: the manifest's [trust] policy, else
-# cache-manifests/trust.toml at HEAD (never the work tree, never a cache
-# branch), else off. README.md "Trust".
+# ---- the trust policy: the [trust] table of the manifest as committed at
+# HEAD, else cache-manifests/trust.toml at HEAD (never the work tree, never a
+# cache branch), else off. README.md "Trust".
+if head_manifest=$(git show "HEAD:$manifest" 2>/dev/null); then
+  head_rows=$(records <(printf '%s\n' "$head_manifest")) || die "$manifest at HEAD cannot be read by this script (see above)"
+  while IFS=$'\t' read -r table idx field value; do
+    case "$table.$field" in
+      trust.policy) trust_policy=$value ;;
+      trust.principals) IFS=$'\037' read -r -a trust_principals <<<"$value" ;;
+      trust.allow_ungated) trust_allow_ungated=$value ;;
+    esac
+  done <<<"$head_rows"
+fi
 if [ -z "$trust_policy" ]; then
   trust_policy=off
   if trust_toml=$(git show HEAD:cache-manifests/trust.toml 2>/dev/null); then
@@ -249,17 +278,17 @@ trusted_statement() {
   command -v ssh-keygen >/dev/null ||
     { say "binary cache: policy $trust_policy needs ssh-keygen to check $key.statement, and it is not installed: refusing the binary cache"; return 1; }
   st=$tmp/branch/$key.statement sig=$tmp/branch/$key.statement.sig
-  if ! { git archive "$commit" "$key.statement" "$key.statement.sig" 2>/dev/null | tar -x -C "$tmp/branch" 2>/dev/null &&
-    [ -f "$st" ] && [ -f "$sig" ]; }; then
+  if ! { in_tree "$key.statement" && in_tree "$key.statement.sig"; }; then
     say "binary cache: untrusted: $key on $ref is unsigned (no $key.statement with its .sig): refusing it"
     return 1
   fi
+  regular_blob "$commit" "$key.statement" 1048576 && regular_blob "$commit" "$key.statement.sig" 65536 || return 1
   git show HEAD:cache-manifests/allowed_signers >"$tmp/allowed_signers" 2>/dev/null ||
     { say "binary cache: untrusted: cache-manifests/allowed_signers is not in HEAD, so nobody may sign $key: refusing it"; return 1; }
-  who=$(ssh-keygen -Y find-principals -f "$tmp/allowed_signers" -s "$sig" 2>/dev/null) || who=""
+  who=$(limited ssh-keygen -Y find-principals -f "$tmp/allowed_signers" -s "$sig" 2>/dev/null) || who=""
   for p in $who; do
     if [ ${#trust_principals[@]} -gt 0 ] && ! printf '%s\n' "${trust_principals[@]}" | grep -qxF -- "$p"; then continue; fi
-    if ssh-keygen -Y verify -f "$tmp/allowed_signers" -I "$p" -n warmstart-cache -s "$sig" <"$st" >/dev/null 2>&1; then
+    if limited ssh-keygen -Y verify -f "$tmp/allowed_signers" -I "$p" -n warmstart-cache -s "$sig" <"$st" >/dev/null 2>&1; then
       ok=$p
       break
     fi
@@ -329,12 +358,57 @@ not_a_rollback() {
   fi
 }
 
+# `git ls-tree -l` of the fetched commit, once: mode, type, size and name
+# of each entry, in $tmp/tree.
+tree_listing() {
+  limited git ls-tree -l "$1" >"$tmp/tree" ||
+    { say "binary cache: cannot list $ref@${1:0:12}: not installing"; return 1; }
+}
+
+# `regular_blob COMMIT NAME LIMIT [exact]`: NAME on the commit is a regular,
+# non-executable file (mode 100644) of at most LIMIT bytes (exactly LIMIT
+# with `exact`), then extracted into $tmp/branch; else one line, and the
+# binary cache is refused (exit 12 with --prebuilt-only).
+regular_blob() {
+  local commit=$1 name=$2 limit=$3 exact=${4:-} mode type oid size
+  read -r mode type oid size < <(awk -F'\t' -v n="$name" '$2 == n { print $1; exit }' "$tmp/tree") || true
+  if [ -z "${mode:-}" ]; then say "binary cache: $ref has no $name: not installing"; return 1; fi
+  if [ "$mode" != 100644 ] || [ "$type" != blob ]; then
+    untrusted=1
+    say "binary cache: refused: $name on $ref is mode $mode ($type), not a regular file (100644): not installing"
+    return 1
+  fi
+  if ! [[ $limit =~ ^[0-9]+$ ]] || ! [[ $size =~ ^[0-9]+$ ]] ||
+    { [ -n "$exact" ] && [ "$size" != "$limit" ]; } || [ "$size" -gt "$limit" ]; then
+    untrusted=1
+    say "binary cache: refused: $name on $ref is $size bytes where ${exact:+exactly }${limit:-a size in warmstart.json} is expected: not installing"
+    return 1
+  fi
+  limited git cat-file blob "$oid" >"$tmp/branch/$name" ||
+    { say "binary cache: reading $name from $ref failed${timed_out:+ (past ${fetch_timeout}s)}: not installing"; return 1; }
+}
+
+in_tree() { awk -F'\t' -v n="$1" '$2 == n { found = 1 } END { exit !found }' "$tmp/tree"; }
+
+# The size of each part of $key, from warmstart.json's chunk entries
+# (`"file": "<part>"`, then its `"size": N`, one field a line as warmstart
+# writes it): `<part> TAB <size>` lines in $tmp/sizes; `part_size NAME`.
+part_sizes() {
+  LC_ALL=C awk -v p="$key.tar.zst.part" '
+    match($0, /^[ \t]*"file": "[^"]*"/) { v = substr($0, RSTART, RLENGTH); sub(/^[ \t]*"file": "/, "", v); sub(/"$/, "", v); f = (index(v, p) == 1 ? v : ""); next }
+    f != "" && match($0, /^[ \t]*"size": [0-9]+/) { v = substr($0, RSTART, RLENGTH); sub(/^[ \t]*"size": /, "", v); print f "\t" v; f = "" }
+  ' "$tmp/branch/warmstart.json" >"$tmp/sizes"
+}
+part_size() { awk -F'\t' -v n="$1" '$1 == n { print $2; exit }' "$tmp/sizes"; }
+
 # ---- 1. binary cache. Called in an `if`, where bash ignores `set -e`:
 # every step checks its own status.
 binary_cache() {
   command -v zstd >/dev/null || { say "binary cache: zstd is not installed"; return 1; }
-  timeout "$fetch_timeout" git fetch --quiet --depth 1 --no-tags "$remote" "$ref" 2>/dev/null ||
-    { say "binary cache: no $ref on $remote (or $remote unreachable within ${fetch_timeout}s)"; return 1; }
+  local rc=0
+  limited git fetch --quiet --depth 1 --no-tags "$remote" "$ref" 2>/dev/null || rc=$?
+  if [ "$rc" = 124 ]; then say "binary cache: fetching $ref from $remote ran past ${fetch_timeout}s (WARMSTART_BOOTSTRAP_FETCH_TIMEOUT)"; return 1; fi
+  [ "$rc" = 0 ] || { say "binary cache: no $ref on $remote (or $remote unreachable)"; return 1; }
   local commit f prefix="$key.tar.zst.part"
   local parts=()
   commit=$(git rev-parse FETCH_HEAD) || return 1
@@ -346,7 +420,26 @@ binary_cache() {
   mkdir -p "$(dirname "$install_dir")" || return 1
   tmp=$(mktemp -d "$(dirname "$install_dir")/.bootstrap-XXXXXX") || return 1
   mkdir -p "$tmp/branch" "$tmp/stage" || return 1
-  git archive "$commit" SHA256SUMS "${parts[@]}" | tar -x -C "$tmp/branch" || return 1
+  # Only regular blobs, of the sizes warmstart.json names, are read: a
+  # pusher's symlink part (`sha256sum` follows it, to /dev/zero say) or a
+  # gitlink never reaches tar or sha256sum.
+  # A branch of the first format has no warmstart.json: its parts are
+  # held to the chunk limit (100 MiB) instead.
+  tree_listing "$commit" || return 1
+  : >"$tmp/sizes"
+  if in_tree warmstart.json; then
+    regular_blob "$commit" warmstart.json 16777216 && part_sizes || return 1
+  fi
+  regular_blob "$commit" SHA256SUMS 16777216 || return 1
+  local size
+  for f in "${parts[@]}"; do
+    size=$(part_size "$f")
+    if [ -n "$size" ]; then
+      regular_blob "$commit" "$f" "$size" exact || return 1
+    else
+      regular_blob "$commit" "$f" 104857600 || return 1
+    fi
+  done
 
   # ---- trust: where the policy asks for signed caches, the key's signed
   # statement is checked (`ssh-keygen -Y verify` against
@@ -357,6 +450,8 @@ binary_cache() {
   if [ "$trust_policy" != off ]; then
     if trusted_statement "$commit"; then
       sums=$tmp/branch/$key.statement
+    elif [ -n "$timed_out" ]; then
+      return 1
     elif [ "$trust_policy" = require ]; then
       untrusted=1
       return 1
@@ -371,10 +466,25 @@ binary_cache() {
     "$sums" >"$tmp/key.sums" || return 1
   [ "$(wc -l <"$tmp/key.sums")" -eq ${#parts[@]} ] ||
     { say "binary cache: $(basename "$sums") on $ref does not list every part of $key: not installing"; return 1; }
-  (cd "$tmp/branch" && sha256sum --quiet -c "$tmp/key.sums" >&2) ||
-    { say "binary cache: sha256sum -c failed for $key on $ref: not installing"; return 1; }
-  (cd "$tmp/branch" && cat "${parts[@]}") | zstd -d -q | tar -x -C "$tmp/stage" --no-same-owner ||
-    { say "binary cache: unpacking $key failed: not installing"; return 1; }
+  # (A subshell's `timed_out` is lost: the deadline shows as status 124.)
+  rc=0
+  (cd "$tmp/branch" && limited sha256sum --quiet -c "$tmp/key.sums" >&2) || rc=$?
+  if [ "$rc" = 124 ]; then
+    timed_out=1
+    say "binary cache: sha256sum -c of $key ran past ${fetch_timeout}s (WARMSTART_BOOTSTRAP_FETCH_TIMEOUT): not installing"
+    return 1
+  fi
+  [ "$rc" = 0 ] || { say "binary cache: sha256sum -c failed for $key on $ref: not installing"; return 1; }
+  (cd "$tmp/branch" && cat "${parts[@]}") | limited zstd -d -q | limited tar -x -C "$tmp/stage" --no-same-owner
+  local unpacked=("${PIPESTATUS[@]}")
+  case " ${unpacked[*]} " in
+    *" 124 "*)
+      timed_out=1
+      say "binary cache: unpacking $key ran past ${fetch_timeout}s (WARMSTART_BOOTSTRAP_FETCH_TIMEOUT): not installing"
+      return 1 ;;
+    " 0 0 0 ") ;;
+    *) say "binary cache: unpacking $key failed: not installing"; return 1 ;;
+  esac
   [ -x "$tmp/stage/$exec_name" ] || { say "binary cache: $key holds no executable $exec_name"; return 1; }
   # Swap in by rename; the old copy goes only once the new one is in place.
   mkdir -p "$(dirname "$stamp")" || return 1

@@ -123,10 +123,21 @@ fn sync_files(repo: &Repo, files: &[File], check: bool) -> Result<(Vec<Row>, Vec
         let mut detail = String::new();
         let word = match (&state, check) {
             (State::Current, _) => "current",
-            (State::Yours(why), _) => {
-                detail = format!("{why}: left alone");
-                "yours"
-            }
+            (State::Yours(why), _) => match unsafe_bootstrap(f, existing.as_deref()) {
+                Some(danger) if check => {
+                    stale.push(f.rel.clone());
+                    detail = format!("{why}, and {danger}");
+                    "stale"
+                }
+                Some(danger) => {
+                    detail = format!("{why}: left alone, but {danger}");
+                    "yours"
+                }
+                None => {
+                    detail = format!("{why}: left alone");
+                    "yours"
+                }
+            },
             (State::Missing | State::Stale, true) => {
                 stale.push(f.rel.clone());
                 if state == State::Missing {
@@ -151,6 +162,22 @@ fn sync_files(repo: &Repo, files: &[File], check: bool) -> Result<(Vec<Row>, Vec
         });
     }
     Ok((rows, stale))
+}
+
+/// The line by which a bootstrap says it reads only regular blobs of their
+/// named sizes, under deadlines, with trust from HEAD (see bootstrap.sh).
+const BOOTSTRAP_READS: &str = "# warmstart-bootstrap-reads: regular-blobs deadline head-trust";
+
+/// Why an edited bootstrap (which init never rewrites) is unsafe to keep:
+/// one an older init wrote lacks the checks against a pusher's parts.
+fn unsafe_bootstrap(f: &File, existing: Option<&str>) -> Option<String> {
+    let text = existing?;
+    (f.rel == BOOTSTRAP_PATH && !text.lines().any(|l| l == BOOTSTRAP_READS)).then(|| {
+        format!(
+            "it predates the checks of the parts it reads (a pusher's symlinked part hangs it; a work-tree trust policy is honoured): move your edits into a fresh `{} init` copy (delete {BOOTSTRAP_PATH}, rerun init)",
+            crate::invocation::command()
+        )
+    })
 }
 
 /// The rows as text, or as `init --json`'s document.
