@@ -380,8 +380,26 @@ fn an_ungated_key_is_refused_unless_its_manifest_opts_in() {
         m("\n[trust]\nallow_ungated = true\n"),
     )
     .unwrap();
+    // Trust settings count once committed: HEAD is the trust root.
+    refused(&fx, "ungated", &before);
+    fx.env.git("work", ["commit", "-q", "-am", "allow ungated"]);
     let r = json(&restore(&fx).ok());
     assert_eq!(r["state"], "restored");
+}
+
+/// The trust root is HEAD's committed tree: a `[trust] policy = "off"`
+/// in the work tree's manifest, never committed, changes nothing, and a
+/// pusher's unsigned key is still refused; once committed it counts.
+#[test]
+fn an_uncommitted_policy_off_in_the_manifest_never_switches_the_checks_off() {
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "att", None, &[]).ok();
+    manifest(&fx, "work", "1", "[trust]\npolicy = \"off\"\n");
+    let r = restore(&fx).expect_code(12);
+    assert!(r.stderr().contains("unsigned"), "{}", r.stderr());
+    assert!(!target(&fx).exists(), "installed anyway");
+    fx.env.git("work", ["commit", "-q", "-am", "policy off"]);
+    restore(&fx).ok();
 }
 
 /// Rotation: a key signed by a signer removed from allowed_signers is
@@ -395,7 +413,9 @@ fn a_rotated_out_signer_is_refused_and_resign_brings_keys_back() {
     set_trust(&fx, Some("require"), &["ci"], "");
     let r = restore(&fx).expect_code(12);
     assert!(
-        r.stderr().contains("signer seen: SHA256:"),
+        r.stderr().contains("signer seen: SHA256:")
+            && r.stderr().contains("was removed, its keys stay refused")
+            && r.stderr().contains("cache resign art --signing-key KEY"),
         "{}",
         r.stderr()
     );

@@ -432,7 +432,10 @@ fn remote_state(
         nearest: None,
         differs: Vec::new(),
         error: None,
-        policy: Some(checker.root.effective(&m.trust).0.name()),
+        policy: checker
+            .cache_trust(sh, &m.name)
+            .ok()
+            .map(|t| checker.root.effective(&t).0.name()),
     };
     let remote = match git.resolve_remote(sh, &m.remote) {
         Ok(remote) => remote,

@@ -81,6 +81,9 @@ pub struct Checker {
     pub root: Root,
     verifier: Option<Verifier>,
     state_dir: std::path::PathBuf,
+    repo_root: std::path::PathBuf,
+    /// Each cache's `[trust]` table at HEAD, read once.
+    committed: std::collections::HashMap<String, CacheTrust>,
 }
 
 impl Checker {
@@ -90,7 +93,20 @@ impl Checker {
             root: policy::load_root(sh, repo)?,
             verifier: None,
             state_dir: repo.state_dir(),
+            repo_root: repo.root.clone(),
+            committed: std::collections::HashMap::new(),
         })
+    }
+
+    /// Cache `name`'s `[trust]` table as committed at HEAD
+    /// (`policy::committed_cache_trust`): never the work tree's.
+    pub fn cache_trust(&mut self, sh: &Shell, name: &str) -> Result<CacheTrust> {
+        if let Some(t) = self.committed.get(name) {
+            return Ok(t.clone());
+        }
+        let t = policy::committed_cache_trust(sh, &self.repo_root, name)?;
+        self.committed.insert(name.to_string(), t.clone());
+        Ok(t)
     }
 
     /// The verdict on `key` of cache `m` (its warmstart.json `entry` and
@@ -104,7 +120,8 @@ impl Checker {
         files: &KeyFiles,
         seen: Option<&str>,
     ) -> Result<KeyTrust> {
-        let (cache, trust): (&str, &CacheTrust) = (&m.name, &m.trust);
+        let committed = self.cache_trust(sh, &m.name)?;
+        let (cache, trust): (&str, &CacheTrust) = (&m.name, &committed);
         let Some(text) = &files.statement else {
             return Ok(KeyTrust::not(
                 key,
@@ -285,8 +302,17 @@ pub fn refusal_line(cache: &str, branch: &Branch, v: &KeyTrust, root: &Root) -> 
     } else {
         String::new()
     };
+    // Signed, but by nobody allowed now: the usual story is a signer taken
+    // out of allowed_signers, whose keys are refused from then on.
+    let removed = match (&v.signer, v.verdict) {
+        (Some(signer), "untrusted") => format!(
+            "; if {signer} was an allowed signer and was removed, its keys stay refused: republish them (`{cmd} cache publish {cache}`), or next time re-sign them with `{cmd} cache resign {cache} --signing-key KEY` before the old signer is removed",
+            cmd = crate::invocation::command()
+        ),
+        _ => String::new(),
+    };
     format!(
-        "untrusted: key {} of cache {cache} on branch {} ({}): {}; signer seen: {}; who may sign is listed in {}{planted}",
+        "untrusted: key {} of cache {cache} on branch {} ({}): {}; signer seen: {}; who may sign is listed in {}{planted}{removed}",
         v.key,
         branch.name,
         v.verdict,
@@ -445,7 +471,8 @@ pub fn check_key(
     branch: &Branch,
     key: &str,
 ) -> Result<Gate> {
-    let (policy, source) = checker.root.effective(&m.trust);
+    let committed = checker.cache_trust(sh, &m.name)?;
+    let (policy, source) = checker.root.effective(&committed);
     let note = (source == Source::Unset).then(|| {
         format!(
             "note: no trust policy: {} is not in HEAD, so signatures of cache {} are not checked (policy off); see README \"Trust\"",

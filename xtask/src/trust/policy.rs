@@ -115,6 +115,40 @@ pub fn load_root(sh: &Shell, repo: &Repo) -> Result<Root> {
     })
 }
 
+/// The `[trust]` table of `cache-manifests/<name>.toml` as committed at
+/// HEAD of the repository at `root` (the default when the manifest or its
+/// table is not there). A restore takes its trust settings from here and
+/// never from the work tree, where an uncommitted `policy = "off"` would
+/// switch the checks off. A committed table that does not parse is exit 10.
+pub fn committed_cache_trust(sh: &Shell, root: &std::path::Path, name: &str) -> Result<CacheTrust> {
+    let spec = format!("HEAD:./cache-manifests/{name}.toml");
+    let out = cmd!(sh, "git -C {root} cat-file blob {spec}")
+        .quiet()
+        .ignore_status()
+        .ignore_stderr()
+        .output()
+        .with_context(|| format!("reading cache-manifests/{name}.toml at HEAD"))?;
+    if !out.status.success() {
+        return Ok(CacheTrust::default());
+    }
+    let bad = |e: String| {
+        fail(
+            Code::Config,
+            format!("cache-manifests/{name}.toml at HEAD: {e} (fix it and commit)"),
+        )
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| bad(crate::settings::toml_error_line(&text, &e)))?;
+    match table.get("trust") {
+        None => Ok(CacheTrust::default()),
+        Some(t) => t
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(format!("[trust]: {}", e.message()))),
+    }
+}
+
 /// An object's id and bytes, as `git cat-file --batch` gives them.
 pub type Object = (String, Vec<u8>);
 
