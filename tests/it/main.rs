@@ -34,6 +34,7 @@ mod containment_property;
 mod demo;
 mod gates;
 mod gates_refs;
+mod gates_trust;
 mod git_errors;
 mod json_contract;
 mod net_deadline;
