@@ -33,6 +33,7 @@ mod containment;
 mod containment_property;
 mod demo;
 mod gates;
+mod gates_evidence;
 mod gates_refs;
 mod gates_trust;
 mod git_errors;
