@@ -17,7 +17,7 @@ use std::path::Path;
 use xshell::Shell;
 
 use crate::exit::{Code, fail};
-use crate::gates::record::{Entry, Record};
+use crate::gates::record::Entry;
 use crate::repo::Repo;
 use crate::trust::sshsig::{self, Verdict, Verifier};
 use crate::trust::{policy, policy::Root, sign};
@@ -150,22 +150,6 @@ impl Judge {
             ),
         )
     }
-}
-
-/// Refuses (exit 12) unless every gate of `names` in `record` is signed by
-/// an allowed signer of HEAD; names the first that is not, and its signer.
-pub fn require_signed(sh: &Shell, repo: &Repo, record: &Record, names: &[String]) -> Result<()> {
-    let mut judge = Judge::new(sh, repo)?;
-    for name in names {
-        let Some(entry) = record.gates.get(name) else {
-            return Err(judge.refusal(&record.tree, name, "it is not in the record", None));
-        };
-        let signed = judge.judge(sh, &record.tree, name, entry)?;
-        if !signed.trusted() {
-            return Err(judge.refusal(&record.tree, name, &signed.why_not(), signed.seen()));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
