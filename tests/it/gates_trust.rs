@@ -231,8 +231,23 @@ fn record_in(env: &TestEnv, dir: &Path, tree: &str) -> Value {
 fn forged_gate_record_never_skips_or_publishes_in_signed_setup() {
     let s = Setup::new(true);
     s.forge(None);
-    let (_, r) = s.ci(1);
+    let (clone, r) = s.ci(1);
     assert_ran_red_and_published_nothing(&s, "unsigned forged record", &r);
+    // The job's clone holds the forged record: shown as stored, never counted.
+    let status = run(s.env.xtask_in(&clone).args(["gates", "status"])).ok();
+    assert!(
+        status
+            .stdout()
+            .contains("sets signed_gates: an entry counts only when"),
+        "{}",
+        show(&status.out)
+    );
+    let check = run(s.env.xtask_in(&clone).args(["gates", "check"])).expect_code(12);
+    assert!(
+        check.stderr().contains("gate test") && check.stderr().contains("not signed"),
+        "{}",
+        show(&check.out)
+    );
     s.forge(Some("evil"));
     let (_, r) = s.ci(1);
     assert_ran_red_and_published_nothing(&s, "record signed by a stranger", &r);

@@ -348,6 +348,14 @@ fn status(sh: &Shell, repo: &Repo, args: StatusArgs) -> Result<()> {
             "stale: the gate's command, cwd or env changed since it was recorded; run it again"
         );
     }
+    // The table shows the record as stored; which entries count is `check`'s.
+    if crate::trust::policy::load_root(sh, repo).is_ok_and(|r| r.signed_gates) {
+        println!(
+            "{} sets signed_gates: an entry counts only when an allowed signer signed it; `{} gates check` says which do",
+            crate::trust::policy::TRUST_FILE,
+            crate::invocation::command()
+        );
+    }
     Ok(())
 }
 
