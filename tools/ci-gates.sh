@@ -7,7 +7,11 @@
 # 1. fetch the record someone may already have pushed for this tree (a failed
 #    fetch is only a warning: every gate then runs here);
 # 2. run the gates not green yet for this tree; a failing gate stops the job
-#    here (exit 11) and nothing is published;
+#    here (exit 11) and nothing is published. A fetched record skips a gate
+#    only where trust.toml sets `signed_gates` and an allowed signer signed
+#    its entry; otherwise only records this clone wrote itself skip one, so a
+#    record someone pushed never skips a gate here. With WARMSTART_SIGNING_KEY
+#    set, the entries this job records are signed with it;
 # 3. push the green record, so other machines can check it;
 # 4. `cache publish` each CACHE (default: every cache manifest, i.e. every
 #    cache-manifests/*.toml except gates, restore and trust.toml); publish itself
@@ -15,7 +19,9 @@
 #
 # Environment: WARMSTART_REMOTE (default origin), XTASK (how to run warmstart,
 # default `cargo xtask`; .github/workflows/gates.yml sets it to the binary it
-# built). Build the artifacts the caches pack before calling it.
+# built), WARMSTART_SIGNING_KEY (the private key of an allowed signer, when
+# cache-manifests/allowed_signers lists one: gate records and published keys
+# are signed with it). Build the artifacts the caches pack before calling it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +31,11 @@ read -r -a xtask <<<"${XTASK:-cargo xtask}"
 if ! "${xtask[@]}" gates fetch "$remote"; then
   echo "tools/ci-gates.sh: could not fetch gate records from $remote; running every gate here" >&2
 fi
-"${xtask[@]}" gates run --skip-green
+sign=()
+if [ -n "${WARMSTART_SIGNING_KEY:-}" ]; then
+  sign=(--sign)
+fi
+"${xtask[@]}" gates run --skip-green ${sign[@]+"${sign[@]}"}
 "${xtask[@]}" gates push "$remote"
 
 caches=("$@")

@@ -805,9 +805,13 @@ fn init_writes_require_only_with_a_first_signer() {
 
     let spec = format!("ci={}.pub", key.display());
     init(&["--signer", &spec]).ok();
+    // Gate records then count only when an allowed signer signed them.
+    let text = std::fs::read_to_string(&trust).unwrap();
+    let fields: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(
-        std::fs::read_to_string(&trust).unwrap().lines().last(),
-        Some("policy = \"require\"")
+        fields,
+        ["policy = \"require\"", "signed_gates = true"],
+        "{text}"
     );
     let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
     assert_eq!(

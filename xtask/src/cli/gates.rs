@@ -28,8 +28,11 @@ pub enum GatesCommand {
     /// Exit 0 if the gates are green for HEAD's tree on a clean worktree, else
     /// exit 9 naming the missing gates and the command that makes them green.
     ///
-    /// This is the check `cache publish` makes; CI jobs call it before
-    /// anything that must only happen on a proven tree.
+    /// Where trust.toml sets `signed_gates` (or with --require-signed), an
+    /// entry counts only when an allowed signer of HEAD signed it for this
+    /// tree, gate and command: exit 12 naming the first that is not. This is
+    /// the check `cache publish` makes; CI jobs call it before anything that
+    /// must only happen on a proven tree.
     Check(CheckArgs),
     /// Fetch HEAD's tree's record from a remote and merge it into the local one.
     Fetch(RemoteArgs),
@@ -45,7 +48,9 @@ pub struct RunArgs {
     /// After a gate fails, run the remaining ones anyway [default: stop]
     #[arg(long)]
     pub keep_going: bool,
-    /// Skip the gates already green for this tree (e.g. after `gates fetch`)
+    /// Skip the gates already green for this tree: on an entry an allowed
+    /// signer signed where trust.toml sets `signed_gates`, else only on one
+    /// this clone's own `gates run` recorded (a fetched record never skips)
     #[arg(long)]
     pub skip_green: bool,
     /// Only run and report: record nothing, and allow a dirty worktree
@@ -80,7 +85,8 @@ pub struct CheckArgs {
     /// Print the verdict (and the record when green) as JSON on stdout
     #[arg(long)]
     pub json: bool,
-    /// Accept only entries signed by an allowed signer of HEAD (exit 12 otherwise)
+    /// Accept only entries signed by an allowed signer of HEAD (exit 12
+    /// otherwise), as trust.toml's `signed_gates` makes every check do
     #[arg(long)]
     pub require_signed: bool,
 }

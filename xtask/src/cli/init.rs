@@ -22,7 +22,9 @@ pub struct InitArgs {
     /// A signer allowed to publish caches, as `PRINCIPAL=PUBLIC_KEY_FILE`
     /// (repeatable, e.g. `ci=ci_signing_key.pub`): written to
     /// cache-manifests/allowed_signers, and then cache-manifests/trust.toml
-    /// with `policy = "require"`. Without it no policy is written (off).
+    /// with `policy = "require"` and `signed_gates = true` (a gate record
+    /// counts only when an allowed signer signed it). Without it no policy
+    /// is written (off).
     #[arg(long, value_name = "PRINCIPAL=FILE")]
     pub signer: Vec<String>,
     /// Print one JSON object: `files` (each `path`, `state`, `detail`),

@@ -3,16 +3,19 @@
 //!
 //! `manifest` parses `cache-manifests/gates.toml` into a plan, `record` is the
 //! JSON record format, `store` keeps records in git refs and moves them between
-//! clones, `runner` runs one command in its own process group with a deadline,
-//! `run` is `gates run`. This file holds the other commands and
-//! [`require_green`], the check `cache publish` calls.
+//! clones, `own` keeps this clone's own runs, `evidence` is the rule of which
+//! entries count, `run` is `gates run`. This file holds the other commands
+//! and [`require_green`], the check `cache publish` calls.
 //!
 //! Must never: record a gate that did not pass, record for a dirty worktree
 //! or for a tree other than the one the gate ran on, count an entry whose
-//! command digest differs from the gate's current definition as green, or
-//! leave a gate's processes running after it ends.
+//! command digest differs from the gate's current definition as green, count
+//! an untrusted entry under `signed_gates`, or leave a gate's processes
+//! running after it ends.
 
+pub mod evidence;
 pub mod manifest;
+pub mod own;
 pub mod record;
 mod run;
 pub mod store;
@@ -25,6 +28,8 @@ use xshell::Shell;
 use crate::cli::gates::{CheckArgs, FetchFirst, GatesArgs, GatesCommand, RemoteArgs, StatusArgs};
 use crate::exit::{Code, fail};
 use crate::repo::Repo;
+use crate::trust::gatesig::Judge;
+use evidence::{Rule, Standing, Use};
 use manifest::Plan;
 use record::{Record, State};
 use store::Head;
@@ -47,20 +52,29 @@ pub fn run(sh: &Shell, args: GatesArgs) -> Result<()> {
 }
 
 /// The green record covering every `required` gate for HEAD's tree on a clean
-/// worktree, as JSON to embed in a cache branch's warmstart.json (the record
-/// restricted to the required gates). With `required` empty: `Value::Null`.
+/// worktree, as JSON to embed in a cache branch's warmstart.json (the
+/// entries that count, `evidence`). With `required` empty: `Value::Null`.
+/// `signed` says why only signed entries count for this caller (e.g. a cache
+/// manifest's `[trust] signed_gates`); trust.toml's `signed_gates` asks it
+/// of every caller.
 ///
 /// Errors: exit 9 (`Code::NotGreen`) when the worktree is dirty or a gate is
 /// missing or stale, naming them and the command that makes them green; exit
-/// 10 when gates.toml is missing, invalid, or does not define a required
-/// gate; exit 5 when the stored record is unreadable. Local only: call
+/// 12 when only signed entries count and a gate's is not trusted; exit 10
+/// when gates.toml is missing, invalid, or does not define a required gate;
+/// exit 5 when the stored record is unreadable. Local only: call
 /// [`fetch_record`] first to take records pushed from other machines.
-pub fn require_green(sh: &Shell, repo: &Repo, required: &[String]) -> Result<Value> {
+pub fn require_green(
+    sh: &Shell,
+    repo: &Repo,
+    required: &[String],
+    signed: Option<String>,
+) -> Result<Value> {
     if required.is_empty() {
         return Ok(Value::Null);
     }
     let plan = manifest::load(&repo.root)?;
-    verdict(sh, repo, &plan, required)?.require()
+    verdict(sh, repo, &plan, required, signed)?.require()
 }
 
 /// Fetches `remote`'s record for HEAD's tree into this clone (merging it with
@@ -80,46 +94,75 @@ struct Verdict {
     head: Head,
     dirty: Vec<String>,
     record: Option<Record>,
-    /// Each asked gate's state, in the order asked.
-    states: Vec<(String, State)>,
+    /// Each asked gate's standing for a publish, in the order asked.
+    states: Vec<(String, Standing)>,
+    /// Why only signed entries count, when they do.
+    signed: Option<String>,
+    judge: Judge,
 }
 
-fn verdict(sh: &Shell, repo: &Repo, plan: &Plan, names: &[String]) -> Result<Verdict> {
+fn verdict(
+    sh: &Shell,
+    repo: &Repo,
+    plan: &Plan,
+    names: &[String],
+    signed: Option<String>,
+) -> Result<Verdict> {
     let gates = plan.select(names)?;
     let head = store::head(sh, &repo.root)?;
     let dirty = store::dirty(sh, &repo.root, &plan.ignore)?;
     let record = store::read_valid(sh, &repo.root, &head.tree)?;
-    let states = gates
-        .iter()
-        .map(|g| {
-            let state = record
-                .as_ref()
-                .map_or(State::Missing, |r| r.state(&g.name, &g.digest));
-            (g.name.clone(), state)
+    let own = own::read(repo, &head.tree)?;
+    let mut judge = Judge::new(sh, repo)?;
+    let signed = signed.or_else(|| {
+        judge.root.signed_gates.then(|| {
+            format!(
+                "{} sets signed_gates = true",
+                crate::trust::policy::TRUST_FILE
+            )
         })
-        .collect();
+    });
+    let rule = if signed.is_some() {
+        Rule::Signed
+    } else {
+        Rule::Open
+    };
+    let mut states = Vec::new();
+    for g in gates {
+        let s = evidence::standing(
+            sh,
+            &mut judge,
+            rule,
+            Use::Publish,
+            &head.tree,
+            g,
+            record.as_ref(),
+            &own,
+        )?;
+        states.push((g.name.clone(), s));
+    }
     Ok(Verdict {
         head,
         dirty,
         record,
         states,
+        signed,
+        judge,
     })
 }
 
 impl Verdict {
+    /// The asked gates with no entry of their current definition.
     fn missing(&self) -> Vec<String> {
         self.states
             .iter()
-            .filter(|(_, s)| *s != State::Green)
+            .filter(|(_, s)| matches!(s, Standing::Missing | Standing::Stale))
             .map(|(n, _)| n.clone())
             .collect()
     }
 
-    fn green(&self) -> bool {
-        self.dirty.is_empty() && self.missing().is_empty()
-    }
-
-    /// The record restricted to the asked gates, if green; else the exit-9 error.
+    /// The record restricted to the asked gates, if green; else the exit-9
+    /// (or, for an entry that does not count, exit-12) error.
     fn require(&self) -> Result<Value> {
         let tree = &self.head.tree;
         if !self.dirty.is_empty() {
@@ -143,13 +186,29 @@ impl Verdict {
                 ),
             ));
         }
-        let names: Vec<String> = self.states.iter().map(|(n, _)| n.clone()).collect();
         // No gates asked (an empty gates.toml): green, with an empty record.
-        let record = self
+        let mut record = self
             .record
             .clone()
             .unwrap_or_else(|| Record::new(tree))
-            .only(&names);
+            .only(&[]);
+        for (name, state) in &self.states {
+            match state {
+                Standing::Counts(e) => record.insert(name, (**e).clone()),
+                Standing::NotEvidence(why) => {
+                    let seen = match why {
+                        evidence::Refused::Signature(s) => s.seen(),
+                        evidence::Refused::NotOwn => None,
+                    };
+                    let e = self.judge.refusal(tree, name, &why.why(), seen);
+                    return Err(match &self.signed {
+                        Some(because) => e.context(because.clone()),
+                        None => e,
+                    });
+                }
+                Standing::Missing | Standing::Stale => unreachable!("refused above"),
+            }
+        }
         Ok(serde_json::to_value(record)?)
     }
 }
@@ -205,15 +264,9 @@ fn check(sh: &Shell, repo: &Repo, args: CheckArgs) -> Result<()> {
         args.names
     };
     fetch_first(sh, repo, &args.fetch);
-    let v = verdict(sh, repo, &plan, &names)?;
-    let mut result = v.require();
-    if args.require_signed
-        && result.is_ok()
-        && let Some(record) = &v.record
-        && let Err(e) = crate::trust::gatesig::require_signed(sh, repo, record, &names)
-    {
-        result = Err(e);
-    }
+    let signed = args.require_signed.then(|| "--require-signed".to_string());
+    let v = verdict(sh, repo, &plan, &names, signed)?;
+    let result = v.require();
     if args.json {
         let doc = json!({
             "green": result.is_ok(),
@@ -241,7 +294,7 @@ fn check(sh: &Shell, repo: &Repo, args: CheckArgs) -> Result<()> {
 fn status(sh: &Shell, repo: &Repo, args: StatusArgs) -> Result<()> {
     let plan = manifest::load(&repo.root)?;
     fetch_first(sh, repo, &args.fetch);
-    let v = verdict(sh, repo, &plan, &plan.names())?;
+    let v = Status::of(sh, repo, &plan)?;
     let entry = |name: &str| v.record.as_ref().and_then(|r| r.gates.get(name));
     if args.json {
         let gates: Vec<Value> = v
@@ -295,7 +348,52 @@ fn status(sh: &Shell, repo: &Repo, args: StatusArgs) -> Result<()> {
             "stale: the gate's command, cwd or env changed since it was recorded; run it again"
         );
     }
+    // The table shows the record as stored; which entries count is `check`'s.
+    if crate::trust::policy::load_root(sh, repo).is_ok_and(|r| r.signed_gates) {
+        println!(
+            "{} sets signed_gates: an entry counts only when an allowed signer signed it; `{} gates check` says which do",
+            crate::trust::policy::TRUST_FILE,
+            crate::invocation::command()
+        );
+    }
     Ok(())
+}
+
+/// What `gates status` shows: the shared record's state of every gate, as
+/// recorded (whether an entry would count is `gates check`'s question).
+struct Status {
+    head: Head,
+    dirty: Vec<String>,
+    record: Option<Record>,
+    states: Vec<(String, State)>,
+}
+
+impl Status {
+    fn of(sh: &Shell, repo: &Repo, plan: &Plan) -> Result<Status> {
+        let head = store::head(sh, &repo.root)?;
+        let dirty = store::dirty(sh, &repo.root, &plan.ignore)?;
+        let record = store::read_valid(sh, &repo.root, &head.tree)?;
+        let states = plan
+            .gates
+            .iter()
+            .map(|g| {
+                let state = record
+                    .as_ref()
+                    .map_or(State::Missing, |r| r.state(&g.name, &g.digest));
+                (g.name.clone(), state)
+            })
+            .collect();
+        Ok(Status {
+            head,
+            dirty,
+            record,
+            states,
+        })
+    }
+
+    fn green(&self) -> bool {
+        self.dirty.is_empty() && self.states.iter().all(|(_, s)| *s == State::Green)
+    }
 }
 
 fn fetch(sh: &Shell, repo: &Repo, args: RemoteArgs) -> Result<()> {

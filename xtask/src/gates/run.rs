@@ -4,6 +4,7 @@
 //! A gate is recorded only if it exited 0 and HEAD's tree and the clean
 //! worktree are the same after it as before; a failing, timed-out or
 //! interrupted gate records nothing and its output tail is printed again.
+//! `--skip-green` skips a gate only on an entry `evidence` counts for a skip.
 
 use anyhow::Result;
 use serde_json::{Value, json};
@@ -12,14 +13,16 @@ use std::process::Command;
 use std::time::Duration;
 use xshell::Shell;
 
+use super::evidence::{self, Rule, Standing, Use};
 use super::manifest::{self, Gate, Plan};
-use super::record::{Entry, Record, State};
+use super::record::{Entry, Record};
 use super::store::{self, Head};
 use super::{dirty_reason, seconds, short, table};
 use crate::cli::gates::RunArgs;
 use crate::exit::{Code, fail};
 use crate::process::runner;
 use crate::repo::Repo;
+use crate::trust::gatesig::Judge;
 
 /// Lines of a failed gate's output repeated after it, with the log's path.
 const TAIL_LINES: usize = 30;
@@ -85,8 +88,8 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
     if record_it {
         refuse_dirty(sh, repo, &plan, &head)?;
     }
-    let existing = if args.skip_green {
-        store::read_valid(sh, &repo.root, &head.tree)?
+    let mut skips = if args.skip_green {
+        Some(Skips::new(sh, repo, &head)?)
     } else {
         None
     };
@@ -113,14 +116,22 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
             runs.push(run);
             continue;
         }
-        if existing
-            .as_ref()
-            .is_some_and(|r| r.state(&gate.name, &gate.digest) == State::Green)
-        {
-            run.result = Ended::AlreadyGreen;
-            run.recorded = true;
-            runs.push(run);
-            continue;
+        if let Some(skips) = &mut skips {
+            match skips.standing(sh, gate)? {
+                Standing::Counts(_) => {
+                    run.result = Ended::AlreadyGreen;
+                    run.recorded = true;
+                    runs.push(run);
+                    continue;
+                }
+                Standing::NotEvidence(why) => {
+                    run.note = Some(format!(
+                        "not skipped: its record entry does not count, {}",
+                        why.why()
+                    ));
+                }
+                Standing::Missing | Standing::Stale => {}
+            }
         }
         run_one(repo, &plan, gate, &mut run)?;
         if run.result == Ended::Passed && record_it {
@@ -135,6 +146,48 @@ pub(super) fn run_gates(sh: &Shell, repo: &Repo, args: RunArgs) -> Result<()> {
     }
     report(&head, &runs, record_it);
     finish(&head, &runs, record_it)
+}
+
+/// What `--skip-green` may skip on: the entries of HEAD's tree, shared and
+/// this clone's own, judged by `evidence` (signed entries only, where
+/// trust.toml sets `signed_gates`; else this clone's own only).
+struct Skips {
+    tree: String,
+    record: Option<Record>,
+    own: std::collections::BTreeMap<String, Entry>,
+    judge: Judge,
+    rule: Rule,
+}
+
+impl Skips {
+    fn new(sh: &Shell, repo: &Repo, head: &Head) -> Result<Skips> {
+        let judge = Judge::new(sh, repo)?;
+        let rule = if judge.root.signed_gates {
+            Rule::Signed
+        } else {
+            Rule::Open
+        };
+        Ok(Skips {
+            tree: head.tree.clone(),
+            record: store::read_valid(sh, &repo.root, &head.tree)?,
+            own: super::own::read(repo, &head.tree)?,
+            judge,
+            rule,
+        })
+    }
+
+    fn standing(&mut self, sh: &Shell, gate: &Gate) -> Result<Standing> {
+        evidence::standing(
+            sh,
+            &mut self.judge,
+            self.rule,
+            Use::Skip,
+            &self.tree,
+            gate,
+            self.record.as_ref(),
+            &self.own,
+        )
+    }
 }
 
 /// A recorded run must test the tree HEAD names: a dirty worktree is refused.
@@ -304,6 +357,8 @@ fn record_pass(
         r.insert(&gate.name, entry.clone());
         r
     })?;
+    // Kept apart from the shared record, which a fetch may merge over.
+    super::own::keep(repo, &head.tree, &gate.name, &entry)?;
     run.recorded = true;
     Ok(())
 }

@@ -240,8 +240,9 @@ fn trust_signers(specs: &[String]) -> Result<Vec<String>> {
 }
 
 /// With signers: cache-manifests/allowed_signers (created, or the new
-/// lines appended) and trust.toml `policy = "require"` (when missing).
-/// `require` is never written without a signer to satisfy it.
+/// lines appended) and trust.toml `policy = "require"` with `signed_gates =
+/// true` (when missing), so that a gate record counts only when an allowed
+/// signer signed it. `require` is never written without a signer to satisfy it.
 fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>> {
     use crate::trust::policy::{SIGNERS_FILE, TRUST_FILE};
     if signers.is_empty() {
@@ -275,19 +276,20 @@ fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>>
         detail: String::new(),
     });
     let trust = repo.root.join(TRUST_FILE);
-    let row = if read_optional(&trust)?.is_some() {
+    let row = if let Some(text) = read_optional(&trust)? {
+        let signed = crate::trust::policy::parse_trust_toml(&text).is_ok_and(|f| f.signed_gates);
         Row {
             path: TRUST_FILE.into(),
             state: "yours",
-            detail: "exists: left alone".into(),
+            detail: if signed {
+                "exists: left alone".into()
+            } else {
+                "exists: left alone; add `signed_gates = true` so that only signed gate records count".into()
+            },
         }
     } else {
         if !check {
-            write(
-                &trust,
-                "# Who may publish caches: cache-manifests/allowed_signers. README.md \"Trust\".\npolicy = \"require\"\n",
-                false,
-            )?;
+            write(&trust, TRUST_TOML, false)?;
         }
         Row {
             path: TRUST_FILE.into(),
@@ -298,6 +300,15 @@ fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>>
     rows.push(row);
     Ok(rows)
 }
+
+/// The trust.toml `init --signer` writes.
+const TRUST_TOML: &str =
+    "# Who may publish caches: cache-manifests/allowed_signers. README.md \"Trust\".
+# signed_gates: a gate record counts (skips a gate, lets a cache publish) only
+# when an allowed signer signed it; tools/ci-gates.sh signs with WARMSTART_SIGNING_KEY.
+policy = \"require\"
+signed_gates = true
+";
 
 /// How to get the first signing key in, and how CI signs.
 fn print_trust_steps(repo: &Repo, cmd: &str) {
@@ -311,10 +322,10 @@ fn print_trust_steps(repo: &Repo, cmd: &str) {
     println!(
         "trust: no policy, so restores check no signature (off). To require signed caches:\n  \
 ssh-keygen -t ed25519 -N '' -C warmstart-ci -f ci_signing_key   # or a maintainer's ed25519 key\n  \
-{cmd} init --signer ci=ci_signing_key.pub                     # writes {SIGNERS_FILE} and {TRUST_FILE} (require)\n  \
-CI signs with the private key kept as a secret (e.g. CI_SIGNING_KEY):\n    \
-umask 077 && printf '%s\\n' \"$CI_SIGNING_KEY\" > \"$RUNNER_TEMP/signing_key\"\n    \
-WARMSTART_SIGNING_KEY=\"$RUNNER_TEMP/signing_key\" {cmd} cache publish NAME"
+{cmd} init --signer ci=ci_signing_key.pub                     # writes {SIGNERS_FILE} and {TRUST_FILE} (require, signed_gates)\n  \
+CI signs its gate records and caches with the private key kept as a secret:\n  \
+.github/workflows/gates.yml reads the CI_SIGNING_KEY secret; another CI writes the key\n  \
+to a file and runs WARMSTART_SIGNING_KEY=FILE tools/ci-gates.sh"
     );
 }
 

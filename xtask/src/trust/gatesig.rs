@@ -5,9 +5,11 @@
 //! `signature` field: an SSHSIG (namespace `warmstart-cache`) over the
 //! attestation text `warmstart-gate 1`, `tree`, `gate`, `digest` (what the
 //! entry claims: this gate definition passed on this tree). Merges keep an
-//! entry whole, signature included. `gates check --require-signed` and a
-//! publish whose manifest sets `[trust] signed_gates = true` accept only
-//! entries whose signature verifies against allowed_signers at HEAD.
+//! entry whole, signature included. Where `signed_gates` is set (trust.toml,
+//! or a cache manifest's `[trust]` table), and for `gates check
+//! --require-signed`, an entry counts only when its signature verifies
+//! against allowed_signers at HEAD ([`Judge`]); `crate::gates::evidence`
+//! applies that rule to skips and publishes.
 
 use anyhow::Result;
 use serde_json::Value;
@@ -15,10 +17,10 @@ use std::path::Path;
 use xshell::Shell;
 
 use crate::exit::{Code, fail};
-use crate::gates::record::{Entry, Record};
+use crate::gates::record::Entry;
 use crate::repo::Repo;
 use crate::trust::sshsig::{self, Verdict, Verifier};
-use crate::trust::{Checker, sign};
+use crate::trust::{policy, policy::Root, sign};
 
 /// The entry field that holds the signature.
 pub const FIELD: &str = "signature";
@@ -52,62 +54,102 @@ pub fn sign_entry(sh: &Shell, key: &Path, tree: &str, gate: &str, entry: &mut En
     Ok(())
 }
 
-/// Refuses (exit 12) unless every gate of `names` in `record` is signed by
-/// an allowed signer of HEAD; names the first that is not, and its signer.
-pub fn require_signed(sh: &Shell, repo: &Repo, record: &Record, names: &[String]) -> Result<()> {
-    let checker = Checker::new(sh, repo)?;
-    let where_ = checker.root.signers_where();
-    let refuse = |gate: &str, why: String, signer: Option<String>| {
+/// What a gate entry's signature is worth, against allowed_signers at HEAD.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signed {
+    /// Over this tree, gate and the entry's digest, by an allowed signer.
+    Trusted { principal: String },
+    /// No signature.
+    Unsigned,
+    /// A valid signature by a key allowed_signers does not list.
+    Stranger { fingerprint: String },
+    /// Not a signature over this tree, gate and digest (made for another
+    /// one, or not a signature at all).
+    Invalid,
+    /// There is no allowed_signers at HEAD, so nobody may sign.
+    NoSigners,
+}
+
+impl Signed {
+    pub fn trusted(&self) -> bool {
+        matches!(self, Signed::Trusted { .. })
+    }
+
+    /// Why an entry is not trusted, for messages (empty when it is).
+    pub fn why_not(&self) -> String {
+        match self {
+            Signed::Trusted { .. } => String::new(),
+            Signed::Unsigned => "its entry is not signed (run `gates run --sign`)".into(),
+            Signed::Stranger { .. } => "its signing key is not an allowed signer".into(),
+            Signed::Invalid => "its signature does not verify over this tree and gate".into(),
+            Signed::NoSigners => "no allowed_signers file, so nobody may sign".into(),
+        }
+    }
+
+    /// The signer to name in messages, if one was seen.
+    pub fn seen(&self) -> Option<&str> {
+        match self {
+            Signed::Trusted { principal } => Some(principal),
+            Signed::Stranger { fingerprint } => Some(fingerprint),
+            _ => None,
+        }
+    }
+}
+
+/// Judges gate entries against the trust root at HEAD; ssh-keygen runs only
+/// for an entry that carries a signature.
+pub struct Judge {
+    pub root: Root,
+    verifier: Option<Verifier>,
+    state_dir: std::path::PathBuf,
+}
+
+impl Judge {
+    /// Reads the trust root at HEAD of `repo` (trust.toml and allowed_signers).
+    pub fn new(sh: &Shell, repo: &Repo) -> Result<Judge> {
+        Ok(Judge {
+            root: policy::load_root(sh, repo)?,
+            verifier: None,
+            state_dir: repo.state_dir(),
+        })
+    }
+
+    /// The worth of `entry` as gate `gate` of tree `tree`: its signature
+    /// is checked over the attestation of exactly these and its digest.
+    pub fn judge(&mut self, sh: &Shell, tree: &str, gate: &str, entry: &Entry) -> Result<Signed> {
+        let Some(sig) = entry.extra.get(FIELD).and_then(Value::as_str) else {
+            return Ok(Signed::Unsigned);
+        };
+        let Some(allowed) = &self.root.allowed_signers else {
+            return Ok(Signed::NoSigners);
+        };
+        if self.verifier.is_none() {
+            let dir = sshsig::scratch_dir(&self.state_dir, "gates");
+            self.verifier = Some(Verifier::new(dir, allowed)?);
+        }
+        let verifier = self.verifier.as_mut().expect("made above");
+        let text = attestation(tree, gate, &entry.digest);
+        sshsig::count_check();
+        Ok(
+            match verifier.verify(sh, sig.as_bytes(), text.as_bytes(), &[])? {
+                Verdict::Trusted { principal, .. } => Signed::Trusted { principal },
+                Verdict::Untrusted { fingerprint, .. } => Signed::Stranger { fingerprint },
+                Verdict::Invalid => Signed::Invalid,
+            },
+        )
+    }
+
+    /// The refusal (exit 12) of gate `gate` of the record for `tree`.
+    pub fn refusal(&self, tree: &str, gate: &str, why: &str, seen: Option<&str>) -> anyhow::Error {
         fail(
             Code::Untrusted,
             format!(
-                "untrusted: gate {gate} of the record for tree {}: {why}; signer seen: {}; who may sign is listed in {where_}",
-                record.tree,
-                signer.as_deref().unwrap_or("none")
+                "untrusted: gate {gate} of the record for tree {tree}: {why}; signer seen: {}; who may sign is listed in {}",
+                seen.unwrap_or("none"),
+                self.root.signers_where()
             ),
         )
-    };
-    let Some(allowed) = &checker.root.allowed_signers else {
-        let first = names.first().map(String::as_str).unwrap_or("(none)");
-        return Err(refuse(
-            first,
-            "no allowed_signers file, so nobody may sign".into(),
-            None,
-        ));
-    };
-    let mut verifier = Verifier::new(sshsig::scratch_dir(&repo.state_dir(), "gates"), allowed)?;
-    for name in names {
-        let Some(entry) = record.gates.get(name) else {
-            return Err(refuse(name, "it is not in the record".into(), None));
-        };
-        let Some(sig) = entry.extra.get(FIELD).and_then(Value::as_str) else {
-            return Err(refuse(
-                name,
-                "its entry is not signed (run `gates run --sign`)".into(),
-                None,
-            ));
-        };
-        let text = attestation(&record.tree, name, &entry.digest);
-        sshsig::count_check();
-        match verifier.verify(sh, sig.as_bytes(), text.as_bytes(), &[])? {
-            Verdict::Trusted { .. } => {}
-            Verdict::Untrusted { fingerprint, .. } => {
-                return Err(refuse(
-                    name,
-                    "its signing key is not an allowed signer".into(),
-                    Some(fingerprint),
-                ));
-            }
-            Verdict::Invalid => {
-                return Err(refuse(
-                    name,
-                    "its signature does not verify over this tree and gate".into(),
-                    None,
-                ));
-            }
-        }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 //! `load_root` is the one place that runs git.
 
 use anyhow::{Context, Result, anyhow, bail};
-use serde::Deserialize;
 use xshell::{Shell, cmd};
 
 use crate::exit::{Code, fail};
@@ -19,19 +18,16 @@ pub const TRUST_FILE: &str = "cache-manifests/trust.toml";
 /// The allowed signers (OpenSSH `allowed_signers` format).
 pub const SIGNERS_FILE: &str = "cache-manifests/allowed_signers";
 
-pub use crate::cache::format::trust::{CacheTrust, Policy};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTrustFile {
-    policy: Policy,
-}
+pub use crate::cache::format::trust::{CacheTrust, Policy, TrustFile};
 
 /// Parses trust.toml's text (errors are one line, naming the field).
 pub fn parse_trust_file(text: &str) -> Result<Policy> {
-    let raw: RawTrustFile = toml::from_str(text)
-        .map_err(|e| anyhow!("{}", crate::settings::toml_error_line(text, &e)))?;
-    Ok(raw.policy)
+    Ok(parse_trust_toml(text)?.policy)
+}
+
+/// Parses trust.toml's text into all its fields.
+pub fn parse_trust_toml(text: &str) -> Result<TrustFile> {
+    toml::from_str(text).map_err(|e| anyhow!("{}", crate::settings::toml_error_line(text, &e)))
 }
 
 /// The trust root of the commit being restored for.
@@ -43,6 +39,8 @@ pub struct Root {
     pub policy: Option<Policy>,
     /// allowed_signers at HEAD (`None`: the file is not there).
     pub allowed_signers: Option<Vec<u8>>,
+    /// trust.toml's `signed_gates` at HEAD (false without the file).
+    pub signed_gates: bool,
 }
 
 /// Where a cache's policy came from, for messages.
@@ -93,11 +91,11 @@ pub fn load_root(sh: &Shell, repo: &Repo) -> Result<Root> {
         .with_context(|| format!("reading the trust root at HEAD of {}", root.display()))?
         .into_iter();
     let head = objects.next().flatten().map(|(oid, _)| oid);
-    let policy = match objects.next().flatten() {
+    let file = match objects.next().flatten() {
         None => None,
         Some((_, bytes)) => {
             let text = String::from_utf8_lossy(&bytes);
-            Some(parse_trust_file(&text).map_err(|e| {
+            Some(parse_trust_toml(&text).map_err(|e| {
                 fail(
                     Code::Config,
                     format!(
@@ -110,8 +108,9 @@ pub fn load_root(sh: &Shell, repo: &Repo) -> Result<Root> {
     let allowed_signers = objects.next().flatten().map(|(_, b)| b);
     Ok(Root {
         head,
-        policy,
+        policy: file.map(|f| f.policy),
         allowed_signers,
+        signed_gates: file.is_some_and(|f| f.signed_gates),
     })
 }
 
@@ -198,11 +197,19 @@ mod tests {
         );
         assert_eq!(parse_trust_file("policy = \"warn\"").unwrap(), Policy::Warn);
         assert_eq!(parse_trust_file("policy = \"off\"").unwrap(), Policy::Off);
+        let f = parse_trust_toml("policy = \"require\"\nsigned_gates = true\n").unwrap();
+        assert!(f.signed_gates && f.policy == Policy::Require);
+        assert!(
+            !parse_trust_toml("policy = \"require\"")
+                .unwrap()
+                .signed_gates
+        );
         for bad in [
             "policy = \"strict\"",
             "",
             "policy = \"off\"\nextra = 1",
             "policy = 1",
+            "policy = \"off\"\nsigned_gates = \"yes\"",
         ] {
             let e = parse_trust_file(bad).unwrap_err();
             assert!(!format!("{e:#}").contains('\n'), "{bad:?}: {e:#}");
@@ -215,6 +222,7 @@ mod tests {
             head: None,
             policy: Some(Policy::Warn),
             allowed_signers: None,
+            signed_gates: false,
         };
         let c = CacheTrust {
             policy: Some(Policy::Require),

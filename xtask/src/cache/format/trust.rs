@@ -1,6 +1,7 @@
 //! The values of trust settings a manifest and trust.toml hold: the policy
-//! (`require`, `warn`, `off`) and a cache manifest's `[trust]` table. Pure
-//! data; reading the trust root and judging keys is `crate::trust`.
+//! (`require`, `warn`, `off`), trust.toml's fields and a cache manifest's
+//! `[trust]` table. Pure data; reading the trust root and judging keys is
+//! `crate::trust`.
 
 use serde::Deserialize;
 
@@ -26,6 +27,18 @@ impl Policy {
     }
 }
 
+/// `cache-manifests/trust.toml`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustFile {
+    pub policy: Policy,
+    /// Gate records count only where an allowed signer signed them: every
+    /// cache's `[publish] gates`, `gates check` and `gates run --skip-green`
+    /// (a cache manifest's `[trust] signed_gates` asks it for one cache).
+    #[serde(default)]
+    pub signed_gates: bool,
+}
+
 /// The `[trust]` table of `cache-manifests/<name>.toml`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,7 +51,8 @@ pub struct CacheTrust {
     /// With `require`, accept keys published `--allow-ungated`.
     #[serde(default)]
     pub allow_ungated: bool,
-    /// A publish accepts only gate entries signed by an allowed signer.
+    /// A publish accepts only gate entries signed by an allowed signer
+    /// (also set for every cache by trust.toml's `signed_gates`).
     #[serde(default)]
     pub signed_gates: bool,
 }

@@ -684,24 +684,19 @@ fn gate_record(
         return Ok((Value::Null, false));
     }
     // Exit 9 naming the missing gate when HEAD's tree is not green (local
-    // records: `cargo xtask gates fetch` takes those pushed elsewhere).
-    let green = crate::gates::require_green(sh, repo, &m.gates).with_context(|| {
+    // records: `cargo xtask gates fetch` takes those pushed elsewhere); exit
+    // 12 when only signed entries count (`[trust] signed_gates` here or in
+    // trust.toml) and one is not: a record anyone could push is not enough.
+    let signed = m
+        .trust
+        .signed_gates
+        .then(|| format!("{} sets [trust] signed_gates = true", m.file.display()));
+    let green = crate::gates::require_green(sh, repo, &m.gates, signed).with_context(|| {
         format!(
             "publishing {} requires gates [{}]",
             m.name,
             m.gates.join(", ")
         )
-    });
-    // `[trust] signed_gates`: a green record anyone could push is not enough.
-    let green = green.and_then(|record| {
-        if m.trust.signed_gates {
-            let parsed: crate::gates::record::Record =
-                serde_json::from_value(record.clone()).context("reading the gate record again")?;
-            crate::trust::gatesig::require_signed(sh, repo, &parsed, &m.gates).with_context(
-                || format!("{} sets [trust] signed_gates = true", m.file.display()),
-            )?;
-        }
-        Ok(record)
     });
     match green {
         Ok(record) => Ok((record, false)),
