@@ -353,3 +353,54 @@ fn secrets_in_hostile_remote_urls_never_reach_any_output() {
         }
     }
 }
+
+/// Never: a token in a remote URL's query string (`?access_token=...`,
+/// `&X-Amz-Signature=...`, any parameter named for a secret) reaches any
+/// output, whether the command plans, prints the remote or fails to
+/// connect and quotes git's own error (git prints the URL whole).
+#[test]
+fn query_string_secrets_in_remote_urls_never_reach_any_output() {
+    let mut w = World::new(Where::Helper);
+    let names = [
+        "access_token",
+        "token",
+        "private_token",
+        "X-Amz-Signature",
+        "sig",
+        "api_key",
+        "client_secret",
+        "password",
+    ];
+    let mut secrets = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let secret = random_secret(100 + i as u64);
+        let port = [1u16, w.server.port][i % 2];
+        let url = format!("http://127.0.0.1:{port}/origin.git?ref=main&{name}={secret}");
+        for args in [
+            &[
+                "cache",
+                "publish",
+                "art",
+                "--dry-run",
+                "--json",
+                "--remote",
+                &url,
+            ][..],
+            &["cache", "restore", "art", "--json", "--remote", &url],
+            &["cache", "verify", "art", "--remote", &url],
+            &["cache", "status", "art", "--remote", &url],
+        ] {
+            w.xtask(args);
+        }
+        secrets.push(secret);
+    }
+    assert!(
+        w.said.iter().any(|(_, t)| t.contains("=***")),
+        "no redaction was seen at all"
+    );
+    for (what, text) in &w.said {
+        for s in &secrets {
+            assert!(!text.contains(s.as_str()), "{what} shows {s}:\n{text}");
+        }
+    }
+}

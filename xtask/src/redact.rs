@@ -1,12 +1,15 @@
 //! Redaction of credentials in remote URLs and in free text.
 //!
-//! Secrets stay in git (DESIGN.md, restore invariant 10): every remote URL
+//! Secrets stay in git: every remote URL
 //! that warmstart prints, puts in JSON or writes to a file goes through
 //! `url`, and every message that may quote one (our errors, git's own
 //! stderr that we pass on) goes through `text`. Like git's
 //! `transport_anonymize_url`, the whole userinfo is dropped, not only the
 //! password: a token is often the user name (`https://<token>@host/...`).
-//! This module never touches the file system.
+//! A query-string secret (`?access_token=...`, `&X-Amz-Signature=...`,
+//! any parameter whose name says secret, key, token or password) loses its
+//! value the same way, wherever it stands. This module never touches the
+//! file system.
 
 /// `url` with any `user[:password]@` of a `scheme://` URL removed
 /// (`https://u:p@host/x` -> `https://host/x`). Paths and scp-like
@@ -30,9 +33,58 @@ pub fn url(url: &str) -> String {
 }
 
 /// `s` with the userinfo of every `scheme://userinfo@host` in it removed,
-/// and the value of every `Authorization:` header replaced by `***`.
+/// and the value of every `Authorization:` header and of every secret
+/// query parameter (`secret_param`) replaced by `***`.
 pub fn text(s: &str) -> String {
-    redact_headers(&redact_userinfo(s))
+    redact_query(&redact_headers(&redact_userinfo(s)))
+}
+
+/// Whether a query parameter's name says it holds a secret: the names
+/// hosts and object stores use for tokens and signatures, and any name
+/// with secret, key, token or password in it (case aside).
+fn secret_param(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "access_token",
+        "token",
+        "private_token",
+        "x-amz-signature",
+        "sig",
+        "signature",
+    ]
+    .contains(&n.as_str())
+        || ["secret", "key", "token", "password", "passwd"]
+            .iter()
+            .any(|w| n.contains(w))
+}
+
+/// The value of every `?name=value` or `&name=value` whose name is a
+/// secret's, replaced by `***`. A value runs to whitespace, `&`, `#` or a
+/// quote: ending late only redacts more.
+fn redact_query(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find(['?', '&']) {
+        let (head, tail) = rest.split_at(i + 1);
+        out.push_str(head);
+        let name_end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "-_.%[]".contains(c)))
+            .unwrap_or(tail.len());
+        let (name, after) = tail.split_at(name_end);
+        if !name.is_empty() && after.starts_with('=') && secret_param(name) {
+            let value = &after[1..];
+            let end = value
+                .find(|c: char| c.is_whitespace() || "&#\"'<>`".contains(c))
+                .unwrap_or(value.len());
+            out.push_str(name);
+            out.push_str("=***");
+            rest = &value[end..];
+        } else {
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Characters that end the authority part of a URL quoted in free text.
@@ -140,6 +192,69 @@ mod tests {
             "header Authorization: ***\nnext"
         );
         assert_eq!(text("no url here"), "no url here");
+        assert_eq!(
+            text("fatal: unable to access 'https://h/r.git/?access_token=ghp_x1&ref=main': 403"),
+            "fatal: unable to access 'https://h/r.git/?access_token=***&ref=main': 403"
+        );
+        assert_eq!(url("https://h/x?a=1&b=2"), "https://h/x?a=1&b=2");
+    }
+
+    /// Never: a secret query parameter's value survives, whatever its name
+    /// (the listed ones, or any that says secret, key, token or password,
+    /// in any case), its place among other parameters, its characters, or
+    /// the text around the URL; the host and the other parameters do.
+    #[test]
+    fn no_query_string_secret_survives_in_hostile_text() {
+        let mut rng = Rng(0x51ce_d00d_feed_beef);
+        let names = [
+            "access_token",
+            "token",
+            "private_token",
+            "X-Amz-Signature",
+            "sig",
+            "Signature",
+            "client_secret",
+            "api_key",
+            "apiKey",
+            "refresh_token",
+            "PASSWORD",
+            "db_passwd",
+            "x-goog-signature-key",
+            "SecretId",
+        ];
+        let plain = ["ref=main", "a=1", "page=2", "q=x%20y"];
+        let hosts = ["127.0.0.1:8443", "example.com", "[::1]:9"];
+        let before = ["", "fatal: unable to access '", "\"url\": \"", "see ", "("];
+        let after = ["", "': 403", "\"", " and more", ")", "#frag", "\n"];
+        const SET: &[u8] =
+            b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~%+/=:;,!$*()@";
+        for _ in 0..5000 {
+            let mut value = String::from("S3");
+            for _ in 0..(10 + rng.below(30)) {
+                value.push(SET[rng.index(SET.len())] as char);
+            }
+            let name = rng.pick(&names);
+            let other = rng.pick(&plain);
+            let host = rng.pick(&hosts);
+            let query = match rng.below(3) {
+                0 => format!("?{name}={value}"),
+                1 => format!("?{other}&{name}={value}"),
+                _ => format!("?{name}={value}&{other}"),
+            };
+            let u = format!("https://{host}/o/r.git{query}");
+            let msg = format!("{}{u}{}", rng.pick(&before), rng.pick(&after));
+            for shown in [text(&msg), url(&u)] {
+                assert!(!shown.contains(&value), "{msg:?} -> {shown:?}");
+                assert!(
+                    shown.contains(host) && shown.contains(other) == query.contains(other),
+                    "{msg:?} -> {shown:?}"
+                );
+                assert!(
+                    shown.contains(&format!("{name}=***")),
+                    "{msg:?} -> {shown:?}"
+                );
+            }
+        }
     }
 
     use crate::test_rng::Rng;
