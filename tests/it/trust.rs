@@ -397,6 +397,13 @@ fn an_uncommitted_policy_off_in_the_manifest_never_switches_the_checks_off() {
     manifest(&fx, "work", "1", "[trust]\npolicy = \"off\"\n");
     let r = restore(&fx).expect_code(12);
     assert!(r.stderr().contains("unsigned"), "{}", r.stderr());
+    // Said literally: the branch's small blobs came, no chunk was read.
+    assert!(
+        r.stderr().contains("only the branch itself was fetched")
+            && r.stderr().contains("none of its chunks was read or decoded"),
+        "{}",
+        r.stderr()
+    );
     assert!(!target(&fx).exists(), "installed anyway");
     fx.env.git("work", ["commit", "-q", "-am", "policy off"]);
     restore(&fx).ok();

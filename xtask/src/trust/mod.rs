@@ -455,9 +455,19 @@ pub fn check_before_fetch(
         Gate::Pass(checked) => Ok(checked),
         Gate::Refused { line, .. } => Err(fail(
             Code::Untrusted,
-            format!("{line}; nothing was fetched or installed"),
+            format!("{line}; {}", untouched(git)),
         )),
     }
+}
+
+/// What a refusal before the chunk fetch left behind, said literally: the
+/// branch fetch brought the branch's small blobs (the pusher's small
+/// chunks among them) into the private store, and none was read.
+pub fn untouched(git: &CacheGit) -> String {
+    format!(
+        "only the branch itself was fetched (its files under the blob limit, into {}), and none of its chunks was read or decoded; nothing was installed",
+        git.dir.display()
+    )
 }
 
 /// `check_before_fetch` without the exit: `require`'s refusal is returned,

@@ -97,7 +97,7 @@ pub(super) fn choose_trusted(
             Gate::Refused { line, .. } if partial.is_none() => {
                 return Err(fail(
                     Code::Untrusted,
-                    format!("{line}; nothing was fetched or installed"),
+                    format!("{line}; {}", crate::trust::untouched(git)),
                 ));
             }
             Gate::Refused { verdict, line } => {
@@ -114,12 +114,13 @@ pub(super) fn choose_trusted(
     Err(fail(
         Code::Untrusted,
         format!(
-            "untrusted: cache {} on branch {} has no key {} and no fallback key passes the trust policy: skipped {}; who may sign is listed in {}; nothing was fetched or installed",
+            "untrusted: cache {} on branch {} has no key {} and no fallback key passes the trust policy: skipped {}; who may sign is listed in {}; {}",
             m.name,
             branch.name,
             key.value,
             skipped.join(", "),
-            checker.root.signers_where()
+            checker.root.signers_where(),
+            crate::trust::untouched(git)
         ),
     ))
 }
