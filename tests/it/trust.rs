@@ -387,6 +387,33 @@ fn an_ungated_key_is_refused_unless_its_manifest_opts_in() {
     assert_eq!(r["state"], "restored");
 }
 
+/// A clone whose HEAD says `policy = "off"` (committed, never pushed)
+/// cannot replace a signed key with an unsigned one while the remote's
+/// default branch requires signed caches: the refusal names the signer
+/// and the branch, nothing is pushed, and fresh machines keep restoring.
+#[test]
+fn a_local_policy_off_never_replaces_a_signed_key_the_remote_requires() {
+    let fx = trusted(Some("require"), &["ci"]);
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    fx.env
+        .git("work", ["push", "-q", "origin", "HEAD:refs/heads/main"]);
+    fx.env.git("work", ["fetch", "-q", "origin"]);
+    fx.env.git("work", ["remote", "set-head", "origin", "main"]);
+    set_trust(&fx, Some("off"), &["ci"], "");
+    content(&fx, "work", "v2");
+    let r = publish(&fx, "work", None, &[]).expect_code(12);
+    assert!(
+        r.stderr().contains("refusing to replace key")
+            && r.stderr().contains("signed by ci")
+            && r.stderr().contains("origin/main")
+            && r.stderr().contains("nothing was pushed"),
+        "{}",
+        r.stderr()
+    );
+    // Signed, the same publish goes through.
+    publish(&fx, "work", Some("ci"), &[]).ok();
+}
+
 /// The trust root is HEAD's committed tree: a `[trust] policy = "off"`
 /// in the work tree's manifest, never committed, changes nothing, and a
 /// pusher's unsigned key is still refused; once committed it counts.
@@ -400,7 +427,8 @@ fn an_uncommitted_policy_off_in_the_manifest_never_switches_the_checks_off() {
     // Said literally: the branch's small blobs came, no chunk was read.
     assert!(
         r.stderr().contains("only the branch itself was fetched")
-            && r.stderr().contains("none of its chunks was read or decoded"),
+            && r.stderr()
+                .contains("none of its chunks was read or decoded"),
         "{}",
         r.stderr()
     );

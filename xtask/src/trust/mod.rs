@@ -453,10 +453,9 @@ pub fn check_before_fetch(
     let mut checker = Checker::new(sh, repo)?;
     match check_key(sh, repo, &mut checker, m, git, branch, key)? {
         Gate::Pass(checked) => Ok(checked),
-        Gate::Refused { line, .. } => Err(fail(
-            Code::Untrusted,
-            format!("{line}; {}", untouched(git)),
-        )),
+        Gate::Refused { line, .. } => {
+            Err(fail(Code::Untrusted, format!("{line}; {}", untouched(git))))
+        }
     }
 }
 

@@ -120,20 +120,30 @@ pub fn load_root(sh: &Shell, repo: &Repo) -> Result<Root> {
 /// never from the work tree, where an uncommitted `policy = "off"` would
 /// switch the checks off. A committed table that does not parse is exit 10.
 pub fn committed_cache_trust(sh: &Shell, root: &std::path::Path, name: &str) -> Result<CacheTrust> {
-    let spec = format!("HEAD:./cache-manifests/{name}.toml");
+    cache_trust_at(sh, root, "HEAD", name)
+}
+
+/// `committed_cache_trust` at another commit of the repository (`rev`).
+pub fn cache_trust_at(
+    sh: &Shell,
+    root: &std::path::Path,
+    rev: &str,
+    name: &str,
+) -> Result<CacheTrust> {
+    let spec = format!("{rev}:./cache-manifests/{name}.toml");
     let out = cmd!(sh, "git -C {root} cat-file blob {spec}")
         .quiet()
         .ignore_status()
         .ignore_stderr()
         .output()
-        .with_context(|| format!("reading cache-manifests/{name}.toml at HEAD"))?;
+        .with_context(|| format!("reading cache-manifests/{name}.toml at {rev}"))?;
     if !out.status.success() {
         return Ok(CacheTrust::default());
     }
     let bad = |e: String| {
         fail(
             Code::Config,
-            format!("cache-manifests/{name}.toml at HEAD: {e} (fix it and commit)"),
+            format!("cache-manifests/{name}.toml at {rev}: {e} (fix it and commit)"),
         )
     };
     let text = String::from_utf8_lossy(&out.stdout);
@@ -183,6 +193,38 @@ pub fn parse_batch(mut out: &[u8], n: usize) -> Result<Vec<Option<Object>>> {
         out = &out[size + 1..];
     }
     Ok(answers)
+}
+
+/// The policy of cache `name` on the default branch of remote `remote` as
+/// this clone last fetched it (`refs/remotes/<remote>/HEAD`): the branch
+/// and its policy, or `None` when the clone has no such ref (a URL remote,
+/// or `git remote set-head` never ran) or no policy is set there.
+pub fn remote_default_policy(
+    sh: &Shell,
+    root: &std::path::Path,
+    remote: &str,
+    name: &str,
+) -> Option<(String, Policy)> {
+    if remote.is_empty() || remote.contains(['/', ':']) {
+        return None;
+    }
+    let head_ref = format!("refs/remotes/{remote}/HEAD");
+    let branch = cmd!(sh, "git -C {root} symbolic-ref -q --short {head_ref}")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .ok()
+        .filter(|b| !b.is_empty())?;
+    if let Some(p) = cache_trust_at(sh, root, &branch, name).ok()?.policy {
+        return Some((branch, p));
+    }
+    let spec = format!("{branch}:./{TRUST_FILE}");
+    let text = cmd!(sh, "git -C {root} cat-file blob {spec}")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .ok()?;
+    Some((branch, parse_trust_file(&text).ok()?))
 }
 
 #[cfg(test)]

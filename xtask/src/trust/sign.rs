@@ -111,6 +111,53 @@ pub fn sign_key(
     }))
 }
 
+/// Refuses to replace key `key`'s trusted signed statement on the branch
+/// (`old`, its files among the branch's `entries`) with an unsigned one, or one signed by
+/// nobody allowed, when the remote's default branch (as last fetched)
+/// requires signed caches, whatever this clone's HEAD says: a clone with a
+/// `policy = "off"` committed but never pushed would otherwise swap a key
+/// every fresh machine trusts for one every fresh machine refuses.
+#[allow(clippy::too_many_arguments)]
+pub fn guard_replacement(
+    sh: &Shell,
+    repo: &crate::repo::Repo,
+    checker: &mut Checker,
+    m: &CacheManifest,
+    (git, entries): (&crate::git::CacheGit, &[crate::git::TreeEntry]),
+    key: &str,
+    old: &KeyEntry,
+    new: Option<&Signed>,
+) -> Result<()> {
+    if new.is_some_and(|s| s.signer.is_some()) {
+        return Ok(());
+    }
+    let Some((branch, Policy::Require)) =
+        super::policy::remote_default_policy(sh, &repo.root, &m.remote, &m.name)
+    else {
+        return Ok(());
+    };
+    let files = super::files_of_keys(git, entries, std::slice::from_ref(&key.to_string()))?;
+    let Some(old_files) = files.get(key) else {
+        return Ok(());
+    };
+    let was = checker.judge(sh, m, key, old, old_files, None)?;
+    if !was.trusted() {
+        return Ok(());
+    }
+    let now = match new {
+        None => "an unsigned one".to_string(),
+        Some(_) => "one signed by nobody allowed_signers at HEAD lists".to_string(),
+    };
+    Err(fail(
+        Code::Untrusted,
+        format!(
+            "refusing to replace key {key} of cache {}, signed by {}, with {now}: {branch} (the remote's default branch) requires signed caches, whatever this clone's HEAD says; sign it (--signing-key or {KEY_VAR}), or push the policy change to {branch} first; nothing was pushed",
+            m.name,
+            was.signer.as_deref().unwrap_or("an allowed signer"),
+        ),
+    ))
+}
+
 /// A statement larger than a restore reads (`MAX_STATEMENT_BYTES`) could
 /// never be verified: refused before anything is signed or pushed. A
 /// version 2 statement takes about 190 bytes per chunk, so this is a key

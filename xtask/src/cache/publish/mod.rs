@@ -453,6 +453,18 @@ impl Cx<'_> {
                 ));
                 return Ok(());
             }
+            if let (Some(s), Some(old)) = (&state, old) {
+                crate::trust::sign::guard_replacement(
+                    self.sh,
+                    self.repo,
+                    checker,
+                    m,
+                    (git, &s.entries),
+                    &key.value,
+                    old,
+                    new.signed,
+                )?;
+            }
             let (commit, keys, drops) = self.commit_on(state.as_ref(), new, checker, summary)?;
             let t = Instant::now();
             match self.push(state.as_ref(), &commit, summary) {
