@@ -1,6 +1,6 @@
 //! Redaction of credentials in remote URLs and in free text.
 //!
-//! Secrets stay in git (DESIGN.md, restore invariant 10): every remote URL
+//! Secrets stay in git (docs/format.md, restore invariant 10): every remote URL
 //! that warmstart prints, puts in JSON or writes to a file goes through
 //! `url`, and every message that may quote one (our errors, git's own
 //! stderr that we pass on) goes through `text`. Like git's
