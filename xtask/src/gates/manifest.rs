@@ -359,6 +359,13 @@ pub fn load(root: &Path) -> Result<Plan> {
     parse(&text)
 }
 
+/// `RawPlan`'s `Deserialize`, for the field reference made from it
+/// (`docs/reference/manifests.md`, tests/it/docs.rs); nothing else calls it.
+#[doc(hidden)]
+pub fn describe<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<(), D::Error> {
+    RawPlan::deserialize(d).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
