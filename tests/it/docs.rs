@@ -7,6 +7,8 @@
 //! `UPDATE_DOCS=1 cargo test --test it docs::` rewrites the generated pages;
 //! review the diff, then run the tests again without it.
 
+mod fields;
+
 use crate::util::tree::{assert_same_tree, make_tricky_tree};
 use crate::util::{TestEnv, run, show, source_root};
 use clap::CommandFactory;
@@ -352,6 +354,9 @@ fn docs_reference_pages_are_generated_from_the_code() {
     .iter()
     .filter_map(|(rel, text)| ensure_file(rel, text))
     .collect();
+    let (page, mut problems) = manifests_page();
+    problems.extend(ensure_file("docs/reference/manifests.md", &page));
+    let stale: Vec<String> = stale.into_iter().chain(problems).collect();
     assert!(stale.is_empty(), "{}", stale.join("\n"));
 }
 
@@ -467,4 +472,1018 @@ fn docs_the_coreutils_recipe_of_the_format_restores_a_published_branch() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains(": OK") && !said.contains("FAILED"), "{said}");
     assert_same_tree(&src, &dest);
+}
+
+/// Every manifest kind: its file, and its type's `Deserialize`.
+fn manifest_kinds() -> Vec<(&'static str, Box<fields::Describe>)> {
+    use serde::Deserialize;
+    use warmstart::restore::steps as s;
+    fn of<T: for<'de> Deserialize<'de>>() -> Box<fields::Describe> {
+        Box::new(|r| T::deserialize(r).map(|_| ()))
+    }
+    vec![
+        (
+            "cache manifest",
+            Box::new(|r| warmstart::cache::format::manifest::describe(r)),
+        ),
+        (
+            "gates.toml",
+            Box::new(|r| warmstart::gates::manifest::describe(r)),
+        ),
+        (
+            "trust.toml",
+            Box::new(|r| warmstart::trust::policy::describe(r)),
+        ),
+        ("step cache", of::<s::cache::RawCache>()),
+        ("step submodules", of::<s::submodules::RawSubmodules>()),
+        ("step links", of::<s::links::RawLinks>()),
+        ("step command", of::<s::command::RawCommand>()),
+        ("step download", of::<s::download::RawDownload>()),
+        ("step pin", of::<s::pin::RawPin>()),
+        ("step freshness", of::<s::freshness::RawFreshness>()),
+        ("step service", of::<s::service::RawService>()),
+    ]
+}
+
+/// What the page says of each field the parsers take: `(manifest kind,
+/// field, type when the parser's own is not telling, default, meaning)`.
+/// The field names and the other types come from the parsers
+/// (`fields::walk`); a field here that they lack, or one they take that is
+/// missing here, fails `docs_reference_pages_are_generated_from_the_code`.
+const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
+    ("cache manifest", "cache", "", "", "where the cache lives"),
+    (
+        "cache manifest",
+        "cache.branch",
+        "",
+        "`<name>-cache`",
+        "the branch that holds it (not with `ref`)",
+    ),
+    (
+        "cache manifest",
+        "cache.ref",
+        "",
+        "",
+        "a full ref outside `refs/heads/`, e.g. `refs/warmstart/cache/<name>`: plain clones never fetch it",
+    ),
+    (
+        "cache manifest",
+        "cache.remote",
+        "",
+        "`origin`",
+        "a remote name or URL",
+    ),
+    (
+        "cache manifest",
+        "cache.description",
+        "",
+        "",
+        "one line, shown by `cache list` and the branch README",
+    ),
+    (
+        "cache manifest",
+        "key",
+        "",
+        "",
+        "the key's pins, in order; each has `name` and exactly one source",
+    ),
+    (
+        "cache manifest",
+        "key.name",
+        "",
+        "(required)",
+        "the pin's name, unique in the manifest",
+    ),
+    ("cache manifest", "key.literal", "", "", "source: this text"),
+    (
+        "cache manifest",
+        "key.platform",
+        "",
+        "false",
+        "source: `<arch>-<os>` of the machine",
+    ),
+    (
+        "cache manifest",
+        "key.json",
+        "",
+        "",
+        "source: a value of a JSON file",
+    ),
+    (
+        "cache manifest",
+        "key.json.file",
+        "",
+        "(required)",
+        "the JSON file",
+    ),
+    (
+        "cache manifest",
+        "key.json.pointer",
+        "",
+        "(required)",
+        "a JSON pointer (`/version`)",
+    ),
+    (
+        "cache manifest",
+        "key.regex",
+        "",
+        "",
+        "source: a capture of a regex over a file",
+    ),
+    (
+        "cache manifest",
+        "key.regex.file",
+        "",
+        "(required)",
+        "the file",
+    ),
+    (
+        "cache manifest",
+        "key.regex.pattern",
+        "",
+        "(required)",
+        "the regex; its first capture group is the value",
+    ),
+    (
+        "cache manifest",
+        "key.git_tree",
+        "",
+        "",
+        "source: the first 16 hex digits of sha256 over `git rev-parse HEAD:<path>` of each path",
+    ),
+    (
+        "cache manifest",
+        "key.file",
+        "",
+        "",
+        "source: a one-line file of printable ASCII",
+    ),
+    (
+        "cache manifest",
+        "pack",
+        "",
+        "(required)",
+        "what `cache publish` packs",
+    ),
+    (
+        "cache manifest",
+        "pack.root",
+        "",
+        "(required)",
+        "the directory to pack (`~`, `$VAR` expand)",
+    ),
+    (
+        "cache manifest",
+        "pack.include",
+        "",
+        "everything",
+        "globs under the root to pack",
+    ),
+    (
+        "cache manifest",
+        "pack.exclude",
+        "",
+        "nothing",
+        "globs under the root to leave out",
+    ),
+    (
+        "cache manifest",
+        "pack.keep_mtime",
+        "",
+        "false",
+        "keep file mtimes in the tar (no delta install then)",
+    ),
+    (
+        "cache manifest",
+        "restore",
+        "",
+        "(required)",
+        "where and how `cache restore` installs",
+    ),
+    (
+        "cache manifest",
+        "restore.path",
+        "",
+        "(required)",
+        "the target directory or prefix",
+    ),
+    (
+        "cache manifest",
+        "restore.mode",
+        "",
+        "`\"replace\"`",
+        "replace a directory the cache owns, merge into a shared prefix, or overlay (never replace a file the user changed)",
+    ),
+    (
+        "cache manifest",
+        "restore.fallback",
+        "",
+        "none",
+        "keys that may stand in on an exact miss, in order: each `{ drop = [pins] }` or `{ prefix = \"...\" }`",
+    ),
+    (
+        "cache manifest",
+        "restore.fallback.drop",
+        "",
+        "",
+        "a key whose other parts equal today's",
+    ),
+    (
+        "cache manifest",
+        "restore.fallback.prefix",
+        "",
+        "",
+        "a key that starts with this",
+    ),
+    (
+        "cache manifest",
+        "restore.recheck",
+        "",
+        "(required with `fallback`)",
+        "how long a stand-in install stays warm",
+    ),
+    (
+        "cache manifest",
+        "ready",
+        "",
+        "the restore path exists",
+        "when an install is usable: `path`, or `command` with optional `matches`",
+    ),
+    (
+        "cache manifest",
+        "ready.path",
+        "",
+        "",
+        "a path under the restore path that must exist",
+    ),
+    (
+        "cache manifest",
+        "ready.command",
+        "",
+        "",
+        "an argv that must succeed",
+    ),
+    (
+        "cache manifest",
+        "ready.matches",
+        "",
+        "",
+        "a regex its stdout must match",
+    ),
+    (
+        "cache manifest",
+        "publish",
+        "",
+        "",
+        "how `cache publish` packs and pushes",
+    ),
+    (
+        "cache manifest",
+        "publish.gates",
+        "",
+        "none",
+        "gates of gates.toml that must be green for HEAD's tree",
+    ),
+    (
+        "cache manifest",
+        "publish.chunk_bytes",
+        "",
+        "`\"99MiB\"`",
+        "the largest chunk file (under 100 MiB)",
+    ),
+    (
+        "cache manifest",
+        "publish.chunk_avg",
+        "",
+        "`\"4MiB\"`",
+        "the average content-defined chunk, in tar bytes (256 B to 16 MiB)",
+    ),
+    (
+        "cache manifest",
+        "publish.level",
+        "",
+        "`\"fast\"`",
+        "zstd level: `fast` (3), `small` (19) or 1 to 19",
+    ),
+    (
+        "cache manifest",
+        "publish.lease_deadline",
+        "",
+        "`\"120s\"`",
+        "how long a publish retries a lost lease (`WARMSTART_PUBLISH_LEASE_DEADLINE` wins)",
+    ),
+    (
+        "cache manifest",
+        "publish.keep",
+        "",
+        "no pruning",
+        "prune on every publish: per platform value, keep the N newest keys and today's",
+    ),
+    (
+        "cache manifest",
+        "publish.push_limit",
+        "",
+        "`\"1.5GiB\"`",
+        "the most new blob bytes per push; more go in batches (`WARMSTART_PUSH_LIMIT` wins)",
+    ),
+    (
+        "cache manifest",
+        "network",
+        "",
+        "",
+        "deadlines of this cache's fetches and pushes",
+    ),
+    (
+        "cache manifest",
+        "network.connect_timeout",
+        "",
+        "`\"10s\"`",
+        "until the remote's first byte",
+    ),
+    (
+        "cache manifest",
+        "network.stall_timeout",
+        "",
+        "`\"30s\"`",
+        "the longest time without progress",
+    ),
+    (
+        "cache manifest",
+        "trust",
+        "",
+        "",
+        "this cache's trust settings",
+    ),
+    (
+        "cache manifest",
+        "trust.policy",
+        "",
+        "trust.toml's, else `off`",
+        "overrides trust.toml for this cache",
+    ),
+    (
+        "cache manifest",
+        "trust.principals",
+        "",
+        "every signer",
+        "only these principals of allowed_signers may sign it",
+    ),
+    (
+        "cache manifest",
+        "trust.allow_ungated",
+        "",
+        "false",
+        "under `require`, accept keys published `--allow-ungated`",
+    ),
+    (
+        "cache manifest",
+        "trust.signed_gates",
+        "",
+        "false",
+        "a publish accepts only signed gate entries",
+    ),
+    (
+        "cache manifest",
+        "bootstrap",
+        "",
+        "",
+        "marks the binary cache that tools/warmstart-bootstrap.sh reads (one manifest only)",
+    ),
+    (
+        "cache manifest",
+        "bootstrap.exec",
+        "",
+        "(required)",
+        "the executable, relative to the restore path",
+    ),
+    (
+        "cache manifest",
+        "bootstrap.build",
+        "",
+        "none",
+        "the argv that compiles it when no prebuilt binary matches",
+    ),
+    (
+        "cache manifest",
+        "bootstrap.built",
+        "",
+        "",
+        "where that build leaves the binary",
+    ),
+    (
+        "cache manifest",
+        "bootstrap.pip",
+        "",
+        "",
+        "the exact pip requirement of the wheel (`warmstart==0.1.0`)",
+    ),
+    (
+        "cache manifest",
+        "bootstrap.pip_hashes",
+        "",
+        "",
+        "its `sha256:<hex>` hashes",
+    ),
+    (
+        "gates.toml",
+        "ignore",
+        "",
+        "none",
+        "globs a dirty worktree may have",
+    ),
+    (
+        "gates.toml",
+        "kill_grace",
+        "",
+        "`\"5s\"`",
+        "SIGTERM to SIGKILL grace for a gate past its timeout",
+    ),
+    (
+        "gates.toml",
+        "network",
+        "",
+        "",
+        "deadlines of `gates push` and `gates fetch`",
+    ),
+    (
+        "gates.toml",
+        "network.connect_timeout",
+        "",
+        "`\"10s\"`",
+        "until the remote's first byte",
+    ),
+    (
+        "gates.toml",
+        "network.stall_timeout",
+        "",
+        "`\"30s\"`",
+        "the longest time without progress",
+    ),
+    (
+        "gates.toml",
+        "records",
+        "",
+        "`\"refs\"`",
+        "where records travel: `refs/warmstart/gates/<tree>`, or branches `warmstart-gates/<tree>` for hosts that refuse other refs",
+    ),
+    (
+        "gates.toml",
+        "gate",
+        "",
+        "",
+        "one table per gate, run in file order",
+    ),
+    (
+        "gates.toml",
+        "gate.name",
+        "",
+        "(required)",
+        "letters, digits, `.`, `_`, `-`",
+    ),
+    (
+        "gates.toml",
+        "gate.command",
+        "string or array of string",
+        "(required)",
+        "an argv, or a string run with `sh -c`",
+    ),
+    (
+        "gates.toml",
+        "gate.cwd",
+        "",
+        "`\".\"`",
+        "relative to the repository root",
+    ),
+    (
+        "gates.toml",
+        "gate.env",
+        "",
+        "none",
+        "added to the inherited environment",
+    ),
+    (
+        "gates.toml",
+        "gate.timeout",
+        "",
+        "`\"60m\"`",
+        "past it the gate's process group is ended",
+    ),
+    (
+        "trust.toml",
+        "policy",
+        "",
+        "(required)",
+        "`require` refuses, `warn` warns, `off` checks nothing",
+    ),
+    (
+        "step cache",
+        "cache",
+        "",
+        "(required)",
+        "the cache manifest's name",
+    ),
+    (
+        "step cache",
+        "remote",
+        "",
+        "the manifest's",
+        "fetch from this remote (name or URL)",
+    ),
+    (
+        "step submodules",
+        "paths",
+        "",
+        "(required)",
+        "the submodule paths",
+    ),
+    (
+        "step submodules",
+        "sentinel",
+        "",
+        "none",
+        "one file per suite that must exist afterwards",
+    ),
+    (
+        "step submodules",
+        "sentinel.suite",
+        "",
+        "(required)",
+        "the suite's name",
+    ),
+    (
+        "step submodules",
+        "sentinel.path",
+        "",
+        "(required)",
+        "the file",
+    ),
+    (
+        "step submodules",
+        "sentinel.breaks",
+        "",
+        "(required)",
+        "what breaks without it",
+    ),
+    (
+        "step submodules",
+        "allow_file_protocol",
+        "",
+        "false",
+        "allow submodules served from local paths",
+    ),
+    (
+        "step submodules",
+        "timeout",
+        "",
+        "`\"10m\"`",
+        "bounds the update",
+    ),
+    (
+        "step submodules",
+        "jobs",
+        "integer, 1 to 64",
+        "the number of paths, at most 8",
+        "submodules cloned at once",
+    ),
+    (
+        "step submodules",
+        "shallow",
+        "bool",
+        "false",
+        "`--depth 1`, in full where the server refuses",
+    ),
+    (
+        "step links",
+        "source",
+        "",
+        "(required)",
+        "the directory scanned",
+    ),
+    (
+        "step links",
+        "farm",
+        "",
+        "(required)",
+        "the directory of links",
+    ),
+    (
+        "step links",
+        "index",
+        "",
+        "none",
+        "a file that should mention every entry (warns otherwise)",
+    ),
+    (
+        "step links",
+        "entries",
+        "",
+        "`\"all\"`",
+        "which entries are linked",
+    ),
+    (
+        "step links",
+        "include",
+        "array of string",
+        "every entry",
+        "globs under `source` (no `**`)",
+    ),
+    (
+        "step command",
+        "run",
+        "string or array of string",
+        "(required)",
+        "a string runs in `sh -c`, a list is argv",
+    ),
+    (
+        "step command",
+        "creates",
+        "",
+        "",
+        "the step is done while this exists",
+    ),
+    (
+        "step command",
+        "unless",
+        "string or array of string",
+        "",
+        "the step is done while this succeeds",
+    ),
+    (
+        "step command",
+        "cwd",
+        "",
+        "the repository root",
+        "where it runs",
+    ),
+    ("step command", "timeout", "", "none", "bounds each attempt"),
+    (
+        "step command",
+        "retries",
+        "integer, 0 to 10",
+        "0",
+        "more attempts after a failed one",
+    ),
+    (
+        "step command",
+        "backoff",
+        "duration",
+        "`\"1s\"`",
+        "the first pause between attempts, doubled each time",
+    ),
+    (
+        "step download",
+        "url",
+        "",
+        "(required)",
+        "HTTPS (plain HTTP only for localhost)",
+    ),
+    (
+        "step download",
+        "sha256",
+        "",
+        "(required)",
+        "the file's sha256",
+    ),
+    (
+        "step download",
+        "dest",
+        "",
+        "(required)",
+        "where the checked file goes",
+    ),
+    ("step download", "executable", "", "false", "chmod +x"),
+    (
+        "step download",
+        "unpack_into",
+        "",
+        "",
+        "a conda package: unpack it into this prefix",
+    ),
+    (
+        "step download",
+        "only",
+        "",
+        "everything",
+        "with `unpack_into`: only these directories",
+    ),
+    (
+        "step download",
+        "connect_timeout",
+        "",
+        "`\"10s\"`",
+        "curl's connect deadline",
+    ),
+    (
+        "step download",
+        "read_timeout",
+        "",
+        "`\"30s\"`",
+        "no byte for this long: abandon and retry",
+    ),
+    (
+        "step download",
+        "max_time",
+        "",
+        "none",
+        "bounds each attempt",
+    ),
+    (
+        "step download",
+        "retries",
+        "integer, 0 to 10",
+        "3",
+        "more attempts after a failed one",
+    ),
+    (
+        "step download",
+        "backoff",
+        "duration",
+        "`\"1s\"`",
+        "the first pause between attempts, doubled each time",
+    ),
+    (
+        "step download",
+        "unless",
+        "string or array of string",
+        "",
+        "the step is done while this succeeds",
+    ),
+    (
+        "step pin",
+        "tool",
+        "",
+        "(required)",
+        "looked up in PATH, or a path",
+    ),
+    ("step pin", "args", "", "`[\"--version\"]`", "its arguments"),
+    (
+        "step pin",
+        "expect",
+        "",
+        "(required)",
+        "a regex its output must match",
+    ),
+    (
+        "step pin",
+        "timeout",
+        "",
+        "`\"10s\"`",
+        "bounds the tool's run",
+    ),
+    (
+        "step pin",
+        "fix",
+        "",
+        "none",
+        "the fix when it does not match: `{ symlink, target }` or `{ run }`",
+    ),
+    ("step pin", "fix.symlink", "", "", "a symlink to make"),
+    ("step pin", "fix.target", "", "", "where it points"),
+    (
+        "step pin",
+        "fix.run",
+        "string or array of string",
+        "",
+        "a command to run",
+    ),
+    (
+        "step freshness",
+        "remote",
+        "",
+        "the branch's upstream",
+        "the remote to fetch",
+    ),
+    (
+        "step freshness",
+        "branch",
+        "",
+        "the branch's upstream",
+        "the branch to fast-forward to",
+    ),
+    (
+        "step freshness",
+        "timeout",
+        "",
+        "`\"10s\"`",
+        "past it: offline or unreachable",
+    ),
+    (
+        "step freshness",
+        "interval",
+        "",
+        "`\"10m\"`",
+        "a check younger than this is warm",
+    ),
+    (
+        "step freshness",
+        "network",
+        "",
+        "",
+        "deadlines of its fetch",
+    ),
+    (
+        "step freshness",
+        "network.connect_timeout",
+        "",
+        "`\"10s\"`",
+        "until the remote's first byte",
+    ),
+    (
+        "step freshness",
+        "network.stall_timeout",
+        "",
+        "`\"30s\"`",
+        "the longest time without progress",
+    ),
+    (
+        "step service",
+        "run",
+        "string or array of string",
+        "(required)",
+        "the service, in the foreground",
+    ),
+    (
+        "step service",
+        "pidfile",
+        "",
+        "`<git-dir>/warmstart/restore/services/<name>.pid`",
+        "its pidfile",
+    ),
+    (
+        "step service",
+        "log",
+        "",
+        "`<git-dir>/warmstart/logs/<name>.service.log`",
+        "its output, appended",
+    ),
+    (
+        "step service",
+        "ready_port",
+        "integer, a TCP port",
+        "",
+        "ready once 127.0.0.1:PORT accepts a connection",
+    ),
+    (
+        "step service",
+        "ready_cmd",
+        "string or array of string",
+        "",
+        "ready once this exits 0",
+    ),
+    (
+        "step service",
+        "ready_timeout",
+        "",
+        "`\"10s\"`",
+        "not ready by then: stopped, the step fails",
+    ),
+    (
+        "step service",
+        "watch",
+        "",
+        "none",
+        "a change to one of these restarts it",
+    ),
+    (
+        "step service",
+        "cwd",
+        "",
+        "the repository root",
+        "where it runs",
+    ),
+    (
+        "step service",
+        "kill_grace",
+        "",
+        "`\"5s\"`",
+        "`restore stop`: SIGTERM, then SIGKILL after this",
+    ),
+];
+
+/// The fields every step takes, read by `restore::plan` itself rather
+/// than by a step kind's serde form (so `fields::walk` cannot see them;
+/// `docs_step_common_fields_are_accepted` checks them against the parser).
+const STEP_COMMON: &[(&str, &str, &str, &str)] = &[
+    (
+        "name",
+        "string",
+        "(required)",
+        "the step's name, unique in the plan",
+    ),
+    (
+        "kind",
+        "string",
+        "(required)",
+        "`cache`, `submodules`, `links`, `command`, `download`, `pin`, `freshness` or `service`",
+    ),
+    (
+        "background",
+        "bool",
+        "false",
+        "hand the step to the background worker",
+    ),
+    (
+        "fail_open",
+        "bool",
+        "true",
+        "a failure is one line and the restore goes on",
+    ),
+    (
+        "after",
+        "array of string",
+        "none",
+        "with `parallel`: steps that must end well first",
+    ),
+    (
+        "path",
+        "array of string",
+        "none",
+        "directories put in front of PATH by `restore env`",
+    ),
+    (
+        "env",
+        "table of string",
+        "none",
+        "variables exported by `restore env`",
+    ),
+];
+
+/// `docs/reference/manifests.md`: every field of every manifest kind.
+fn manifests_page() -> (String, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut s = format!(
+        "# Manifest fields\n\n{GENERATED}Every field of every file in `cache-manifests/`. The field names, \
+and the types but where noted, are read from the parsers' own `Deserialize` implementations \
+(a field a parser takes and this page lacks fails a test). Every table refuses fields it does not \
+know (exit 10). Durations, sizes and globs: [settings.md](settings.md). Guides: \
+[caches.md](../caches.md), [gates.md](../gates.md), [trust.md](../trust.md), \
+[restore.md](../restore.md).\n"
+    );
+    let files = [
+        ("cache manifest", "`cache-manifests/<name>.toml`"),
+        ("gates.toml", "`cache-manifests/gates.toml`"),
+        ("trust.toml", "`cache-manifests/trust.toml`"),
+    ];
+    let mut documented: BTreeSet<(String, String)> = BTreeSet::new();
+    for (kind, describe) in manifest_kinds() {
+        let title = match files.iter().find(|(k, _)| *k == kind) {
+            Some((_, f)) => format!("{kind}: {f}"),
+            None => format!(
+                "restore.toml: `kind = \"{}\"`",
+                kind.trim_start_matches("step ")
+            ),
+        };
+        if kind == "step cache" {
+            s.push_str("\n## restore.toml: every step\n\n`cache-manifests/restore.toml` takes `parallel` (true, false or 1 to 64; default false), \
+a top-level `[env]` table (`path`, `env`, as a step's) and `[[step]]` tables. The fields every step takes \
+(read by the plan itself, and checked by a test that the parser accepts each):\n\n\
+| field | type | default | meaning |\n|---|---|---|---|\n");
+            for (f, ty, default, meaning) in STEP_COMMON {
+                s.push_str(&format!("| `{f}` | {ty} | {default} | {meaning} |\n"));
+            }
+        }
+        s.push_str(&format!(
+            "\n## {title}\n\n| field | type | default | meaning |\n|---|---|---|---|\n"
+        ));
+        for (path, shape) in fields::walk(&*describe) {
+            documented.insert((kind.to_string(), path.clone()));
+            let Some((_, _, ty, default, meaning)) =
+                FIELDS.iter().find(|f| f.0 == kind && f.1 == path)
+            else {
+                problems.push(format!("{kind}: the parser takes `{path}`, which FIELDS in tests/it/docs.rs does not describe"));
+                continue;
+            };
+            let ty = if ty.is_empty() {
+                shape.describe()
+            } else {
+                ty.to_string()
+            };
+            s.push_str(&format!("| `{path}` | {ty} | {default} | {meaning} |\n"));
+        }
+    }
+    for (kind, path, ..) in FIELDS {
+        if !documented.contains(&(kind.to_string(), path.to_string())) {
+            problems.push(format!("{kind}: FIELDS in tests/it/docs.rs describes `{path}`, which the parser does not take"));
+        }
+    }
+    (s, problems)
+}
+
+#[test]
+fn docs_step_common_fields_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = warmstart::repo::Repo {
+        root: dir.path().to_path_buf(),
+        git_dir: dir.path().join(".git"),
+    };
+    let text = "parallel = true\n[env]\npath = [\"bin\"]\n\n[[step]]\nname = \"a\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"x\"\n\n\
+[[step]]\nname = \"b\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"y\"\nbackground = false\nfail_open = true\nafter = [\"a\"]\npath = [\"b/bin\"]\nenv = { B = \"1\" }\n";
+    let path = dir.path().join("restore.toml");
+    warmstart::restore::plan::parse(&repo, &path, text).unwrap();
+    for (field, ..) in STEP_COMMON {
+        assert!(
+            text.contains(&format!("\n{field} = ")),
+            "the check leaves out {field}"
+        );
+    }
 }
