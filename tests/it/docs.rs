@@ -1487,3 +1487,35 @@ fn docs_step_common_fields_are_accepted() {
         );
     }
 }
+
+#[test]
+fn docs_completions_and_man_pages_come_from_the_command_tree() {
+    let env = TestEnv::new();
+    for (shell, mark) in [
+        ("bash", "_warmstart()"),
+        ("zsh", "#compdef warmstart"),
+        ("fish", "complete -c warmstart"),
+    ] {
+        let out = run(env.xtask().args(["completions", shell])).ok().stdout();
+        assert!(out.contains(mark), "{shell}: {out}");
+        // Every command is in the script, down to the subcommands.
+        assert!(
+            out.contains("publish") && out.contains("resume-cmd"),
+            "{shell}"
+        );
+    }
+    let page = run(env.xtask().arg("man")).ok().stdout();
+    assert!(page.contains(".TH warmstart 1"), "{page}");
+    let dir = env.join("man1");
+    run(env.xtask().args(["man", "--out"]).arg(&dir)).ok();
+    let mut missing = Vec::new();
+    for path in all_subcommands() {
+        let file = dir.join(format!("warmstart-{}.1", path.replace(' ', "-")));
+        if !file.exists() {
+            missing.push(file);
+        }
+    }
+    assert!(missing.is_empty(), "no page for: {missing:#?}");
+    let publish = read(&dir.join("warmstart-cache-publish.1"));
+    assert!(publish.contains("signing\\-key"), "{publish}");
+}
