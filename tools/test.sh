@@ -180,6 +180,10 @@ done
 stage "wheel (the release build)"
 WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)
 export WARMSTART_TEST_WHEEL
+# A release, all but its uploads (.github/workflows/release.yml runs the same
+# script): the .crate, this wheel, the standalone binary, SHA256SUMS.
+stage "release build (no upload)"
+WHEEL=$WARMSTART_TEST_WHEEL tools/release-build.sh >/dev/null
 # Smoke test of the cache benchmark on a small generated tree (~20 s): it
 # must run end to end (relay, incremental round, floors, two variants); it
 # never asserts a time.
