@@ -195,6 +195,35 @@ fn docs_every_relative_link_and_anchor_resolves() {
     assert!(bad.is_empty(), "broken links:\n{}", bad.join("\n"));
 }
 
+/// `docs/SUMMARY.md` is a book mdBook can build: every chapter a page
+/// inside `docs/`, and every page of `docs/` a chapter.
+#[test]
+fn docs_summary_lists_every_page_and_only_pages_of_the_book() {
+    let docs = source_root().join("docs");
+    let summary = read(&docs.join("SUMMARY.md"));
+    let chapters: BTreeSet<String> = links(&summary).into_iter().map(|(_, t)| t).collect();
+    let pages: BTreeSet<String> = markdown_files()
+        .iter()
+        .filter_map(|p| p.strip_prefix(&docs).ok())
+        .map(|p| p.display().to_string())
+        .filter(|p| p != "SUMMARY.md")
+        .collect();
+    let outside: Vec<_> = chapters
+        .iter()
+        .filter(|c| c.starts_with("..") || c.contains('#'))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "SUMMARY.md links outside the book: {outside:?}"
+    );
+    let missing: Vec<_> = pages.difference(&chapters).collect();
+    let gone: Vec<_> = chapters.difference(&pages).collect();
+    assert!(
+        missing.is_empty() && gone.is_empty(),
+        "docs/SUMMARY.md lacks {missing:?}, or lists pages that do not exist: {gone:?}"
+    );
+}
+
 #[test]
 fn docs_readme_stays_short() {
     let text = read(&source_root().join("README.md"));
