@@ -1,8 +1,9 @@
 //! The documentation, checked: README.md and `docs/` mention every command,
 //! the generated reference pages under `docs/reference/` are current, every
 //! relative link and anchor resolves, every TOML example parses with the
-//! parser that reads it for real, and the coreutils recipe of
-//! `docs/format.md` restores a branch the real binary published.
+//! parser that reads it for real, every command example parses with the
+//! real command line, and the coreutils recipe of `docs/format.md` restores
+//! a branch the real binary published.
 //!
 //! `UPDATE_DOCS=1 cargo test --test it docs::` rewrites the generated pages;
 //! review the diff, then run the tests again without it.
@@ -1547,4 +1548,80 @@ fn docs_completions_and_man_pages_come_from_the_command_tree() {
     assert!(missing.is_empty(), "no page for: {missing:#?}");
     let publish = read(&dir.join("warmstart-cache-publish.1"));
     assert!(publish.contains("signing\\-key"), "{publish}");
+}
+
+/// The words of a shell command line, quotes removed (enough for the
+/// examples: no escapes inside quotes), up to the first `|`, `>`, `&&`,
+/// `;` or comment.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quote: Option<char> = None;
+    let mut started = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                started = true;
+            }
+            (None, '#' | '|' | '>' | ';' | '&') if !started => break,
+            (None, c) if c.is_whitespace() => {
+                if started {
+                    words.push(std::mem::take(&mut word));
+                    started = false;
+                }
+            }
+            (None, c) => {
+                word.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        words.push(word);
+    }
+    words
+}
+
+/// Every `cargo xtask ...` and `warmstart ...` line of the docs' shell
+/// examples parses with the real command line: no example names a command
+/// or a flag that does not exist, or leaves out a required argument.
+#[test]
+fn docs_every_command_example_parses_with_the_real_cli() {
+    let mut checked = 0;
+    let mut bad = Vec::new();
+    for file in markdown_files() {
+        for (block, _) in code_blocks(&read(&file), "sh") {
+            for line in block.lines() {
+                let line = line.trim_start();
+                let line = match line.strip_prefix("eval \"$(") {
+                    // The command substitution only.
+                    Some(inner) => inner.split(")\"").next().unwrap_or(inner),
+                    None => line.strip_prefix("time ").unwrap_or(line),
+                };
+                let words = shell_words(line);
+                let args = match words.as_slice() {
+                    [cargo, xtask, rest @ ..] if cargo == "cargo" && xtask == "xtask" => rest,
+                    [bin, rest @ ..] if bin == "warmstart" || bin.ends_with("/warmstart") => rest,
+                    _ => continue,
+                };
+                checked += 1;
+                let argv = std::iter::once("warmstart".to_string()).chain(args.iter().cloned());
+                if let Err(e) = warmstart::cli::Cli::command().try_get_matches_from(argv)
+                    && !matches!(
+                        e.kind(),
+                        clap::error::ErrorKind::DisplayHelp
+                            | clap::error::ErrorKind::DisplayVersion
+                    )
+                {
+                    let first = e.to_string().lines().next().unwrap_or_default().to_string();
+                    bad.push(format!("{}: `{line}`: {first}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(checked >= 30, "found only {checked} command examples");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
