@@ -1625,3 +1625,39 @@ fn docs_every_command_example_parses_with_the_real_cli() {
     assert!(checked >= 30, "found only {checked} command examples");
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// The per-command table of `docs/reference/json.md` has a row for every
+/// command whose `--json` the contract snapshots (`cache gc` once lacked one).
+#[test]
+fn docs_the_json_table_covers_every_command_with_json() {
+    let page = read(&source_root().join("docs/reference/json.md"));
+    let table = page
+        .split("**Per command**")
+        .nth(1)
+        .and_then(|t| t.split("**Versioning.**").next())
+        .expect("json.md has its per-command table");
+    let mut rows = BTreeSet::new();
+    for line in table.lines().filter(|l| l.starts_with("| `")) {
+        let first = line.split('|').nth(1).unwrap_or_default();
+        for (i, part) in first.split('`').enumerate() {
+            if i % 2 == 1 {
+                rows.insert(part.replace(' ', "-"));
+            }
+        }
+    }
+    let dir = source_root().join("tests/it/snapshots/json");
+    let commands: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|f| f.split('.').next().map(str::to_string))
+        // The envelope of any command failing before it runs (a bad
+        // setting, a usage error), and the one exception, which prints no
+        // envelope: the page's prose covers them.
+        .filter(|c| !["settings", "usage", "resume-lookup"].contains(&c.as_str()))
+        .collect();
+    let missing: Vec<_> = commands.difference(&rows).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/reference/json.md's per-command table has no row for {missing:?}"
+    );
+}
