@@ -1438,13 +1438,105 @@ const STEP_COMMON: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
+/// A TOML value as the example column shows it, on one line.
+fn toml_inline(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => format!("{s:?}"),
+        toml::Value::Integer(n) => n.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        toml::Value::Datetime(d) => d.to_string(),
+        toml::Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(toml_inline).collect::<Vec<_>>().join(", ")
+        ),
+        toml::Value::Table(t) => format!(
+            "{{ {} }}",
+            t.iter()
+                .map(|(k, v)| format!("{k} = {}", toml_inline(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// The value at a dotted `path` of `t`, looking into each table of an array.
+fn toml_at<'a>(t: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
+    let v = t.get(path[0])?;
+    if path.len() == 1 {
+        return Some(v);
+    }
+    match v {
+        toml::Value::Table(inner) => toml_at(inner, &path[1..]),
+        toml::Value::Array(items) => items
+            .iter()
+            .find_map(|i| i.as_table().and_then(|t| toml_at(t, &path[1..]))),
+        _ => None,
+    }
+}
+
+/// The guides' TOML examples of manifest kind `kind`, as tables (a step
+/// kind's: each step of that kind).
+fn toml_examples(kind: &str) -> Vec<toml::Table> {
+    let mut out = Vec::new();
+    for file in markdown_files()
+        .iter()
+        .filter(|p| !p.starts_with(source_root().join("docs/reference")))
+    {
+        for (block, _) in code_blocks(&read(file), "toml") {
+            let Ok(table) = toml::from_str::<toml::Table>(&block) else {
+                continue;
+            };
+            let is_cache = ["cache", "key", "pack", "restore", "publish"]
+                .iter()
+                .any(|k| table.contains_key(*k));
+            match kind.strip_prefix("step ") {
+                Some(step_kind) => {
+                    if let Some(toml::Value::Array(steps)) = table.get("step") {
+                        for s in steps.iter().filter_map(|s| s.as_table()) {
+                            if s.get("kind").and_then(|k| k.as_str()) == Some(step_kind) {
+                                out.push(s.clone());
+                            }
+                        }
+                    }
+                }
+                None if kind == "gates.toml" && table.contains_key("gate") => out.push(table),
+                None if kind == "cache manifest" && is_cache && !table.contains_key("step") => {
+                    out.push(table)
+                }
+                None => {}
+            }
+        }
+    }
+    out
+}
+
+/// The first example value of `path` in the guides, for the page.
+fn example_of(examples: &[toml::Table], path: &str) -> String {
+    let parts: Vec<&str> = path.split('.').collect();
+    examples
+        .iter()
+        .find_map(|t| toml_at(t, &parts))
+        .filter(|v| {
+            match v {
+                // Tables and arrays of tables are shown by their fields.
+                toml::Value::Table(_) => false,
+                toml::Value::Array(a) => !a.iter().any(|i| i.is_table()),
+                _ => true,
+            }
+        })
+        .map(|v| format!("`{}`", toml_inline(v).replace('|', "\\|")))
+        .unwrap_or_default()
+}
+
 /// `docs/reference/manifests.md`: every field of every manifest kind.
 fn manifests_page() -> (String, Vec<String>) {
     let mut problems = Vec::new();
     let mut s = format!(
         "# Manifest fields\n\n{GENERATED}Every field of every file in `cache-manifests/`. The field names, \
 and the types but where noted, are read from the parsers' own `Deserialize` implementations \
-(a field a parser takes and this page lacks fails a test). Every table refuses fields it does not \
+(a field a parser takes and this page lacks fails a test). The examples are taken from the guides' \
+TOML examples, which the real parsers read in a test. Every table refuses fields it does not \
 know (exit 10). Durations, sizes and globs: [settings.md](settings.md). Guides: \
 [caches.md](../caches.md), [gates.md](../gates.md), [trust.md](../trust.md), \
 [restore.md](../restore.md).\n"
@@ -1473,8 +1565,9 @@ a top-level `[env]` table (`path`, `env`, as a step's) and `[[step]]` tables. Th
             }
         }
         s.push_str(&format!(
-            "\n## {title}\n\n| field | type | default | meaning |\n|---|---|---|---|\n"
+            "\n## {title}\n\n| field | type | default | example | meaning |\n|---|---|---|---|---|\n"
         ));
+        let examples = toml_examples(kind);
         for (path, shape) in fields::walk(&*describe) {
             documented.insert((kind.to_string(), path.clone()));
             let Some((_, _, ty, default, meaning)) =
@@ -1488,7 +1581,10 @@ a top-level `[env]` table (`path`, `env`, as a step's) and `[[step]]` tables. Th
             } else {
                 ty.to_string()
             };
-            s.push_str(&format!("| `{path}` | {ty} | {default} | {meaning} |\n"));
+            let example = example_of(&examples, &path);
+            s.push_str(&format!(
+                "| `{path}` | {ty} | {default} | {example} | {meaning} |\n"
+            ));
         }
     }
     for (kind, path, ..) in FIELDS {
