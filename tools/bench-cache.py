@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of `cache publish` and `cache restore` against the shell recipe and two floors.
 
-DESIGN.md "Benchmarks", issues 7 and 18. The workload is the machine's own
+BENCHMARKS.md has the results. The workload is the machine's own
 Rust toolchain (`rustc --print sysroot`, ~1.4 GB, ~58k files), published to a
 local bare repository set up like a hosting server (receive.unpackLimit 1, so
 pushes stay packs; uploadpack.allowFilter true; no gc on receive) and restored

@@ -162,12 +162,28 @@ stage "fmt"
 cargo fmt --all -- --check
 stage "clippy"
 cargo clippy --all-targets --quiet -- -D warnings
+# What `cargo publish` would upload: the crate's own files, README.md
+# included, tests/ (the workspace's) left out. Listing only: building the
+# package from its tarball (`cargo package`, which the release workflow
+# runs) recompiles every dependency under the package's own profile.
+stage "cargo package --list"
+package_files=$(cargo package --list --quiet -p warmstart --allow-dirty)
+for want in README.md Cargo.toml src/main.rs src/lib.rs src/init/bootstrap.sh; do
+  grep -qx "$want" <<<"$package_files" || {
+    echo "tools/test.sh: cargo package --list lacks $want" >&2
+    exit 1
+  }
+done
 # The run's one release build: the warmstart wheel (tools/build-wheel.sh,
 # maturin --zig, checked manylinux_2_17). tests/it/wheel.rs installs it, and
 # the release binary inside it serves tools/bench-bootstrap-paths.sh.
 stage "wheel (the release build)"
 WARMSTART_TEST_WHEEL=$(tools/build-wheel.sh)
 export WARMSTART_TEST_WHEEL
+# A release, all but its uploads (.github/workflows/release.yml runs the same
+# script): the .crate, this wheel, the standalone binary, SHA256SUMS.
+stage "release build (no upload)"
+WHEEL=$WARMSTART_TEST_WHEEL tools/release-build.sh >/dev/null
 # Smoke test of the cache benchmark on a small generated tree (~20 s): it
 # must run end to end (relay, incremental round, floors, two variants); it
 # never asserts a time.

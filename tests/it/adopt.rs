@@ -701,6 +701,31 @@ fn adopt_a_standalone_repository_restores_a_fresh_clone_with_no_compiler() {
         crate::util::sha256sum(&clone.join("target/warmstart-bin/warmstart")),
         crate::util::sha256sum(&crate::util::bin())
     );
+    // What step 5 of the README's adoption says a fresh machine shows: the
+    // orientation table on stdout, and on the next run every row warm.
+    let table = r.stdout();
+    let header = table.lines().next().unwrap_or_default();
+    for column in [
+        "STEP",
+        "KIND",
+        "SOURCE",
+        "STATE",
+        "THIS RUN",
+        "LAST COLD",
+        "WHAT",
+    ] {
+        assert!(header.contains(column), "no {column} column:\n{table}");
+    }
+    let again = bootstrap_cmd(&env, &clone, &["--strict"]).ok().stdout();
+    let rows: Vec<&str> = again
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("eval "))
+        .collect();
+    assert!(!rows.is_empty(), "{again}");
+    for row in rows {
+        assert!(row.contains(" warm "), "not warm on the second run: {row}");
+    }
     // Warm: the origin gone, the installed binary runs with no network.
     env.git(
         &clone,

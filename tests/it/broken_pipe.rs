@@ -71,7 +71,7 @@ fn report_commands() -> Vec<Vec<String>> {
         .map(|a| a.iter().copied().chain(["--json"]).collect())
         .collect();
     all.extend(json);
-    // `lookup` always prints JSON (DESIGN.md), and takes no `--json`.
+    // `lookup` always prints JSON (docs/reference/json.md), and takes no `--json`.
     all.push(vec!["resume", "--path", "../index.json", "lookup", "s1"]);
     all.into_iter()
         .map(|a| a.into_iter().map(String::from).collect())

@@ -5,7 +5,7 @@
 //!   `frames`, raw digests or index) still restore, unsigned and signed
 //!   with a version 1 statement written here by hand from README "Trust";
 //! - branches whose chunks are independent zstd frames restore through the
-//!   coreutils path of DESIGN.md, also with more than 1000 chunks, where the
+//!   coreutils path of docs/format.md, also with more than 1000 chunks, where the
 //!   width of the chunk number matters, and the result equals the tree;
 //! - what an older binary relies on holds for them: SHA256SUMS lists
 //!   exactly the chunks, their concatenation is one zstd stream, and the
@@ -471,7 +471,7 @@ fn todays_branch_shape_still_restores_unsigned_and_signed() {
     );
 }
 
-/// The coreutils path of DESIGN.md, run by `sh` into `dest`.
+/// The branch README's coreutils path, run by `sh` into `dest`.
 fn coreutils_restore(cx: &Cx, key: &str, dest: &Path) -> std::process::Output {
     let dir = cx.env.join("plain");
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,7 +1,7 @@
 //! `cargo xtask cache publish` against real remotes: bare repositories over file://, `git daemon`, smart HTTP.
 //!
 //! What a publish must guarantee, checked from the outside: the branch is
-//! one root commit after every publish; the coreutils path of DESIGN.md
+//! one root commit after every publish; the coreutils path of docs/format.md
 //! restores what was published (`sha256sum -c SHA256SUMS` passes in a
 //! checkout of the branch); an unchanged artifact makes no commit and no
 //! push; the same tree packs to the same bytes; bad input is refused with its
@@ -110,7 +110,7 @@ fn assert_one_root_commit(env: &TestEnv, bare: &str, branch: &str) {
     );
 }
 
-/// DESIGN.md's coreutils path, verbatim (plus `pipefail`), in a fresh clone
+/// The branch README's coreutils path, verbatim (plus `pipefail`), in a fresh clone
 /// with `url` as origin: fetch, `git archive | tar -x`, `sha256sum -c`,
 /// then `cat parts | zstd -d | tar -x` into `dest`. Returns sha256sum's output.
 fn coreutils_restore(env: &TestEnv, url: &str, branch: &str, key: &str, dest: &Path) -> String {

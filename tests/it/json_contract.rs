@@ -684,7 +684,7 @@ fn json_contract_conda_resume_demo_and_usage() {
         &resume(&["prune", "86400000", "--json"]),
         true,
     );
-    // The one exception (DESIGN.md): `lookup` prints the entry itself, or
+    // The one exception (docs/reference/json.md): `lookup` prints the entry itself, or
     // `null`, as the JavaScript tool does; no envelope.
     let entry: Value = serde_json::from_str(&resume(&["lookup", "pane-1"]).ok().stdout()).unwrap();
     assert!(entry.get("schema").is_none(), "{entry:#}");

@@ -32,6 +32,7 @@ mod conda;
 mod containment;
 mod containment_property;
 mod demo;
+mod docs;
 mod gates;
 mod gates_evidence;
 mod gates_refs;

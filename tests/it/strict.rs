@@ -150,7 +150,11 @@ fn an_unknown_warmstart_variable_is_refused_with_the_nearest_name() {
     refused(
         xt(&env, &[(&typo, "5m")], &["cache", "list"]),
         10,
-        &[&typo, "did you mean WARMSTART_LOCK_TIMEOUT?", "Settings"],
+        &[
+            &typo,
+            "did you mean WARMSTART_LOCK_TIMEOUT?",
+            "docs/reference/environment.md",
+        ],
     );
     let far = format!("WARMSTART_{}", "ZZZ_NOTHING_LIKE_IT");
     refused(
@@ -309,13 +313,20 @@ fn every_warmstart_variable_used_is_known() {
     }
     assert!(
         unknown.is_empty(),
-        "add these to warmstart::settings::KNOWN (xtask/src/settings.rs) and README.md \"Settings\":\n{}",
+        "add these to warmstart::settings::KNOWN (xtask/src/settings.rs); docs/reference/environment.md is generated from it:\n{}",
         unknown.join("\n")
     );
-    // And the README lists every one of them.
-    let readme = std::fs::read_to_string(source_root().join("README.md")).unwrap();
-    let missing: Vec<_> = known.iter().filter(|n| !readme.contains(*n)).collect();
-    assert!(missing.is_empty(), "README.md does not list {missing:?}");
+    // And the reference lists every one of them, in a row of its own.
+    let page =
+        std::fs::read_to_string(source_root().join("docs/reference/environment.md")).unwrap();
+    let missing: Vec<_> = known
+        .iter()
+        .filter(|n| !page.contains(&format!("| `{n}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/reference/environment.md does not list {missing:?} (regenerate it: UPDATE_DOCS=1 cargo test --test it docs::)"
+    );
 }
 
 fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {

@@ -7,9 +7,9 @@
 //! in `lib.rs` prints the failure envelope through `failure`. No command
 //! prints a JSON document of its own, so the envelope fields (`schema`,
 //! `command`, `ok`, and on failure `error` and `code`) are the same
-//! everywhere, and a failure never prints two documents or none. README.md
-//! "JSON output" is the schema. The one exception is `resume lookup`, whose
-//! output DESIGN.md fixes (the entry or `null`, as the JavaScript tool prints).
+//! everywhere, and a failure never prints two documents or none. docs/reference/json.md
+//! is the schema. The one exception is `resume lookup`, whose output the
+//! JavaScript tool fixes (the entry or `null`, as it prints; docs/resume.md).
 
 use serde::Serialize;
 use serde_json::{Map, Value};

@@ -371,7 +371,7 @@ fn print_timings_and_next_steps(say: &Say, timings: &BTreeMap<&'static str, u64>
         say.line(format!("| {label} | {} |", duration(timings[step])));
     }
     say.line("");
-    say.line("Real use, in your repository (see README.md, \"Adopting warmstart\"):");
+    say.line("Real use, in your repository (see docs/adopting.md):");
     say.line("  1. describe each cache in cache-manifests/<name>.toml (like the one above: key pins, pack root, restore path, gates)");
     say.line(format!(
         "  2. {cmd} cache publish <name>     # from CI, once the gates are green",

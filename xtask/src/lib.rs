@@ -30,6 +30,7 @@ pub mod glob;
 pub mod hex;
 pub mod init;
 pub mod invocation;
+pub mod manual;
 pub mod net;
 pub mod process;
 pub mod progress;
@@ -117,5 +118,7 @@ fn dispatch(cli: cli::Cli) -> Result<()> {
         cli::Command::Resume(args) => resume::run(&sh, args),
         cli::Command::Conda(args) => conda::run(&sh, args),
         cli::Command::Init(args) => init::run(&sh, args),
+        cli::Command::Completions(args) => manual::completions(args),
+        cli::Command::Man(args) => manual::man(args),
     }
 }

@@ -165,7 +165,7 @@ pub fn check_env() -> Result<()> {
             return Err(fail(
                 Code::Config,
                 format!(
-                    "unknown environment variable {name}: {}; WARMSTART_* names are reserved for warmstart (README.md \"Settings\" lists them), so unset it or rename it",
+                    "unknown environment variable {name}: {}; WARMSTART_* names are reserved for warmstart (docs/reference/environment.md lists them), so unset it or rename it",
                     nearest(&name).map_or("no known variable is close".into(), |n| format!(
                         "did you mean {n}?"
                     ))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the files of a v1 cache branch without warmstart's publisher.
 
-An independent implementation of DESIGN.md "Cache branch format v1" for the
+An independent implementation of docs/format.md (format 1) for the
 restore tests: python's tarfile for the tar, the zstd CLI for compression,
 python for chunking and digests. Hostile archives (entries a restorer must
 refuse) are made from a JSON spec, which tarfile writes as given.

@@ -67,7 +67,7 @@ pub struct UnpackArgs {
     #[arg(long)]
     pub allow_external_symlinks: bool,
     /// Refuse packages whose contents exceed this size: `16G`, `512MiB`, or
-    /// bytes (binary units, any case; README.md "Settings").
+    /// bytes (binary units, any case; docs/reference/settings.md).
     #[arg(long, value_name = "SIZE", default_value = "16G", value_parser = crate::size::parse_size_arg)]
     pub max_bytes: u64,
     /// Refuse packages with more entries than this.

@@ -181,6 +181,16 @@ const EXAMPLES: &[(&str, &str)] = &[
   {bin} init --check                  # CI: exit 6 when a generated file is stale
   {bin} init --signer ci=ci_signing_key.pub --binary standalone",
     ),
+    (
+        "completions",
+        "{bin} completions bash > ~/.local/share/bash-completion/completions/warmstart
+  {bin} completions fish > ~/.config/fish/completions/warmstart.fish",
+    ),
+    (
+        "man",
+        "{bin} man | man -l -                # read it now
+  {bin} man --out ~/.local/share/man/man1",
+    ),
 ];
 
 /// `cmd` (the whole tree) with each command's examples as its `after_help`,

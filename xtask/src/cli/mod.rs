@@ -10,6 +10,7 @@ pub mod demo;
 pub mod examples;
 pub mod gates;
 pub mod init;
+pub mod manual;
 pub mod restore;
 pub mod resume;
 
@@ -19,7 +20,7 @@ use clap::{Parser, Subcommand};
 /// seconds, from caches kept in the git repository itself.
 ///
 /// Run it as `warmstart <COMMAND>` (or `cargo xtask <COMMAND>` from an xtask
-/// crate) inside any repository that has a `cache-manifests/` folder. Exit codes are listed in README.md.
+/// crate) inside any repository that has a `cache-manifests/` folder. Exit codes: docs/reference/exit-codes.md.
 #[derive(Debug, Parser)]
 // `name` and `bin_name` are set at run time to `crate::invocation::command()`.
 #[command(name = "warmstart", version, propagate_version = true)]
@@ -98,6 +99,15 @@ pub enum Command {
     /// matches the digest is yours, and is reported and left alone. Rerunning
     /// is safe, and updates the files it generated.
     Init(init::InitArgs),
+    /// Print the shell completion script for bash, zsh, fish, elvish or
+    /// PowerShell, made from the same command tree as `--help`.
+    ///
+    /// For `warmstart` on PATH: e.g. `warmstart completions bash >
+    /// ~/.local/share/bash-completion/completions/warmstart`.
+    Completions(manual::CompletionsArgs),
+    /// Print the man page (roff), or write one page per command with `--out
+    /// DIR`, made from the same command tree as `--help`.
+    Man(manual::ManArgs),
 }
 
 /// The deadlines of every network operation (fetch, push), shared by the

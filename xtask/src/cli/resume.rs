@@ -60,7 +60,7 @@ pub enum ResumeCommand {
         /// Only resume a session active within this many milliseconds.
         #[arg(value_name = "MAX_AGE_MS")]
         max_age_ms: Option<u64>,
-        /// Print {launcher, sessionId, cwd, command} as JSON.
+        /// Print {launcher, sessionId, cwd, shell_command} as JSON.
         #[arg(long)]
         json: bool,
     },

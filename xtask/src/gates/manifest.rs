@@ -344,7 +344,7 @@ pub fn load(root: &Path) -> Result<Plan> {
             return Err(fail(
                 Code::Config,
                 format!(
-                    "{} not found: create it with one `[[gate]]` table per gate (name, command; see README, Gates)",
+                    "{} not found: create it with one `[[gate]]` table per gate (name, command; see docs/gates.md)",
                     path.display()
                 ),
             ));
@@ -357,6 +357,13 @@ pub fn load(root: &Path) -> Result<Plan> {
         }
     };
     parse(&text)
+}
+
+/// `RawPlan`'s `Deserialize`, for the field reference made from it
+/// (`docs/reference/manifests.md`, tests/it/docs.rs); nothing else calls it.
+#[doc(hidden)]
+pub fn describe<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<(), D::Error> {
+    RawPlan::deserialize(d).map(|_| ())
 }
 
 #[cfg(test)]

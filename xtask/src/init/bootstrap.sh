@@ -13,7 +13,7 @@
 # Everything it knows comes from the one cache manifest with a [bootstrap]
 # table (cache-manifests/*.toml): the branch, the key pins, the restore path,
 # the executable, the registry pin and the compile command. `warmstart init`
-# wrote this file; README.md "Adopting warmstart in another repository".
+# wrote this file; docs/adopting.md.
 #
 # The order, each step saying which happened:
 # 0. warm: the executable was installed for this exact key (by this script, or
@@ -38,7 +38,7 @@ say() { echo "bootstrap: $*" >&2; }
 die() { say "$*"; exit 1; }
 # The last fallback failed: exit 12 when a binary cache was refused on the
 # way (untrusted, or a part that is not a regular blob of its size), 8 when
-# a step ran past its deadline (README.md "Exit codes"), else 1.
+# a step ran past its deadline (docs/reference/exit-codes.md), else 1.
 give_up() {
   say "$*"
   if [ -n "${untrusted:-}" ]; then exit 12; fi
@@ -153,7 +153,7 @@ limited() {
 
 # ---- the trust policy: the [trust] table of the manifest as committed at
 # HEAD, else cache-manifests/trust.toml at HEAD (never the work tree, never a
-# cache branch), else off. README.md "Trust".
+# cache branch), else off. docs/trust.md.
 if head_manifest=$(git show "HEAD:$manifest" 2>/dev/null); then
   head_rows=$(records <(printf '%s\n' "$head_manifest")) || die "$manifest at HEAD cannot be read by this script (see above)"
   while IFS=$'\t' read -r table idx field value; do

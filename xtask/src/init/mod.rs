@@ -302,8 +302,7 @@ fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>>
 }
 
 /// The trust.toml `init --signer` writes.
-const TRUST_TOML: &str =
-    "# Who may publish caches: cache-manifests/allowed_signers. README.md \"Trust\".
+const TRUST_TOML: &str = "# Who may publish caches: cache-manifests/allowed_signers. docs/trust.md.
 # signed_gates: a gate record counts (skips a gate, lets a cache publish) only
 # when an allowed signer signed it; tools/ci-gates.sh signs with WARMSTART_SIGNING_KEY.
 policy = \"require\"

@@ -17,7 +17,7 @@ pub const CI_GATES: &str = include_str!("ci-gates.sh");
 
 /// `cache-manifests/gates.toml`: what CI proves before it publishes.
 pub const GATES_TOML: &str = r#"# Gates: commands that must pass on a clean tree before a cache is published
-# from it (README.md, "Gates"). tools/ci-gates.sh runs them in CI, records
+# from it (docs/gates.md). tools/ci-gates.sh runs them in CI, records
 # them green for the tree, then publishes every cache. A cache requires the
 # gates its manifest lists under [publish] gates.
 
@@ -189,8 +189,8 @@ built = \"{built}\"\n\
 /// `cache-manifests/restore.toml`: the binary cache, then the user's steps.
 pub fn restore_toml(bin_cache: &str) -> String {
     format!(
-        "# The steps `restore` runs at session start, in order (README.md, \"Restore\n\
-# the machine\"). tools/warmstart-bootstrap.sh runs it once it has the binary.\n\
+        "# The steps `restore` runs at session start, in order (docs/restore.md).\n\
+# tools/warmstart-bootstrap.sh runs it once it has the binary.\n\
 \n\
 # The binary itself: keeps the cache module's install and stamp of it current.\n\
 # In the background: the bootstrap has just installed this key, so nothing\n\
@@ -213,7 +213,7 @@ background = true\n\
 
 /// `cache-manifests/example.toml.sample`: a commented cache to copy.
 pub const EXAMPLE: &str = r#"# An example cache: copy it to cache-manifests/<name>.toml and edit it.
-# README.md "Cache manifests" lists every field.
+# docs/caches.md ("Cache manifests") and docs/reference/manifests.md list every field.
 
 [cache]
 # The orphan branch that holds the cache (default: <name>-cache).

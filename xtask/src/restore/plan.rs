@@ -225,7 +225,7 @@ pub fn load(repo: &Repo) -> Result<Plan> {
             return Err(fail(
                 Code::Config,
                 format!(
-                    "{} does not exist: create it with the steps this repository needs (README.md, \"Restore the machine\")",
+                    "{} does not exist: create it with the steps this repository needs (docs/restore.md)",
                     file.display()
                 ),
             ));

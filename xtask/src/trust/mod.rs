@@ -484,7 +484,7 @@ pub fn check_key(
     let (policy, source) = checker.root.effective(&committed);
     let note = (source == Source::Unset).then(|| {
         format!(
-            "note: no trust policy: {} is not in HEAD, so signatures of cache {} are not checked (policy off); see README \"Trust\"",
+            "note: no trust policy: {} is not in HEAD, so signatures of cache {} are not checked (policy off); see docs/trust.md",
             policy::TRUST_FILE,
             m.name
         )

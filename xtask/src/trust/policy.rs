@@ -227,6 +227,13 @@ pub fn remote_default_policy(
     Some((branch, parse_trust_file(&text).ok()?))
 }
 
+/// `TrustFile`'s `Deserialize`, for the field reference made from it
+/// (`docs/reference/manifests.md`, tests/it/docs.rs); nothing else calls it.
+#[doc(hidden)]
+pub fn describe<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<(), D::Error> {
+    <TrustFile as serde::Deserialize>::deserialize(d).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

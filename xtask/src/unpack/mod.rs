@@ -1,7 +1,7 @@
 //! Safe unpacking shared by `cache restore` and `conda unpack`: a checked tar
 //! extractor, an atomic directory swap, and a journaled merge into a shared prefix.
 //!
-//! The three steps of every install (DESIGN.md, "Restore invariants" 2, 3, 6):
+//! The three steps of every install (docs/format.md, restore invariants 2, 3, 6):
 //! 1. `extract_tar` streams a tar into an empty staging directory the caller
 //!    owns, refusing (never skipping) every entry that could land outside it.
 //! 2. Either `swap_dir` replaces a directory the cache owns with the staging

@@ -764,6 +764,13 @@ impl CacheManifest {
     }
 }
 
+/// `RawManifest`'s `Deserialize`, for the field reference made from it
+/// (`docs/reference/manifests.md`, tests/it/docs.rs); nothing else calls it.
+#[doc(hidden)]
+pub fn describe<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<(), D::Error> {
+    RawManifest::deserialize(d).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

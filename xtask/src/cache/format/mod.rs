@@ -2,7 +2,7 @@
 //!
 //! Pure data and text: this module parses and renders the files of a cache
 //! branch and never touches git, the network or the file system. See
-//! DESIGN.md, "Cache branch format v1" and "Legacy branches".
+//! docs/format.md, "`warmstart.json`, format 1" and "Legacy branches".
 
 pub mod bootstrap;
 pub mod chunk_sizes;

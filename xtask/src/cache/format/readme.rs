@@ -2,8 +2,8 @@
 //!
 //! Someone who finds the branch on a hosting site learns what it is, what
 //! each key holds, and how to restore it with warmstart or with git and
-//! coreutils alone (the exact command of DESIGN.md, "Cache branch format
-//! v1"). Pure text: this module renders and never touches anything.
+//! coreutils alone (the recipe of docs/format.md, "Restoring with coreutils
+//! alone"). Pure text: this module renders and never touches anything.
 
 use crate::cache::format::BranchManifest;
 use crate::size::human as human_bytes;
@@ -230,7 +230,7 @@ mod tests {
                 "{} is stale: rerun with UPDATE_SNAPSHOTS=1 cargo test --lib readme and review the diff\n--- rendered:\n{text}",
                 path.display()
             );
-            // The coreutils path of DESIGN.md, verbatim apart from the variables.
+            // The coreutils path the branch README prints, verbatim apart from the variables.
             assert!(text.contains(&format!("git fetch origin {branch} && git archive FETCH_HEAD | tar -x -C tmp && (cd tmp && sha256sum -c SHA256SUMS) && cat tmp/$KEY.tar.zst.part* | zstd -d | tar -x -C \"$DEST\"")));
             // And the signature check of README "Trust".
             assert!(text.contains("ssh-keygen -Y verify -f allowed_signers -I \"$WHO\" -n warmstart-cache -s tmp/$KEY.statement.sig < tmp/$KEY.statement"));

@@ -73,7 +73,7 @@ pub(super) fn choose_keys(
 }
 
 /// The key to install and its trust check, before any chunk is fetched
-/// (DESIGN.md invariant 9). The exact key is installed or refused (exit 12
+/// (docs/format.md, restore invariant 9). The exact key is installed or refused (exit 12
 /// under `require`). Fallback candidates the policy refuses are skipped
 /// with a warning and the next one is tried; when every one is
 /// refused, exit 12 names each with its verdict. Nothing is installed then.

@@ -255,7 +255,7 @@ impl Cold<'_> {
     }
 
     /// Fetches the branch and chooses the key to install, trusted before any
-    /// chunk is read (DESIGN.md invariant 9). `Err(outcome)` when the
+    /// chunk is read (docs/format.md, restore invariant 9). `Err(outcome)` when the
     /// stand-in chosen is the very install the stamp describes.
     fn fetch_and_choose(
         &self,

@@ -3,7 +3,7 @@
 //! chunk `i` is still being decoded, on another core.
 //!
 //! The reader reads each chunk whole into memory, hashing it, and hands it
-//! to a decoder only once its sha256 matched (DESIGN.md invariant 1: the
+//! to a decoder only once its sha256 matched (docs/format.md, restore invariant 1: the
 //! bytes a decoder sees are the very bytes that were hashed, so the
 //! streaming path's second read is not needed). Decoders inflate whole
 //! frames, each into at most its declared `raw_size` bytes; the emitter

@@ -4,7 +4,7 @@
 //! Three stages run at once, joined by bounded channels of 1 MiB blocks
 //! (memory stays at a few MiB, whatever the artifact's or a chunk's size):
 //! 1. *read*: first hashes every chunk, streaming, and refuses the whole
-//!    restore if any digest differs from `warmstart.json` (DESIGN.md, restore
+//!    restore if any digest differs from `warmstart.json` (docs/format.md, restore
 //!    invariant 1); then reads them again, re-hashing, and passes the bytes
 //!    on. A chunk the caller says this process already checked
 //!    (`Opened::checked`: `cache::fetch::direct` hashes each chunk as it writes it
