@@ -49,14 +49,7 @@ impl Cx {
             ["remote", "add", "origin", &daemon.url("origin.git")],
         );
         for name in ["ci", "evil"] {
-            let f = env.join(format!("keys/{name}"));
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            let out = Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-                .arg(&f)
-                .output()
-                .expect("ssh-keygen (tools/test.sh installs openssh-client)");
-            assert!(out.status.success(), "{}", show(&out));
+            env.ssh_key(name);
         }
         let cx = Cx {
             target: work.join("restored/art"),

@@ -28,17 +28,6 @@ fn attestation(tree: &str, gate: &str, digest: &str) -> String {
     format!("warmstart-gate 1\ntree {tree}\ngate {gate}\ndigest {digest}\n")
 }
 
-fn keygen(env: &TestEnv, name: &str) {
-    let f = env.join(format!("keys/{name}"));
-    std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-        .arg(&f)
-        .output()
-        .expect("ssh-keygen (tools/test.sh installs openssh-client)");
-    assert!(out.status.success(), "{}", show(&out));
-}
-
 fn sign(env: &TestEnv, key: &str, text: &str) -> String {
     let data = env.join("to-sign");
     std::fs::write(&data, text).unwrap();
@@ -143,7 +132,7 @@ impl World {
 fn world(env: &TestEnv, dir: &str, trust: Option<&str>, cache_trust: &str) -> World {
     for k in ["ci", "evil"] {
         if !env.join(format!("keys/{k}")).exists() {
-            keygen(env, k);
+            env.ssh_key(k);
         }
     }
     let repo = env.work_repo(dir);

@@ -31,7 +31,7 @@ impl Setup {
     fn new(signed: bool) -> Setup {
         let env = TestEnv::new();
         for name in ["ci", "evil"] {
-            keygen(&env, name);
+            env.ssh_key(name);
         }
         std::fs::create_dir_all(env.join("srv")).unwrap();
         env.bare_remote("srv/origin.git");
@@ -164,17 +164,6 @@ impl Setup {
         self.env.isolate(&mut cmd);
         run(&mut cmd)
     }
-}
-
-fn keygen(env: &TestEnv, name: &str) {
-    let f = env.join(format!("keys/{name}"));
-    std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-        .arg(&f)
-        .output()
-        .expect("ssh-keygen (tools/test.sh installs openssh-client)");
-    assert!(out.status.success(), "{}", show(&out));
 }
 
 /// A red CI job: exit 11 with the test gate run and failed (never

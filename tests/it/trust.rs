@@ -25,14 +25,7 @@ fn trusted(policy: Option<&str>, signers: &[&str]) -> Fixture {
     let fx = Fixture::served();
     fx.clone_repo("att");
     for name in ["ci", "alice", "evil"] {
-        let f = fx.env.join(format!("keys/{name}"));
-        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-        let out = Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-            .arg(&f)
-            .output()
-            .expect("ssh-keygen (tools/test.sh installs openssh-client)");
-        assert!(out.status.success(), "{}", show(&out));
+        fx.env.ssh_key(name);
     }
     set_trust(&fx, policy, signers, "");
     for repo in ["work", "att"] {

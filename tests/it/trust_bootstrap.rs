@@ -30,14 +30,7 @@ impl Bx {
         let daemon = GitDaemon::start(&env.join("srv"));
         let url = daemon.url("origin.git");
         for name in ["ci", "evil"] {
-            let f = env.join(format!("keys/{name}"));
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            let out = Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-                .arg(&f)
-                .output()
-                .expect("ssh-keygen (tools/test.sh installs openssh-client)");
-            assert!(out.status.success(), "{}", show(&out));
+            env.ssh_key(name);
         }
         for repo in ["a", "att"] {
             env.work_repo(repo);

@@ -64,6 +64,20 @@ impl TestEnv {
         self.dir.path().join(rel)
     }
 
+    /// A fresh ed25519 key pair `keys/<name>` and `keys/<name>.pub` (comment
+    /// `name`, no passphrase), made by the real `ssh-keygen`; its path.
+    pub fn ssh_key(&self, name: &str) -> PathBuf {
+        let f = self.join(format!("keys/{name}"));
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+            .arg(&f)
+            .output()
+            .expect("ssh-keygen (tools/test.sh installs openssh-client)");
+        assert!(out.status.success(), "{}", show(&out));
+        f
+    }
+
     pub fn home(&self) -> PathBuf {
         self.join("home")
     }
