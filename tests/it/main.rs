@@ -50,6 +50,7 @@ mod restore_submodules;
 mod resume;
 mod resume_interop;
 mod secrets;
+mod store_crash;
 mod strict;
 mod test_tools;
 mod tidy;

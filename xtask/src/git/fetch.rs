@@ -262,7 +262,7 @@ impl CacheGit {
                 fail(
                     Code::Busy,
                     format!(
-                        "cannot take {} ({e}): another git is updating it; try again",
+                        "cannot take {} ({e}): a git not run by warmstart is updating it; try again when it is done",
                         lock.display()
                     ),
                 )

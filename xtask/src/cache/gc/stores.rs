@@ -227,8 +227,10 @@ fn write_pack(git: &CacheGit, pack_dir: &Path, keep: &BTreeSet<&str>) -> Result<
 }
 
 fn git_out(git: &CacheGit, args: &[&str]) -> Result<String> {
-    let out = git
-        .git()
+    let mut cmd = git.git();
+    // A repack or prune outlived by nobody: it holds git's locks in the store.
+    crate::process::group::die_with_parent(&mut cmd);
+    let out = cmd
         .args(args)
         .stdin(Stdio::null())
         .output()
