@@ -87,7 +87,16 @@ impl CacheGit {
     pub(super) fn open_at(sh: &Shell, repo: &Repo, name: &str) -> Result<CacheGit> {
         let dir = repo.state_dir().join(name);
         if !dir.join("HEAD").is_file() {
-            create(sh, &dir)?;
+            // `create` puts a whole store in place at once, so anything else
+            // at this path (a file, a directory without HEAD) is damage.
+            match std::fs::symlink_metadata(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(sh, &dir)?,
+                Err(e) => {
+                    return Err(anyhow!(e).context(format!("opening {}", dir.display())));
+                }
+                Ok(m) if !m.is_dir() => super::heal::rebuild_unopenable(&dir, "not a directory")?,
+                Ok(_) => super::heal::rebuild_unopenable(&dir, "no HEAD")?,
+            }
         }
         let forwarded = forwarded_config(sh, &repo.root)?;
         Ok(CacheGit {

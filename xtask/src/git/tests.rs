@@ -225,6 +225,24 @@ fn a_lost_lease_is_never_taken_for_an_unreachable_remote() {
 }
 
 #[test]
+fn a_bad_config_line_is_damage_only_in_the_stores_own_config() {
+    let dir = Path::new("/c/.git/warmstart/cache.git");
+    assert!(super::heal::says_config_damaged(
+        dir,
+        "fatal: bad config line 1 in file /c/.git/warmstart/cache.git/config"
+    ));
+    for theirs in [
+        "fatal: bad config line 3 in file /home/u/.gitconfig",
+        "fatal: bad config line 1 in file /c/.git/config",
+        "remote: fatal: bad config line 1 in file /c/.git/warmstart/cache.git/config",
+    ] {
+        assert!(!super::heal::says_config_damaged(dir, theirs), "{theirs}");
+        assert!(!says_damaged(theirs), "{theirs}");
+    }
+    assert!(says_damaged("fatal: bad shallow line: garbage"));
+}
+
+#[test]
 fn damage_is_told_from_git_words_but_never_from_the_server() {
     for said in [
         "fatal: missing blob object 'c145610e257d7c774d4caf5614a89aa0b062a86c'\nerror: remote did not send all necessary objects",
