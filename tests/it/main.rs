@@ -51,6 +51,7 @@ mod resume;
 mod resume_interop;
 mod secrets;
 mod store_crash;
+mod store_disk_full;
 mod store_metadata;
 mod strict;
 mod test_tools;

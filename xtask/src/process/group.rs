@@ -202,6 +202,30 @@ pub fn group_temp_files(pgid: i32) -> Vec<PathBuf> {
     found
 }
 
+/// Which files under `dir` any process this one can see holds open (by
+/// `/proc/<pid>/fd`): a git that writes a `tmp_pack_*` holds it open from
+/// its first byte to its rename, so one nobody holds belongs to a git that
+/// died.
+pub fn files_open_under(dir: &std::path::Path) -> std::collections::BTreeSet<PathBuf> {
+    let mut found = std::collections::BTreeSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && target.starts_with(dir)
+            {
+                found.insert(target);
+            }
+        }
+    }
+    found
+}
+
 /// SIGTERM to the group, up to `grace` for it to go, then SIGKILL; then
 /// removes the partial packs its git processes held open.
 pub fn end_group(pgid: u32, grace: Duration) {
