@@ -23,6 +23,7 @@ mod cache_overlay;
 mod cache_pack;
 mod cache_prune;
 mod cache_publish;
+mod cache_publish_entries;
 mod cache_push;
 mod cache_refs;
 mod cache_restore;
