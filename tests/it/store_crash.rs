@@ -182,9 +182,24 @@ fn store_crash_a_kill_of_warmstart_alone_mid_branch_fetch_leaves_no_git_running(
         .cloned()
         .collect();
     assert!(!below.is_empty(), "git runs below warmstart");
+    // The git warmstart started itself (`git fetch`), not its server.
+    let direct: Vec<(i32, String)> = processes()
+        .into_iter()
+        .filter(|p| p.1 == child.id() as i32 && p.2 == "git")
+        .map(|p| (p.0, p.2))
+        .collect();
+    assert!(!direct.is_empty(), "warmstart runs git: {below:?}");
     child.kill().unwrap();
     child.wait().unwrap();
-    let until = Instant::now() + Duration::from_secs(5);
+    let soon = Instant::now() + Duration::from_secs(2);
+    while !living(&direct).is_empty() && Instant::now() < soon {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fetch_left = living(&direct);
+    // git itself ends at once; the local server it started (git-upload-pack,
+    // waiting on the stalled hook) at its next keep-alive write to the
+    // closed pipe, 5 s apart by default.
+    let until = Instant::now() + Duration::from_secs(15);
     while !living(&below).is_empty() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -192,6 +207,10 @@ fn store_crash_a_kill_of_warmstart_alone_mid_branch_fetch_leaves_no_git_running(
     // Whatever the outcome, nothing of this test runs on after it (the
     // server's stalled hook included).
     kill_all(&tree);
+    assert!(
+        fetch_left.is_empty(),
+        "git outlived warmstart: {fetch_left:?}"
+    );
     assert!(left.is_empty(), "git outlived warmstart: {left:?}");
 
     // At once, with no git alive: the next restore goes through.
