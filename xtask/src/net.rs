@@ -531,6 +531,10 @@ pub fn run(
 ) -> std::io::Result<Ran> {
     use std::os::unix::process::CommandExt;
     use std::sync::mpsc;
+    // The command leads a group of its own (so that the watchdog ends its
+    // helpers with it), which a kill of warmstart's group does not reach:
+    // it dies with warmstart instead.
+    crate::process::group::die_with_parent(cmd);
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

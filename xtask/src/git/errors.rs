@@ -118,6 +118,50 @@ pub fn auth_refused(stderr: &str) -> Option<(String, &'static str)> {
     })
 }
 
+/// What git says when the disk it writes to on this machine is full
+/// (`write error: No space left on device`, index-pack's `Out of
+/// diskspace`, a quota). Never from the server's `remote:` lines: the
+/// server's full disk is the server's, and reported as the remote's failure.
+const DISK_FULL: [&str; 3] = [
+    "No space left on device",
+    "Out of diskspace",
+    "Disk quota exceeded",
+];
+
+/// git's line saying the local disk is full, if it says so (see `DISK_FULL`).
+pub fn disk_full_line(stderr: &str) -> Option<String> {
+    cause_lines(stderr)
+        .into_iter()
+        .filter(|l| !l.starts_with("remote:"))
+        .find(|l| DISK_FULL.iter().any(|w| l.contains(w)))
+}
+
+/// Whether `err` is, anywhere in its chain, an I/O error of a full disk
+/// or quota (ENOSPC, EDQUOT): what a write of ours (a chunk file) says.
+pub fn is_disk_full(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT)
+    })
+}
+
+/// The error for a full disk under the private store `dir` (exit 1, never
+/// 8: the remote is fine, and retrying will not help until space is made).
+/// Always says `No space left on device` and the path, whatever git's
+/// words were.
+pub fn disk_full_error(prefix: &str, dir: &std::path::Path, line: &str) -> anyhow::Error {
+    fail(
+        Code::Failed,
+        format!(
+            "{prefix}: No space left on device under {}: the disk is full, not the remote at fault; make space there (`{cmd} cache gc` removes what nothing needs) and run it again ({})",
+            dir.display(),
+            crate::redact::text(line),
+            cmd = crate::invocation::command(),
+        ),
+    )
+}
+
 /// The error for a git command that talked to a remote and failed: exit 13
 /// with git's cause and the fix when the remote refused the credentials,
 /// key or certificate; else exit 8 with `prefix: <git's cause>`.

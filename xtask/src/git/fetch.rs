@@ -193,6 +193,15 @@ impl CacheGit {
                     code: Code::AuthRefused,
                     message: format!("authentication refused: {line}: {fix}"),
                 }
+            } else if let Some(line) = crate::git::disk_full_line(&stderr) {
+                // Not the network's fault, but its code is kept the same way.
+                BlobFetchError::Network {
+                    code: Code::Failed,
+                    message: format!(
+                        "{:#}",
+                        crate::git::disk_full_error("fetching into the store", &self.dir, &line)
+                    ),
+                }
             } else {
                 BlobFetchError::Failed(last_lines(&stderr))
             },
@@ -213,6 +222,13 @@ impl CacheGit {
             return Ok(());
         }
         let stderr = String::from_utf8_lossy(&out.stderr);
+        if let Some(line) = crate::git::disk_full_line(&stderr) {
+            return Err(crate::git::disk_full_error(
+                &format!("cannot fetch {} temporary ref(s) from {remote}", refs.len()),
+                &self.dir,
+                &line,
+            ));
+        }
         Err(damaged_or(
             &self.dir,
             &stderr,
@@ -262,7 +278,7 @@ impl CacheGit {
                 fail(
                     Code::Busy,
                     format!(
-                        "cannot take {} ({e}): another git is updating it; try again",
+                        "cannot take {} ({e}): a git not run by warmstart is updating it; try again when it is done",
                         lock.display()
                     ),
                 )
@@ -354,6 +370,13 @@ impl CacheGit {
         if let Some(e) = self.lock_contention(stderr, branch) {
             return e;
         }
+        if let Some(line) = crate::git::disk_full_line(stderr) {
+            return crate::git::disk_full_error(
+                &format!("cannot fetch {branch} from {remote}"),
+                &self.dir,
+                &line,
+            );
+        }
         damaged_or(
             &self.dir,
             stderr,
@@ -398,8 +421,9 @@ pub enum BlobFetchError {
     NotOnRemote,
     /// Anything else, with git's last lines.
     Failed(String),
-    /// Stopped past a deadline (exit 8), or refused our credentials
-    /// (exit 13): the message says which, and the code is kept.
+    /// Stopped past a deadline (exit 8), refused our credentials (exit 13),
+    /// or the local disk is full (exit 1, `No space left on device`): the
+    /// message says which, and the code is kept.
     Network { code: Code, message: String },
 }
 

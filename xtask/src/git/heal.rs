@@ -1,6 +1,7 @@
 //! Damage to a private store, told from the words of a git command that already
-//! failed in it (never from a server's `remote:` lines), and `healing`, which
-//! rebuilds such a store once per process and runs the step again.
+//! failed in it (never from a server's `remote:` lines) or from a store path that
+//! cannot be opened as a store, and `healing`, which rebuilds such a store once
+//! per process and runs the step again.
 
 use anyhow::{Context, Result};
 
@@ -14,7 +15,7 @@ use super::*;
 /// loose object, a ref to an object that is not there). Lines from the
 /// server (`remote: ...`) never count: a damaged remote is not ours to
 /// rebuild.
-pub(super) const DAMAGE: [&str; 17] = [
+pub(super) const DAMAGE: [&str; 18] = [
     "bad object",
     "missing blob object",
     "missing tree object",
@@ -32,6 +33,8 @@ pub(super) const DAMAGE: [&str; 17] = [
     "unable to read tree",
     "not a git repository",
     "index file",
+    // The store's own `shallow` file: git reads no other.
+    "bad shallow line",
 ];
 
 /// Whether git (not the server) failed to take one of its own ref or
@@ -50,6 +53,19 @@ pub(super) fn says_damaged(stderr: &str) -> bool {
         .map(str::trim)
         .filter(|l| !l.starts_with("remote:"))
         .any(|l| DAMAGE.iter().any(|w| l.contains(w)))
+}
+
+/// Whether git failed to parse the configuration file of the store at
+/// `dir` (`bad config line 1 in file <dir>/config`). A bad line in the
+/// user's own configuration (global, system, their repository's) is theirs
+/// to fix, and rebuilding the store would not help: it never counts.
+pub(super) fn says_config_damaged(dir: &Path, stderr: &str) -> bool {
+    let own = format!("in file {}", dir.join("config").display());
+    stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("remote:"))
+        .any(|l| l.contains("bad config") && l.ends_with(&own))
 }
 
 /// A private store (cache.git, cache-meta.git) that failed in a way that
@@ -71,13 +87,33 @@ pub struct StoreDamaged {
 impl StoreDamaged {
     /// `Some` when `stderr` (of git run in the store at `dir`) says damaged.
     pub(super) fn of(dir: &Path, stderr: &str) -> Option<StoreDamaged> {
-        says_damaged(stderr).then(|| StoreDamaged {
+        (says_damaged(stderr) || says_config_damaged(dir, stderr)).then(|| StoreDamaged {
             dir: dir.to_path_buf(),
             detail: last_lines(stderr),
             inode: inode(dir),
             standalone: true,
         })
     }
+}
+
+/// Rebuilds the store at `dir`, which is there but cannot be opened as a
+/// store (`what`: a file where the directory belongs, a directory without
+/// `HEAD`), once per process and with one warning, as `healing` does a store
+/// git found damaged. Only called once the open has failed that way.
+pub(super) fn rebuild_unopenable(dir: &Path, what: &str) -> Result<()> {
+    let d = StoreDamaged {
+        dir: dir.to_path_buf(),
+        detail: what.to_string(),
+        inode: inode(dir),
+        standalone: true,
+    };
+    if !rebuild_once(&d)? {
+        anyhow::bail!(
+            "{} cannot be opened as a git store ({what}), and rebuilding it once did not help",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for StoreDamaged {
@@ -161,8 +197,8 @@ pub(super) fn rebuild_once(d: &StoreDamaged) -> Result<bool> {
     let aside = d
         .dir
         .with_file_name(format!("{name}.damaged-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&aside);
-    if d.dir.exists() {
+    remove_any(&aside);
+    if std::fs::symlink_metadata(&d.dir).is_ok() {
         std::fs::rename(&d.dir, &aside).with_context(|| {
             format!(
                 "moving the damaged {} aside to {}",
@@ -173,11 +209,96 @@ pub(super) fn rebuild_once(d: &StoreDamaged) -> Result<bool> {
     }
     let sh = Shell::new().context("starting a shell to rebuild a store")?;
     create(&sh, &d.dir)?;
-    let _ = std::fs::remove_dir_all(&aside);
+    let kept = carry_chunks(&aside.join("chunks"), &d.dir.join("chunks"));
+    remove_any(&aside);
+    let kept = match kept {
+        0 => String::new(),
+        n => format!(" (kept the {n} verified chunk file(s) of its chunk store)"),
+    };
     eprintln!(
-        "warning: {} was damaged ({}): rebuilt it empty, and what it held is fetched again",
+        "warning: {} was damaged ({}): rebuilt it empty{kept}, and what it held is fetched again",
         d.dir.display(),
         d.detail
     );
     Ok(true)
+}
+
+/// Removes `path`, a directory tree, a file or a link, if anything is there.
+fn remove_any(path: &Path) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let _ = std::fs::remove_dir_all(path);
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Err(_) => {}
+    }
+}
+
+/// Moves the chunk files of the old store's chunk store (`from`) into the
+/// new one's (`to`): regular files named by a sha256, the name each got
+/// once its bytes matched it (every reader checks them again). Partial
+/// files and anything else stay behind and go with the old store. A
+/// chunk store that is not a directory holds nothing to keep. Returns how
+/// many were kept; a failure keeps fewer, never fails the rebuild.
+fn carry_chunks(from: &Path, to: &Path) -> usize {
+    if !std::fs::symlink_metadata(from).is_ok_and(|m| m.is_dir()) {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return 0;
+    };
+    if std::fs::create_dir_all(to).is_err() {
+        return 0;
+    }
+    let mut kept = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let named = name.to_str().is_some_and(|n| {
+            n.len() == 64
+                && n.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        if named
+            && e.file_type().is_ok_and(|t| t.is_file())
+            && std::fs::rename(e.path(), to.join(&name)).is_ok()
+        {
+            kept += 1;
+        }
+    }
+    kept
+}
+
+/// Makes the chunk store directory `dir` (`cache.git/chunks`) if it is not
+/// there. When that fails because something else is in its place (a file,
+/// a link), that thing holds no chunk: it is removed, with one warning,
+/// and the directory made, once per process: the store's damage judged
+/// from the operation that failed, as `healing` judges git's words.
+pub fn make_chunk_dir(dir: &Path) -> std::io::Result<()> {
+    static HEALED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    if std::fs::create_dir_all(dir).is_ok() {
+        return Ok(());
+    }
+    // Again under the lock: another fetcher thread may have healed it.
+    let mut healed = HEALED.lock().unwrap_or_else(|p| p.into_inner());
+    let err = match std::fs::create_dir_all(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    let in_the_way = std::fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir());
+    if !in_the_way || healed.iter().any(|d| d == dir) {
+        return Err(std::io::Error::new(
+            err.kind(),
+            format!("creating {}: {err}", dir.display()),
+        ));
+    }
+    healed.push(dir.to_path_buf());
+    std::fs::remove_file(dir)?;
+    std::fs::create_dir_all(dir)?;
+    eprintln!(
+        "warning: {} was damaged (not a directory): rebuilt it empty, and the chunks it should hold are fetched again",
+        dir.display()
+    );
+    Ok(())
 }

@@ -50,6 +50,7 @@ impl CacheGit {
 /// so a command that answers while it reads (`cat-file --batch-check`)
 /// cannot fill its stdout pipe and stall.
 pub(super) fn run_with_input(cmd: &mut Command, input: Vec<u8>, what: &str) -> Result<Vec<u8>> {
+    crate::process::group::die_with_parent(cmd);
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -67,7 +68,10 @@ pub(super) fn run_with_input(cmd: &mut Command, input: Vec<u8>, what: &str) -> R
     Ok(out.stdout)
 }
 
+/// Runs `cmd` to its end (it dies with warmstart: see `die_with_parent`)
+/// and returns its stdout, or an error with git's last lines.
 pub(super) fn run(cmd: &mut Command) -> Result<Vec<u8>> {
+    crate::process::group::die_with_parent(cmd);
     let out = cmd
         .stdin(Stdio::null())
         .output()

@@ -258,7 +258,9 @@ impl Ssh {
     /// `git-upload-pack '<path>'` on the server, over ssh.
     pub fn upload_pack(&self) -> Command {
         let remote = format!("git-upload-pack {}", sq_quote(&self.target.path));
-        self.command(None, Some(&remote))
+        let mut c = self.command(None, Some(&remote));
+        crate::process::group::die_with_parent(&mut c);
+        c
     }
 }
 

@@ -87,7 +87,16 @@ impl CacheGit {
     pub(super) fn open_at(sh: &Shell, repo: &Repo, name: &str) -> Result<CacheGit> {
         let dir = repo.state_dir().join(name);
         if !dir.join("HEAD").is_file() {
-            create(sh, &dir)?;
+            // `create` puts a whole store in place at once, so anything else
+            // at this path (a file, a directory without HEAD) is damage.
+            match std::fs::symlink_metadata(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(sh, &dir)?,
+                Err(e) => {
+                    return Err(anyhow!(e).context(format!("opening {}", dir.display())));
+                }
+                Ok(m) if !m.is_dir() => super::heal::rebuild_unopenable(&dir, "not a directory")?,
+                Ok(_) => super::heal::rebuild_unopenable(&dir, "no HEAD")?,
+            }
         }
         let forwarded = forwarded_config(sh, &repo.root)?;
         Ok(CacheGit {
@@ -216,6 +225,7 @@ impl CacheGit {
             .arg(format!("remote-{scheme}"))
             .arg(PROMISOR)
             .arg(url);
+        crate::process::group::die_with_parent(&mut c);
         c
     }
 
@@ -234,6 +244,7 @@ impl CacheGit {
         c.env("GIT_PROTOCOL", "version=2")
             .arg("upload-pack")
             .arg(repo);
+        crate::process::group::die_with_parent(&mut c);
         c
     }
 
@@ -322,6 +333,16 @@ impl CacheGit {
 /// locks and fail with `cannot lock ref 'refs/warmstart/...'`. The lock file
 /// is `<store>.lock` beside the store, not inside it, so that a rebuild can
 /// replace the store while holding it. The kernel drops it with the process.
+///
+/// Every git command of warmstart that can take one of git's lock files in
+/// a store runs under this lock: branch, tree and whole fetches (`shallow.lock`,
+/// ref locks, `packed-refs.lock`, `config.lock` for the promisor settings),
+/// `update-ref`, `set_shallow`'s own `shallow.lock`, gc's repack and prune,
+/// a rebuild. The rest (reads, `hash-object`, fetches of blobs by id, pushes)
+/// take none. So a git lock file found once this lock is taken belongs to
+/// nobody alive (a git killed with warmstart, by SIGKILL on the whole
+/// container): `take` removes it, with one warning naming it, instead of
+/// every later command failing busy on it for good.
 pub struct StoreLock {
     _file: File,
 }
@@ -341,7 +362,10 @@ impl StoreLock {
         let mut pause = Duration::from_millis(5);
         loop {
             match file.try_lock() {
-                Ok(()) => return Ok(StoreLock { _file: file }),
+                Ok(()) => {
+                    remove_stale_git_locks(dir);
+                    return Ok(StoreLock { _file: file });
+                }
                 Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
                     std::thread::sleep(pause.min(wait.saturating_sub(start.elapsed())));
                     pause = (pause * 2).min(Duration::from_millis(200));
@@ -360,6 +384,53 @@ impl StoreLock {
                     return Err(anyhow!(e).context(format!("locking {}", path.display())));
                 }
             }
+        }
+    }
+}
+
+/// Removes git's lock files (`*.lock`) left in the store at `dir`, with one
+/// warning each: at its top (`shallow.lock`, `packed-refs.lock`,
+/// `config.lock`, `index.lock`, `HEAD.lock`), anywhere under `refs/`, and in
+/// `objects/info/` and `objects/pack/`. Called only under the store's lock
+/// (see `StoreLock`), and only for a private store: never the user's own
+/// repository. A few directory reads; nothing else on a store without any.
+fn remove_stale_git_locks(dir: &Path) {
+    let mut found = Vec::new();
+    for sub in ["", "objects/info", "objects/pack"] {
+        lock_files(&dir.join(sub), false, &mut found);
+    }
+    lock_files(&dir.join("refs"), true, &mut found);
+    for path in found {
+        match std::fs::remove_file(&path) {
+            Ok(()) => eprintln!(
+                "warning: removed {}: git's lock file, left by a git that was killed with the warmstart that ran it (no warmstart holds {})",
+                path.display(),
+                lock_path(dir).display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!(
+                "warning: cannot remove {}, git's lock file left by a killed git ({e}): git will fail on it until it is removed",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// The files (and symbolic links) named `*.lock` in `dir`, and in its
+/// subdirectories when `deep`.
+fn lock_files(dir: &Path, deep: bool, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(kind) = e.file_type() else { continue };
+        let path = e.path();
+        if kind.is_dir() {
+            if deep {
+                lock_files(&path, true, found);
+            }
+        } else if path.extension().is_some_and(|x| x == "lock") {
+            found.push(path);
         }
     }
 }

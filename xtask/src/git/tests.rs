@@ -225,6 +225,24 @@ fn a_lost_lease_is_never_taken_for_an_unreachable_remote() {
 }
 
 #[test]
+fn a_bad_config_line_is_damage_only_in_the_stores_own_config() {
+    let dir = Path::new("/c/.git/warmstart/cache.git");
+    assert!(super::heal::says_config_damaged(
+        dir,
+        "fatal: bad config line 1 in file /c/.git/warmstart/cache.git/config"
+    ));
+    for theirs in [
+        "fatal: bad config line 3 in file /home/u/.gitconfig",
+        "fatal: bad config line 1 in file /c/.git/config",
+        "remote: fatal: bad config line 1 in file /c/.git/warmstart/cache.git/config",
+    ] {
+        assert!(!super::heal::says_config_damaged(dir, theirs), "{theirs}");
+        assert!(!says_damaged(theirs), "{theirs}");
+    }
+    assert!(says_damaged("fatal: bad shallow line: garbage"));
+}
+
+#[test]
 fn damage_is_told_from_git_words_but_never_from_the_server() {
     for said in [
         "fatal: missing blob object 'c145610e257d7c774d4caf5614a89aa0b062a86c'\nerror: remote did not send all necessary objects",
@@ -497,7 +515,7 @@ fn ssh_and_http_belts_respect_the_users_own_ssh_command() {
 
 /// The shallow file gains and loses exactly the commits named, keeps
 /// the others (a branch fetch's), and goes when it would be empty; a
-/// `shallow.lock` another git holds is busy (exit 3), not overwritten.
+/// `shallow.lock` found under the store's lock is a dead git's, and goes.
 #[test]
 fn shallow_marks_come_and_go_without_touching_the_others() {
     let tmp = tempfile::tempdir().unwrap();
@@ -515,10 +533,13 @@ fn shallow_marks_come_and_go_without_touching_the_others() {
     git.set_shallow(&[b.clone(), c.clone()], false).unwrap();
     assert_eq!(std::fs::read_to_string(&shallow).unwrap(), format!("{a}\n"));
     std::fs::write(git.dir.join("shallow.lock"), "").unwrap();
-    let err = git.set_shallow(std::slice::from_ref(&b), true).unwrap_err();
-    assert_eq!(crate::exit::code_of(&err), Code::Busy, "{err:#}");
-    assert_eq!(std::fs::read_to_string(&shallow).unwrap(), format!("{a}\n"));
-    std::fs::remove_file(git.dir.join("shallow.lock")).unwrap();
+    git.set_shallow(std::slice::from_ref(&b), true).unwrap();
+    assert!(!git.dir.join("shallow.lock").exists());
+    assert_eq!(
+        std::fs::read_to_string(&shallow).unwrap(),
+        format!("{a}\n{b}\n")
+    );
+    git.set_shallow(std::slice::from_ref(&b), false).unwrap();
     git.set_shallow(std::slice::from_ref(&a), false).unwrap();
     assert!(!shallow.exists());
     // Nothing to change: no file appears.

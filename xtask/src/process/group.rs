@@ -37,6 +37,38 @@ pub fn spawn_leader(cmd: &mut Command) -> Result<Child> {
         .with_context(|| format!("starting {:?}", cmd.get_program()))
 }
 
+/// Makes the process `cmd` starts end with warmstart: SIGTERM when the
+/// thread that started it dies, whatever killed it (SIGKILL, the OOM
+/// killer), so that no git keeps running, and holding git's lock files in
+/// a private store, after the warmstart that started it. SIGTERM, not
+/// SIGKILL: git then removes its own lock files and ends the helpers it
+/// started. For git only, and only where the starting thread waits for it
+/// (the signal follows the thread, not the process): restore's service
+/// steps must outlive the restore that started them and never come here.
+pub fn die_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the forked child before exec and
+        // calls only async-signal-safe functions (prctl, getppid).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // warmstart died between the fork and the prctl: no signal
+                // will come, so do not start at all.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::other("warmstart exited"));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
 /// SIGKILL to the group `leader` leads, then reaps the leader.
 pub fn kill_group(leader: &mut Child) {
     // SAFETY: kill(2) on the child's own process group (its pid, as
@@ -164,6 +196,30 @@ pub fn group_temp_files(pgid: i32) -> Vec<PathBuf> {
                 && target.parent().is_some_and(|d| d.ends_with("objects/pack"))
             {
                 found.push(target);
+            }
+        }
+    }
+    found
+}
+
+/// Which files under `dir` any process this one can see holds open (by
+/// `/proc/<pid>/fd`): a git that writes a `tmp_pack_*` holds it open from
+/// its first byte to its rename, so one nobody holds belongs to a git that
+/// died.
+pub fn files_open_under(dir: &std::path::Path) -> std::collections::BTreeSet<PathBuf> {
+    let mut found = std::collections::BTreeSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && target.starts_with(dir)
+            {
+                found.insert(target);
             }
         }
     }

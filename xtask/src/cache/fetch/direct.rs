@@ -269,7 +269,7 @@ pub fn fetch(
     pid: &mut dyn FnMut(Option<u32>),
     on_stored: &mut dyn FnMut(usize),
 ) -> Result<(), Error> {
-    std::fs::create_dir_all(&store.dir)?;
+    crate::git::make_chunk_dir(&store.dir)?;
     use std::os::unix::process::CommandExt;
     let mut cmd: Command = match server {
         Server::Local(repo) => git.upload_pack(repo),

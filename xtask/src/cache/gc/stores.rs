@@ -2,7 +2,8 @@
 //! names, promisor packs rewritten to what is still reached, old
 //! unreachable loose objects pruned, each store under its `StoreLock`.
 //! It never drops the commit of an installed key, nor a ref when a
-//! manifest does not load.
+//! manifest does not load. Partial packs a dead or failed git left
+//! (`tmp_pack_*`) go too, never one a process holds open.
 
 use anyhow::{Context, Result};
 use std::collections::BTreeSet;
@@ -71,6 +72,7 @@ pub(super) fn collect_objects(
         }
     }
     if !opts.dry_run {
+        remove_dead_temp_packs(&objects.join("pack"));
         // The commits installs came from stay, with their trees and the
         // chunk blobs git holds, after their branch moved on.
         let installed = installed_commits(git);
@@ -83,6 +85,41 @@ pub(super) fn collect_objects(
     }
     r.after_bytes = tree_size(&objects);
     Ok(r)
+}
+
+/// A partial pack this old that no process holds open is a dead git's.
+const TEMP_PACK_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes the partial packs (`tmp_pack_*`, `tmp_idx_*`, `tmp_rev_*`, ...)
+/// a git left in `pack_dir` when it died or failed (a full disk leaves
+/// index-pack's): those no process holds open and older than
+/// `TEMP_PACK_GRACE`, so that a fetch running now (a fetch of blobs by id
+/// does not take the store's lock) never loses its file, even in the instant
+/// between writing an index and renaming it.
+fn remove_dead_temp_packs(pack_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(pack_dir) else {
+        return;
+    };
+    let candidates: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("tmp_"))
+        .filter(|e| {
+            e.metadata()
+                .ok()
+                .filter(std::fs::Metadata::is_file)
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= TEMP_PACK_GRACE)
+        })
+        .map(|e| e.path())
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let open = crate::process::group::files_open_under(pack_dir);
+    for path in candidates.iter().filter(|p| !open.contains(*p)) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// The commits of installed keys (per their stamps) that `git` holds.
@@ -227,8 +264,10 @@ fn write_pack(git: &CacheGit, pack_dir: &Path, keep: &BTreeSet<&str>) -> Result<
 }
 
 fn git_out(git: &CacheGit, args: &[&str]) -> Result<String> {
-    let out = git
-        .git()
+    let mut cmd = git.git();
+    // A repack or prune outlived by nobody: it holds git's locks in the store.
+    crate::process::group::die_with_parent(&mut cmd);
+    let out = cmd
         .args(args)
         .stdin(Stdio::null())
         .output()

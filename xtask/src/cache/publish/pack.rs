@@ -29,13 +29,54 @@ use std::sync::mpsc;
 
 use crate::cache::format::chunk_sizes::Sizes;
 use crate::cache::format::files;
+use crate::cache::format::manifest::CacheManifest;
 use crate::cache::publish::chunks::{self, Frame, Params};
 use crate::hex;
 
 use crate::cache::publish::walk::join;
 pub use crate::cache::publish::walk::{
-    Item, Kind, Plan, Rules, Stat, TreeStamp, could_contain, plan, plan_tree,
+    Item, Kind, Plan, Rules, Stat, TreeStamp, could_contain, plan_tree,
 };
+
+/// Walks `m.pack_root` and lists what the manifest selects, in tar order
+/// (`walk::plan`), refusing what every restore of it would refuse (see
+/// `refuse_what_restore_refuses`): so nothing is packed or pushed, and no
+/// `--dry-run` shows a plan, that no restore can install.
+pub fn plan(m: &CacheManifest) -> Result<Plan> {
+    let plan = crate::cache::publish::walk::plan(m)?;
+    refuse_what_restore_refuses(&plan)?;
+    Ok(plan)
+}
+
+/// Exit 7 at the first entry of `plan` that a restore refuses, by the very
+/// rules (and words) of `unpack`'s extractor: a name that is absolute or
+/// climbs (`..`), a symlink with an empty target, an absolute one, or one
+/// whose target leaves the restored tree. (Devices, fifos and sockets the
+/// walk already refuses; it never descends through a symlink, and only a
+/// regular file gets a second name.) Before, such a key was published
+/// without complaint and every restore of it exited 7.
+pub fn refuse_what_restore_refuses(plan: &Plan) -> Result<()> {
+    for item in &plan.items {
+        let name = String::from_utf8_lossy(&item.rel);
+        let refused = |reason: String| {
+            crate::exit::fail(
+                crate::exit::Code::Unsafe,
+                format!(
+                    "refusing tar entry `{name}`: {reason}: a restore refuses it (exit 7), so it is not published; leave it out with pack.exclude, or make the link relative and inside {}",
+                    plan.root.display()
+                ),
+            )
+        };
+        let rel = crate::unpack::safe_relative(&item.rel).map_err(refused)?;
+        if let Kind::Symlink(target) = &item.kind {
+            if target.is_empty() {
+                return Err(refused("symlink with an empty target".to_string()));
+            }
+            crate::unpack::check_symlink_target(&rel, target).map_err(refused)?;
+        }
+    }
+    Ok(())
+}
 
 /// The mtime of every entry unless the manifest keeps real ones:
 /// 2000-01-01T00:00:00Z. Not 0: tools that zip restored files (Python

@@ -222,3 +222,33 @@ remote: policy 42 refused refs/heads/art-cache"
         "remote: line 4; remote: line 5; remote: line 6; remote: line 7; remote: line 8; remote: line 9"
     );
 }
+
+#[test]
+fn a_full_disk_is_told_from_our_side_only() {
+    assert_eq!(
+        disk_full_line(
+            "fatal: write error: No space left on device\nfatal: fetch-pack: invalid index-pack output"
+        )
+        .as_deref(),
+        Some("fatal: write error: No space left on device")
+    );
+    assert!(
+        disk_full_line("fatal: sha1 file 'x/tmp_pack_1' write error. Out of diskspace").is_some()
+    );
+    // The server's full disk is the server's.
+    assert_eq!(
+        disk_full_line("remote: fatal: write error: No space left on device\nfatal: early EOF"),
+        None
+    );
+    let e = disk_full_error(
+        "cannot fetch b from origin",
+        std::path::Path::new("/c/.git/warmstart/cache.git"),
+        "fatal: write error: No space left on device",
+    );
+    assert_eq!(crate::exit::code_of(&e), crate::exit::Code::Failed);
+    let said = format!("{e:#}");
+    assert!(
+        said.contains("No space left on device under /c/.git/warmstart/cache.git"),
+        "{said}"
+    );
+}

@@ -201,6 +201,21 @@ impl Job {
                     &self.fix,
                 )
             }
+            // A full disk is the disk's, never the remote's (exit 1).
+            direct::Error::Failed(e) if crate::git::is_disk_full(&e) => self.fetch_error(
+                first,
+                BlobFetchError::Network {
+                    code: Code::Failed,
+                    message: format!(
+                        "{:#}",
+                        crate::git::disk_full_error(
+                            "storing it in the chunk store",
+                            &self.git.dir.join("chunks"),
+                            &format!("{e:#}"),
+                        )
+                    ),
+                },
+            ),
             direct::Error::Failed(e) => self.fetch_error(
                 first,
                 match crate::exit::code_of(&e) {

@@ -22,7 +22,8 @@ fn tree(dir: &Path) {
     symlink("./b//c/file", dir.join("link")).unwrap();
     let long = "n".repeat(150);
     fs::write(dir.join(&long), "long").unwrap();
-    symlink(format!("{long}/../{long}"), dir.join("long-link")).unwrap();
+    // Longer than a tar header holds, and one a restore accepts.
+    symlink(format!("./{long}"), dir.join("long-link")).unwrap();
 }
 
 fn tar_of(plan: &Plan) -> Vec<u8> {
@@ -115,7 +116,7 @@ fn gnu_tar_lists_what_we_write() {
     assert!(line.starts_with("-rw-r--r-- 0/0 "), "{line}");
     assert!(line.contains(" 4 2000-01-01 00:00:00 "), "{line}");
     assert!(
-        listing.contains(&format!("long-link -> {long}/../{long}")),
+        listing.contains(&format!("long-link -> ./{long}")),
         "{listing}"
     );
     assert!(listing.contains("link -> ./b//c/file"), "{listing}");
