@@ -5,14 +5,11 @@
 //! requests a cold restore of about a hundred chunks made.
 
 use crate::transports::{Fx, json_of};
-use crate::util::git_daemon::free_port;
+use crate::util::git_daemon::GitDaemon;
 use crate::util::http_backend::HttpGit;
 use crate::util::servers::Sshd;
 use crate::util::tree::assert_same_tree;
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 /// 740 kB of noise in chunks of at most 10 kB: about a hundred chunks,
 /// two batches, each chunk left out of the branch fetch (blobs of 2 KiB
@@ -54,52 +51,6 @@ fn publish_and_restore(fx: &Fx, url: &str, between: &dyn Fn()) -> (u64, serde_js
     (big, j)
 }
 
-/// A `git daemon` whose `git upload-pack`s read `global` (where
-/// `uploadpack.packObjectsHook` may be set, which git reads only there).
-struct Daemon {
-    child: Child,
-    port: u16,
-}
-
-impl Daemon {
-    fn start(fx: &Fx, global: &std::path::Path) -> Daemon {
-        let port = free_port();
-        let base = fx.env.path();
-        let child = Command::new("git")
-            .args([
-                "daemon",
-                "--reuseaddr",
-                "--export-all",
-                "--enable=receive-pack",
-            ])
-            .arg("--listen=127.0.0.1")
-            .arg(format!("--port={port}"))
-            .arg(format!("--base-path={}", base.display()))
-            .arg(base)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", global)
-            .env("HOME", fx.env.home())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting git daemon (tools/test.sh installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "git daemon did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Daemon { child, port }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn cache_batch_over_git_daemon_fetches_a_batch_per_git_fetch() {
     let fx = fixture();
@@ -119,7 +70,15 @@ fn cache_batch_over_git_daemon_fetches_a_batch_per_git_fetch() {
         format!("[uploadpack]\n\tpackObjectsHook = {}\n", hook.display()),
     )
     .unwrap();
-    let daemon = Daemon::start(&fx, &global);
+    // Its `git upload-pack`s read `global`, where git reads
+    // `uploadpack.packObjectsHook` only.
+    let daemon = GitDaemon::start_with(
+        fx.env.path(),
+        &[
+            ("GIT_CONFIG_GLOBAL", global.as_os_str()),
+            ("HOME", fx.env.home().as_os_str()),
+        ],
+    );
     let url = format!("git://127.0.0.1:{}/origin.git", daemon.port);
     let packs = || {
         std::fs::read_to_string(&log)

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running daemon; killed when dropped.
+/// A running daemon; killed when dropped, with its whole process group:
+/// `git daemon` runs `git-daemon` as a child (not by exec), so killing the
+/// `git` process alone left the listening daemon behind, one per test.
 pub struct GitDaemon {
     child: Child,
     pub port: u16,
@@ -14,6 +16,14 @@ pub struct GitDaemon {
 impl GitDaemon {
     /// Serves every repository under `base` (read and push) on a free port.
     pub fn start(base: &Path) -> GitDaemon {
+        GitDaemon::start_with(base, &[])
+    }
+
+    /// `start`, with `vars` set for the daemon and the `git upload-pack`s it
+    /// runs (e.g. `GIT_CONFIG_GLOBAL`, where git reads
+    /// `uploadpack.packObjectsHook` only).
+    pub fn start_with(base: &Path, vars: &[(&str, &std::ffi::OsStr)]) -> GitDaemon {
+        use std::os::unix::process::CommandExt;
         let port = free_port();
         let child = Command::new("git")
             .arg("daemon")
@@ -25,9 +35,11 @@ impl GitDaemon {
             .arg(format!("--base-path={}", base.display()))
             .arg(base)
             .env("GIT_CONFIG_NOSYSTEM", "1")
+            .envs(vars.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("starting git daemon (is git-daemon installed? tools/test.sh installs it)");
         let daemon = GitDaemon { child, port };
@@ -50,7 +62,8 @@ impl GitDaemon {
 
 impl Drop for GitDaemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SAFETY: kill(2) on the process group this daemon leads.
+        unsafe { libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL) };
         let _ = self.child.wait();
     }
 }
