@@ -112,24 +112,7 @@ fn a_lying_index_of_the_installed_key_never_keeps_its_file_in_a_later_key() {
     index["sha256"] = hex(&Sha256::digest(&lie)).into();
     fs::write(&wj, serde_json::to_string_pretty(&j).unwrap()).unwrap();
     // A cache branch is one parentless commit: the pusher replaces it.
-    env.git("evil", ["add", "-A"]);
-    let tree = env.git("evil", ["write-tree"]);
-    let msg = env.git("evil", ["log", "-1", "--format=%B"]);
-    let commit = env.git(
-        "evil",
-        [
-            "-c",
-            "user.name=p",
-            "-c",
-            "user.email=p@x",
-            "commit-tree",
-            tree.trim(),
-            "-m",
-            msg.trim(),
-        ],
-    );
-    let spec = format!("+{}:{cache_ref}", commit.trim());
-    env.git("evil", ["push", "-q", "origin", &spec]);
+    pusher_push(env, &cache_ref);
 
     let j = restore(&fx, "1");
     assert_eq!(j["state"], "restored", "{j}");

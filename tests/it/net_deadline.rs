@@ -445,18 +445,7 @@ fn sigterm_during_a_stalled_restore_ends_its_children_and_removes_partial_chunks
         // 100 ms); on a loaded machine give it time. The relay holds the
         // transfer meanwhile (the stall timeout is the default 30 s).
         std::thread::sleep(Duration::from_millis(1500));
-        // SAFETY: kill(2) on our own child.
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, sig);
-        }
-        let status = child.wait().unwrap();
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (status, err) = signal_and_wait(&mut child, sig);
         assert_eq!(status.code(), Some(128 + sig), "{err}");
         assert!(err.contains("stopped its git processes"), "{err}");
         assert!(partial_files(&fx).is_empty(), "{:?}", partial_files(&fx));
@@ -500,8 +489,23 @@ fn an_ignored_sigterm_stays_ignored_by_the_network_watchdog() {
         assert!(Instant::now() < until, "no chunk transfer started");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let (status, err) = signal_and_wait(&mut child, libc::SIGTERM);
+    assert_eq!(
+        status.code(),
+        Some(8),
+        "the ignored SIGTERM ended it: {err}"
+    );
+    assert!(err.contains("stalled: nothing moved for 3s"), "{err}");
+    assert!(partial_files(&fx).is_empty(), "{:?}", partial_files(&fx));
+}
+
+/// Sends `sig` to `child`, waits for it, and returns its status and stderr.
+fn signal_and_wait(
+    child: &mut std::process::Child,
+    sig: libc::c_int,
+) -> (std::process::ExitStatus, String) {
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    unsafe { libc::kill(child.id() as libc::pid_t, sig) };
     let status = child.wait().unwrap();
     let mut err = String::new();
     child
@@ -510,13 +514,7 @@ fn an_ignored_sigterm_stays_ignored_by_the_network_watchdog() {
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    assert_eq!(
-        status.code(),
-        Some(8),
-        "the ignored SIGTERM ended it: {err}"
-    );
-    assert!(err.contains("stalled: nothing moved for 3s"), "{err}");
-    assert!(partial_files(&fx).is_empty(), "{:?}", partial_files(&fx));
+    (status, err)
 }
 
 /// Answers every request with `code` (and the header that goes with it).
