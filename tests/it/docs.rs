@@ -9,6 +9,7 @@
 //! review the diff, then run the tests again without it.
 
 mod fields;
+mod json_fields;
 
 use crate::util::tree::{assert_same_tree, make_tricky_tree};
 use crate::util::{TestEnv, run, show, source_root};
@@ -345,10 +346,13 @@ is exit 10 too. The forms of durations and sizes: [settings.md](settings.md). Th
     s
 }
 
-/// `docs/reference/json-shapes.md`: every `--json` shape, from the snapshot
-/// files `tests/it/json_contract.rs` checks against the real binary.
-fn json_shapes_page() -> String {
+/// `docs/reference/json-shapes.md`: every `--json` field with its type and
+/// meaning, then every shape, from the snapshot files
+/// `tests/it/json_contract.rs` checks against the real binary; with the
+/// fields that have no meaning, and meanings no field has, as problems.
+fn json_shapes_page() -> (String, Vec<String>) {
     let dir = source_root().join("tests/it/snapshots/json");
+    let by_command = json_fields::fields_by_command(&dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -356,21 +360,36 @@ fn json_shapes_page() -> String {
         .collect();
     files.sort();
     let mut s = format!(
-        "# JSON shapes, per command\n\n{GENERATED}The shape of every `--json` document, success and failure, \
-as `tests/it/json_contract.rs` checks it against the real binary (`tests/it/snapshots/json/`): each value \
-is its type. What the fields mean, and the versioning of `schema`: [json.md](json.md).\n\n"
+        "# JSON output, field by field\n\n{GENERATED}Every field of every `--json` document, with its type and \
+what it means, then each document's shape, success and failure, as `tests/it/json_contract.rs` checks it \
+against the real binary (`tests/it/snapshots/json/`). A path walks objects with `.` and the items of an \
+array with `[]`; a field whose type is `... or null` is null in some outcome. The envelope, the names shared \
+by every command, and the versioning of `schema`: [json.md](json.md).\n\n"
     );
-    for f in files {
-        let name = f.file_stem().unwrap().to_string_lossy().into_owned();
-        s.push_str(&format!("## {name}\n\n```json\n{}", read(&f)));
-        if !s.ends_with('\n') {
-            s.push('\n');
+    let mut problems = Vec::new();
+    for (command, fields) in &by_command {
+        let (table, missing) = json_fields::table(command, fields);
+        problems.extend(missing.into_iter().map(|m| {
+            format!("{m} is in a JSON snapshot but has no meaning in tests/it/docs/json_fields.rs")
+        }));
+        s.push_str(&format!("## {}\n\n{table}\n", command.replace('-', " ")));
+        for f in files.iter().filter(|f| {
+            f.file_stem().unwrap().to_string_lossy().split('.').next() == Some(command.as_str())
+        }) {
+            let name = f.file_stem().unwrap().to_string_lossy().into_owned();
+            s.push_str(&format!("### {name}\n\n```json\n{}", read(f)));
+            if !s.ends_with('\n') {
+                s.push('\n');
+            }
+            s.push_str("```\n\n");
         }
-        s.push_str("```\n\n");
     }
+    problems.extend(json_fields::unused(&by_command).into_iter().map(|u| {
+        format!("{u} has a meaning in tests/it/docs/json_fields.rs but no JSON snapshot holds it")
+    }));
     s.truncate(s.trim_end().len());
     s.push('\n');
-    s
+    (s, problems)
 }
 
 #[test]
@@ -379,13 +398,15 @@ fn docs_reference_pages_are_generated_from_the_code() {
         ("docs/reference/commands.md", commands_page()),
         ("docs/reference/exit-codes.md", exit_codes_page()),
         ("docs/reference/environment.md", environment_page()),
-        ("docs/reference/json-shapes.md", json_shapes_page()),
     ]
     .iter()
     .filter_map(|(rel, text)| ensure_file(rel, text))
     .collect();
     let (page, mut problems) = manifests_page();
     problems.extend(ensure_file("docs/reference/manifests.md", &page));
+    let (page, json_problems) = json_shapes_page();
+    problems.extend(json_problems);
+    problems.extend(ensure_file("docs/reference/json-shapes.md", &page));
     let stale: Vec<String> = stale.into_iter().chain(problems).collect();
     assert!(stale.is_empty(), "{}", stale.join("\n"));
 }
