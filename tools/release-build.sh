@@ -14,6 +14,10 @@
 # from its tarball, as `cargo publish` will (about 3 minutes: every dependency
 # again, under the package's own profile); without it the crate is packed
 # with --no-verify, and tools/test.sh's `cargo package --list` checks its files.
+# Either way the crate is then checked from its own tarball (`cargo check`,
+# about 20 s): it must compile without the workspace's tests/ and tools/, in
+# a scratch workspace that has only the root's profiles and lockfile, so the
+# dependencies already checked by clippy are reused.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
@@ -30,13 +34,23 @@ verify=(--no-verify)
 (cd "$root" && cargo package --quiet --locked -p warmstart --allow-dirty "${verify[@]}" >&2)
 cp "$target/package/warmstart-$version.crate" "$dist/"
 
+stage=$(mktemp -d "$target/.release-XXXXXX")
+trap 'rm -rf "$stage"' EXIT
+tar -C "$stage" -xzf "$dist/warmstart-$version.crate"
+{
+  printf '[workspace]\nmembers = ["warmstart-%s"]\n' "$version"
+  sed -n 's/^resolver = .*/&/p' "$root/Cargo.toml"
+  sed -n '/^\[profile/,$p' "$root/Cargo.toml"
+} > "$stage/Cargo.toml"
+cp "$root/Cargo.lock" "$stage/"
+(cd "$stage" && CARGO_TARGET_DIR=$target cargo check --quiet --locked --offline >&2) ||
+  { say "the crate does not build from its own tarball ($dist/warmstart-$version.crate)"; exit 1; }
+
 wheel=${WHEEL:-$("$root/tools/build-wheel.sh")}
 cp "$wheel" "$dist/"
 
 # The standalone binary: the wheel's own (one release build, glibc 2.17).
 name=warmstart-$version-x86_64-linux
-stage=$(mktemp -d "$target/.release-XXXXXX")
-trap 'rm -rf "$stage"' EXIT
 mkdir "$stage/$name"
 unzip -q -j "$wheel" "warmstart-$version.data/scripts/warmstart" -d "$stage/$name"
 chmod 755 "$stage/$name/warmstart"
