@@ -1586,7 +1586,7 @@ know (exit 10). Durations, sizes and globs: [settings.md](settings.md). Guides: 
         if kind == "step cache" {
             s.push_str("\n## restore.toml: every step\n\n`cache-manifests/restore.toml` takes `parallel` (true, false or 1 to 64; default false), \
 a top-level `[env]` table (`path`, `env`, as a step's) and `[[step]]` tables. The fields every step takes \
-(read by the plan itself, and checked by a test that the parser accepts each):\n\n\
+(read by the plan itself, `restore::plan::STEP_FIELDS`; a test checks this table lists exactly those and a debug build that the plan takes no other by hand):\n\n\
 | field | type | default | meaning |\n|---|---|---|---|\n");
             for (f, ty, default, meaning) in STEP_COMMON {
                 s.push_str(&format!("| `{f}` | {ty} | {default} | {meaning} |\n"));
@@ -1634,7 +1634,13 @@ fn docs_step_common_fields_are_accepted() {
 [[step]]\nname = \"b\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"y\"\nbackground = false\nfail_open = true\nafter = [\"a\"]\npath = [\"b/bin\"]\nenv = { B = \"1\" }\n";
     let path = dir.path().join("restore.toml");
     warmstart::restore::plan::parse(&repo, &path, text).unwrap();
-    for (field, ..) in STEP_COMMON {
+    let documented: Vec<&str> = STEP_COMMON.iter().map(|(f, ..)| *f).collect();
+    assert_eq!(
+        documented,
+        warmstart::restore::plan::STEP_FIELDS,
+        "STEP_COMMON in tests/it/docs.rs must list the fields restore::plan::STEP_FIELDS takes, in order"
+    );
+    for field in warmstart::restore::plan::STEP_FIELDS {
         assert!(
             text.contains(&format!("\n{field} = ")),
             "the check leaves out {field}"

@@ -351,7 +351,21 @@ fn check_after(steps: &[Step], parallel: Option<usize>) -> std::result::Result<(
 
 type StepError = (Option<String>, anyhow::Error);
 
+/// The fields every step takes, read here rather than by a kind's serde
+/// form: the reference page lists exactly these, and a debug build checks
+/// that `parse_step` takes no other field by hand.
+pub const STEP_FIELDS: [&str; 7] = [
+    "name",
+    "kind",
+    "background",
+    "fail_open",
+    "after",
+    "path",
+    "env",
+];
+
 fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, StepError> {
+    let given: Vec<String> = t.keys().cloned().collect();
     let take_str = |t: &mut toml::Table, key: &str| -> Result<Option<String>> {
         match t.remove(key) {
             None => Ok(None),
@@ -378,6 +392,12 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
     let fail_open = take_bool(&mut t, "fail_open", true).map_err(named)?;
     let after = take_after(&mut t).map_err(named)?;
     let exports = super::exports::take(repo, &mut t).map_err(named)?;
+    debug_assert!(
+        given
+            .iter()
+            .all(|k| t.contains_key(k) || STEP_FIELDS.contains(&k.as_str())),
+        "parse_step took a field by hand that STEP_FIELDS does not list"
+    );
     let rest = toml::Value::Table(t);
     let kind = match kind.as_str() {
         "cache" => cache::resolve_cache(de(rest)?).map(Kind::Cache),
