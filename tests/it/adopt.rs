@@ -771,7 +771,7 @@ fn adopt_the_bootstrap_falls_back_step_by_step_to_the_build_command() {
     let r = bootstrap_cmd(&env, &repo, &["--prebuilt-only"]).expect_code(1);
     let err = r.stderr();
     assert!(
-        err.contains("binary cache: no refs/heads/warmstart-bin-cache on origin"),
+        err.contains("binary cache: no refs/warmstart/cache/warmstart-bin on origin"),
         "{err}"
     );
     assert!(err.contains("compile: skipped (--prebuilt-only)"), "{err}");
@@ -780,7 +780,7 @@ fn adopt_the_bootstrap_falls_back_step_by_step_to_the_build_command() {
     let r = bootstrap_cmd(&env, &repo, &[]);
     let err = r.stderr();
     assert!(
-        err.contains("binary cache: no refs/heads/warmstart-bin-cache"),
+        err.contains("binary cache: no refs/warmstart/cache/warmstart-bin"),
         "{err}"
     );
     assert!(err.contains("registry: skipped"), "{err}");
@@ -796,5 +796,291 @@ fn adopt_the_bootstrap_falls_back_step_by_step_to_the_build_command() {
         r.stdout().contains("warmstart-bin"),
         "{}",
         crate::util::show(&r.out)
+    );
+}
+
+// ------------------------------------------------ what init writes, and when
+
+/// The `command` of gates.toml's `test` gate, as init wrote it.
+fn test_gate(repo: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(repo.join("cache-manifests/gates.toml")).unwrap();
+    let v: toml::Value = toml::from_str(&text).unwrap();
+    v["gate"][0]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn adopt_init_writes_a_failing_placeholder_gate_without_a_test_command_it_can_be_sure_of() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(out.contains("gates: no test command detected"), "{out}");
+    assert_ne!(test_gate(&repo)[0], "cargo", "no Cargo.toml here");
+    // The placeholder fails, with one line that says what to edit: a gate
+    // that passed would let CI publish untested caches.
+    write(&repo.join(".gitignore"), "/target\n");
+    env.git("r", ["add", "-A"]);
+    env.git("r", ["commit", "-q", "-m", "init"]);
+    let r = ws(&env, "r", &["gates", "run"]).expect_code(11);
+    let all = format!("{}{}", r.stdout(), r.stderr());
+    assert!(all.contains("edit cache-manifests/gates.toml"), "{all}");
+
+    // Unambiguous: a Cargo.toml at the root, `--locked` only with a lockfile.
+    let repo = env.work_repo("rust");
+    write(&repo.join("Cargo.toml"), "[workspace]\n");
+    let out = ws(&env, "rust", &["init"]).ok().stdout();
+    assert_eq!(test_gate(&repo), ["cargo", "test", "--workspace"]);
+    assert!(
+        out.contains("gates: the test gate runs `cargo test --workspace` (init detected Cargo.toml at the root"),
+        "{out}"
+    );
+    write(&repo.join("Cargo.lock"), "version = 4\n");
+    let out = ws(&env, "rust", &["init"]).ok().stdout();
+    assert!(
+        out.contains("updated   cache-manifests/gates.toml"),
+        "{out}"
+    );
+    assert_eq!(
+        test_gate(&repo),
+        ["cargo", "test", "--workspace", "--locked"]
+    );
+}
+
+#[test]
+fn adopt_init_no_agent_hook_wires_nothing_and_later_runs_remember_it() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    let settings = repo.join(".claude/settings.json");
+    let out = ws(&env, "r", &["init", "--no-agent-hook"]).ok().stdout();
+    assert!(out.contains("off       .claude/settings.json"), "{out}");
+    assert!(!settings.exists());
+    // Recorded in restore.toml, so neither --check nor a plain rerun calls
+    // the hook missing or wires it.
+    for args in [
+        &["init", "--check"][..],
+        &["init"],
+        &["init", "--check", "--json"],
+    ] {
+        let out = ws(&env, "r", args).ok().stdout();
+        assert!(
+            !out.contains("unwired") && !out.contains("missing"),
+            "{args:?}: {out}"
+        );
+        assert!(out.contains("off"), "{args:?}: {out}");
+        assert!(!settings.exists(), "{args:?}");
+    }
+    // --agent-hook takes it back.
+    let out = ws(&env, "r", &["init", "--agent-hook"]).ok().stdout();
+    assert!(out.contains("created   .claude/settings.json"), "{out}");
+    assert!(
+        out.contains("updated   cache-manifests/restore.toml"),
+        "{out}"
+    );
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(out.contains("current   .claude/settings.json"), "{out}");
+    ws(&env, "r", &["init", "--no-agent-hook", "--agent-hook"]).expect_code(2);
+}
+
+#[test]
+fn adopt_init_rerun_after_an_upgrade_updates_unedited_files_and_names_edited_ones() {
+    use warmstart::init::generated::render;
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    ws(&env, "r", &["init"]).ok();
+    let restore = repo.join("cache-manifests/restore.toml");
+    let today = std::fs::read_to_string(&restore).unwrap();
+    // Edited on top of today's template: theirs, and nothing new to see.
+    std::fs::write(&restore, format!("{today}# mine\n")).unwrap();
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    let line = out.lines().find(|l| l.contains("restore.toml")).unwrap();
+    assert!(
+        line.starts_with("yours ") && !line.contains("newer"),
+        "{line}"
+    );
+    // Made by an older init (its header names an older body), then edited:
+    // left alone, and named with how to see the new version.
+    let old_body = "# the steps, as init 0.0.9 wrote them\n";
+    let old = render(old_body).replace("init 0.1.0", "init 0.0.9") + "# mine\n";
+    std::fs::write(&restore, &old).unwrap();
+    // Made by an older init and never edited: updated.
+    let sample = repo.join("cache-manifests/example.toml.sample");
+    let fresh_sample = std::fs::read(&sample).unwrap();
+    std::fs::write(&sample, render("# an older example\n")).unwrap();
+    let out = ws(&env, "r", &["init"]).ok().stdout();
+    assert!(
+        out.contains("updated   cache-manifests/example.toml.sample"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(&sample).unwrap(), fresh_sample);
+    let named: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("newer version"))
+        .collect();
+    assert_eq!(named.len(), 1, "{out}");
+    assert!(
+        named[0].starts_with("yours     cache-manifests/restore.toml (edited since init wrote it")
+            && named[0].contains("`warmstart init --print cache-manifests/restore.toml | diff -u cache-manifests/restore.toml -`"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_to_string(&restore).unwrap(), old);
+    let printed = ws(
+        &env,
+        "r",
+        &["init", "--print", "./cache-manifests/restore.toml"],
+    )
+    .ok()
+    .stdout();
+    assert_eq!(printed, today);
+    let r = ws(&env, "r", &["init", "--print", "nosuch.toml"]).expect_code(2);
+    assert!(
+        r.stderr().contains("tools/warmstart-bootstrap.sh"),
+        "{}",
+        r.stderr()
+    );
+    ws(&env, "r", &["init", "--check"]).ok();
+}
+
+/// The generated files of every kind of adoption (standalone and xtask,
+/// with and without a signer) name no document of warmstart's own (an
+/// adopter's docs/ and README.md are theirs), no version of warmstart a
+/// registry lacks, and only `--help` pages that exist.
+#[test]
+fn adopt_init_generates_nothing_that_points_at_what_does_not_exist() {
+    let env = TestEnv::new();
+    let key = env.ssh_key("ci");
+    let signer = format!("ci={}", key.with_extension("pub").display());
+    let help = regex_lite::Regex::new(r"`warmstart ((?:[a-z]+ )*)--help`").unwrap();
+    let mut helps = std::collections::BTreeSet::new();
+    for (i, (xtask, signed)) in [(false, false), (false, true), (true, false), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("r{i}");
+        let repo = env.work_repo(&name);
+        if xtask {
+            write(
+                &repo.join("xtask/Cargo.toml"),
+                "[package]\nname = \"xtask\"\nversion = \"0.1.0\"\n",
+            );
+        }
+        let mut args = vec!["init", "--json"];
+        if signed {
+            args.extend(["--signer", &signer]);
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&ws(&env, &name, &args).ok().stdout()).unwrap();
+        for f in v["files"].as_array().unwrap() {
+            let rel = f["path"].as_str().unwrap();
+            let text = std::fs::read_to_string(repo.join(rel)).unwrap();
+            for ours in [
+                "docs/",
+                "README",
+                "--version 0.",
+                "cargo install --locked --root",
+            ] {
+                assert!(!text.contains(ours), "{rel} names {ours:?}:\n{text}");
+            }
+            for c in help.captures_iter(&text) {
+                helps.insert(c[1].trim().to_string());
+            }
+        }
+    }
+    assert!(helps.len() >= 3, "{helps:?}");
+    for h in helps {
+        let mut cmd = env.xtask();
+        cmd.args(h.split_whitespace()).arg("--help");
+        run(&mut cmd).ok();
+    }
+}
+
+/// When the fetch of the binary cache fails, git's own words are shown,
+/// not only the script's guess.
+#[test]
+fn adopt_bootstrap_prints_gits_own_error_when_the_fetch_fails() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    ws(&env, "r", &["init"]).ok();
+    env.git("r", ["add", "-A"]);
+    env.git("r", ["commit", "-q", "-m", "init"]);
+    let gone = env.join("gone.git");
+    env.git("r", ["remote", "add", "origin", gone.to_str().unwrap()]);
+    let err = bootstrap_cmd(&env, &repo, &["--prebuilt-only"])
+        .expect_code(1)
+        .stderr();
+    assert!(
+        err.contains("binary cache: git fetch origin refs/warmstart/cache/warmstart-bin failed (exit 128); git said:")
+            && err.contains("bootstrap:   fatal: ")
+            && err.contains("gone.git"),
+        "{err}"
+    );
+}
+
+/// The bootstrap's own lock: a holder that died is taken over at once; a
+/// live one is waited for, within a bound, and then named.
+#[test]
+fn adopt_bootstrap_takes_over_a_lock_whose_owner_died_and_bounds_its_wait() {
+    let env = TestEnv::new();
+    let repo = env.work_repo("r");
+    ws(&env, "r", &["init"]).ok();
+    env.git("r", ["add", "-A"]);
+    env.git("r", ["commit", "-q", "-m", "init"]);
+    let origin = env.bare_remote("origin.git");
+    env.git("r", ["remote", "add", "origin", origin.to_str().unwrap()]);
+    let lock = repo.join(".git/warmstart/bootstrap/fetch.lock");
+    std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    let host = String::from_utf8(
+        std::process::Command::new("uname")
+            .arg("-n")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    dead.wait().unwrap();
+    std::os::unix::fs::symlink(format!("{}@{}", dead.id(), host.trim()), &lock).unwrap();
+    let err = bootstrap_cmd(&env, &repo, &["--prebuilt-only"])
+        .expect_code(1)
+        .stderr();
+    assert!(err.contains("is gone: taking the lock over"), "{err}");
+    assert!(
+        err.contains("no refs/warmstart/cache/warmstart-bin on origin"),
+        "{err}"
+    );
+    assert!(std::fs::symlink_metadata(&lock).is_err(), "released");
+
+    let mut live = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let owner = format!("{}@{}", live.id(), host.trim());
+    std::os::unix::fs::symlink(&owner, &lock).unwrap();
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(repo.join("tools/warmstart-bootstrap.sh"))
+        .arg("--prebuilt-only")
+        .current_dir(&repo);
+    env.isolate(&mut cmd);
+    cmd.env("WARMSTART_BOOTSTRAP_FETCH_TIMEOUT", "1");
+    let r = run(&mut cmd);
+    live.kill().unwrap();
+    live.wait().unwrap();
+    let err = r.stderr();
+    assert_eq!(r.code(), 8, "{err}");
+    assert!(
+        err.contains(&format!("another bootstrap ({owner}) is fetching")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("still held by {owner} after 3s")),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_link(&lock).unwrap().to_str().unwrap(),
+        owner,
+        "not ours to remove"
     );
 }

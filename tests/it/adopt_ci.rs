@@ -70,7 +70,7 @@ fn adopt_ci_the_generated_workflow_names_nothing_of_this_repository_and_lints_cl
     let m = std::fs::read_to_string(xtask.join("cache-manifests/xtask-bin.toml")).unwrap();
     assert!(m.contains("\"-p\", \"xtask\"]"), "{m}");
     let m = std::fs::read_to_string(standalone.join("cache-manifests/warmstart-bin.toml")).unwrap();
-    assert!(m.contains("\"cargo\", \"install\""), "{m}");
+    assert!(m.contains("no warmstart release exists"), "{m}");
     // The file is this repository's own, below init's header line.
     let ours = std::fs::read_to_string(source_root().join(".github/workflows/gates.yml")).unwrap();
     let (_, body) = warmstart::init::generated::split(
@@ -158,7 +158,8 @@ fn adopt_ci_the_generated_ci_gates_sh_gates_and_publishes_in_an_adopter_reposito
         show(&r.out)
     );
     let refs = env.git(&origin, ["for-each-ref", "--format=%(refname)"]);
-    assert!(refs.contains("refs/heads/xtask-bin-cache"), "{refs}");
+    assert!(refs.contains("refs/warmstart/cache/xtask-bin"), "{refs}");
+    assert!(!refs.contains("refs/heads/xtask-bin-cache"), "{refs}");
     assert!(refs.contains("refs/warmstart/gates/"), "{refs}");
 
     // What it published is what a fresh clone's bootstrap installs.
@@ -183,7 +184,7 @@ fn adopt_ci_the_generated_ci_gates_sh_gates_and_publishes_in_an_adopter_reposito
         "[[gate]]\nname = \"test\"\ncommand = [\"false\"]\ntimeout = \"1m\"\n",
     );
     env.git(&repo, ["commit", "-q", "-am", "a red gate"]);
-    let before = env.git(&origin, ["rev-parse", "refs/heads/xtask-bin-cache"]);
+    let before = env.git(&origin, ["rev-parse", "refs/warmstart/cache/xtask-bin"]);
     let mut cmd = Command::new("bash");
     cmd.arg("tools/ci-gates.sh").current_dir(&repo);
     env.isolate(&mut cmd);
@@ -191,7 +192,7 @@ fn adopt_ci_the_generated_ci_gates_sh_gates_and_publishes_in_an_adopter_reposito
     let r = run(&mut cmd).expect_code(11);
     assert!(!r.stderr().contains("publishing"), "{}", show(&r.out));
     assert_eq!(
-        env.git(&origin, ["rev-parse", "refs/heads/xtask-bin-cache"]),
+        env.git(&origin, ["rev-parse", "refs/warmstart/cache/xtask-bin"]),
         before
     );
 }

@@ -1120,3 +1120,53 @@ fn a_record_taken_right_after_a_change_is_not_trusted() {
         assert_eq!(how(&s), digest_path(), "future mtime, round {round}: {s}");
     }
 }
+
+/// A cache made from a commit the remote does not have describes a tree
+/// nobody else can check out: refused with one line naming both commits
+/// (exit 9, nothing pushed) unless `--allow-unpushed`, which says so even
+/// with `--quiet`. A detached HEAD at a pushed commit (a CI checkout) and
+/// a remote this clone tracks nothing of are not refused.
+#[test]
+fn publish_refuses_a_head_the_remote_does_not_have_naming_both_commits() {
+    let (env, _src, _work) = tricky_setup("art", "1", "");
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "manifest"]);
+    // Nothing of origin is tracked yet, then only its cache branch (an
+    // orphan commit, which says nothing of this history): not judged.
+    publish(&env, "work", &["art", "--quiet"]).ok();
+    env.git("work", ["fetch", "-q", "origin"]);
+    assert!(
+        env.git("work", ["branch", "-r"])
+            .contains("origin/art-cache")
+    );
+    publish(&env, "work", &["art", "--quiet"]).ok();
+    env.git("work", ["push", "-q", "-u", "origin", "main"]);
+    let pushed = env.git("work", ["rev-parse", "HEAD"]).trim().to_string();
+    env.git(
+        "work",
+        ["commit", "-q", "--allow-empty", "-m", "local only"],
+    );
+    let head = env.git("work", ["rev-parse", "HEAD"]).trim().to_string();
+    let before = remote_ref(&env, "origin.git", "art-cache");
+    let r = publish(&env, "work", &["art", "--quiet"]).expect_code(9);
+    let err = r.stderr();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("HEAD {} is not on origin", &head[..12]))
+            && err.contains(&format!("origin/main is at {}", &pushed[..12]))
+            && err.contains("--allow-unpushed"),
+        "{err}"
+    );
+    assert_eq!(remote_ref(&env, "origin.git", "art-cache"), before);
+    let r = publish(&env, "work", &["art", "--quiet", "--allow-unpushed"]).ok();
+    assert!(
+        r.stderr().contains("publishing anyway (--allow-unpushed)"),
+        "{}",
+        r.stderr()
+    );
+    // Once pushed, or checked out detached at a pushed commit, it publishes.
+    env.git("work", ["push", "-q", "origin", "main"]);
+    publish(&env, "work", &["art", "--quiet"]).ok();
+    env.git("work", ["checkout", "-q", "--detach", &pushed]);
+    publish(&env, "work", &["art", "--quiet"]).ok();
+}

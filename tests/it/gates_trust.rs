@@ -14,7 +14,7 @@ use std::process::Command;
 
 /// The binary cache `init --binary standalone` writes.
 const BIN_CACHE: &str = "warmstart-bin";
-const BIN_BRANCH: &str = "refs/heads/warmstart-bin-cache";
+const BIN_BRANCH: &str = "refs/warmstart/cache/warmstart-bin";
 
 struct Setup {
     env: TestEnv,
@@ -37,6 +37,9 @@ impl Setup {
         env.bare_remote("srv/origin.git");
         let daemon = GitDaemon::start(&env.join("srv"));
         let repo = env.work_repo("adopter");
+        // A Cargo.toml at the root: init then detects `cargo test` for the
+        // test gate (without one it writes a placeholder that always fails).
+        std::fs::write(repo.join("Cargo.toml"), "[workspace]\n").unwrap();
         let mut init = env.xtask_in("adopter");
         init.args(["init", "--binary", "standalone"]);
         if signed {

@@ -4,6 +4,7 @@ mod util;
 
 mod adopt;
 mod adopt_ci;
+mod adopt_e2e;
 mod attack;
 mod attack_delta_install;
 mod attack_planted_inputs;

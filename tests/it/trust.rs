@@ -394,7 +394,15 @@ fn a_local_policy_off_never_replaces_a_signed_key_the_remote_requires() {
     fx.env.git("work", ["remote", "set-head", "origin", "main"]);
     set_trust(&fx, Some("off"), &["ci"], "");
     content(&fx, "work", "v2");
-    let r = publish(&fx, "work", None, &[]).expect_code(12);
+    // The policy change is not pushed: refused for that first, naming both
+    // commits; --allow-unpushed lets that pass and nothing else.
+    let r = publish(&fx, "work", None, &[]).expect_code(9);
+    assert!(
+        r.stderr().contains("is not on origin") && r.stderr().contains("origin/main is at"),
+        "{}",
+        r.stderr()
+    );
+    let r = publish(&fx, "work", None, &["--allow-unpushed"]).expect_code(12);
     assert!(
         r.stderr().contains("refusing to replace key")
             && r.stderr().contains("signed by ci")
@@ -404,7 +412,7 @@ fn a_local_policy_off_never_replaces_a_signed_key_the_remote_requires() {
         r.stderr()
     );
     // Signed, the same publish goes through.
-    publish(&fx, "work", Some("ci"), &[]).ok();
+    publish(&fx, "work", Some("ci"), &["--allow-unpushed"]).ok();
 }
 
 /// The trust root is HEAD's committed tree: a `[trust] policy = "off"`

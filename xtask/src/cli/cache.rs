@@ -145,6 +145,12 @@ pub struct PublishArgs {
     /// Publish even though the required gates are not green (loud; recorded in warmstart.json).
     #[arg(long)]
     pub allow_ungated: bool,
+    /// Publish from a HEAD that no remote-tracking branch of the remote
+    /// contains (as last fetched): without it that is refused (exit 9),
+    /// since the cache would describe a tree nobody else can check out.
+    /// Never lets a signed key be replaced by an unsigned one.
+    #[arg(long)]
+    pub allow_unpushed: bool,
     /// The remote to push to (default: the manifest's, else `origin`).
     #[arg(long)]
     pub remote: Option<String>,

@@ -27,6 +27,21 @@ pub struct InitArgs {
     /// is written (off).
     #[arg(long, value_name = "PRINCIPAL=FILE")]
     pub signer: Vec<String>,
+    /// Do not wire the `SessionStart` hook into `.claude/settings.json`, now
+    /// or on later runs: the choice is recorded in
+    /// cache-manifests/restore.toml, and `init --check` then reports the hook
+    /// as `off` rather than unwired. `--agent-hook` wires it again.
+    #[arg(long, conflicts_with = "agent_hook")]
+    pub no_agent_hook: bool,
+    /// Wire the `SessionStart` hook again after an earlier `--no-agent-hook`.
+    #[arg(long)]
+    pub agent_hook: bool,
+    /// Print the file init would generate at PATH (e.g.
+    /// tools/warmstart-bootstrap.sh) to stdout and write nothing: the new
+    /// version of a file you edited, to compare with yours (`init --print
+    /// PATH | diff -u PATH -`).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["check", "json"])]
+    pub print: Option<String>,
     /// Print one JSON object: `files` (each `path`, `state`, `detail`),
     /// `registry_step`, `post_create_command`, `stale`.
     #[arg(long)]

@@ -11,14 +11,16 @@
 #   tools/warmstart-bootstrap.sh --build-only         compile, print the binary's path, restore nothing (CI)
 #
 # Everything it knows comes from the one cache manifest with a [bootstrap]
-# table (cache-manifests/*.toml): the branch, the key pins, the restore path,
+# table (cache-manifests/*.toml): the ref, the key pins, the restore path,
 # the executable, the registry pin and the compile command. `warmstart init`
-# wrote this file; docs/adopting.md.
+# wrote this file (`warmstart init --help`).
 #
 # The order, each step saying which happened:
 # 0. warm: the executable was installed for this exact key (by this script, or
 #    by `cache restore` of that manifest): exec it, no network;
-# 1. binary cache: fetch the key from the cache branch with git alone; where
+# 1. binary cache: fetch the key from the cache ref with git alone (one
+#    bootstrap at a time per clone: a second one started meanwhile waits for
+#    the first, then finds the binary installed); where
 #    the trust policy asks, check its signed statement with `ssh-keygen -Y
 #    verify` (no ssh-keygen and policy require: refused, on to the next
 #    step); read only regular blobs of the sizes warmstart.json names (never
@@ -38,7 +40,7 @@ say() { echo "bootstrap: $*" >&2; }
 die() { say "$*"; exit 1; }
 # The last fallback failed: exit 12 when a binary cache was refused on the
 # way (untrusted, or a part that is not a regular blob of its size), 8 when
-# a step ran past its deadline (docs/reference/exit-codes.md), else 1.
+# a step ran past its deadline (the codes warmstart itself exits with for these), else 1.
 give_up() {
   say "$*"
   if [ -n "${untrusted:-}" ]; then exit 12; fi
@@ -96,13 +98,14 @@ records() {
   ' "$1"
 }
 
-branch=$name-cache remote="" restore_path="" exec_name="" built="" pip_req=""
+branch=$name-cache cache_ref="" remote="" restore_path="" exec_name="" built="" pip_req=""
 build=() pip_hashes=() pin_names=() pin_kinds=() pin_values=()
 trust_policy="" trust_allow_ungated=false trust_principals=()
 rows=$(records "$manifest") || die "$manifest cannot be read by this script (see above)"
 while IFS=$'\t' read -r table idx field value; do
   case "$table.$field" in
     cache.branch) branch=$value ;;
+    cache.ref) cache_ref=$value ;;
     cache.remote) remote=$value ;;
     restore.path) restore_path=$value ;;
     bootstrap.exec) exec_name=$value ;;
@@ -119,7 +122,13 @@ while IFS=$'\t' read -r table idx field value; do
 done <<<"$rows"
 if [ -z "$exec_name" ] || [ -z "$restore_path" ]; then die "$manifest needs [bootstrap] exec and [restore] path"; fi
 remote=${WARMSTART_BOOTSTRAP_REMOTE:-${remote:-origin}}
-case "$branch" in refs/*) ref=$branch ;; *) ref=refs/heads/$branch ;; esac
+# `[cache] ref` (a full ref outside refs/heads/, which a plain clone never
+# downloads) wins; else the branch, as warmstart reads the manifest.
+if [ -n "$cache_ref" ]; then
+  ref=$cache_ref
+else
+  case "$branch" in refs/*) ref=$branch ;; *) ref=refs/heads/$branch ;; esac
+fi
 # A path may start with `$CARGO_TARGET_DIR/` (the one variable allowed in
 # this manifest): the variable's value, else `target`, as the binary expands
 # it (warmstart::cache::manifest::expand_path); relative to the root.
@@ -153,7 +162,7 @@ limited() {
 
 # ---- the trust policy: the [trust] table of the manifest as committed at
 # HEAD, else cache-manifests/trust.toml at HEAD (never the work tree, never a
-# cache branch), else off. docs/trust.md.
+# cache branch), else off.
 if head_manifest=$(git show "HEAD:$manifest" 2>/dev/null); then
   head_rows=$(records <(printf '%s\n' "$head_manifest")) || die "$manifest at HEAD cannot be read by this script (see above)"
   while IFS=$'\t' read -r table idx field value; do
@@ -230,11 +239,67 @@ case "${1:-}" in
   --build-only) mode=build; shift ;;
 esac
 
+# ---- one bootstrap at a time per clone. Two session-start hooks of one
+# clone at once would run two shallow fetches into it (git refuses the
+# second: `.git/shallow.lock` exists) and install the binary twice; so the
+# fetch and install run under a lock of this script's own, and a second
+# bootstrap waits for the first, then finds the binary installed. The lock
+# is a symlink whose target names its owner (`pid@host`): making one is
+# atomic on every system (flock(1) is not on macOS), and an owner that died
+# (kill -9, a recycled machine) names a dead pid on this host, so its lock
+# is taken over rather than waited on.
+lock=$git_dir/warmstart/bootstrap/fetch.lock
+lock_owner=$$@$(uname -n 2>/dev/null || echo localhost)
+lock_held=""
+release_lock() {
+  if [ -n "$lock_held" ] && [ "$(readlink "$lock" 2>/dev/null)" = "$lock_owner" ]; then rm -f "$lock"; fi
+  lock_held=""
+}
+# A lock whose owner is a dead pid of this host is set aside under a name of
+# this run's own, and removed only if it is still the one judged dead (a
+# waiter that took it over first has put its own there); one that is not is
+# put back, never over another.
+take_over() {
+  local owner=$1 aside=$lock.stale-$$
+  mv "$lock" "$aside" 2>/dev/null || return 0
+  if [ "$(readlink "$aside" 2>/dev/null)" = "$owner" ]; then
+    say "binary cache: the bootstrap that held ${lock#"$git_dir"/} ($owner) is gone: taking the lock over"
+  else
+    ln -s "$(readlink "$aside")" "$lock" 2>/dev/null || true
+  fi
+  rm -f "$aside"
+}
+take_lock() {
+  local owner="" pid tries=0 bound=$((fetch_timeout * 3)) said=""
+  mkdir -p "$(dirname "$lock")" || return 1
+  until ln -s "$lock_owner" "$lock" 2>/dev/null; do
+    tries=$((tries + 1))
+    if [ "$tries" -gt $((bound * 5)) ]; then
+      timed_out=1
+      say "binary cache: ${lock#"$git_dir"/} is still held by ${owner:-nobody} after ${bound}s (3 x WARMSTART_BOOTSTRAP_FETCH_TIMEOUT): not waiting longer"
+      return 1
+    fi
+    owner=$(readlink "$lock" 2>/dev/null) || { owner=""; continue; } # released meanwhile
+    pid=${owner%%@*}
+    if [ "${owner#*@}" = "${lock_owner#*@}" ] && [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+      take_over "$owner"
+      continue
+    fi
+    if [ -z "$said" ]; then
+      say "binary cache: another bootstrap ($owner) is fetching into this clone: waiting for it (up to ${bound}s)"
+      said=1
+    fi
+    sleep 0.2
+  done
+  lock_held=1
+}
+
 tmp=""
-trap '[ -z "$tmp" ] || rm -rf "$tmp"' EXIT
+trap '[ -z "$tmp" ] || rm -rf "$tmp"; release_lock' EXIT
 run_restore() {
   local bin=$1; shift
   [ -z "$tmp" ] || rm -rf "$tmp" # exec skips the EXIT trap
+  release_lock
   say "running $bin restore $*"
   exec "$bin" restore "$@"
 }
@@ -263,8 +328,11 @@ if [ ${#tree_paths[@]} -gt 0 ] && [ -n "$(git status --porcelain -- "${tree_path
 fi
 
 # ---- 0. warm
-if [ -x "$install_dir/$exec_name" ] && { [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] ||
-  grep -qF "\"key\": \"$key\"," "$cache_stamp" 2>/dev/null; }; then
+warm() {
+  [ -x "$install_dir/$exec_name" ] && { [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] ||
+    grep -qF "\"key\": \"$key\"," "$cache_stamp" 2>/dev/null; }
+}
+if warm; then
   say "warm: $key is installed"
   run_restore "$install_dir/$exec_name" "$@"
 fi
@@ -405,10 +473,22 @@ part_size() { awk -F'\t' -v n="$1" '$1 == n { print $2; exit }' "$tmp/sizes"; }
 # every step checks its own status.
 binary_cache() {
   command -v zstd >/dev/null || { say "binary cache: zstd is not installed"; return 1; }
-  local rc=0
-  limited git fetch --quiet --depth 1 --no-tags "$remote" "$ref" 2>/dev/null || rc=$?
-  if [ "$rc" = 124 ]; then say "binary cache: fetching $ref from $remote ran past ${fetch_timeout}s (WARMSTART_BOOTSTRAP_FETCH_TIMEOUT)"; return 1; fi
-  [ "$rc" = 0 ] || { say "binary cache: no $ref on $remote (or $remote unreachable)"; return 1; }
+  local rc=0 err=$git_dir/warmstart/bootstrap/fetch.err.$$
+  # The ref is asked for by name: a plain clone never has it.
+  limited git fetch --quiet --depth 1 --no-tags "$remote" "$ref" 2>"$err" || rc=$?
+  if [ "$rc" != 0 ]; then
+    if [ "$rc" = 124 ]; then
+      say "binary cache: fetching $ref from $remote ran past ${fetch_timeout}s (WARMSTART_BOOTSTRAP_FETCH_TIMEOUT)"
+    elif grep -q "couldn't find remote ref" "$err"; then
+      say "binary cache: no $ref on $remote (nothing published there yet)"
+    else
+      say "binary cache: git fetch $remote $ref failed (exit $rc); git said:"
+    fi
+    sed 's/^/bootstrap:   /' "$err" >&2
+    rm -f "$err"
+    return 1
+  fi
+  rm -f "$err"
   local commit f prefix="$key.tar.zst.part"
   local parts=()
   commit=$(git rev-parse FETCH_HEAD) || return 1
@@ -493,7 +573,13 @@ binary_cache() {
   printf '%s\n' "$key" >"$stamp.tmp" && mv "$stamp.tmp" "$stamp" || return 1
   say "binary cache: installed $key from $remote $ref@${commit:0:12}"
 }
-if binary_cache; then run_restore "$install_dir/$exec_name" "$@"; fi
+if take_lock; then
+  if warm; then
+    say "warm: $key is installed (by the bootstrap this one waited for)"
+    run_restore "$install_dir/$exec_name" "$@"
+  fi
+  if binary_cache; then run_restore "$install_dir/$exec_name" "$@"; fi
+fi
 
 # ---- 2. registry: an exact version with its hashes, as init committed them.
 registry() {
@@ -534,5 +620,6 @@ registry() {
   say "registry: installed $pip_req"
 }
 if [ "$mode" != prebuilt ] && registry; then run_restore "$root/target/warmstart-registry/pkg/bin/warmstart" "$@"; fi
+release_lock
 
 compile "$@"

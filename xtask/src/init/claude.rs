@@ -16,9 +16,21 @@ use super::Row;
 /// session starts at once.
 pub const HOOK: &str = "\"$CLAUDE_PROJECT_DIR\"/tools/warmstart-bootstrap.sh --background";
 
+/// The settings file, relative to the repository root.
+pub const SETTINGS: &str = ".claude/settings.json";
+
+/// Whether the settings file already runs the bootstrap (an unreadable or
+/// odd file does not).
+pub fn has_hook_in(root: &Path) -> Result<bool> {
+    let text = super::read_optional(&root.join(SETTINGS))?;
+    Ok(text
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .is_some_and(|v| has_hook(&v)))
+}
+
 /// Merges (or, with `check`, only reports) the hook.
 pub fn wire(root: &Path, check: bool) -> Result<Row> {
-    let rel = ".claude/settings.json";
+    let rel = SETTINGS;
     let path = root.join(rel);
     let existing = super::read_optional(&path)?;
     let entry = json!({"hooks": [{"type": "command", "command": HOOK}]});

@@ -64,6 +64,13 @@ pub fn split(text: &str) -> (Option<&str>, String) {
     (digest, body)
 }
 
+/// Whether `text` carries a header whose digest is the current `body`'s:
+/// an edited file made from today's template, as opposed to one made from
+/// an older template (whose new version the user has not seen).
+pub fn made_from(text: &str, body: &str) -> bool {
+    split(text).0 == Some(digest(body).as_str())
+}
+
 /// Judges `existing` (the file's text, if any) against the current `body`.
 pub fn classify(existing: Option<&str>, body: &str) -> State {
     let Some(text) = existing else {
@@ -100,5 +107,8 @@ mod tests {
         assert_eq!(classify(None, "x"), State::Missing);
         assert!(matches!(classify(Some("mine\n"), "x"), State::Yours(_)));
         assert_eq!(classify(Some("x"), "x"), State::Current);
+        let old = format!("{}# mine\n", render("old\n"));
+        assert!(made_from(&old, "old\n") && !made_from(&old, "new\n"));
+        assert!(!made_from("no header\n", "no header\n"));
     }
 }

@@ -4,8 +4,9 @@
 //! since (`generated`): a file whose body no longer matches its header's
 //! digest is the user's, reported and never rewritten. The session-start hook
 //! is merged into `.claude/settings.json` only when every entry there is one
-//! `claude` understands; otherwise the entry is printed for the user to add.
-//! `--check` writes nothing.
+//! `claude` understands; otherwise the entry is printed for the user to add,
+//! and with `--no-agent-hook` (recorded in restore.toml) not at all.
+//! `--check` and `--print` write nothing.
 
 pub mod claude;
 pub mod generated;
@@ -28,7 +29,7 @@ pub const BOOTSTRAP_PATH: &str = "tools/warmstart-bootstrap.sh";
 pub struct Row {
     pub path: String,
     /// created, updated, current, missing, stale, yours; for the hook also
-    /// merged and unwired.
+    /// merged, unwired and off (`--no-agent-hook`).
     pub state: &'static str,
     /// Why, for yours and the hook (empty otherwise).
     pub detail: String,
@@ -61,7 +62,11 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
     };
     // Refused before anything is written too: each signer's key is read now.
     let signers = trust_signers(&args.signer)?;
-    let files = plan(&repo, binary, &pip_hashes)?;
+    let hook = Hook::choose(&repo, &args)?;
+    let files = plan(&repo, binary, &pip_hashes, hook.off)?;
+    if let Some(rel) = &args.print {
+        return print_file(&files, rel);
+    }
     let cmd = crate::invocation::command();
     let (mut rows, stale) = sync_files(&repo, &files, args.check)?;
     // A missing binary cache is already the failure --check reports.
@@ -69,21 +74,10 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         check_bin_caches(&repo)?;
     }
     rows.extend(trust_files(&repo, &signers, args.check)?);
-    rows.push(claude::wire(&repo.root, args.check)?);
+    rows.push(hook.wire(&repo, &rows, args.check)?);
     print_rows(&rows, &stale, !pip_hashes.is_empty(), args.json);
-    if pip_hashes.is_empty() && !args.json {
-        println!(
-            "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
-        );
-    }
-    if !args.check && !args.json {
-        print_trust_steps(&repo, cmd);
-        println!(
-            "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
-        );
-        println!(
-            "next: commit these files; CI (.github/workflows/gates.yml) publishes the binary cache"
-        );
+    if !args.json {
+        print_notes(&repo, &rows, pip_hashes.is_empty(), args.check, cmd);
     }
     if !stale.is_empty() {
         return Err(fail(
@@ -95,6 +89,117 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The lines after the rows: the registry step, the test gate init wrote,
+/// and (unless `check`) what to do next.
+fn print_notes(repo: &Repo, rows: &[Row], no_registry: bool, check: bool, cmd: &str) {
+    if no_registry {
+        println!(
+            "note: the bootstrap's registry step (pip install --require-hashes) is omitted: no published warmstart version is pinned; after a release, `{cmd} init --pip-hash sha256:...` adds it"
+        );
+    }
+    let gates_written = rows.iter().any(|r| {
+        r.path == GATES_PATH && matches!(r.state, "created" | "updated" | "missing" | "stale")
+    });
+    if gates_written {
+        match detect_test_command(&repo.root) {
+            Some(t) => println!(
+                "gates: the test gate runs `{}` (init detected {})",
+                t.argv.join(" "),
+                t.because
+            ),
+            None => println!(
+                "gates: no test command detected: the test gate is a placeholder that fails, so nothing is published untested, until you edit {GATES_PATH}"
+            ),
+        }
+    }
+    if !check {
+        print_trust_steps(repo, cmd);
+        println!(
+            "dev container: add to .devcontainer/devcontainer.json\n  \"postCreateCommand\": \"{BOOTSTRAP_PATH}\""
+        );
+        println!(
+            "next: commit these files; CI (.github/workflows/gates.yml) publishes the binary cache"
+        );
+    }
+}
+
+/// `init --print PATH`: the file init would generate there, header
+/// included, on stdout; nothing written.
+fn print_file(files: &[File], rel: &str) -> Result<()> {
+    let rel = rel.trim_start_matches("./");
+    let Some(f) = files.iter().find(|f| f.rel == rel) else {
+        let known: Vec<&str> = files.iter().map(|f| f.rel.as_str()).collect();
+        return Err(fail(
+            Code::Usage,
+            format!(
+                "--print {rel:?}: init generates no such file; it generates {}",
+                known.join(", ")
+            ),
+        ));
+    };
+    print!("{}", generated::render(&f.body));
+    Ok(())
+}
+
+/// The generated restore.toml, whose header records `--no-agent-hook`.
+const RESTORE_PATH: &str = "cache-manifests/restore.toml";
+/// The generated gates.toml.
+const GATES_PATH: &str = "cache-manifests/gates.toml";
+
+/// Whether the session-start hook is wanted: `--no-agent-hook` and
+/// `--agent-hook` decide, else the choice restore.toml recorded.
+struct Hook {
+    off: bool,
+    /// restore.toml as it is, when it records the choice itself.
+    recorded: bool,
+}
+
+impl Hook {
+    fn choose(repo: &Repo, args: &InitArgs) -> Result<Hook> {
+        let text = read_optional(&repo.root.join(RESTORE_PATH))?.unwrap_or_default();
+        let recorded = text
+            .lines()
+            .any(|l| l.starts_with(templates::AGENT_HOOK_OFF));
+        let off = if args.no_agent_hook {
+            true
+        } else if args.agent_hook {
+            false
+        } else {
+            recorded
+        };
+        Ok(Hook { off, recorded })
+    }
+
+    /// The hook's row: wired (or reported) as `claude::wire` does, or `off`.
+    fn wire(&self, repo: &Repo, rows: &[Row], check: bool) -> Result<Row> {
+        if !self.off {
+            return claude::wire(&repo.root, check);
+        }
+        let mut detail =
+            "--no-agent-hook: no SessionStart hook wired (`init --agent-hook` wires it)"
+                .to_string();
+        // The choice lives in restore.toml: one the user edited keeps its
+        // text, so the line must go in by hand.
+        let restore_yours = rows
+            .iter()
+            .any(|r| r.path == RESTORE_PATH && r.state == "yours");
+        if restore_yours && !self.recorded {
+            detail = format!(
+                "{detail}; {RESTORE_PATH} is yours, so add the line `{}` to it, or a later init wires the hook",
+                templates::AGENT_HOOK_OFF
+            );
+        }
+        if claude::has_hook_in(&repo.root)? {
+            detail.push_str("; the hook already in it is left: remove it by hand");
+        }
+        Ok(Row {
+            path: claude::SETTINGS.to_string(),
+            state: "off",
+            detail,
+        })
+    }
 }
 
 /// Each `--pip-hash` is pip's hash form, refused before anything is written.
@@ -124,6 +229,14 @@ fn sync_files(repo: &Repo, files: &[File], check: bool) -> Result<(Vec<Row>, Vec
         let word = match (&state, check) {
             (State::Current, _) => "current",
             (State::Yours(why), _) => match unsafe_bootstrap(f, existing.as_deref()) {
+                None if newer_than_base(f, existing.as_deref()) => {
+                    let cmd = crate::invocation::command();
+                    detail = format!(
+                        "{why}, and this init generates a newer version: left alone; see it with `{cmd} init --print {rel} | diff -u {rel} -`",
+                        rel = f.rel
+                    );
+                    "yours"
+                }
                 Some(danger) if check => {
                     stale.push(f.rel.clone());
                     detail = format!("{why}, and {danger}");
@@ -162,6 +275,14 @@ fn sync_files(repo: &Repo, files: &[File], check: bool) -> Result<(Vec<Row>, Vec
         });
     }
     Ok((rows, stale))
+}
+
+/// Whether the user's edited file was made from an older template than
+/// today's: the new version is then one they have not seen.
+fn newer_than_base(f: &File, existing: Option<&str>) -> bool {
+    existing.is_some_and(|text| {
+        generated::split(text).0.is_some() && !generated::made_from(text, &f.body)
+    })
 }
 
 /// The line by which a bootstrap says it reads only regular blobs of their
@@ -302,7 +423,8 @@ fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>>
 }
 
 /// The trust.toml `init --signer` writes.
-const TRUST_TOML: &str = "# Who may publish caches: cache-manifests/allowed_signers. docs/trust.md.
+const TRUST_TOML: &str =
+    "# Who may publish caches: cache-manifests/allowed_signers (`warmstart init --help`).
 # signed_gates: a gate record counts (skips a gate, lets a cache publish) only
 # when an allowed signer signed it; tools/ci-gates.sh signs with WARMSTART_SIGNING_KEY.
 policy = \"require\"
@@ -372,7 +494,7 @@ fn check_bin_caches(repo: &Repo) -> Result<()> {
 }
 
 /// Every file `init` generates for this repository, with its current body.
-fn plan(repo: &Repo, binary: Binary, pip_hashes: &[String]) -> Result<Vec<File>> {
+fn plan(repo: &Repo, binary: Binary, pip_hashes: &[String], hook_off: bool) -> Result<Vec<File>> {
     let name = templates::bin_cache_name(binary);
     let package = match binary {
         Binary::Xtask => xtask_package(&repo.root)?,
@@ -396,11 +518,7 @@ fn plan(repo: &Repo, binary: Binary, pip_hashes: &[String]) -> Result<Vec<File>>
     };
     Ok(vec![
         file(&format!("cache-manifests/{name}.toml"), bin, false),
-        file(
-            "cache-manifests/restore.toml",
-            templates::restore_toml(name),
-            false,
-        ),
+        file(RESTORE_PATH, templates::restore_toml(name, hook_off), false),
         file(
             "cache-manifests/example.toml.sample",
             templates::EXAMPLE.to_string(),
@@ -414,11 +532,31 @@ fn plan(repo: &Repo, binary: Binary, pip_hashes: &[String]) -> Result<Vec<File>>
         ),
         file("tools/ci-gates.sh", templates::CI_GATES.to_string(), true),
         file(
-            "cache-manifests/gates.toml",
-            templates::GATES_TOML.to_string(),
+            GATES_PATH,
+            templates::gates_toml(detect_test_command(&repo.root).as_ref()),
             false,
         ),
     ])
+}
+
+/// The command a repository's tests run with, where one is unambiguous: a
+/// `Cargo.toml` at the root means `cargo test --workspace` (`--locked` when
+/// `Cargo.lock` is there too). Anything else is the team's to write.
+fn detect_test_command(root: &Path) -> Option<templates::TestCommand> {
+    if !root.join("Cargo.toml").is_file() {
+        return None;
+    }
+    let mut argv: Vec<String> = ["cargo", "test", "--workspace"].map(String::from).into();
+    let because = if root.join("Cargo.lock").is_file() {
+        argv.push("--locked".into());
+        "Cargo.toml and Cargo.lock at the root"
+    } else {
+        "Cargo.toml at the root (no Cargo.lock, so not --locked)"
+    };
+    Some(templates::TestCommand {
+        argv,
+        because: because.to_string(),
+    })
 }
 
 /// The package name in `xtask/Cargo.toml`, checked to be usable with `-p`.

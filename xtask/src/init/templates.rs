@@ -15,17 +15,46 @@ pub const WORKFLOW: &str = include_str!("gates.yml");
 /// What the workflow runs: gates, then publish (`tools/ci-gates.sh`, a link).
 pub const CI_GATES: &str = include_str!("ci-gates.sh");
 
-/// `cache-manifests/gates.toml`: what CI proves before it publishes.
-pub const GATES_TOML: &str = r#"# Gates: commands that must pass on a clean tree before a cache is published
-# from it (docs/gates.md). tools/ci-gates.sh runs them in CI, records
-# them green for the tree, then publishes every cache. A cache requires the
-# gates its manifest lists under [publish] gates.
+/// The test command `init` detected for the `test` gate, and why; `None`
+/// when nothing is unambiguous (the gate is then a placeholder that fails).
+pub struct TestCommand {
+    pub argv: Vec<String>,
+    /// What was found, for init's line and the file's comment.
+    pub because: String,
+}
 
-[[gate]]
-name = "test"
-command = ["cargo", "test", "--workspace", "--locked"]
-timeout = "40m"
-"#;
+/// The line the placeholder gate fails with: a gate that passed without
+/// testing anything would let CI publish untested caches.
+pub const PLACEHOLDER_GATE: &str = "gate test is a placeholder: init found no test command it could be sure of; edit cache-manifests/gates.toml to run your tests";
+
+/// `cache-manifests/gates.toml`: what CI proves before it publishes.
+pub fn gates_toml(test: Option<&TestCommand>) -> String {
+    let (why, command) = match test {
+        Some(t) => (format!("# init detected {}.", t.because), quoted(&t.argv)),
+        None => (
+            "# init found no test command it could be sure of: this gate fails, and so\n\
+# every publish waits, until you replace it with your own."
+                .to_string(),
+            quoted(&[
+                "sh",
+                "-c",
+                &format!("echo '{PLACEHOLDER_GATE}' >&2; exit 1"),
+            ]),
+        ),
+    };
+    format!(
+        "# Gates: commands that must pass on a clean tree before a cache is published\n\
+# from it (`warmstart gates --help`). tools/ci-gates.sh runs them in CI,\n\
+# records them green for the tree, then publishes every cache. A cache\n\
+# requires the gates its manifest lists under [publish] gates.\n\
+{why}\n\
+\n\
+[[gate]]\n\
+name = \"test\"\n\
+command = {command}\n\
+timeout = \"40m\"\n"
+    )
+}
 
 /// What the binary-cache manifest needs to know about the repository.
 pub struct BinCache<'a> {
@@ -69,6 +98,13 @@ struct BinParts {
     built: String,
 }
 
+/// The standalone compile fallback. No warmstart release exists on any
+/// registry yet and the project has no public address to `cargo install
+/// --git` from, so the honest fallback says so and names the build that
+/// works, rather than a version no registry has. Kept to the subset the
+/// bootstrap's reader allows (no `"` or backslash).
+pub const NO_RELEASE: &str = "echo 'no warmstart release exists to install: build it from a checkout of warmstart with cargo build --release, and copy target/release/warmstart to target/warmstart-build/bin/warmstart' >&2; exit 1";
+
 fn bin_parts(b: &BinCache) -> BinParts {
     let version = env!("CARGO_PKG_VERSION");
     let (what, key, pack_root, exec, build, built) = match b.binary {
@@ -91,24 +127,18 @@ fn bin_parts(b: &BinCache) -> BinParts {
         ),
         Binary::Standalone => (
             format!(
-                "The standalone warmstart binary, version {version}. CI publishes it after\n\
-# the build command below; it is keyed by the version plus the platform."
+                "The standalone warmstart binary, version {version}, keyed by the version\n\
+# plus the platform. CI publishes what the build command below leaves at\n\
+# `built`; no warmstart release exists yet, so that command only says how\n\
+# to build one from source: replace it with your own build, or put the\n\
+# binary there before tools/ci-gates.sh runs."
             ),
             format!(
                 "[[key]]\nname = \"version\"\nliteral = \"{version}\"\n\n[[key]]\nname = \"platform\"\nplatform = true\n"
             ),
             "target/warmstart-build/bin".to_string(),
             "warmstart".to_string(),
-            quoted(&[
-                "cargo",
-                "install",
-                "--locked",
-                "--root",
-                "target/warmstart-build",
-                "--version",
-                version,
-                "warmstart",
-            ]),
+            quoted(&["sh", "-c", NO_RELEASE]),
             "target/warmstart-build/bin/warmstart".to_string(),
         ),
     };
@@ -158,8 +188,10 @@ pub fn bin_cache(b: &BinCache) -> String {
 # `literal`, `platform`, `git_tree` or `file` (a one-line file); warmstart\n\
 # refuses any other form in this manifest (exit 10).\n\
 \n\
+# A ref outside refs/heads/, so a plain clone never downloads the binary;\n\
+# the bootstrap fetches it by name.\n\
 [cache]\n\
-branch = \"{name}-cache\"\n\
+ref = \"refs/warmstart/cache/{name}\"\n\
 description = \"prebuilt {exec} binary for tools/warmstart-bootstrap.sh\"\n\
 \n\
 {key}\n\
@@ -186,10 +218,22 @@ built = \"{built}\"\n\
     )
 }
 
-/// `cache-manifests/restore.toml`: the binary cache, then the user's steps.
-pub fn restore_toml(bin_cache: &str) -> String {
+/// The line by which restore.toml records `init --no-agent-hook`, so that
+/// later runs of init neither wire the hook nor call it missing.
+pub const AGENT_HOOK_OFF: &str =
+    "# warmstart-agent-hook: off (init --no-agent-hook; `init --agent-hook` wires it)";
+
+/// `cache-manifests/restore.toml`: the binary cache, then the user's steps;
+/// with `hook_off`, the line that records that no agent hook is wanted.
+pub fn restore_toml(bin_cache: &str, hook_off: bool) -> String {
+    let off = if hook_off {
+        format!("{AGENT_HOOK_OFF}\n")
+    } else {
+        String::new()
+    };
     format!(
-        "# The steps `restore` runs at session start, in order (docs/restore.md).\n\
+        "{off}# The steps `restore` runs at session start, in order (`warmstart restore\n\
+# --help`; `warmstart restore --dry-run` prints the plan they make).\n\
 # tools/warmstart-bootstrap.sh runs it once it has the binary.\n\
 \n\
 # The binary itself: keeps the cache module's install and stamp of it current.\n\
@@ -213,11 +257,14 @@ background = true\n\
 
 /// `cache-manifests/example.toml.sample`: a commented cache to copy.
 pub const EXAMPLE: &str = r#"# An example cache: copy it to cache-manifests/<name>.toml and edit it.
-# docs/caches.md ("Cache manifests") and docs/reference/manifests.md list every field.
+# `warmstart cache --help` and `warmstart cache publish --help` say how a
+# cache is published and restored; `warmstart cache status NAME` shows how
+# its key is built from the fields below.
 
 [cache]
-# The orphan branch that holds the cache (default: <name>-cache).
-branch = "toolchain-cache"
+# The ref that holds the cache: outside refs/heads/, so a plain clone never
+# downloads it (without `ref`, the branch <name>-cache, which every clone does).
+ref = "refs/warmstart/cache/toolchain"
 description = "the project's toolchain"
 
 # The key: its pins, in order, joined with "-". A changed pin is a new key.

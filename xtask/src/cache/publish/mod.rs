@@ -23,6 +23,7 @@ pub mod pack;
 pub mod packed;
 pub mod prune;
 pub mod push;
+pub mod pushed;
 pub mod report;
 pub mod resign;
 pub mod summary;
@@ -60,6 +61,8 @@ pub struct Request {
     pub key_only: bool,
     pub dry_run: bool,
     pub allow_ungated: bool,
+    /// `--allow-unpushed`: publish from a HEAD the remote does not have.
+    pub allow_unpushed: bool,
     pub remote: Option<String>,
     /// `--signing-key` (else `WARMSTART_SIGNING_KEY`, else unsigned).
     pub signing_key: Option<PathBuf>,
@@ -74,6 +77,7 @@ impl From<PublishArgs> for Request {
             key_only: a.key_only,
             dry_run: a.dry_run,
             allow_ungated: a.allow_ungated,
+            allow_unpushed: a.allow_unpushed,
             remote: a.remote,
             signing_key: a.signing_key,
             json: a.out.json,
@@ -120,6 +124,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         print_plan(&out, &m, &key, &plan, &remote);
         return Ok(summary);
     }
+    pushed::check(sh, &repo.root, &remote, req.allow_unpushed, &out)?;
     let stamped = stamp(&plan, planned_at_ns, &mut summary);
     let (gate_record, ungated) = gate_record(sh, repo, &m, req.allow_ungated, &out)?;
     summary.ungated = ungated;
