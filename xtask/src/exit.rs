@@ -32,7 +32,10 @@ pub enum Code {
     Unsafe = 7,
     /// The remote could not be reached (fetch or push failed).
     Remote = 8,
-    /// Publishing was refused: the required gates are not green.
+    /// Publishing was refused because the tree is not one others can
+    /// check: its required gates are not green, or HEAD is a commit the
+    /// remote does not have. Both are fixed the same way, by landing the
+    /// tree (push it, let CI make it green), so they share one code.
     NotGreen = 9,
     /// A manifest or configuration file is invalid.
     Config = 10,
@@ -87,7 +90,7 @@ impl Code {
         ),
         (
             Code::NotGreen,
-            "publish refused: required gates are not green for this tree",
+            "publish refused: required gates are not green for this tree, or HEAD is not on the remote",
         ),
         (Code::Config, "invalid manifest or configuration"),
         (Code::StepFailed, "a gate or a restore step failed"),
