@@ -59,6 +59,7 @@ mod strict;
 mod test_tools;
 mod tidy;
 mod tidy_layers;
+mod transfers_cut;
 mod transports;
 mod transports_faults;
 mod trust;
