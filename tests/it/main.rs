@@ -42,6 +42,7 @@ mod git_errors;
 mod json_contract;
 mod net_deadline;
 mod progress;
+mod publish_interrupted;
 mod restore;
 mod restore_cache;
 mod restore_env;

@@ -78,7 +78,7 @@ impl Job {
     fn next_batch(&self, shared: &Shared) -> Option<Vec<usize>> {
         let mut st = shared.lock();
         loop {
-            if st.stop {
+            if st.stop || crate::process::signals::ending().is_some() {
                 return None;
             }
             let first = *st.queue.front()?.first()?;
@@ -152,6 +152,14 @@ impl Job {
             };
             if ask.is_empty() || shared.lock().stop {
                 return Ok(());
+            }
+            // A cut this process's own signal handler made (it stops the
+            // reader's group) is not the link's: start nothing new.
+            if let Some(sig) = crate::process::signals::ending() {
+                return Err(direct::Error::Failed(anyhow::anyhow!(
+                    "stopped by {}",
+                    crate::process::signals::signal_name(sig)
+                )));
             }
             match self.fetch_direct(shared, server, &ask) {
                 Ok(()) => alone = None,
