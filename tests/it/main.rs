@@ -34,6 +34,7 @@ mod containment;
 mod containment_property;
 mod demo;
 mod docs;
+mod fault_kills;
 mod gates;
 mod gates_evidence;
 mod gates_refs;
