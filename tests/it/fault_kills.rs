@@ -8,8 +8,8 @@
 //!
 //! The moments are drawn from 0 to the operation's own duration, measured
 //! on this machine first. `FAULT_ROUNDS` sets the number of rounds
-//! (default 20, about 25 s on this 2-core machine), `FAULT_SEED` the seed (printed
-//! on failure).
+//! (default 20, about 20 s on this 2-core machine), `FAULT_SEED` the seed
+//! (printed on failure).
 
 use crate::util::fixture::{Fixture, Manifest};
 use crate::util::rng::Rng;
