@@ -114,3 +114,48 @@ fn store_disk_full_gc_removes_the_partial_packs_a_dead_git_left_and_keeps_a_live
         "a partial pack younger than the grace stays"
     );
 }
+
+#[test]
+fn store_disk_full_a_full_disk_under_a_publish_is_exit_1_naming_it_and_leaves_no_scratch() {
+    let fx = Fixture::new();
+    let src = fx.env.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write_pseudo_random(&src.join("big.bin"), 3_000_000, 4);
+    fx.write_manifest("art", &Manifest::literal("1", &src).chunk_bytes(200_000));
+    let state = fx.work.join(".git/warmstart");
+    let full = Tmpfs::mount(&state, "1m");
+    let r = run(&mut fx.command(&["cache", "publish", "art"]));
+    let err = r.stderr();
+    assert_eq!(r.code(), 1, "{}", show(&r.out));
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(
+        err.contains(&state.display().to_string()),
+        "names the place: {err}"
+    );
+    // No scratch chunk and no partial pack of git's is left on the full disk.
+    let mut left = Vec::new();
+    let mut dirs = vec![state.clone()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if ["warmstart-publish-", "tmp_pack_", "tmp_obj_", "chunk-"]
+                .iter()
+                .any(|p| name.starts_with(p))
+            {
+                left.push(e.path());
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(e.path());
+            }
+        }
+    }
+    assert!(left.is_empty(), "left on the full disk: {left:?}");
+    assert!(
+        !fx.origin_git(&["branch", "--list", "art-cache"])
+            .contains("art-cache"),
+        "nothing was published"
+    );
+    // With room again, the next publish succeeds.
+    drop(full);
+    fx.publish("art");
+}

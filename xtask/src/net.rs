@@ -433,7 +433,12 @@ fn watch(
     // moment it exists, and another process's stays another's.
     let mut partial: Vec<crate::process::signals::TempGuard> = Vec::new();
     let mut checked: std::collections::HashSet<PathBuf> = Default::default();
+    // The quarantines a local push's `git receive-pack` works in: removed
+    // by a signal, and when the watch ends, if git left them (it does when
+    // it is stopped or refused; a push that lands removes its own).
+    let mut quarantines = Quarantines::default();
     let mut sample = || {
+        quarantines.note(pgid);
         let (pack, names) = pack_dir.as_ref().map(PackDir::scan).unwrap_or_default();
         let new: Vec<PathBuf> = names.into_iter().filter(|n| !checked.contains(n)).collect();
         if !new.is_empty() {
@@ -499,6 +504,32 @@ fn watch(
             drop(done);
             crate::process::group::end_group(pgid, GRACE);
             return;
+        }
+    }
+}
+
+/// The quarantines of a watched group (`process::group::group_quarantines`),
+/// each registered with the signal handler, and removed when dropped if
+/// still there (the group is gone by then: its leader was reaped or
+/// `end_group` ended it).
+#[derive(Default)]
+struct Quarantines(Vec<(PathBuf, crate::process::signals::TempGuard)>);
+
+impl Quarantines {
+    fn note(&mut self, pgid: u32) {
+        for q in crate::process::group::group_quarantines(pgid as i32) {
+            if !self.0.iter().any(|(p, _)| *p == q) {
+                let guard = crate::process::signals::register_temp_dir(&q);
+                self.0.push((q, guard));
+            }
+        }
+    }
+}
+
+impl Drop for Quarantines {
+    fn drop(&mut self) {
+        for (q, _) in &self.0 {
+            let _ = std::fs::remove_dir_all(q);
         }
     }
 }

@@ -265,6 +265,8 @@ impl CacheGit {
             child,
             stdin: Some(stdin),
             stdout,
+            objects: self.dir.join("objects"),
+            started: std::time::SystemTime::now(),
         })
     }
 
@@ -312,6 +314,11 @@ pub struct BlobWriter {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
+    /// cache.git's object directory, and when this writer started: the
+    /// `tmp_obj_*` a failed `git hash-object` leaves (it does on a full
+    /// disk) are the ones made since, that nobody holds open.
+    objects: PathBuf,
+    started: std::time::SystemTime,
 }
 
 impl BlobWriter {
@@ -339,6 +346,7 @@ impl BlobWriter {
             let _ = e.read_to_string(&mut err);
         }
         let _ = self.child.wait();
+        remove_dead_loose_temps(&self.objects, self.started);
         anyhow!("{what}: git hash-object failed: {}", last_lines(&err))
     }
 
@@ -351,6 +359,7 @@ impl BlobWriter {
             if let Some(mut e) = self.child.stderr.take() {
                 let _ = e.read_to_string(&mut err);
             }
+            remove_dead_loose_temps(&self.objects, self.started);
             bail!("git hash-object failed: {}", last_lines(&err));
         }
         Ok(())
@@ -362,7 +371,36 @@ impl Drop for BlobWriter {
         if self.stdin.take().is_some() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+            remove_dead_loose_temps(&self.objects, self.started);
         }
+    }
+}
+
+/// Removes the `tmp_obj_*` files under `objects/??/` made since `since`
+/// that no process holds open: what a `git hash-object` of ours left
+/// when it failed or was killed (a live git writing one holds it open).
+fn remove_dead_loose_temps(objects: &Path, since: std::time::SystemTime) {
+    let Ok(rd) = std::fs::read_dir(objects) else {
+        return;
+    };
+    let mut found = Vec::new();
+    for d in rd.flatten().filter(|d| d.file_name().len() == 2) {
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            let recent = f
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= since - std::time::Duration::from_secs(1));
+            if recent && f.file_name().to_string_lossy().starts_with("tmp_obj_") {
+                found.push(f.path());
+            }
+        }
+    }
+    if found.is_empty() {
+        return;
+    }
+    let open = crate::process::group::files_open_under(objects);
+    for f in found.into_iter().filter(|f| !open.contains(f)) {
+        let _ = std::fs::remove_file(f);
     }
 }
 

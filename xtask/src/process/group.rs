@@ -202,6 +202,43 @@ pub fn group_temp_files(pgid: i32) -> Vec<PathBuf> {
     found
 }
 
+/// The quarantines (`tmp_objdir-incoming-*`) the processes of group `pgid`
+/// work in: a push to a remote on this machine runs `git receive-pack`
+/// in our group, and git names the quarantine in its children's
+/// environment (`GIT_QUARANTINE_PATH`). git leaves one behind when it is
+/// killed; only the ones a process of our group names are ours.
+pub fn group_quarantines(pgid: i32) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+        let pgrp = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+            .and_then(|f| f.parse::<i32>().ok());
+        if pgrp != Some(pgid) {
+            continue;
+        }
+        let env = std::fs::read(p.path().join("environ")).unwrap_or_default();
+        for var in env.split(|&b| b == 0) {
+            let Some(path) = var.strip_prefix(b"GIT_QUARANTINE_PATH=") else {
+                continue;
+            };
+            use std::os::unix::ffi::OsStrExt;
+            let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
+            let named = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("tmp_objdir-incoming-"));
+            if named && path.is_absolute() && !found.contains(&path) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
 /// Which files under `dir` any process this one can see holds open (by
 /// `/proc/<pid>/fd`): a git that writes a `tmp_pack_*` holds it open from
 /// its first byte to its rename, so one nobody holds belongs to a git that
@@ -230,6 +267,7 @@ pub fn files_open_under(dir: &std::path::Path) -> std::collections::BTreeSet<Pat
 /// removes the partial packs its git processes held open.
 pub fn end_group(pgid: u32, grace: Duration) {
     let partial = group_temp_files(pgid as i32);
+    let quarantines = group_quarantines(pgid as i32);
     let pg = -(pgid as libc::pid_t);
     // SAFETY: kill(2) on a group our child leads; no memory involved.
     unsafe {
@@ -246,5 +284,8 @@ pub fn end_group(pgid: u32, grace: Duration) {
     }
     for f in partial {
         let _ = std::fs::remove_file(f);
+    }
+    for q in quarantines {
+        let _ = std::fs::remove_dir_all(q);
     }
 }

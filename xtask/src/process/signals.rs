@@ -18,6 +18,18 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+/// Set first thing by the ending handler: the process is on its way out.
+static ENDING: AtomicI32 = AtomicI32::new(0);
+
+/// The signal the ending handler is acting on, if it is: threads that run
+/// on meanwhile must start nothing new (a process started then would
+/// outlive warmstart).
+pub fn ending() -> Option<i32> {
+    match ENDING.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
 
 extern "C" fn note_signal(sig: libc::c_int) {
     INTERRUPTED.store(sig, Ordering::SeqCst);
@@ -69,6 +81,7 @@ const NO_GROUP: AtomicI32 = AtomicI32::new(0);
 const NO_PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
 static GROUPS: [AtomicI32; SLOTS] = [NO_GROUP; SLOTS];
 static TEMPS: [AtomicPtr<libc::c_char>; SLOTS] = [NO_PATH; SLOTS];
+static TEMP_DIRS: [AtomicPtr<libc::c_char>; 8] = [NO_PATH; 8];
 
 /// While alive, SIGTERM or SIGINT to warmstart ends this process group too.
 pub struct GroupGuard(Option<usize>);
@@ -93,38 +106,123 @@ impl Drop for GroupGuard {
     }
 }
 
-/// While alive, SIGTERM or SIGINT to warmstart removes this file.
-pub struct TempGuard(Option<usize>);
+/// While alive, SIGTERM or SIGINT to warmstart removes this file (or this
+/// directory and the files in it).
+pub struct TempGuard(Option<(&'static [AtomicPtr<libc::c_char>], usize)>);
 
 /// Registers a temporary file of this process (e.g. a partial chunk).
 pub fn register_temp(path: &Path) -> TempGuard {
+    TempGuard(register_path(&TEMPS, path))
+}
+
+/// Registers a scratch directory of this process (a publish's chunks, a
+/// quarantine its push child made in a local remote): the handler removes
+/// what it holds, two levels down, then the directory.
+pub fn register_temp_dir(path: &Path) -> TempGuard {
+    TempGuard(register_path(&TEMP_DIRS, path))
+}
+
+fn register_path(
+    slots: &'static [AtomicPtr<libc::c_char>],
+    path: &Path,
+) -> Option<(&'static [AtomicPtr<libc::c_char>], usize)> {
     use std::os::unix::ffi::OsStrExt;
     install_handler();
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return TempGuard(None);
-    };
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     let p = c.into_raw();
-    for (i, slot) in TEMPS.iter().enumerate() {
+    for (i, slot) in slots.iter().enumerate() {
         if slot
             .compare_exchange(std::ptr::null_mut(), p, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
-            return TempGuard(Some(i));
+            return Some((slots, i));
         }
     }
     // SAFETY: `p` came from `into_raw` just above and was never shared.
     drop(unsafe { CString::from_raw(p) });
-    TempGuard(None)
+    None
 }
 
 impl Drop for TempGuard {
     fn drop(&mut self) {
-        if let Some(i) = self.0 {
+        if let Some((slots, i)) = self.0 {
             // Whoever swaps the pointer out owns it: the handler never frees.
-            let p = TEMPS[i].swap(std::ptr::null_mut(), Ordering::SeqCst);
+            let p = slots[i].swap(std::ptr::null_mut(), Ordering::SeqCst);
             if !p.is_null() {
-                // SAFETY: only `register_temp` stores pointers, from `into_raw`.
+                // SAFETY: only `register_path` stores pointers, from `into_raw`.
                 drop(unsafe { CString::from_raw(p) });
+            }
+        }
+    }
+}
+
+/// Removes directory `p` and what it holds, two levels down at most (a
+/// publish's flat scratch, git's `tmp_objdir-incoming-*/pack/tmp_pack_*`),
+/// with async-signal-safe system calls only (`openat`, `getdents64`,
+/// `unlinkat`), never following a symbolic link. Other threads run on while
+/// the handler does: a file one of them adds meanwhile makes the last
+/// removal fail, and the directory is emptied again, a few times at most.
+///
+/// # Safety
+/// `p` must be a valid NUL-terminated path.
+unsafe fn remove_tree(p: *const libc::c_char) {
+    // SAFETY: raw system calls on a path of our own.
+    unsafe {
+        for _ in 0..8 {
+            let fd = libc::open(
+                p,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return;
+            }
+            empty_dir(fd, 2);
+            libc::close(fd);
+            if libc::rmdir(p) == 0 || *libc::__errno_location() == libc::ENOENT {
+                return;
+            }
+        }
+    }
+}
+
+/// Unlinks everything in the directory open as `fd`, descending `depth`
+/// more levels into subdirectories.
+///
+/// # Safety
+/// `fd` must be an open directory.
+unsafe fn empty_dir(fd: libc::c_int, depth: u32) {
+    let mut buf = [0u8; 4096];
+    // SAFETY: the kernel bounds what it writes into `buf` by its length;
+    // each record's name is NUL-terminated within its record.
+    unsafe {
+        loop {
+            let n = libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len());
+            if n <= 0 {
+                return;
+            }
+            let mut off = 0usize;
+            while off + 19 < n as usize {
+                // linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+                let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
+                let name = buf.as_ptr().add(off + 19);
+                let dot = *name == b'.'
+                    && (*name.add(1) == 0 || (*name.add(1) == b'.' && *name.add(2) == 0));
+                if !dot && libc::unlinkat(fd, name.cast(), 0) != 0 && depth > 0 {
+                    let sub = libc::openat(
+                        fd,
+                        name.cast(),
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    );
+                    if sub >= 0 {
+                        empty_dir(sub, depth - 1);
+                        libc::close(sub);
+                        libc::unlinkat(fd, name.cast(), libc::AT_REMOVEDIR);
+                    }
+                }
+                if reclen == 0 {
+                    break;
+                }
+                off += reclen;
             }
         }
     }
@@ -163,6 +261,7 @@ fn install_handler() {
 /// reported it. It all happens here, in the handler, so that no other
 /// thread of warmstart gets to exit first with another code.
 extern "C" fn on_signal(sig: libc::c_int) {
+    ENDING.store(sig, Ordering::SeqCst);
     // SAFETY: async-signal-safe calls only; pointers in TEMPS are valid
     // C strings owned by the registry, swapped out so nobody frees them.
     unsafe {
@@ -196,6 +295,19 @@ extern "C" fn on_signal(sig: libc::c_int) {
             let p = g.load(Ordering::SeqCst);
             if p > 0 {
                 libc::kill(-p, libc::SIGKILL);
+            }
+        }
+        // Directories last, once the groups that wrote into them are gone
+        // (a killed process stops writing within a tick).
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 20_000_000,
+        };
+        libc::nanosleep(&ts, std::ptr::null_mut());
+        for t in &TEMP_DIRS {
+            let p = t.swap(std::ptr::null_mut(), Ordering::SeqCst);
+            if !p.is_null() {
+                remove_tree(p);
             }
         }
         let msg: &[u8] = if sig == libc::SIGINT {

@@ -21,7 +21,11 @@
 //! `git upload-pack` on it; smart HTTP(S) through git's own remote helper
 //! in its `stateless-connect` mode, so credentials, proxies and `http.*`
 //! settings stay git's; ssh by running the ssh program git would run, with
-//! git's arguments (`git::ssh`). Anything else goes through `git fetch`.
+//! git's arguments (`git::ssh`); a `git daemon` over a TCP stream of our
+//! own (`daemon`). Anything else goes through `git fetch`.
+//!
+//! A connection that ends inside the pack is `Error::Cut`: the chunks
+//! stored before it stay stored, and the caller asks again for the rest.
 //!
 //! The pack's own trailing SHA-1 is not checked: the sha256 of the content
 //! is the check that matters, and it is stronger. The pack itself is parsed
@@ -43,8 +47,10 @@ use crate::git::ssh::{self, Ssh};
 use crate::git::{CacheGit, Remote};
 use crate::hex;
 
+mod daemon;
 mod pack;
 
+use daemon::Daemon;
 use pack::PackSink;
 
 /// Verified chunk files, named by their sha256, in `cache.git/chunks`.
@@ -159,6 +165,9 @@ pub enum Server {
     /// ssh (`ssh://`, scp-like `host:path`): the ssh program git would
     /// run, with git's arguments, running `git-upload-pack` on the server.
     Ssh(Ssh),
+    /// A `git daemon` (`git://`): a TCP stream of our own
+    /// (`direct::daemon`), with git's request line.
+    Daemon(Daemon),
 }
 
 /// The server `remote` names, if this reader can talk to it: an absolute
@@ -190,6 +199,9 @@ pub fn choose_server(remote: &Remote, git: &CacheGit) -> Result<Server, String> 
     let url = remote.url.as_str();
     if url.starts_with("http://") || url.starts_with("https://") {
         return Ok(Server::Http(url.to_string()));
+    }
+    if let Some(daemon) = daemon::target(url, git) {
+        return daemon.map(Server::Daemon);
     }
     match ssh::target(url) {
         Ok(Some(target)) => {
@@ -228,6 +240,16 @@ pub struct Want {
     pub sha256: [u8; 32],
 }
 
+/// The chunk a cut connection was carrying: the want it was taken for
+/// (by its size: its digest was not known yet), and how many of its
+/// bytes had arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Partial {
+    pub want: usize,
+    pub size: u64,
+    pub arrived: u64,
+}
+
 /// Why a batch was not stored (whole or in part: every chunk stored
 /// before the failure was reported through `on_stored` and stays stored,
 /// hashed).
@@ -243,13 +265,30 @@ pub enum Error {
     /// A blob whose content does not have the declared sha256 of the
     /// awaited chunk of its size.
     Digest { want: usize, got: [u8; 32] },
+    /// The connection ended in the middle of the pack (a link that drops
+    /// its connections): what it was carrying then, if it was inside a
+    /// chunk. The chunks before it are stored; asking again for the rest
+    /// makes progress.
+    Cut {
+        partial: Option<Partial>,
+        cause: anyhow::Error,
+    },
+    /// The connection ended, before or after the pack began (becomes `Cut`
+    /// or `Failed` once it is known which).
+    HungUp(anyhow::Error),
     /// Anything else (the server failed, the disk is full).
     Failed(anyhow::Error),
 }
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Error {
-        Error::Failed(anyhow!(e))
+        use io::ErrorKind as K;
+        match e.kind() {
+            K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => {
+                Error::HungUp(anyhow!(e))
+            }
+            _ => Error::Failed(anyhow!(e)),
+        }
     }
 }
 
@@ -260,7 +299,9 @@ impl From<io::Error> for Error {
 /// once its size and digest matched a want. `on_stored(i)` is called for
 /// each want as soon as its chunk is in the store (two wants of one digest
 /// both). `pid` gets the process group of the running `git upload-pack`
-/// or remote helper (`None` once it exited), as in `CacheGit::fetch_blob`.
+/// or remote helper (`None` once it exited), as in `CacheGit::fetch_blob`;
+/// `stopped` says when the caller no longer wants the rest (a `git://`
+/// stream has no process to stop).
 pub fn fetch(
     git: &CacheGit,
     server: &Server,
@@ -268,13 +309,56 @@ pub fn fetch(
     store: &Store,
     pid: &mut dyn FnMut(Option<u32>),
     on_stored: &mut dyn FnMut(usize),
+    stopped: &dyn Fn() -> bool,
 ) -> Result<(), Error> {
     crate::git::make_chunk_dir(&store.dir)?;
+    let mut sink = PackSink::new(store, wants, on_stored);
+    let r = match server {
+        Server::Daemon(d) => fetch_daemon(git, d, wants, &mut sink, stopped),
+        _ => fetch_child(git, server, wants, &mut sink, pid),
+    };
+    match r {
+        Err(Error::HungUp(cause)) if sink.started() => Err(Error::Cut {
+            partial: sink.partial(),
+            cause,
+        }),
+        Err(Error::HungUp(cause)) => Err(Error::Failed(cause)),
+        r => r,
+    }
+}
+
+/// A read over a TCP stream of our own to a `git daemon`.
+fn fetch_daemon(
+    git: &CacheGit,
+    d: &Daemon,
+    wants: &[Want],
+    sink: &mut PackSink<'_>,
+    stopped: &dyn Fn() -> bool,
+) -> Result<(), Error> {
+    let (link, w) = d.connect(git.network(), stopped)?;
+    let mut out = BufReader::with_capacity(1 << 17, link);
+    let r = exchange(false, w, &mut out, wants, sink);
+    if let Some(v) = out.get_ref().verdict.clone() {
+        return Err(daemon::verdict_error(v));
+    }
+    r
+}
+
+/// A read through a child: `git upload-pack`, git's HTTP helper or ssh,
+/// under the watchdog.
+fn fetch_child(
+    git: &CacheGit,
+    server: &Server,
+    wants: &[Want],
+    sink: &mut PackSink<'_>,
+    pid: &mut dyn FnMut(Option<u32>),
+) -> Result<(), Error> {
     use std::os::unix::process::CommandExt;
     let mut cmd: Command = match server {
         Server::Local(repo) => git.upload_pack(repo),
         Server::Http(url) => git.remote_helper(url),
         Server::Ssh(ssh) => ssh.upload_pack(),
+        Server::Daemon(_) => unreachable!("read by fetch_daemon"),
     };
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -301,7 +385,8 @@ pub fn fetch(
             progress: watch.progress(),
         },
     );
-    let r = exchange(server, stdin, &mut out, wants, store, on_stored);
+    let http = matches!(server, Server::Http(_));
+    let r = exchange(http, stdin, &mut out, wants, sink);
     drop(out);
     let status = child.wait();
     pid(None);
@@ -313,25 +398,23 @@ pub fn fetch(
 }
 
 /// One protocol v2 conversation over the server's pipes: the helper's
-/// connect (HTTP), the advertisement, the request, and the pack into the
-/// store.
+/// connect (`http`), the advertisement, the request, and the pack into
+/// the store.
 fn exchange(
-    server: &Server,
+    http: bool,
     mut stdin: impl Write,
     out: &mut impl io::BufRead,
     wants: &[Want],
-    store: &Store,
-    on_stored: &mut dyn FnMut(usize),
+    sink: &mut PackSink<'_>,
 ) -> Result<(), Error> {
-    if matches!(server, Server::Http(_)) {
+    if http {
         connect(&mut stdin, out)?;
     }
     advertisement(out)?;
     stdin.write_all(&request(wants))?;
     drop(stdin);
-    let mut sink = PackSink::new(store, wants, on_stored);
-    response(out, &mut sink)?;
-    if matches!(server, Server::Http(_)) {
+    response(out, sink)?;
+    if http {
         // The helper ends each response with a response-end packet,
         // and exits once it could write it.
         let mut buf = Vec::new();
@@ -365,6 +448,9 @@ fn verdict(
             "{e:#}: git upload-pack: {}",
             last_line(stderr)
         ))),
+        (Err(Error::HungUp(e)), _) if !stderr.trim().is_empty() => {
+            Err(Error::HungUp(anyhow!("{e:#}: {}", last_line(stderr))))
+        }
         (Err(e), _) => Err(e),
     }
 }
@@ -459,7 +545,7 @@ fn read_pkt_len(r: &mut impl Read) -> Result<Pkt, Error> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
-            Error::Failed(anyhow!("the server hung up"))
+            Error::HungUp(anyhow!("the server hung up"))
         } else {
             Error::from(e)
         }
@@ -608,7 +694,7 @@ fn stream_band(
     }
     while left > 0 {
         let n = match r.read(&mut buf[..left]) {
-            Ok(0) => return Err(Error::Failed(anyhow!("the server hung up"))),
+            Ok(0) => return Err(Error::HungUp(anyhow!("the server hung up"))),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
@@ -692,6 +778,7 @@ mod tests {
             .chunks(piece)
             .try_for_each(|p| s.feed(p))
             .and_then(|()| s.finish());
+        drop(s);
         (r, stored)
     }
 
@@ -879,7 +966,7 @@ mod tests {
         assert_eq!(&buf[..7], b"want x\n");
         assert!(matches!(read_pkt(&mut r, &mut buf).unwrap(), Pkt::Flush));
         assert!(matches!(read_pkt(&mut r, &mut buf).unwrap(), Pkt::Delim));
-        assert!(matches!(read_pkt(&mut r, &mut buf), Err(Error::Failed(_))));
+        assert!(matches!(read_pkt(&mut r, &mut buf), Err(Error::HungUp(_))));
         assert!(matches!(
             read_pkt(&mut &b"zzzz"[..], &mut buf),
             Err(Error::Unsupported(_))

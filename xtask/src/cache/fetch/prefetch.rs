@@ -18,10 +18,13 @@
 //! per batch, not one round trip per chunk, `PARALLEL` batches at a time,
 //! none starting more than `AHEAD_BYTES` of the stream past the chunk being
 //! read, so that a restore that fails early has not downloaded the rest.
-//! When the remote is a repository on this machine, a smart HTTP(S) server
-//! or an ssh server, a batch is read straight from `git upload-pack`'s
-//! answer into the chunk store (`cache::fetch::direct`), each chunk hashed as it
-//! arrives and ready as soon as it is stored. Anything else, and every
+//! When the remote is a repository on this machine, a smart HTTP(S) server,
+//! an ssh server or a `git daemon`, a batch is read straight from `git
+//! upload-pack`'s answer into the chunk store (`cache::fetch::direct`), each
+//! chunk hashed as it arrives and ready as soon as it is stored; a
+//! connection cut mid-batch keeps what arrived whole and the rest is asked
+//! for again at once (`fetcher`), down to the one chunk the link cannot
+//! carry, which the error names. Anything else, and every
 //! batch after a server the direct reader does not handle (a delta in the
 //! pack, protocol v0), goes through one `git fetch` of the batch's blobs
 //! into cache.git. Git's own SHA-1 pass over what it receives is not what

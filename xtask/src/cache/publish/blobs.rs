@@ -72,7 +72,7 @@ pub(super) fn pack_into_git(
         plan,
         opts,
         &reuse,
-        &scratch.0,
+        &scratch.path,
         // Scratch names only: the count, and so the width of the names on
         // the branch, is known once packing ends.
         &|i| format!("chunk-{i}"),
@@ -284,19 +284,27 @@ fn remove_dead_scratch(dir: &Path) {
     }
 }
 
-/// A scratch directory removed when dropped (also on error).
-struct Scratch(PathBuf);
+/// A scratch directory removed when dropped (also on error), and by the
+/// signal handler on SIGINT or SIGTERM (it holds only chunk files).
+struct Scratch {
+    path: PathBuf,
+    _guard: crate::process::signals::TempGuard,
+}
 
 impl Scratch {
     fn new(path: PathBuf) -> Result<Scratch> {
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Scratch(path))
+        let guard = crate::process::signals::register_temp_dir(&path);
+        Ok(Scratch {
+            path,
+            _guard: guard,
+        })
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.path);
     }
 }

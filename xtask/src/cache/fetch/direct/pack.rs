@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::{Error, Store, Want};
+use super::{Error, Partial, Store, Want};
 
 #[derive(Debug, PartialEq, Eq)]
 enum Part {
@@ -236,8 +236,27 @@ impl<'a> PackSink<'a> {
         Ok(())
     }
 
+    /// Whether any byte of the pack arrived.
+    pub(super) fn started(&self) -> bool {
+        self.part != Part::Header || !self.held.is_empty()
+    }
+
+    /// The blob being inflated, if the pack stopped inside one: taken for
+    /// the first awaited want of its size.
+    pub(super) fn partial(&self) -> Option<Partial> {
+        let cur = self.current.as_ref()?;
+        let want = (0..self.wants.len())
+            .find(|&i| !self.done[i] && self.wants[i].size == cur.size)
+            .unwrap_or_else(|| self.first_awaited());
+        Some(Partial {
+            want,
+            size: cur.size,
+            arrived: cur.written,
+        })
+    }
+
     /// Checks that the pack ended where it should and held every want.
-    pub(super) fn finish(self) -> Result<(), Error> {
+    pub(super) fn finish(&self) -> Result<(), Error> {
         if self.part != Part::Trailer || self.held.len() != 20 {
             return Err(Error::Failed(anyhow!("the pack ended early")));
         }

@@ -78,7 +78,7 @@ impl Job {
     fn next_batch(&self, shared: &Shared) -> Option<Vec<usize>> {
         let mut st = shared.lock();
         loop {
-            if st.stop {
+            if st.stop || crate::process::signals::ending().is_some() {
                 return None;
             }
             let first = *st.queue.front()?.first()?;
@@ -99,7 +99,7 @@ impl Job {
             .as_ref()
             .filter(|_| direct_ok && self.direct_on.load(Ordering::SeqCst))
         {
-            match self.fetch_direct(shared, server, batch) {
+            match self.fetch_resuming(shared, server, batch) {
                 Ok(()) => return true,
                 Err(direct::Error::Unsupported(why)) => {
                     // Under the lock, so that fetchers see it at once.
@@ -108,14 +108,8 @@ impl Job {
                     st.direct_fallback.get_or_insert(why);
                 }
                 Err(e) => {
-                    let first = {
-                        let st = shared.lock();
-                        let pending = batch
-                            .iter()
-                            .find(|&&j| matches!(st.slots[j], Slot::Pending));
-                        pending.copied().unwrap_or(batch[0])
-                    };
-                    let err = self.direct_error(batch, first, e);
+                    let first = self.pending(shared, batch).first().copied();
+                    let err = self.direct_error(batch, first.unwrap_or(batch[0]), e);
                     shared.fail(batch, err);
                     return false;
                 }
@@ -124,15 +118,69 @@ impl Job {
                 return false;
             }
         }
-        let rest: Vec<usize> = {
-            let st = shared.lock();
-            batch
-                .iter()
-                .copied()
-                .filter(|&j| matches!(st.slots[j], Slot::Pending))
-                .collect()
-        };
+        let rest = self.pending(shared, batch);
         rest.is_empty() || self.fetch_git(shared, &rest)
+    }
+
+    /// The chunks of `chunks` still pending.
+    fn pending(&self, shared: &Shared, chunks: &[usize]) -> Vec<usize> {
+        let st = shared.lock();
+        chunks
+            .iter()
+            .copied()
+            .filter(|&j| matches!(st.slots[j], Slot::Pending))
+            .collect()
+    }
+
+    /// Direct reads of `batch` until every chunk of it is stored: a
+    /// connection cut after some chunks arrived whole is asked again for
+    /// the rest at once (each time at least one more chunk is kept, so
+    /// this ends). A cut that kept none is tried once more with the chunk
+    /// it was carrying alone; cut again, that chunk cannot pass this link,
+    /// and the error says so (`Error::Cut`, see `direct_error`).
+    fn fetch_resuming(
+        &self,
+        shared: &Shared,
+        server: &direct::Server,
+        batch: &[usize],
+    ) -> Result<(), direct::Error> {
+        let mut alone: Option<usize> = None;
+        loop {
+            let ask = match alone {
+                Some(j) => vec![j],
+                None => self.pending(shared, batch),
+            };
+            if ask.is_empty() || shared.lock().stop {
+                return Ok(());
+            }
+            // A cut this process's own signal handler made (it stops the
+            // reader's group) is not the link's: start nothing new.
+            if let Some(sig) = crate::process::signals::ending() {
+                return Err(direct::Error::Failed(anyhow::anyhow!(
+                    "stopped by {}",
+                    crate::process::signals::signal_name(sig)
+                )));
+            }
+            match self.fetch_direct(shared, server, &ask) {
+                Ok(()) => alone = None,
+                Err(direct::Error::Cut { partial, cause }) => {
+                    let left = self.pending(shared, &ask);
+                    if left.len() < ask.len() {
+                        alone = None;
+                        continue;
+                    }
+                    let carried = partial.and_then(|p| ask.get(p.want).copied());
+                    if ask.len() > 1 {
+                        alone = Some(carried.unwrap_or(left[0]));
+                        continue;
+                    }
+                    // Named by position in the whole plan from here on.
+                    let partial = partial.map(|p| direct::Partial { want: ask[0], ..p });
+                    return Err(direct::Error::Cut { partial, cause });
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// One direct read of `batch` into the chunk store; each chunk is
@@ -169,6 +217,7 @@ impl Job {
             &self.store,
             &mut shared.track(),
             &mut on_stored,
+            &|| shared.lock().stop,
         );
         let mut st = shared.lock();
         st.fetching += t.elapsed();
@@ -184,6 +233,10 @@ impl Job {
     fn direct_error(&self, batch: &[usize], first: usize, e: direct::Error) -> anyhow::Error {
         match e {
             direct::Error::Unsupported(_) => unreachable!("handled by the caller"),
+            direct::Error::Cut { partial, cause } => self.cut_error(first, partial, &cause),
+            direct::Error::HungUp(e) => {
+                self.fetch_error(first, BlobFetchError::Failed(format!("{e:#}")))
+            }
             direct::Error::NotOnRemote(oid) => {
                 let j = oid
                     .and_then(|o| batch.iter().copied().find(|&j| self.oids[j] == o))
@@ -227,6 +280,32 @@ impl Job {
                 },
             ),
         }
+    }
+
+    /// A chunk that a link cut twice, the second time alone in its
+    /// request: it cannot pass, and the restore says which, how big it is
+    /// and where the cut fell, instead of asking again forever.
+    fn cut_error(
+        &self,
+        first: usize,
+        partial: Option<direct::Partial>,
+        cause: &anyhow::Error,
+    ) -> anyhow::Error {
+        let j = partial.map_or(first, |p| p.want);
+        let size = self.pieces[j].size;
+        let cut = match partial {
+            Some(p) => format!("after {} of its {size} bytes", p.arrived),
+            None => "before any of its bytes".to_string(),
+        };
+        self.fetch_error(
+            j,
+            BlobFetchError::Network {
+                code: Code::Remote,
+                message: format!(
+                    "the connection was cut {cut} arrived, twice, the second time with this chunk alone ({cause:#}): a chunk of {size} bytes is more than one connection to the remote carries; nothing was installed; restore over a link that does not drop, or publish with a smaller [publish] chunk_bytes"
+                ),
+            },
+        )
     }
 
     /// One `git fetch` of the blobs of `chunks` into cache.git (or, for a
