@@ -104,6 +104,17 @@ fn toml_str(s: &str) -> String {
     out
 }
 
+/// An `env` value that restore.toml reads back as exactly `literal`: `$$`
+/// for each `$`, and `$~` for a `~` that would otherwise mean HOME
+/// (docs/restore.md).
+fn escape(literal: &str) -> String {
+    let s = literal.replace('$', "$$");
+    match s.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("$~{rest}"),
+        _ => s,
+    }
+}
+
 const PATHS_STEPS: &str = r#"
 [env]
 path = ["always/bin"]
@@ -115,7 +126,7 @@ kind = "command"
 run = "true"
 creates = "tools/one/wstool"
 path = ["tools/one", "tools/two/"]
-env = { Z3_HOME = "/opt/z 3", MY_LIB_PATH = "/a:/b", MULTI = "line 1\nline '2' $HOME `x`\n" }
+env = { Z3_HOME = "/opt/z 3", MY_LIB_PATH = "/a:/b", MULTI = "line 1\nline '2' $$HOME `x`\n" }
 "#;
 
 #[test]
@@ -373,7 +384,7 @@ fn restore_env_values_round_trip_exactly_through_eval_in_every_shell() {
         text.push_str(&list.join(", "));
         text.push_str("]\n[env.env]\n");
         for (i, v) in values.iter().enumerate() {
-            text.push_str(&format!("V{i} = {}\n", toml_str(v)));
+            text.push_str(&format!("V{i} = {}\n", toml_str(&escape(v))));
         }
         text.push_str("\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n");
         manifest(&env, &text);
@@ -650,7 +661,7 @@ fn restore_env_github_appends_both_files_in_the_runners_formats() {
         &env,
         &format!(
             "[env]\npath = [\"a/bin\", \"b/bin\"]\nenv = {{ ONE = \"1=2<<3\", EMPTY = \"\", MULTI = {} }}\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
-            toml_str(multi)
+            toml_str(&escape(multi))
         ),
     );
     let ge = env.join("github_env");
@@ -722,7 +733,7 @@ fn restore_env_append_writes_the_sh_form_to_a_hooks_file() {
     env.work_repo("r");
     manifest(
         &env,
-        "[env]\npath = [\"hook/bin\"]\nenv = { HOOKED = \"it's \\\"on\\\"\\n$HOME\" }\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
+        "[env]\npath = [\"hook/bin\"]\nenv = { HOOKED = \"it's \\\"on\\\"\\n$$HOME\" }\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
     );
     let file = env.join("claude-env");
     std::fs::write(&file, "export EARLIER=1\n").unwrap();
@@ -827,6 +838,21 @@ fn restore_env_refuses_bad_names_path_in_env_and_unknown_keys() {
         (format!("env = 1\n{}", step("")), "must be a table"),
         (
             format!(
+                "[env]\nenv = {{ FSTAR_HOME = \"$WS_SURELY_UNSET/fstar\" }}\n{}",
+                step("")
+            ),
+            "[env]: `env.FSTAR_HOME` = \"$WS_SURELY_UNSET/fstar\" uses $WS_SURELY_UNSET, which is not set",
+        ),
+        (
+            step("env = { Z3 = \"${WS_SURELY_UNSET}\" }"),
+            "`env.Z3` = \"${WS_SURELY_UNSET}\" uses $WS_SURELY_UNSET",
+        ),
+        (
+            step("env = { PRICE = \"5$\" }"),
+            "write `$$` for a literal `$`",
+        ),
+        (
+            format!(
                 "[env]\nenv = {{ X = \"1\" }}\n{}",
                 step("env = { X = \"2\" }")
             ),
@@ -855,6 +881,28 @@ fn restore_env_refuses_bad_names_path_in_env_and_unknown_keys() {
         ),
     );
     ws(&env, &["restore", "env"]).ok();
+}
+
+#[test]
+fn restore_env_expands_home_and_variables_in_env_values() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "[env]\nenv = { FSTAR_HOME = \"$HOME/.local/fstar\", TILDE = \"~/.local/z3\", BRACED = \"${WS_EXP_ROOT}x\", PLAIN = \"$WS_EXP_ROOT/y\", LITERAL = \"$$HOME $~/z\" }\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
+    );
+    let home = env.home();
+    let mut cmd = shell(&env, "bash");
+    cmd.env("WS_EXP_ROOT", "/opt/r o").arg("-c").arg(format!(
+        "{}\nprintf '%s|' \"$FSTAR_HOME\" \"$TILDE\" \"$BRACED\" \"$PLAIN\" \"$LITERAL\"",
+        load_line("bash")
+    ));
+    let r = run(&mut cmd).ok();
+    let h = home.display();
+    assert_eq!(
+        r.stdout(),
+        format!("{h}/.local/fstar|{h}/.local/z3|/opt/r ox|/opt/r o/y|$HOME ~/z|")
+    );
 }
 
 #[test]
