@@ -38,6 +38,8 @@ fn shell(env: &TestEnv, name: &str) -> Command {
         "{name} is not installed: tools/test.sh installs it (apt-get install {name})"
     );
     let mut cmd = Command::new(name);
+    // The runner's PATH as it is: these tests compare PATH with it.
+    cmd.env("PATH", std::env::var_os("PATH").unwrap_or_default());
     env.isolate(&mut cmd);
     cmd.current_dir(env.join("r"))
         .env("WS", crate::util::bin())
@@ -189,6 +191,41 @@ fn restore_env_sets_path_and_values_in_sh_bash_zsh_and_fish() {
             "{sh}"
         );
     }
+}
+
+/// A standalone adopter's bootstrap leaves the binary at
+/// `target/warmstart-bin/warmstart`, not on PATH: the line to eval names it
+/// as it was run, and that line, pasted into a shell, works.
+#[test]
+fn restore_env_hint_names_a_standalone_binary_as_it_was_run() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(&env, PATHS_STEPS);
+    std::fs::create_dir_all(env.join("r/tools/one")).unwrap();
+    std::fs::write(env.join("r/tools/one/wstool"), "").unwrap();
+    let bin = env.join("r/target/warmstart-bin/warmstart");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(crate::util::bin(), &bin).unwrap();
+    let mut cmd = shell(&env, "bash");
+    // No warmstart on PATH at all, as on the adopter's machine.
+    cmd.env("PATH", "/usr/bin:/bin")
+        .arg("-c")
+        .arg("target/warmstart-bin/warmstart restore");
+    let table = run(&mut cmd).ok().stdout();
+    let last = table.lines().last().unwrap().trim();
+    assert!(
+        last.ends_with("eval \"$(target/warmstart-bin/warmstart restore env)\""),
+        "{table}"
+    );
+    let line = last
+        .rsplit_once("eval ")
+        .map(|(_, l)| format!("eval {l}"))
+        .unwrap();
+    let mut cmd = shell(&env, "bash");
+    cmd.env("PATH", "/usr/bin:/bin")
+        .arg("-c")
+        .arg(format!("{line} || exit 9\nprintf %s \"$Z3_HOME\""));
+    assert_eq!(run(&mut cmd).ok().stdout(), "/opt/z 3");
 }
 
 #[test]

@@ -67,7 +67,7 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
     (
         "WARMSTART_COMMAND",
         Kind::Text,
-        "the command messages name (default: `cargo xtask` under `cargo run`, else the binary's name)",
+        "the command messages name (default: `cargo xtask` under `cargo run`, else the binary as it was run: its name when PATH finds it, else its path)",
     ),
     (
         "WARMSTART_BOOTSTRAP_REMOTE",
