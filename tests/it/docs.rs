@@ -1271,7 +1271,7 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
         "tool",
         "",
         "(required)",
-        "looked up in PATH, or a path",
+        "looked up as a shell finds it (the plan's `path` exports up to this step, then PATH), or a path",
     ),
     ("step pin", "args", "", "`[\"--version\"]`", "its arguments"),
     (
@@ -1295,7 +1295,13 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
         "none",
         "the fix when it does not match: `{ symlink, target }` or `{ run }`",
     ),
-    ("step pin", "fix.symlink", "", "", "a symlink to make"),
+    (
+        "step pin",
+        "fix.symlink",
+        "string or array of string",
+        "",
+        "a symlink to make, or a list: one to `target` in each place",
+    ),
     ("step pin", "fix.target", "", "", "where it points"),
     (
         "step pin",
