@@ -903,6 +903,35 @@ fn restore_freshness_diverged_warns() {
     assert_eq!(head(&env, "box"), before);
 }
 
+/// A branch made on this machine has no upstream: that is said, with what
+/// it was compared with, and never as the remote being offline.
+#[test]
+fn restore_freshness_on_a_branch_with_no_upstream_says_so() {
+    let env = TestEnv::new();
+    freshness_world(&env);
+    env.git("box", ["checkout", "-q", "-b", "topic"]);
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "failed-open", "{v:#}");
+    let said = what(&v, "fresh");
+    assert!(
+        said.starts_with("topic has no upstream, and origin has no branch topic to compare it with: push it (`git push -u origin topic`)"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("offline") && !said.contains("unreachable"),
+        "{said}"
+    );
+    // The remote has a branch of that name, still no upstream: compared with it, and said.
+    let origin = env.join("origin.git");
+    env.git("box", ["push", "-q", origin.to_str().unwrap(), "topic"]);
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "done", "{v:#}");
+    assert_eq!(
+        what(&v, "fresh"),
+        "topic is up to date with origin/topic (no upstream is set for topic; compared with the remote's branch of that name)"
+    );
+}
+
 #[test]
 fn restore_freshness_unreachable_remote_is_said_within_the_bound() {
     let env = TestEnv::new();
