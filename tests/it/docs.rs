@@ -755,6 +755,13 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         "cache manifest",
+        "restore.legacy_versions",
+        "table of string",
+        "`{}`",
+        "a pinned value -> the version a legacy archive's name may carry for it (else a versioned archive must match the key's pins, or restore is exit 4)",
+    ),
+    (
+        "cache manifest",
         "ready",
         "",
         "the restore path exists",
