@@ -368,7 +368,7 @@ fn local_state(repo: &Repo, m: &CacheManifest, key: Option<&manifest::Key>) -> L
         why: None,
         changed_parts: Vec::new(),
     };
-    let file = stamp::path(&repo.state_dir(), &m.name);
+    let file = stamp::path(&crate::cache::restore::records_place(repo, m), &m.name);
     let s = match stamp::load(&file) {
         Loaded::Missing => return l,
         Loaded::Corrupt(e) => {
