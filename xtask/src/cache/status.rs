@@ -320,9 +320,15 @@ pub fn collect(
                 continue;
             }
         };
+        // A key that cannot be computed (a missing pin file) is listed and
+        // then the exit code: a script must not read "fine" from it.
         let (key, key_error) = match manifests::compute_key(sh, repo, &m) {
             Ok(k) => (Some(k), None),
-            Err(e) => (None, Some(format!("{e:#}"))),
+            Err(e) => {
+                let said = format!("{e:#}");
+                err.get_or_insert(e);
+                (None, Some(said))
+            }
         };
         let local = local_state(repo, &m, key.as_ref());
         let remote = if offline {
