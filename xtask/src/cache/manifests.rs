@@ -55,7 +55,7 @@ fn nearest(name: &str, known: &[String]) -> Option<String> {
         .iter()
         .map(|k| (crate::settings::edit_distance(name, k), k))
         .min()
-        .filter(|(d, _)| *d <= (name.chars().count() + 2) / 3)
+        .filter(|(d, _)| *d <= name.chars().count().div_ceil(3))
         .map(|(_, k)| k.clone())
 }
 
