@@ -289,6 +289,15 @@ fn restore_env_default_shell_comes_from_shell_and_the_table_ends_with_the_eval_l
         text.contains("[env] (always exported): ") && text.contains("exports: "),
         "{text}"
     );
+    // Text for people: no JSON in it.
+    let always = env.join("r/always/bin").display().to_string();
+    assert!(
+        text.contains(&format!(
+            "[env] (always exported): path: {always}; env: ALWAYS=yes it's here"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("{\"") && !text.contains("[\""), "{text}");
     // A plan without exports ends with the table alone.
     manifest(
         &env,
