@@ -298,13 +298,13 @@ fn json_contract_cache_commands() {
     c.check(
         "cache-gc.ok",
         "cache gc",
-        &ws(&env, w, &["cache", "gc", "--keep", "0s", "--json"]),
+        &ws(&env, w, &["cache", "gc", "--keep-for", "0s", "--json"]),
         true,
     );
     c.check(
         "cache-gc.fail",
         "cache gc",
-        &ws(&env, w, &["cache", "gc", "--keep", "soon", "--json"]),
+        &ws(&env, w, &["cache", "gc", "--keep-for", "soon", "--json"]),
         false,
     );
     c.check(
