@@ -25,6 +25,9 @@ use crate::git::{CacheGit, RefProbe, Remote as GitRemote};
 use crate::repo::Repo;
 
 /// One pin whose value differs between what is wanted here and a branch key.
+/// `wanted` and `used` are the one shape of `differs` everywhere (restore's
+/// `partial.differs` has them too); `branch` and `current` are kept beside
+/// them for scripts that read them (docs/reference/json.md, versioning).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BranchPartChange {
     pub name: String,
@@ -32,6 +35,22 @@ pub struct BranchPartChange {
     pub branch: Option<String>,
     /// The value this machine computes.
     pub current: Option<String>,
+    /// = `current`: the value this machine wants.
+    pub wanted: Option<String>,
+    /// = `branch`: the value of the branch key a restore would have to use.
+    pub used: Option<String>,
+}
+
+impl BranchPartChange {
+    pub fn new(name: String, branch: Option<String>, current: Option<String>) -> Self {
+        BranchPartChange {
+            name,
+            wanted: current.clone(),
+            used: branch.clone(),
+            branch,
+            current,
+        }
+    }
 }
 
 /// What is installed here.
@@ -639,11 +658,7 @@ pub fn nearest(keys: &[BranchKey], current: &[KeyPart]) -> Option<(String, Vec<B
         .map(|k| {
             let d: Vec<BranchPartChange> = stamp::diff_parts(&k.parts, current)
                 .into_iter()
-                .map(|c| BranchPartChange {
-                    name: c.name,
-                    branch: c.installed,
-                    current: c.current,
-                })
+                .map(|c| BranchPartChange::new(c.name, c.installed, c.current))
                 .collect();
             (k.key.clone(), d)
         })
@@ -690,11 +705,11 @@ mod tests {
         assert_eq!(k, "tc-1.94-linux");
         assert_eq!(
             d,
-            vec![BranchPartChange {
-                name: "rust".into(),
-                branch: Some("1.94".into()),
-                current: Some("1.95".into()),
-            }]
+            vec![BranchPartChange::new(
+                "rust".into(),
+                Some("1.94".into()),
+                Some("1.95".into())
+            )]
         );
         assert!(nearest(&[], &current).is_none());
     }
