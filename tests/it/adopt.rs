@@ -55,9 +55,17 @@ fn adopt_messages_name_the_binary_outside_the_target_dir_even_with_cargo_set() {
     let env = TestEnv::new();
     let w = workspace(&env);
     let standalone = copy_bin(&env, "tools-bin/warmstart");
+    // Not on PATH: named by the path it was run by.
     let err = missing_cache_hint(&env, &standalone, &w, &[]);
-    assert!(err.contains("`warmstart cache list`"), "{err}");
+    assert!(
+        err.contains(&format!("`{} cache list`", standalone.display())),
+        "{err}"
+    );
     assert!(!err.contains("cargo xtask"), "{err}");
+    // On PATH: its name.
+    let path = format!("{}:/usr/bin:/bin", standalone.parent().unwrap().display());
+    let err = missing_cache_hint(&env, &standalone, &w, &[("PATH", &path)]);
+    assert!(err.contains("`warmstart cache list`"), "{err}");
     // CARGO_TARGET_DIR elsewhere: w/target is not the target directory then.
     let xtask = copy_bin(&env, "w/target/debug/xtask");
     let elsewhere = env.join("elsewhere").display().to_string();
@@ -67,7 +75,10 @@ fn adopt_messages_name_the_binary_outside_the_target_dir_even_with_cargo_set() {
     cmd.env("CARGO", "/usr/bin/cargo")
         .env("CARGO_TARGET_DIR", &elsewhere);
     let err = run(&mut cmd).expect_code(4).stderr();
-    assert!(err.contains("`xtask cache list`"), "{err}");
+    assert!(
+        err.contains(&format!("`{} cache list`", xtask.display())),
+        "{err}"
+    );
     assert!(!err.contains("cargo xtask"), "{err}");
 }
 

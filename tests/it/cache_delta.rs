@@ -463,3 +463,72 @@ fn wait_for_orphans(dir: &Path) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// A target outside the work tree is one install for every worktree of the
+/// clone: a second `git worktree add` finds it warm (nothing fetched, its
+/// own chunk store never made), while a target inside a work tree is each
+/// worktree's own. Records an older build left in a worktree's own state
+/// directory move to the shared one, the delta record with the stamp.
+#[test]
+fn cache_delta_a_second_worktree_restores_a_home_wide_target_once() {
+    let fx = Fixture::serve(Serve::RelativePath);
+    let home_wide = fx.env.home().join(".local/fstar");
+    Manifest::literal("1", "../art")
+        .restore_path(&home_wide)
+        .write(&fx.work, "fstar");
+    Manifest::literal("1", "../art")
+        .restore_path("restored/inner")
+        .write(&fx.work, "inner");
+    artifact(&fx.env.join("art"), "1", &[]);
+    fx.publish("fstar");
+    fx.publish("inner");
+    assert_eq!(fx.restore("fstar")["state"], "restored");
+    assert_eq!(fx.restore("inner")["state"], "restored");
+
+    fx.env
+        .git(&fx.work, ["worktree", "add", "-q", "--detach", "../two"]);
+    let two = fx.env.join("two");
+    let copy = |from: &Path, to: &Path| {
+        fs::create_dir_all(to).unwrap();
+        for e in fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    };
+    copy(
+        &fx.work.join("cache-manifests"),
+        &two.join("cache-manifests"),
+    );
+    let own = fx.work.join(".git/worktrees/two/warmstart");
+    let shared = fx.work.join(".git/warmstart");
+    let j = fx.json_in(&two, &["cache", "restore", "fstar", "--json"]);
+    assert_eq!(j["state"], "warm", "{j}");
+    assert!(
+        !own.join("cache.git").exists(),
+        "nothing fetched in the second worktree"
+    );
+    assert_eq!(
+        fx.json_in(&two, &["cache", "restore", "inner", "--json"])["state"],
+        "restored",
+        "a target inside the work tree is the worktree's own"
+    );
+
+    // An older build stamped the HOME-wide target in the worktree's own
+    // directory: the stamp and its delta record move to the shared one.
+    let moved = ["cache/stamps/fstar.json", "cache/installed/fstar.record"];
+    for rel in moved {
+        let (from, to) = (shared.join(rel), own.join(rel));
+        fs::create_dir_all(to.parent().unwrap()).unwrap();
+        fs::rename(&from, &to).unwrap();
+    }
+    let j = fx.json_in(&two, &["cache", "restore", "fstar", "--json"]);
+    assert_eq!(j["state"], "warm", "{j}");
+    for rel in moved {
+        assert!(
+            shared.join(rel).exists(),
+            "{rel} moved to the shared directory"
+        );
+        assert!(!own.join(rel).exists(), "{rel} left in the worktree's own");
+    }
+    assert_eq!(fx.restore("fstar")["state"], "warm");
+}

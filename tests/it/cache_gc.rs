@@ -287,9 +287,9 @@ fn cache_gc_never_removes_a_chunk_an_installed_stamp_needs() {
                     let max = *rng.pick(&["0", "20k", "60k", "150k", "1G"]);
                     let keep = *rng.pick(&["0s", "0s", "1h"]);
                     let before = w.chunks();
-                    let dry = w.gc(&["--max-size", max, "--keep", keep, "--dry-run"], &[]);
+                    let dry = w.gc(&["--max-size", max, "--keep-for", keep, "--dry-run"], &[]);
                     assert_eq!(w.chunks(), before, "{ctx}: --dry-run removed something");
-                    let doc = w.gc(&["--max-size", max, "--keep", keep], &[]);
+                    let doc = w.gc(&["--max-size", max, "--keep-for", keep], &[]);
                     assert_eq!(
                         doc["chunks"]["removed"], dry["chunks"]["removed"],
                         "{ctx}: the dry run said otherwise\n{dry:#}\n{doc:#}"
@@ -375,12 +375,12 @@ fn cache_gc_removes_unneeded_chunks_and_shrinks_the_store() {
     assert_eq!(doc["chunks"]["removed"], 0, "{doc:#}");
     assert_eq!(w.chunks(), before);
 
-    let dry = w.gc(&["--keep", "0s", "--dry-run"], &[]);
+    let dry = w.gc(&["--keep-for", "0s", "--dry-run"], &[]);
     assert_eq!(dry["dry_run"], true);
     assert_eq!(dry["chunks"]["removed"], only_v1.len(), "{dry:#}");
     assert_eq!(w.chunks(), before, "--dry-run removed a chunk");
 
-    let doc = w.gc(&["--keep", "0s"], &[]);
+    let doc = w.gc(&["--keep-for", "0s"], &[]);
     assert_eq!(doc["chunks"]["removed"], only_v1.len(), "{doc:#}");
     let after = w.chunks();
     assert_eq!(after.keys().cloned().collect::<BTreeSet<_>>(), v2);
@@ -394,7 +394,7 @@ fn cache_gc_removes_unneeded_chunks_and_shrinks_the_store() {
     assert_eq!(warm["state"], "warm", "{warm:#}");
 
     // Over budget with nothing unneeded left: the needed chunks stay.
-    let doc = w.gc(&["--max-size", "0", "--keep", "0s"], &[]);
+    let doc = w.gc(&["--max-size", "0", "--keep-for", "0s"], &[]);
     assert_eq!(doc["chunks"]["removed"], 0, "{doc:#}");
     assert_eq!(w.chunks(), after);
 }
@@ -483,7 +483,7 @@ fn cache_gc_keeps_every_chunk_when_it_cannot_tell_what_an_install_needs() {
     assert!(needs.is_file());
     // Without its record, the install's chunks are read from its commit.
     std::fs::remove_file(&needs).unwrap();
-    let doc = w.gc(&["--keep", "0s", "--max-size", "0"], &[]);
+    let doc = w.gc(&["--keep-for", "0s", "--max-size", "0"], &[]);
     assert!(doc["chunks"]["removed"].as_u64().unwrap() > 0, "{doc:#}");
     w.assert_installed_chunks_present("record removed");
     // A stamp naming a commit cache.git lacks: nothing can be told, so
@@ -499,7 +499,7 @@ fn cache_gc_keeps_every_chunk_when_it_cannot_tell_what_an_install_needs() {
     let r = w
         .ws(
             "work",
-            &["cache", "gc", "--keep", "0s", "--max-size", "0"],
+            &["cache", "gc", "--keep-for", "0s", "--max-size", "0"],
             &[],
         )
         .ok();
@@ -571,7 +571,7 @@ fn cache_gc_and_a_concurrent_restore_both_succeed() {
         let mut gc = w
             .cmd(
                 "work",
-                &["cache", "gc", "--keep", "0s", "--max-size", "0"],
+                &["cache", "gc", "--keep-for", "0s", "--max-size", "0"],
                 &[("WARMSTART_TEST_GC_PAUSE_MS", "1500")],
             )
             .spawn()
@@ -594,7 +594,7 @@ fn cache_gc_and_a_concurrent_restore_both_succeed() {
         let version = 1 + round % 2;
         w.manifest("work", "big", version);
         let mut restore = w.cmd("work", &["cache", "restore", "big", "--json"], &[]);
-        let mut gc = w.cmd("work", &["cache", "gc", "--keep", "0s", "--json"], &[]);
+        let mut gc = w.cmd("work", &["cache", "gc", "--keep-for", "0s", "--json"], &[]);
         let r = restore.spawn().unwrap();
         let mut gcs = Vec::new();
         for _ in 0..3 {
@@ -804,7 +804,7 @@ fn cache_gc_keeps_the_objects_of_an_installed_commit_after_its_branch_moved() {
     w.publish("c0", 2);
     w.manifest("work", "c0", 2);
     w.ws("work", &["cache", "verify", "c0"], &[]).ok();
-    let doc = w.gc(&["--keep", "0s"], &[]);
+    let doc = w.gc(&["--keep-for", "0s"], &[]);
     assert!(present(&tree), "{doc:#}");
     for o in &held {
         assert!(present(o), "blob {o} of the installed commit went\n{doc:#}");
@@ -812,7 +812,7 @@ fn cache_gc_keeps_the_objects_of_an_installed_commit_after_its_branch_moved() {
     // Once v2 is installed, nothing holds v1's commit: its objects go.
     w.restore("c0", 2, &[]);
     assert_ne!(commit_of(), installed);
-    let doc = w.gc(&["--keep", "0s"], &[]);
+    let doc = w.gc(&["--keep-for", "0s"], &[]);
     assert!(
         doc["stores"][0]["objects_dropped"].as_u64().unwrap() > 0,
         "{doc:#}"

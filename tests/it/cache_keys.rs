@@ -264,3 +264,45 @@ fn cache_keys_fallback_refusals_and_misses() {
     }
     assert_same_tree(&artifact(&fx, "1"), &target(&fx));
 }
+
+/// A pin file that is not there is a plan error (exit 10) naming it, for
+/// restore and for `cache status`, which lists it and then fails too.
+#[test]
+fn cache_keys_a_missing_pin_file_is_exit_10_and_cache_status_fails_on_it() {
+    let fx = verification_cache("");
+    let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(10);
+    let err = r.stderr();
+    assert!(
+        err.contains("pin file ") && err.contains("pins.txt does not exist"),
+        "{err}"
+    );
+    let r = fx
+        .xtask(&["cache", "status", "vc", "--offline", "--json"])
+        .expect_code(10);
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v["ok"], false, "{v:#}");
+    let text = fx.xtask(&["cache", "status", "--offline"]).expect_code(10);
+    assert!(
+        text.stdout().contains("pins.txt does not exist"),
+        "{}",
+        text.stdout()
+    );
+}
+
+/// A cache name one typo away is named back.
+#[test]
+fn cache_keys_a_misspelt_cache_name_says_did_you_mean() {
+    let fx = verification_cache("");
+    for typo in ["v", "vcc", "vd"] {
+        let r = fx.xtask(&["cache", "restore", typo]).expect_code(4);
+        assert!(
+            r.stderr().contains("did you mean vc?"),
+            "{typo}: {}",
+            r.stderr()
+        );
+    }
+    let r = fx
+        .xtask(&["cache", "restore", "nothing-like-it"])
+        .expect_code(4);
+    assert!(!r.stderr().contains("did you mean"), "{}", r.stderr());
+}

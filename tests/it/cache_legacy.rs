@@ -109,7 +109,8 @@ fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
     {
         let src = source(&fx, &format!("src-{shape}"), i as u64 + 1);
         publish_legacy(&fx, &src, name, shape, None);
-        pin(&fx, shape);
+        // The whole archive is named for fstar 2025.10.6: the key pins it.
+        pin(&fx, &format!("{shape}-2025.10.06"));
         let j = fx.json(&["cache", "restore", "vc", "--json"]);
         assert_eq!(j["state"], "restored", "{j}");
         assert_eq!(j["layout"], "legacy-gzip", "{j}");
@@ -147,6 +148,50 @@ fn cache_legacy_both_hand_made_shapes_restore_byte_exact_and_show_as_legacy() {
             .expect_code(4);
         assert!(p.stderr().contains("legacy branch"), "{}", p.stderr());
     }
+}
+
+/// A legacy archive named for a version is installed only for a key that
+/// pins that version: key 2025.12.01 never installs `fstar-2025.10.06`
+/// unless the manifest maps the two.
+#[test]
+fn cache_legacy_archive_named_for_another_version_is_refused_unless_mapped() {
+    let fx = legacy_cache();
+    let src = source(&fx, "src-old", 7);
+    let archive = "fstar-2025.10.06.tar.gz";
+    publish_legacy(&fx, &src, archive, "whole", None);
+    pin(&fx, "2025.12.01");
+    let r = fx.xtask(&["cache", "restore", "vc"]).expect_code(4);
+    let err = r.stderr();
+    assert!(
+        err.contains(&format!(
+            "legacy branch vc-cache holds {archive} (version 2025.10.6), but key "
+        )) && err.contains("pins 2025.12.01")
+            && err.contains("legacy_versions = { \"2025.12.01\" = \"2025.10.6\" }"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!target(&fx).exists(), "nothing installed");
+    // The pinned version restores it.
+    pin(&fx, "2025.10.6");
+    assert_eq!(
+        fx.json(&["cache", "restore", "vc", "--json"])["state"],
+        "restored"
+    );
+    assert_same_tree(&src, &target(&fx));
+    // An explicit mapping lets the newer key use the older archive.
+    std::fs::remove_dir_all(target(&fx)).unwrap();
+    fx.forget();
+    let m = Manifest::pinned("pin.txt", "src")
+        .cache("branch = \"vc-cache\"\ndescription = \"verification cache\"")
+        .restore_path(target(&fx))
+        .restore_line("legacy_versions = { \"2025.12.01\" = \"2025.10.06\" }");
+    fx.write_manifest("vc", &m);
+    pin(&fx, "2025.12.01");
+    assert_eq!(
+        fx.json(&["cache", "restore", "vc", "--json"])["state"],
+        "restored"
+    );
+    assert_same_tree(&src, &target(&fx));
 }
 
 #[test]

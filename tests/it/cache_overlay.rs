@@ -223,3 +223,30 @@ fn cache_overlay_killed_mid_merge_is_completed_and_still_knows_its_files() {
         assert!(stray.is_empty(), "{point}: {stray:?}");
     }
 }
+
+/// Through restore.toml, the orientation table's row says what the overlay
+/// kept, not only the step's log.
+#[test]
+fn cache_overlay_the_restore_row_says_how_many_files_it_kept() {
+    let fx = verification_cache("mode = \"overlay\"\n");
+    fx.write(
+        "cache-manifests/restore.toml",
+        "[[step]]\nname = \"vc\"\nkind = \"cache\"\ncache = \"vc\"\n",
+    );
+    let res = target(&fx).join("results");
+    publish(&fx, "1", "x");
+    let row = |fx: &crate::util::fixture::Fixture| {
+        let v = fx.json(&["restore", "--json"]);
+        v["steps"][0]["what"].as_str().unwrap().to_string()
+    };
+    assert!(!row(&fx).contains("kept"));
+    fs::write(res.join("a.checked"), "a re-checked here\n").unwrap();
+    publish(&fx, "2", "x");
+    let what = row(&fx);
+    assert!(
+        what.starts_with("restored vc-2-x")
+            && what.ends_with("; kept 1 file the user changed since warmstart installed it"),
+        "{what}"
+    );
+    assert_eq!(read(&res.join("a.checked")), "a re-checked here\n");
+}

@@ -286,8 +286,13 @@ fn cache_restore_reports_missing_branch_key_and_remote_with_their_codes() {
     assert_eq!(remote["nearest"], "tc-1");
     assert_eq!(
         remote["differs"],
-        json!([{ "name": "v", "branch": "1", "current": "9" }])
+        json!([{ "name": "v", "branch": "1", "current": "9", "wanted": "9", "used": "1" }])
     );
+    // The shape restore's `partial.differs` has, the old fields beside it.
+    let keys: Vec<&String> = remote["differs"][0].as_object().unwrap().keys().collect();
+    for field in ["name", "wanted", "used"] {
+        assert!(keys.iter().any(|k| *k == field), "{field} in {keys:?}");
+    }
 
     let r = fx
         .xtask(&[

@@ -755,6 +755,13 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         "cache manifest",
+        "restore.legacy_versions",
+        "table of string",
+        "`{}`",
+        "a pinned value -> the version a legacy archive's name may carry for it (else a versioned archive must match the key's pins, or restore is exit 4)",
+    ),
+    (
+        "cache manifest",
         "ready",
         "",
         "the restore path exists",
@@ -1271,7 +1278,7 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
         "tool",
         "",
         "(required)",
-        "looked up in PATH, or a path",
+        "looked up as a shell finds it (the plan's `path` exports up to this step, then PATH), or a path",
     ),
     ("step pin", "args", "", "`[\"--version\"]`", "its arguments"),
     (
@@ -1295,7 +1302,13 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
         "none",
         "the fix when it does not match: `{ symlink, target }` or `{ run }`",
     ),
-    ("step pin", "fix.symlink", "", "", "a symlink to make"),
+    (
+        "step pin",
+        "fix.symlink",
+        "string or array of string",
+        "",
+        "a symlink to make, or a list: one to `target` in each place",
+    ),
     ("step pin", "fix.target", "", "", "where it points"),
     (
         "step pin",

@@ -434,6 +434,103 @@ expect = '^tool 3\.'
     assert_eq!(count_lines(&calls), after_cold + 1);
 }
 
+/// The z3 rule: PATH finds a right z3, but the plan exports `~/.local/bin`,
+/// where a wrong one is, so a shell after `restore env` runs the wrong one.
+/// The pin checks what the shell finds, and one fix links the right z3 into
+/// both places that need it.
+#[test]
+fn restore_pin_checks_the_tool_a_shell_finds_with_the_plans_path_exports() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    let right = env.join("r/versions/z3-4.13");
+    script(right.clone(), "echo 'Z3 version 4.13.0'");
+    script(env.join("r/versions/z3-4.8"), "echo 'Z3 version 4.8.17'");
+    // What restore's own PATH finds first: the right version.
+    std::fs::create_dir_all(env.join("sys")).unwrap();
+    std::os::unix::fs::symlink(&right, env.join("sys/z3")).unwrap();
+    let local_bin = env.home().join(".local/bin");
+    std::fs::create_dir_all(&local_bin).unwrap();
+    std::os::unix::fs::symlink(env.join("r/versions/z3-4.8"), local_bin.join("z3")).unwrap();
+    manifest(
+        &env,
+        "r",
+        r#"
+[env]
+path = ["~/.local/bin"]
+
+[[step]]
+name = "z3"
+kind = "pin"
+tool = "z3"
+expect = '^Z3 version 4\.13\.'
+fix = { symlink = ["~/.local/bin/z3", "tools/fstar/bin/z3"], target = "versions/z3-4.13" }
+"#,
+    );
+    let path = format!("{}:/usr/bin:/bin", env.join("sys").display());
+    let with_path = |args: &[&str]| {
+        let mut cmd = env.xtask_in("r");
+        cmd.env("PATH", &path).arg("restore").args(args);
+        run(&mut cmd)
+    };
+    let dry: Value =
+        serde_json::from_str(&with_path(&["--dry-run", "--json"]).ok().stdout()).unwrap();
+    assert_eq!(
+        dry["steps"][0]["detail"]["fix"]["symlink"],
+        serde_json::json!([
+            local_bin.join("z3").display().to_string(),
+            env.join("r/tools/fstar/bin/z3").display().to_string()
+        ])
+    );
+    let r = with_path(&["--json"]).ok();
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(state(&v, "z3"), "done", "{v:#}");
+    assert!(what(&v, "z3").starts_with("fixed (symlink "), "{v:#}");
+    for link in [local_bin.join("z3"), env.join("r/tools/fstar/bin/z3")] {
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            right,
+            "{}",
+            link.display()
+        );
+    }
+    // The shell that evaluated the exports now runs the right z3.
+    let mut cmd = std::process::Command::new("bash");
+    env.isolate(&mut cmd);
+    cmd.current_dir(env.join("r"))
+        .env("PATH", &path)
+        .env("WS", crate::util::bin())
+        .arg("-c")
+        .arg("eval \"$(\"$WS\" restore env --shell bash)\" && z3");
+    assert_eq!(run(&mut cmd).ok().stdout(), "Z3 version 4.13.0\n");
+    let (v, _) = {
+        let r = with_path(&["--json"]).ok();
+        (serde_json::from_str::<Value>(&r.stdout()).unwrap(), r)
+    };
+    assert_eq!(state(&v, "z3"), "warm", "{v:#}");
+}
+
+/// A pin never checked in this clone says so while it waits (a background
+/// step's row is its probe's reason until the worker runs it).
+#[test]
+fn restore_pin_row_says_not_checked_yet_before_its_first_check() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    script(env.join("r/bin/tool"), "sleep 1; echo 'tool 1.0'");
+    manifest(
+        &env,
+        "r",
+        "[[step]]\nname = \"tool\"\nkind = \"pin\"\nbackground = true\ntool = \"bin/tool\"\nexpect = '^tool 1'\n",
+    );
+    let (v, _) = restore_json(&env, "r", &[]);
+    assert_eq!(state(&v, "tool"), "background", "{v:#}");
+    let said = what(&v, "tool");
+    assert!(
+        said.ends_with("bin/tool not checked yet in this clone"),
+        "{said}"
+    );
+    assert!(!said.contains("since it changed"), "{said}");
+}
+
 // ------------------------------------------------------------------ download
 
 /// How the test server answers every download request.
@@ -804,6 +901,35 @@ fn restore_freshness_diverged_warns() {
         r.stderr()
     );
     assert_eq!(head(&env, "box"), before);
+}
+
+/// A branch made on this machine has no upstream: that is said, with what
+/// it was compared with, and never as the remote being offline.
+#[test]
+fn restore_freshness_on_a_branch_with_no_upstream_says_so() {
+    let env = TestEnv::new();
+    freshness_world(&env);
+    env.git("box", ["checkout", "-q", "-b", "topic"]);
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "failed-open", "{v:#}");
+    let said = what(&v, "fresh");
+    assert!(
+        said.starts_with("topic has no upstream, and origin has no branch topic to compare it with: push it (`git push -u origin topic`)"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("offline") && !said.contains("unreachable"),
+        "{said}"
+    );
+    // The remote has a branch of that name, still no upstream: compared with it, and said.
+    let origin = env.join("origin.git");
+    env.git("box", ["push", "-q", origin.to_str().unwrap(), "topic"]);
+    let (v, _) = restore_json(&env, "box", &[]);
+    assert_eq!(state(&v, "fresh"), "done", "{v:#}");
+    assert_eq!(
+        what(&v, "fresh"),
+        "topic is up to date with origin/topic (no upstream is set for topic; compared with the remote's branch of that name)"
+    );
 }
 
 #[test]

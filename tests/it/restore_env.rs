@@ -38,6 +38,8 @@ fn shell(env: &TestEnv, name: &str) -> Command {
         "{name} is not installed: tools/test.sh installs it (apt-get install {name})"
     );
     let mut cmd = Command::new(name);
+    // The runner's PATH as it is: these tests compare PATH with it.
+    cmd.env("PATH", std::env::var_os("PATH").unwrap_or_default());
     env.isolate(&mut cmd);
     cmd.current_dir(env.join("r"))
         .env("WS", crate::util::bin())
@@ -104,6 +106,17 @@ fn toml_str(s: &str) -> String {
     out
 }
 
+/// An `env` value that restore.toml reads back as exactly `literal`: `$$`
+/// for each `$`, and `$~` for a `~` that would otherwise mean HOME
+/// (docs/restore.md).
+fn escape(literal: &str) -> String {
+    let s = literal.replace('$', "$$");
+    match s.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("$~{rest}"),
+        _ => s,
+    }
+}
+
 const PATHS_STEPS: &str = r#"
 [env]
 path = ["always/bin"]
@@ -115,7 +128,7 @@ kind = "command"
 run = "true"
 creates = "tools/one/wstool"
 path = ["tools/one", "tools/two/"]
-env = { Z3_HOME = "/opt/z 3", MY_LIB_PATH = "/a:/b", MULTI = "line 1\nline '2' $HOME `x`\n" }
+env = { Z3_HOME = "/opt/z 3", MY_LIB_PATH = "/a:/b", MULTI = "line 1\nline '2' $$HOME `x`\n" }
 "#;
 
 #[test]
@@ -180,6 +193,41 @@ fn restore_env_sets_path_and_values_in_sh_bash_zsh_and_fish() {
     }
 }
 
+/// A standalone adopter's bootstrap leaves the binary at
+/// `target/warmstart-bin/warmstart`, not on PATH: the line to eval names it
+/// as it was run, and that line, pasted into a shell, works.
+#[test]
+fn restore_env_hint_names_a_standalone_binary_as_it_was_run() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(&env, PATHS_STEPS);
+    std::fs::create_dir_all(env.join("r/tools/one")).unwrap();
+    std::fs::write(env.join("r/tools/one/wstool"), "").unwrap();
+    let bin = env.join("r/target/warmstart-bin/warmstart");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(crate::util::bin(), &bin).unwrap();
+    let mut cmd = shell(&env, "bash");
+    // No warmstart on PATH at all, as on the adopter's machine.
+    cmd.env("PATH", "/usr/bin:/bin")
+        .arg("-c")
+        .arg("target/warmstart-bin/warmstart restore");
+    let table = run(&mut cmd).ok().stdout();
+    let last = table.lines().last().unwrap().trim();
+    assert!(
+        last.ends_with("eval \"$(target/warmstart-bin/warmstart restore env)\""),
+        "{table}"
+    );
+    let line = last
+        .rsplit_once("eval ")
+        .map(|(_, l)| format!("eval {l}"))
+        .unwrap();
+    let mut cmd = shell(&env, "bash");
+    cmd.env("PATH", "/usr/bin:/bin")
+        .arg("-c")
+        .arg(format!("{line} || exit 9\nprintf %s \"$Z3_HOME\""));
+    assert_eq!(run(&mut cmd).ok().stdout(), "/opt/z 3");
+}
+
 #[test]
 fn restore_env_default_shell_comes_from_shell_and_the_table_ends_with_the_eval_line() {
     let env = TestEnv::new();
@@ -241,6 +289,15 @@ fn restore_env_default_shell_comes_from_shell_and_the_table_ends_with_the_eval_l
         text.contains("[env] (always exported): ") && text.contains("exports: "),
         "{text}"
     );
+    // Text for people: no JSON in it.
+    let always = env.join("r/always/bin").display().to_string();
+    assert!(
+        text.contains(&format!(
+            "[env] (always exported): path: {always}; env: ALWAYS=yes it's here"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("{\"") && !text.contains("[\""), "{text}");
     // A plan without exports ends with the table alone.
     manifest(
         &env,
@@ -373,7 +430,7 @@ fn restore_env_values_round_trip_exactly_through_eval_in_every_shell() {
         text.push_str(&list.join(", "));
         text.push_str("]\n[env.env]\n");
         for (i, v) in values.iter().enumerate() {
-            text.push_str(&format!("V{i} = {}\n", toml_str(v)));
+            text.push_str(&format!("V{i} = {}\n", toml_str(&escape(v))));
         }
         text.push_str("\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n");
         manifest(&env, &text);
@@ -650,7 +707,7 @@ fn restore_env_github_appends_both_files_in_the_runners_formats() {
         &env,
         &format!(
             "[env]\npath = [\"a/bin\", \"b/bin\"]\nenv = {{ ONE = \"1=2<<3\", EMPTY = \"\", MULTI = {} }}\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
-            toml_str(multi)
+            toml_str(&escape(multi))
         ),
     );
     let ge = env.join("github_env");
@@ -722,7 +779,7 @@ fn restore_env_append_writes_the_sh_form_to_a_hooks_file() {
     env.work_repo("r");
     manifest(
         &env,
-        "[env]\npath = [\"hook/bin\"]\nenv = { HOOKED = \"it's \\\"on\\\"\\n$HOME\" }\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
+        "[env]\npath = [\"hook/bin\"]\nenv = { HOOKED = \"it's \\\"on\\\"\\n$$HOME\" }\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
     );
     let file = env.join("claude-env");
     std::fs::write(&file, "export EARLIER=1\n").unwrap();
@@ -827,6 +884,21 @@ fn restore_env_refuses_bad_names_path_in_env_and_unknown_keys() {
         (format!("env = 1\n{}", step("")), "must be a table"),
         (
             format!(
+                "[env]\nenv = {{ FSTAR_HOME = \"$WS_SURELY_UNSET/fstar\" }}\n{}",
+                step("")
+            ),
+            "[env]: `env.FSTAR_HOME` = \"$WS_SURELY_UNSET/fstar\" uses $WS_SURELY_UNSET, which is not set",
+        ),
+        (
+            step("env = { Z3 = \"${WS_SURELY_UNSET}\" }"),
+            "`env.Z3` = \"${WS_SURELY_UNSET}\" uses $WS_SURELY_UNSET",
+        ),
+        (
+            step("env = { PRICE = \"5$\" }"),
+            "write `$$` for a literal `$`",
+        ),
+        (
+            format!(
                 "[env]\nenv = {{ X = \"1\" }}\n{}",
                 step("env = { X = \"2\" }")
             ),
@@ -855,6 +927,28 @@ fn restore_env_refuses_bad_names_path_in_env_and_unknown_keys() {
         ),
     );
     ws(&env, &["restore", "env"]).ok();
+}
+
+#[test]
+fn restore_env_expands_home_and_variables_in_env_values() {
+    let env = TestEnv::new();
+    env.work_repo("r");
+    manifest(
+        &env,
+        "[env]\nenv = { FSTAR_HOME = \"$HOME/.local/fstar\", TILDE = \"~/.local/z3\", BRACED = \"${WS_EXP_ROOT}x\", PLAIN = \"$WS_EXP_ROOT/y\", LITERAL = \"$$HOME $~/z\" }\n\n[[step]]\nname = \"t\"\nkind = \"command\"\nrun = \"true\"\ncreates = \"README.md\"\n",
+    );
+    let home = env.home();
+    let mut cmd = shell(&env, "bash");
+    cmd.env("WS_EXP_ROOT", "/opt/r o").arg("-c").arg(format!(
+        "{}\nprintf '%s|' \"$FSTAR_HOME\" \"$TILDE\" \"$BRACED\" \"$PLAIN\" \"$LITERAL\"",
+        load_line("bash")
+    ));
+    let r = run(&mut cmd).ok();
+    let h = home.display();
+    assert_eq!(
+        r.stdout(),
+        format!("{h}/.local/fstar|{h}/.local/z3|/opt/r ox|/opt/r o/y|$HOME ~/z|")
+    );
 }
 
 #[test]

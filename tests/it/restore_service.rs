@@ -482,6 +482,12 @@ fn restore_stop_ends_the_whole_process_group_children_included() {
         "{v:#}"
     );
     assert_eq!(v["services"].as_array().unwrap().len(), 1, "{v:#}");
+    // -q: nothing on either stream when it went as asked.
+    let row = restore_row(&env, "tree", &["--only", "tree"]);
+    assert_eq!(row["state"], "done", "{row:#}");
+    let r = restore(&env, &["stop", "-q"]).ok();
+    assert_eq!((r.stdout(), r.stderr()), (String::new(), String::new()));
+    assert!(!pidfile.exists());
 
     let r = restore(&env, &["stop", "nosuch"]).expect_code(2);
     assert!(

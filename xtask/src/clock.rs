@@ -82,11 +82,15 @@ pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
 }
 
 /// The forms every duration accepts, for error messages and the README.
-pub const DURATION_FORMS: &str = "a number with a unit (`500ms`, `90s`, `1.5s`, `2min`, `30m`, `2h`, `1d`), units combined largest first (`1h30m`, `1m30s`), or a bare number of seconds";
+pub const DURATION_FORMS: &str = "a number with a unit (`500ms`, `90s`, `1.5s`, `2min`, `30m`, `2h`, `1d`, `2w`), units combined largest first (`1h30m`, `1m30s`), or a bare number of seconds";
 
 /// Units a duration may use, each with its length in seconds. Lowercase only:
 /// `M` (months elsewhere) and `S` are refused rather than guessed.
 const UNITS: &[(&[&str], f64)] = &[
+    // Years and weeks as `human` prints them (indicatif's 365 and 7 days),
+    // so that a printed `2w` reads back.
+    (&["y", "year", "years"], 31_536_000.0),
+    (&["w", "week", "weeks"], 604_800.0),
     (&["d", "day", "days"], 86_400.0),
     (&["h", "hr", "hrs", "hour", "hours"], 3_600.0),
     (&["m", "min", "mins", "minute", "minutes"], 60.0),
@@ -298,6 +302,27 @@ mod tests {
 
     use crate::test_rng::Rng;
 
+    /// Whatever `human` prints, `parse_duration` reads, as about the same
+    /// length (`human` rounds): gc printed `2w` and refused `--keep-for 2w`.
+    #[test]
+    fn every_printed_duration_reads_back() {
+        let mut r = Rng(0x5eed_d0d0);
+        for case in 0..20_000 {
+            let scale = 10u64.pow(r.below(12) as u32);
+            let d = Duration::from_micros(r.below(scale.max(2)) * r.below(1000));
+            let shown = human(d);
+            let back = parse_duration(&shown)
+                .unwrap_or_else(|e| panic!("case {case}: {d:?} printed {shown:?}: {e}"));
+            let (a, b) = (d.as_secs_f64(), back.as_secs_f64());
+            assert!(
+                (a - b).abs() <= a.max(b) * 0.5 + 0.001,
+                "case {case}: {d:?} printed {shown:?} reads {back:?}"
+            );
+        }
+        assert_eq!(parse_duration("2w"), Ok(Duration::from_secs(14 * 86_400)));
+        assert_eq!(human(Duration::from_secs(14 * 86_400)), "2w");
+    }
+
     #[test]
     fn duration_parser_never_panics_nor_guesses() {
         let mut r = Rng(0x5eed);
@@ -316,7 +341,7 @@ mod tests {
         // Generated compounds, largest unit first, add up exactly.
         for _ in 0..5_000 {
             let (mut text, mut want) = (String::new(), 0u64);
-            for (names, secs) in &UNITS[..4] {
+            for (names, secs) in &UNITS[..6] {
                 if r.below(2) == 0 {
                     let n = r.below(1000);
                     text.push_str(&format!(

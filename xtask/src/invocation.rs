@@ -8,7 +8,11 @@
 //! 2. `cargo xtask` when `CARGO` is set *and* the running executable lives in
 //!    the workspace's target directory: every child of any cargo process
 //!    inherits `CARGO`, so that variable alone proves nothing;
-//! 3. otherwise the file name the binary was invoked by (argv\[0\]).
+//! 3. otherwise the binary as it was invoked (argv\[0\]): its file name when
+//!    that name on PATH is this same binary, else argv\[0\] as typed
+//!    (`target/warmstart-bin/warmstart`, where a standalone adopter's
+//!    bootstrap leaves it), since a hint naming a bare `warmstart` that is
+//!    not on PATH is exit 127.
 //!
 //! It never fails: a name it cannot work out is `warmstart`.
 
@@ -30,6 +34,7 @@ pub fn command() -> &'static str {
             target_dir: std::env::var_os("CARGO_TARGET_DIR"),
             exe: std::env::current_exe().ok(),
             argv0: std::env::args_os().next(),
+            path: std::env::var_os("PATH"),
             cwd,
         })
     })
@@ -43,6 +48,8 @@ pub struct Facts {
     pub target_dir: Option<OsString>,
     pub exe: Option<PathBuf>,
     pub argv0: Option<OsString>,
+    /// `PATH`, to tell whether the bare file name finds this binary.
+    pub path: Option<OsString>,
     pub cwd: PathBuf,
 }
 
@@ -62,13 +69,61 @@ pub fn decide(f: &Facts) -> String {
     {
         return "cargo xtask".to_string();
     }
-    f.argv0
-        .as_deref()
-        .map(Path::new)
-        .and_then(Path::file_name)
+    let Some(argv0) = f.argv0.as_deref().map(Path::new) else {
+        return "warmstart".to_string();
+    };
+    let Some(name) = argv0
+        .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "warmstart".to_string())
+    else {
+        return "warmstart".to_string();
+    };
+    if argv0.parent().is_none_or(|p| p.as_os_str().is_empty()) || on_path(f, &name, argv0) {
+        return name;
+    }
+    shell_word(&argv0.to_string_lossy())
+}
+
+/// Whether `name` looked up in PATH is the binary `argv0` names.
+fn on_path(f: &Facts, name: &str, argv0: &Path) -> bool {
+    let ran = f.exe.clone().unwrap_or_else(|| f.cwd.join(argv0));
+    let ran = std::fs::canonicalize(&ran).unwrap_or(ran);
+    let Some(path) = &f.path else {
+        return false;
+    };
+    std::env::split_paths(path)
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| f.cwd.join(d).join(name))
+        .find(|p| p.is_file())
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .is_some_and(|found| found == ran)
+}
+
+/// The command as a file others read names it (a branch README): the
+/// binary's file name where `command` is a path, since a path of the
+/// publisher's machine means nothing on another.
+pub fn portable(command: &str) -> String {
+    if !command.contains('/') {
+        return command.to_string();
+    }
+    let bare = command.trim_matches('\'');
+    match bare.rsplit_once('/') {
+        Some((_, name)) if !name.is_empty() => name.replace(r"'\''", "'"),
+        _ => "warmstart".to_string(),
+    }
+}
+
+/// A path as one shell word: as it is when it holds only characters no
+/// shell treats specially, else in single quotes.
+fn shell_word(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+,@%=:".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 /// The workspace's target directory as cargo resolves it: `CARGO_TARGET_DIR`
@@ -120,10 +175,14 @@ mod tests {
     #[test]
     fn cargo_set_by_a_parent_proves_nothing() {
         let w = workspace();
+        let bin = w.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("warmstart"), "").unwrap();
         let f = Facts {
             cargo: Some("cargo".into()),
-            exe: Some("/usr/local/bin/warmstart".into()),
-            argv0: Some("/usr/local/bin/warmstart".into()),
+            exe: Some(bin.join("warmstart")),
+            argv0: Some(bin.join("warmstart").into()),
+            path: Some(bin.clone().into()),
             cwd: w.path().to_path_buf(),
             ..Facts::default()
         };
@@ -150,6 +209,42 @@ mod tests {
             ..Facts::default()
         };
         assert_eq!(decide(&f), "xtask");
+    }
+
+    /// A standalone adopter runs `target/warmstart-bin/warmstart`, which is
+    /// not on PATH: a hint naming a bare `warmstart` would be exit 127.
+    #[test]
+    fn a_binary_run_by_a_path_not_on_path_is_named_by_that_path() {
+        let w = workspace();
+        let dir = w.path().join("target/warmstart-bin");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("warmstart"), "").unwrap();
+        let other = w.path().join("elsewhere");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("warmstart"), "").unwrap();
+        let mut f = Facts {
+            exe: Some(dir.join("warmstart")),
+            argv0: Some("target/warmstart-bin/warmstart".into()),
+            path: Some(other.clone().into()),
+            cwd: w.path().to_path_buf(),
+            ..Facts::default()
+        };
+        // Another `warmstart` on PATH is not this one.
+        assert_eq!(decide(&f), "target/warmstart-bin/warmstart");
+        f.path = Some(std::env::join_paths([&other, &dir]).unwrap());
+        assert_eq!(decide(&f), "target/warmstart-bin/warmstart");
+        f.path = Some(std::env::join_paths([&dir, &other]).unwrap());
+        assert_eq!(decide(&f), "warmstart");
+        f.path = None;
+        f.argv0 = Some("./my tools/warmstart".into());
+        assert_eq!(decide(&f), "'./my tools/warmstart'");
+        // Run by its bare name, PATH found it: the name is right.
+        f.argv0 = Some("warmstart".into());
+        assert_eq!(decide(&f), "warmstart");
+        // What others read never names a path of this machine.
+        assert_eq!(portable("target/warmstart-bin/warmstart"), "warmstart");
+        assert_eq!(portable("'./my tools/warmstart'"), "warmstart");
+        assert_eq!(portable("cargo xtask"), "cargo xtask");
     }
 
     #[test]

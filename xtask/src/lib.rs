@@ -76,10 +76,8 @@ fn main_code() -> i32 {
             if !err.use_stderr() {
                 return 0;
             }
-            let text = err.to_string();
-            let line = text.lines().next().unwrap_or_default();
             let args: Vec<String> = std::env::args().collect();
-            contract::usage_failure(&command, &args, line.trim_start_matches("error: "));
+            contract::usage_failure(&command, &args, &usage_message(&err.to_string()));
             return exit::Code::Usage.as_i32();
         }
     };
@@ -96,6 +94,21 @@ fn main_code() -> i32 {
             code
         }
     }
+}
+
+/// clap's error as one line for the `--json` envelope: every line of what
+/// it says (`the following required arguments were not provided: <NAME>`),
+/// not the first alone, which named no argument; without the usage and the
+/// `--help` pointer, which follow on stderr anyway.
+fn usage_message(text: &str) -> String {
+    text.lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_start_matches("error: ")
+        .to_string()
 }
 
 /// Runs one parsed command line: refuses unknown or unparsable `WARMSTART_*`
@@ -120,5 +133,23 @@ fn dispatch(cli: cli::Cli) -> Result<()> {
         cli::Command::Init(args) => init::run(&sh, args),
         cli::Command::Completions(args) => manual::completions(args),
         cli::Command::Man(args) => manual::man(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_usage_error_keeps_every_line_of_what_clap_said() {
+        let text = "error: the following required arguments were not provided:\n  <NAME>\n  --to <DIR>\n\nUsage: warmstart cache restore <NAME>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            super::usage_message(text),
+            "the following required arguments were not provided: <NAME> --to <DIR>"
+        );
+        assert_eq!(
+            super::usage_message(
+                "error: unexpected argument '--bogus' found\n\n  tip: to pass '--bogus' as a value, use '-- --bogus'\n\nUsage: x\n"
+            ),
+            "unexpected argument '--bogus' found tip: to pass '--bogus' as a value, use '-- --bogus'"
+        );
     }
 }

@@ -73,7 +73,7 @@ fn spinner_to(target: ProgressDrawTarget, msg: impl Into<String>) -> ProgressBar
 
 fn bytes_bar_to(target: ProgressDrawTarget, len: u64, label: &str) -> ProgressBar {
     let template = format!(
-        "{{prefix:>{LABEL}}} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}}, eta {{eta}}"
+        "{{prefix:>{LABEL}}} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}}{{eta}}"
     );
     let style = with_durations(ProgressStyle::with_template(&template).expect("a valid template"))
         .progress_chars("=> ");
@@ -100,10 +100,15 @@ fn with_durations(style: ProgressStyle) -> ProgressStyle {
             },
         )
         .with_key("eta", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+            // Nothing once every byte is in: `eta 1.0s` at 100% promised a
+            // wait that was over.
+            if s.len().is_some_and(|len| s.pos() >= len) {
+                return;
+            }
             // Whole seconds, at least one: an ETA is an estimate, and
             // `0.0ms` would read as "done" while bytes are still to come.
             let eta = Duration::from_secs(s.eta().as_secs_f64().ceil().max(1.0) as u64);
-            let _ = w.write_str(&crate::clock::human(eta));
+            let _ = w.write_str(&format!(", eta {}", crate::clock::human(eta)));
         })
 }
 
@@ -194,6 +199,18 @@ mod tests {
         );
         assert!(text.contains(&sizes), "{text:?} lacks {sizes}");
         assert!(text.contains("/s, eta "), "{text:?}");
+        // Full: no estimate of a wait that is over.
+        let screen = Screen::default();
+        let pb = bytes_bar_to(
+            ProgressDrawTarget::term_like(Box::new(screen.clone())),
+            47 << 20,
+            "fetch",
+        );
+        pb.set_position(47 << 20);
+        pb.tick();
+        let text = screen.text();
+        assert!(text.contains(&crate::size::human(47 << 20)), "{text:?}");
+        assert!(!text.contains("eta"), "{text:?}");
         let screen = Screen::default();
         let pb = bytes_count_to(
             ProgressDrawTarget::term_like(Box::new(screen.clone())),

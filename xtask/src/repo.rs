@@ -85,6 +85,24 @@ impl Repo {
     pub fn state_dir(&self) -> PathBuf {
         self.git_dir.join("warmstart")
     }
+
+    /// The git directory every worktree of this clone shares (what `git
+    /// rev-parse --git-common-dir` prints): a linked worktree's git dir
+    /// names it in its `commondir` file; any other git dir is its own.
+    pub fn common_git_dir(&self) -> PathBuf {
+        match std::fs::read_to_string(self.git_dir.join("commondir")) {
+            Ok(text) if !text.trim().is_empty() => {
+                let joined = self.git_dir.join(text.trim_end_matches(['\n', '\r']));
+                std::fs::canonicalize(&joined).unwrap_or(joined)
+            }
+            _ => self.git_dir.clone(),
+        }
+    }
+
+    /// State every worktree of the clone shares: `<common git dir>/warmstart`.
+    pub fn shared_state_dir(&self) -> PathBuf {
+        self.common_git_dir().join("warmstart")
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +125,23 @@ mod tests {
         std::fs::create_dir_all(tmp.path().join(".git")).unwrap();
         let repo = Repo::discover(&tmp.path().join(".")).unwrap();
         assert_eq!(repo.root, tmp.path());
+    }
+
+    #[test]
+    fn a_linked_worktree_shares_the_common_git_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wt = tmp.path().join("main/.git/worktrees/two");
+        std::fs::create_dir_all(&wt).unwrap();
+        std::fs::write(wt.join("commondir"), "../..\n").unwrap();
+        std::fs::create_dir_all(tmp.path().join("two")).unwrap();
+        let gitfile = format!("gitdir: {}\n", wt.display());
+        std::fs::write(tmp.path().join("two/.git"), gitfile).unwrap();
+        let repo = Repo::discover(&tmp.path().join("two")).unwrap();
+        let common = std::fs::canonicalize(tmp.path().join("main/.git")).unwrap();
+        assert_eq!(repo.common_git_dir(), common);
+        assert_eq!(repo.shared_state_dir(), common.join("warmstart"));
+        let main = Repo::discover(&tmp.path().join("main")).unwrap();
+        assert_eq!(main.common_git_dir(), tmp.path().join("main/.git"));
     }
 
     #[test]

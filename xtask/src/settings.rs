@@ -67,7 +67,7 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
     (
         "WARMSTART_COMMAND",
         Kind::Text,
-        "the command messages name (default: `cargo xtask` under `cargo run`, else the binary's name)",
+        "the command messages name (default: `cargo xtask` under `cargo run`, else the binary as it was run: its name when PATH finds it, else its path)",
     ),
     (
         "WARMSTART_BOOTSTRAP_REMOTE",
@@ -194,7 +194,8 @@ pub fn nearest(name: &str) -> Option<&'static str> {
         .map(|(_, n)| n)
 }
 
-fn edit_distance(a: &str, b: &str) -> usize {
+/// Levenshtein distance by characters: the one measure of "did you mean".
+pub fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

@@ -105,6 +105,17 @@ impl TestEnv {
                 cmd.env_remove(k);
             }
         }
+        // The binary is on PATH, as for a user who installed it, so its hints
+        // name it `warmstart` (run by a path PATH does not find, a hint names
+        // that path: `invocation.rs`). A PATH the test chose stays.
+        if !cmd.get_envs().any(|(k, _)| k == "PATH") {
+            let dir = bin().parent().unwrap().to_path_buf();
+            let rest = std::env::var_os("PATH").unwrap_or_default();
+            let path =
+                std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest)))
+                    .unwrap();
+            cmd.env("PATH", path);
+        }
     }
 
     /// The real binary, run in `cwd` (relative to the test directory).

@@ -328,7 +328,10 @@ fn check_installed(
     verified: &Path,
 ) -> Result<InstalledReport> {
     let target = m.restore_path.clone();
-    let state = match stamp::load(&stamp::path(&repo.state_dir(), &m.name)) {
+    let state = match stamp::load(&stamp::path(
+        &crate::cache::restore::records_place(repo, m),
+        &m.name,
+    )) {
         Loaded::Found(s) if s.key == key && s.target == target => None,
         Loaded::Found(_) => Some("other key installed"),
         Loaded::Missing => Some("not installed"),

@@ -61,7 +61,7 @@ use stores::{collect_objects, manifest_branches, open_store};
 /// `cache gc` (`WARMSTART_GC_SIZE` or `--max-size` change it).
 pub const DEFAULT_SIZE: u64 = 4 << 30;
 /// How long an unneeded chunk is kept after it was last fetched or used
-/// (`WARMSTART_GC_KEEP` or `--keep`).
+/// (`WARMSTART_GC_KEEP` or `--keep-for`).
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// The stores gc bounds, in `<state>`.
@@ -178,9 +178,9 @@ pub struct Options {
 /// `cargo xtask cache gc`.
 pub fn run(sh: &Shell, args: GcArgs, live_steps: LiveSteps) -> Result<()> {
     let repo = Repo::from_cwd()?;
-    let keep = match &args.keep {
+    let keep = match &args.keep_for {
         Some(t) => crate::clock::parse_duration(t)
-            .map_err(|e| fail(Code::Usage, format!("--keep {t:?}: {e}")))?,
+            .map_err(|e| fail(Code::Usage, format!("--keep-for {t:?}: {e}")))?,
         None => keep_setting()?,
     };
     let opts = Options {

@@ -28,19 +28,35 @@ pub fn load(repo: &Repo, name: &str) -> Result<CacheManifest> {
     let text = match std::fs::read_to_string(&file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let cmd = crate::invocation::command();
+            let hint = match nearest(name, &names(repo).unwrap_or_default()) {
+                Some(n) => format!("did you mean {n}? (`{cmd} cache list` lists them)"),
+                None => {
+                    format!(
+                        "create it, or see `{cmd} cache list` for the caches this repository has"
+                    )
+                }
+            };
             return Err(fail(
                 Code::NotFound,
-                format!(
-                    "no cache manifest {}: create it, or see `{cmd} cache list` for the caches this repository has",
-                    file.display(),
-                    cmd = crate::invocation::command(),
-                ),
+                format!("no cache manifest {}: {hint}", file.display()),
             ));
         }
         Err(e) => return Err(anyhow!(e).context(format!("reading {}", file.display()))),
     };
     manifest::parse(repo, name, &file, &text)
         .map_err(|e| fail(Code::Config, format!("{}: {e:#}", file.display())))
+}
+
+/// The cache name `name` is most likely a typo of: the closest by edit
+/// distance, when within a third of its length (rounded up).
+fn nearest(name: &str, known: &[String]) -> Option<String> {
+    known
+        .iter()
+        .map(|k| (crate::settings::edit_distance(name, k), k))
+        .min()
+        .filter(|(d, _)| *d <= name.chars().count().div_ceil(3))
+        .map(|(_, k)| k.clone())
 }
 
 /// Names of every cache manifest in `repo` (sorted), without loading them.
@@ -91,9 +107,20 @@ fn pin_value(sh: &xshell::Shell, repo: &Repo, pin: &Pin) -> Result<String> {
     }
 }
 
-/// The text of a pin's file.
+/// The text of a pin's file. A missing one is a plan error (exit 10), as
+/// any other wrong manifest value is: the manifest names a file that is not
+/// there.
 fn read(file: &Path) -> Result<String> {
-    std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+    match std::fs::read_to_string(file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(fail(
+            Code::Config,
+            format!(
+                "pin file {} does not exist: create it, or point the pin's `file` at the file that holds the version",
+                file.display()
+            ),
+        )),
+        r => r.with_context(|| format!("reading {}", file.display())),
+    }
 }
 
 /// A `git_tree` pin's value: `git rev-parse HEAD:<path>...` in `repo`,
@@ -117,6 +144,15 @@ mod tests {
             root: dir.to_path_buf(),
             git_dir: dir.join(".git"),
         }
+    }
+
+    #[test]
+    fn a_cache_name_typo_is_told_the_nearest_name() {
+        let known = ["small".to_string(), "fstar".to_string(), "z3".to_string()];
+        assert_eq!(nearest("smal", &known).as_deref(), Some("small"));
+        assert_eq!(nearest("fstra", &known).as_deref(), Some("fstar"));
+        assert_eq!(nearest("z4", &known).as_deref(), Some("z3"));
+        assert_eq!(nearest("nosuch", &known), None);
     }
 
     #[test]

@@ -25,6 +25,9 @@ use crate::git::{CacheGit, RefProbe, Remote as GitRemote};
 use crate::repo::Repo;
 
 /// One pin whose value differs between what is wanted here and a branch key.
+/// `wanted` and `used` are the one shape of `differs` everywhere (restore's
+/// `partial.differs` has them too); `branch` and `current` are kept beside
+/// them for scripts that read them (docs/reference/json.md, versioning).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BranchPartChange {
     pub name: String,
@@ -32,6 +35,22 @@ pub struct BranchPartChange {
     pub branch: Option<String>,
     /// The value this machine computes.
     pub current: Option<String>,
+    /// = `current`: the value this machine wants.
+    pub wanted: Option<String>,
+    /// = `branch`: the value of the branch key a restore would have to use.
+    pub used: Option<String>,
+}
+
+impl BranchPartChange {
+    pub fn new(name: String, branch: Option<String>, current: Option<String>) -> Self {
+        BranchPartChange {
+            name,
+            wanted: current.clone(),
+            used: branch.clone(),
+            branch,
+            current,
+        }
+    }
 }
 
 /// What is installed here.
@@ -320,9 +339,15 @@ pub fn collect(
                 continue;
             }
         };
+        // A key that cannot be computed (a missing pin file) is listed and
+        // then the exit code: a script must not read "fine" from it.
         let (key, key_error) = match manifests::compute_key(sh, repo, &m) {
             Ok(k) => (Some(k), None),
-            Err(e) => (None, Some(format!("{e:#}"))),
+            Err(e) => {
+                let said = format!("{e:#}");
+                err.get_or_insert(e);
+                (None, Some(said))
+            }
         };
         let local = local_state(repo, &m, key.as_ref());
         let remote = if offline {
@@ -368,7 +393,7 @@ fn local_state(repo: &Repo, m: &CacheManifest, key: Option<&manifest::Key>) -> L
         why: None,
         changed_parts: Vec::new(),
     };
-    let file = stamp::path(&repo.state_dir(), &m.name);
+    let file = stamp::path(&crate::cache::restore::records_place(repo, m), &m.name);
     let s = match stamp::load(&file) {
         Loaded::Missing => return l,
         Loaded::Corrupt(e) => {
@@ -633,11 +658,7 @@ pub fn nearest(keys: &[BranchKey], current: &[KeyPart]) -> Option<(String, Vec<B
         .map(|k| {
             let d: Vec<BranchPartChange> = stamp::diff_parts(&k.parts, current)
                 .into_iter()
-                .map(|c| BranchPartChange {
-                    name: c.name,
-                    branch: c.installed,
-                    current: c.current,
-                })
+                .map(|c| BranchPartChange::new(c.name, c.installed, c.current))
                 .collect();
             (k.key.clone(), d)
         })
@@ -684,11 +705,11 @@ mod tests {
         assert_eq!(k, "tc-1.94-linux");
         assert_eq!(
             d,
-            vec![BranchPartChange {
-                name: "rust".into(),
-                branch: Some("1.94".into()),
-                current: Some("1.95".into()),
-            }]
+            vec![BranchPartChange::new(
+                "rust".into(),
+                Some("1.94".into()),
+                Some("1.95".into())
+            )]
         );
         assert!(nearest(&[], &current).is_none());
     }

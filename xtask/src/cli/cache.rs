@@ -65,8 +65,12 @@ pub struct GcArgs {
     /// The stores' size budget (`4G`, `512M`; default WARMSTART_GC_SIZE, else 4G).
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size_arg)]
     pub max_size: Option<u64>,
-    /// Keep unneeded chunks used within this long (`14d`, `12h`, `0s`; default WARMSTART_GC_KEEP, else 14d).
+    /// Keep unneeded chunks used within this long (`2w`, `14d`, `12h`, `0s`; default WARMSTART_GC_KEEP, else 14d).
     #[arg(long, value_name = "DURATION")]
+    pub keep_for: Option<String>,
+    /// The old name of `--keep-for`: refused with a pointer to it, since
+    /// `cache prune --keep` is a count and `cache gc --keep 3` read as 3 s.
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = renamed_keep)]
     pub keep: Option<String>,
     /// Say what would go, and remove nothing.
     #[arg(long)]
@@ -89,6 +93,13 @@ pub struct MigrateArgs {
     pub network: super::NetworkArgs,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+/// `cache gc --keep`, renamed: always an error that names the new flag.
+fn renamed_keep(value: &str) -> Result<String, String> {
+    Err(format!(
+        "`cache gc --keep` is now `--keep-for {value}` (a duration, such as 2w or 14d); `--keep` is a count of keys in `cache prune`"
+    ))
 }
 
 #[derive(Debug, Args)]

@@ -66,7 +66,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     (
         "cache gc",
         "{bin} cache gc --dry-run          # what would go, and why the rest stays
-  {bin} cache gc --max-size 2G --keep 7d --json",
+  {bin} cache gc --max-size 2G --keep-for 7d --json",
     ),
     (
         "demo",

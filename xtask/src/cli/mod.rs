@@ -139,9 +139,77 @@ impl NetworkArgs {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+    use std::collections::BTreeMap;
 
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    /// The kind of value a flag takes, from its value's name: a count, a
+    /// duration, a size, or text (names and paths); `None` for a switch,
+    /// which takes no value.
+    fn kind(a: &clap::Arg) -> Option<&'static str> {
+        if !a.get_num_args().is_some_and(|n| n.takes_values()) {
+            return None;
+        }
+        let name = a
+            .get_value_names()
+            .and_then(|n| n.first())
+            .map(|n| n.as_str());
+        Some(match name {
+            Some("N" | "COUNT" | "JOBS") => "count",
+            Some("DURATION") => "duration",
+            Some("SIZE" | "BYTES") => "size",
+            Some("MAX_AGE_MS") => "milliseconds",
+            _ => "text",
+        })
+    }
+
+    fn walk(c: &clap::Command, path: &str, seen: &mut BTreeMap<String, BTreeMap<String, String>>) {
+        for a in c.get_arguments().filter(|a| !a.is_hide_set()) {
+            if let (Some(long), Some(kind)) = (a.get_long(), kind(a)) {
+                seen.entry(long.to_string())
+                    .or_default()
+                    .entry(kind.to_string())
+                    .or_insert_with(|| path.to_string());
+            }
+        }
+        for sub in c.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), seen);
+        }
+    }
+
+    /// `cache gc --keep` was renamed: the old name is an error that names
+    /// the new one, never a silent 3 seconds.
+    #[test]
+    fn gc_keep_points_to_keep_for() {
+        use clap::Parser;
+        let e = Cli::try_parse_from(["warmstart", "cache", "gc", "--keep", "3"]).unwrap_err();
+        let said = e.to_string();
+        assert!(said.contains("is now `--keep-for 3`"), "{said}");
+        let ok = Cli::try_parse_from(["warmstart", "cache", "gc", "--keep-for", "2w"]);
+        assert!(ok.is_ok(), "{ok:?}");
+        assert!(Cli::try_parse_from(["warmstart", "cache", "prune", "x", "--keep", "3"]).is_ok());
+    }
+
+    /// One flag name, one kind of value, across every command: `--keep`
+    /// was a count in `cache prune` and a duration in `cache gc`, so
+    /// `cache gc --keep 3` meant 3 seconds.
+    #[test]
+    fn no_flag_name_takes_two_kinds_of_value() {
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut seen = BTreeMap::new();
+        walk(&cmd, "warmstart", &mut seen);
+        let clashes: Vec<String> = seen
+            .iter()
+            .filter(|(_, kinds)| kinds.len() > 1)
+            .map(|(flag, kinds)| format!("--{flag}: {kinds:?}"))
+            .collect();
+        assert!(clashes.is_empty(), "one flag, several kinds: {clashes:#?}");
+        assert!(seen.len() > 10, "the walk found the flags: {seen:?}");
+        assert_eq!(seen["keep"].keys().collect::<Vec<_>>(), ["count"]);
+        assert_eq!(seen["keep-for"].keys().collect::<Vec<_>>(), ["duration"]);
     }
 }

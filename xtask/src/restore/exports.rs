@@ -58,6 +58,8 @@ pub fn take(repo: &Repo, t: &mut toml::Table) -> Result<Exports> {
                 if value.contains('\0') {
                     bail!("`env.{name}` holds a NUL byte, which no environment variable can hold");
                 }
+                let value = expand_value(&value, &|v| std::env::var(v).ok())
+                    .map_err(|e| e.naming(&name, &value))?;
                 out.env.insert(name, value);
             }
         }
@@ -82,6 +84,100 @@ pub fn top_level(repo: &Repo, value: toml::Value) -> Result<Exports> {
         );
     }
     Ok(exports)
+}
+
+/// Why an `env` value could not be expanded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unexpanded {
+    /// `$NAME`, `${NAME}` or `~` (which reads HOME) names an unset variable.
+    Unset(String),
+    /// A `$` that starts no name and is no escape.
+    Lone,
+    /// `${` without its `}`, or braces around something that is no name.
+    Braces,
+}
+
+impl Unexpanded {
+    /// The one-line error, naming the key and what to write instead.
+    fn naming(&self, key: &str, raw: &str) -> anyhow::Error {
+        let msg = match self {
+            Unexpanded::Unset(v) => format!(
+                "`env.{key}` = {raw:?} uses ${v}, which is not set where restore runs: set {v}, or write `$$` for a literal `$`"
+            ),
+            Unexpanded::Lone => format!(
+                "`env.{key}` = {raw:?} has a `$` that starts no variable name: write `$$` for a literal `$`"
+            ),
+            Unexpanded::Braces => format!(
+                "`env.{key}` = {raw:?} has a `${{` without a variable name and its `}}`: write `${{NAME}}`, or `$$` for a literal `$`"
+            ),
+        };
+        anyhow!(msg)
+    }
+}
+
+/// Expands one `env` value as docs/restore.md documents it: a leading `~`
+/// (alone or before `/`) is HOME, `$NAME` and `${NAME}` are variables of the
+/// environment restore runs in, `$$` is a literal `$` and `$~` a literal `~`.
+/// An unset variable is an error rather than empty text: a value such as
+/// `$FSTAR_ROOT/bin` that silently became `/bin` would point a tool at the
+/// wrong place. `lookup` is the environment (a parameter for the tests).
+pub fn expand_value(
+    raw: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, Unexpanded> {
+    let get = |name: &str| lookup(name).ok_or_else(|| Unexpanded::Unset(name.to_string()));
+    let mut out = String::new();
+    let mut rest = raw;
+    if rest == "~" || rest.starts_with("~/") {
+        out.push_str(&get("HOME")?);
+        rest = &rest[1..];
+    }
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let name_len = |s: &str| {
+            let mut chars = s.char_indices();
+            match chars.next() {
+                Some((_, c)) if c.is_ascii_alphabetic() || c == '_' => chars
+                    .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
+                    .map_or(s.len(), |(j, _)| j),
+                _ => 0,
+            }
+        };
+        rest = if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            tail
+        } else if let Some(tail) = after.strip_prefix('~') {
+            out.push('~');
+            tail
+        } else if let Some(inner) = after.strip_prefix('{') {
+            let n = name_len(inner);
+            if n == 0 || !inner[n..].starts_with('}') {
+                return Err(Unexpanded::Braces);
+            }
+            out.push_str(&get(&inner[..n])?);
+            &inner[n + 1..]
+        } else {
+            let n = name_len(after);
+            if n == 0 {
+                return Err(Unexpanded::Lone);
+            }
+            out.push_str(&get(&after[..n])?);
+            &after[n..]
+        };
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The text that `expand_value` reads back as exactly `literal`.
+pub fn escape_value(literal: &str) -> String {
+    let s = literal.replace('$', "$$");
+    if s == "~" || s.starts_with("~/") {
+        format!("$~{}", &s[1..])
+    } else {
+        s
+    }
 }
 
 fn path_entry(repo: &Repo, raw: &str) -> Result<String> {
@@ -225,5 +321,80 @@ mod tests {
             m.contains("`X` is set to different values by [env] and step \"s\""),
             "{m}"
         );
+    }
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "HOME" => Some("/home/u".into()),
+            "FSTAR_ROOT" => Some("/opt/f $x ~".into()),
+            "_1" => Some(String::new()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn env_values_expand_home_variables_and_escapes() {
+        let cases = [
+            ("~", "/home/u"),
+            ("~/.local/fstar", "/home/u/.local/fstar"),
+            ("$HOME/.local/fstar", "/home/u/.local/fstar"),
+            ("${HOME}x", "/home/ux"),
+            ("a~/b ~", "a~/b ~"),
+            ("~user", "~user"),
+            ("$$HOME", "$HOME"),
+            ("$~/x", "~/x"),
+            ("$FSTAR_ROOT/bin", "/opt/f $x ~/bin"),
+            ("${_1}-$_1.", "-."),
+            ("100$$", "100$"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(expand_value(raw, &env).as_deref(), Ok(want), "{raw:?}");
+        }
+        let unset = expand_value("$NOPE/x", &env).unwrap_err();
+        assert_eq!(unset, Unexpanded::Unset("NOPE".into()));
+        let m = format!("{:#}", unset.naming("FSTAR_HOME", "$NOPE/x"));
+        assert!(m.contains("`env.FSTAR_HOME`") && m.contains("$NOPE"), "{m}");
+        assert_eq!(
+            expand_value("~", &|_| None),
+            Err(Unexpanded::Unset("HOME".into()))
+        );
+        for lone in ["$", "a$", "$ x", "$-", "$1"] {
+            assert_eq!(expand_value(lone, &env), Err(Unexpanded::Lone), "{lone:?}");
+        }
+        for braces in ["${", "${HOME", "${}", "${1}", "${HO ME}"] {
+            assert_eq!(
+                expand_value(braces, &env),
+                Err(Unexpanded::Braces),
+                "{braces:?}"
+            );
+        }
+    }
+
+    /// Whatever a literal holds, its escaped form expands back to it, and a
+    /// variable spliced between escaped pieces reads as its value there.
+    #[test]
+    fn escaped_env_values_round_trip_whatever_they_hold() {
+        const PIECES: &[&str] = &[
+            "$", "$$", "~", "~/", "/", "{", "}", "${", "$HOME", "${HOME}", "a", "_", "1", " ", "é",
+            "\\", "'", "\"", "\n", "$~", "~user",
+        ];
+        let mut rng = crate::test_rng::Rng(0x5eed_e7a1);
+        for case in 0..5000 {
+            let n = rng.index(8);
+            let literal: String = (0..n).map(|_| rng.pick(PIECES)).collect();
+            let escaped = escape_value(&literal);
+            assert_eq!(
+                expand_value(&escaped, &env).as_deref(),
+                Ok(literal.as_str()),
+                "case {case}: {literal:?} escaped as {escaped:?}"
+            );
+            let tail: String = (0..rng.index(4)).map(|_| rng.pick(PIECES)).collect();
+            let spliced = format!("{escaped}${{FSTAR_ROOT}}{}", escape_value(&tail));
+            assert_eq!(
+                expand_value(&spliced, &env),
+                Ok(format!("{literal}/opt/f $x ~{tail}")),
+                "case {case}: {spliced:?}"
+            );
+        }
     }
 }

@@ -120,6 +120,7 @@ fn select<'p>(plan: &'p Plan, only: &[String]) -> Result<Vec<&'p Step>> {
         .collect())
 }
 
+/// `restore --dry-run`: the plan as JSON, or as text with no JSON in it.
 fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
     let described: Vec<_> = steps.iter().map(|s| s.describe(repo)).collect();
     if as_json {
@@ -137,7 +138,10 @@ fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
         None => println!("in file order, one step at a time"),
     }
     if !plan.exports.is_empty() {
-        println!("[env] (always exported): {}", plan.exports.describe());
+        println!(
+            "[env] (always exported): {}",
+            report::plain(&plan.exports.describe())
+        );
     }
     for (i, (step, d)) in steps.iter().zip(&described).enumerate() {
         let mut flags = Vec::new();
@@ -159,12 +163,8 @@ fn print_plan(repo: &Repo, plan: &Plan, steps: &[&Step], as_json: bool) {
         println!("{}. {} ({}){flags}", i + 1, step.name, step.kind_name());
         if let Some(obj) = d["detail"].as_object() {
             for (k, v) in obj {
-                if !v.is_null() {
-                    let v = v
-                        .as_str()
-                        .map(str::to_string)
-                        .unwrap_or_else(|| v.to_string());
-                    println!("   {k}: {v}");
+                if !report::is_empty(v) {
+                    println!("   {k}: {}", report::plain(v));
                 }
             }
         }

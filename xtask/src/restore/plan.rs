@@ -167,7 +167,11 @@ impl Step {
                 "timeout_ms": ms(&p.timeout),
                 "fix": match &p.fix {
                     None => Value::Null,
-                    Some(Fix::Symlink { link, target }) => json!({"symlink": link, "target": target}),
+                    // As the manifest wrote it: one link, or the list.
+                    Some(Fix::Symlink { links, target }) => match links.as_slice() {
+                        [one] => json!({"symlink": one, "target": target}),
+                        more => json!({"symlink": more, "target": target}),
+                    },
                     Some(Fix::Run(c)) => json!({"run": c.display()}),
                 },
             }),
@@ -296,12 +300,34 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
             .map(|s| (format!("step {:?}", s.name), &s.exports)),
     );
     super::exports::check_conflicts(sources).map_err(|e| bad(format!("{e:#}")))?;
+    pins_search_exported_path(&exports, &mut steps);
     Ok(Plan {
         file: file.to_path_buf(),
         steps,
         parallel,
         exports,
     })
+}
+
+/// A pin checks its tool as the shell that evaluated `restore env` finds
+/// it: `[env]`'s directories, then those of each step up to the pin, in file
+/// order (the order `restore env` prepends them in), in front of PATH.
+fn pins_search_exported_path(top: &super::exports::Exports, steps: &mut [Step]) {
+    let mut seen: Vec<PathBuf> = Vec::new();
+    let add = |seen: &mut Vec<PathBuf>, dirs: &[String]| {
+        for d in dirs.iter().map(PathBuf::from) {
+            if !seen.contains(&d) {
+                seen.push(d);
+            }
+        }
+    };
+    add(&mut seen, &top.path);
+    for step in steps {
+        add(&mut seen, &step.exports.path);
+        if let Kind::Pin(p) = &mut step.kind {
+            p.search = seen.clone();
+        }
+    }
 }
 
 /// `parallel = true` (the default limit), `parallel = N` (at most N steps at

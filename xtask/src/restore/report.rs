@@ -4,6 +4,7 @@
 //! source, state, time this run, last cold time, and what it did.
 
 use serde::Serialize;
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -109,6 +110,38 @@ fn fmt_ms_precise(ms: u64) -> String {
         "<1ms".into()
     } else {
         fmt_duration(Duration::from_millis(ms))
+    }
+}
+
+/// Nothing to show: null, or an empty list, table or text.
+pub fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_empty),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
+/// A detail value as a person reads it: text as it is, a list joined with
+/// `, `, a table as `key=value` (`key: ...` around a nested one) joined with
+/// `; `. The dry run printed `{"path":[...]}` in its text output before.
+pub fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(plain).collect::<Vec<_>>().join(", "),
+        Value::Object(o) => o
+            .iter()
+            .filter(|(_, v)| !is_empty(v))
+            .map(|(k, v)| match v {
+                Value::Array(_) | Value::Object(_) => format!("{k}: {}", plain(v)),
+                _ => format!("{k}={}", plain(v)),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Value::Null => "none".into(),
+        other => other.to_string(),
     }
 }
 

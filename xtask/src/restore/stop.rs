@@ -101,6 +101,9 @@ pub fn run(args: &StopArgs) -> Result<()> {
     };
     if args.json {
         return crate::contract::finish(json!({ "services": results }), result);
+    } else if crate::out::quiet() {
+        // As `cache restore -q`: the lines say what happened, the exit code
+        // already does, and a failure still prints its error.
     } else if results.is_empty() {
         println!("no service steps in {}", plan.file.display());
     } else {

@@ -51,6 +51,44 @@ fn sanitize(s: &str) -> String {
     }
 }
 
+/// The versions a name carries: each run of dot-separated numbers with at
+/// least one dot (`fstar-2025.10.06.tar.gz` carries 2025.10.06), as numbers,
+/// so that `2025.10.6` and `2025.10.06` are one version.
+pub fn versions_in(name: &str) -> Vec<Vec<u64>> {
+    name.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .flat_map(|run| run.split(".."))
+        .map(|run| run.trim_matches('.'))
+        .filter_map(|run| {
+            let nums: Option<Vec<u64>> = run.split('.').map(|n| n.parse().ok()).collect();
+            nums.filter(|v| v.len() >= 2)
+        })
+        .collect()
+}
+
+/// Why a legacy archive may not be installed for a key: a version its name
+/// carries that no pinned value carries and `[restore] legacy_versions` does
+/// not map a pinned value to. `None` when every version is accounted for
+/// (a name with none restores whatever the key, as a legacy branch always
+/// did). `pinned` are the key's values; `map` is the manifest's field.
+pub fn legacy_mismatch(
+    archive: &str,
+    pinned: &[&str],
+    map: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
+    let mut allowed: Vec<Vec<u64>> = Vec::new();
+    for p in pinned {
+        allowed.extend(versions_in(p));
+        if let Some(mapped) = map.get(*p) {
+            allowed.extend(versions_in(mapped));
+        }
+    }
+    let file = archive.rsplit('/').next().unwrap_or(archive);
+    versions_in(file)
+        .into_iter()
+        .find(|v| !allowed.contains(v))
+        .map(|v| v.iter().map(u64::to_string).collect::<Vec<_>>().join("."))
+}
+
 /// A `json` pin's value: the text of `file` read as JSON, at `pointer` (a
 /// string as it is, anything else as JSON text).
 pub fn json_pin(file: &Path, text: &str, pointer: &str) -> Result<String> {
@@ -102,4 +140,48 @@ pub fn one_line(file: &Path, text: &str) -> Result<String> {
         ));
     }
     Ok(line.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_legacy_archive_named_for_a_version_needs_that_version_pinned_or_mapped() {
+        use std::collections::BTreeMap;
+        assert_eq!(
+            versions_in("checked-0123abc-fstar2025.10.06.tar.gz"),
+            vec![vec![2025, 10, 6]]
+        );
+        assert_eq!(versions_in("cache.tar.gz"), Vec::<Vec<u64>>::new());
+        assert_eq!(
+            versions_in("z3-4.13.0..x-1.2"),
+            vec![vec![4, 13, 0], vec![1, 2]]
+        );
+        let none = BTreeMap::new();
+        let m = |a: &str, p: &[&str]| legacy_mismatch(a, p, &none);
+        assert_eq!(
+            m("fstar-2025.10.06.tar.gz", &["2025.12.01"]),
+            Some("2025.10.6".into())
+        );
+        assert_eq!(m("fstar-2025.10.06.tar.gz", &["v2025.10.6"]), None);
+        assert_eq!(
+            m("fstar-2025.10.06.tar.gz", &["x", "fstar-2025.10.06"]),
+            None
+        );
+        assert_eq!(m("cache.tar.gz", &["anything"]), None);
+        assert_eq!(
+            m("fstar-2025.10.06-z3-4.13.0.tgz", &["2025.10.06"]),
+            Some("4.13.0".into())
+        );
+        let map = BTreeMap::from([("2025.12.01".to_string(), "2025.10.06".to_string())]);
+        assert_eq!(
+            legacy_mismatch("fstar-2025.10.06.tar.gz", &["2025.12.01"], &map),
+            None
+        );
+        assert_eq!(
+            legacy_mismatch("fstar-2025.09.01.tar.gz", &["2025.12.01"], &map),
+            Some("2025.9.1".into())
+        );
+    }
 }

@@ -105,6 +105,9 @@ struct RawRestore {
     fallback: Vec<RawFallback>,
     /// How long a stand-in (`partial`) install stays warm.
     recheck: Option<crate::clock::DurationSpec>,
+    /// Pinned value -> the version a legacy archive's name may carry for it.
+    #[serde(default)]
+    legacy_versions: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -321,6 +324,9 @@ pub struct CacheManifest {
     /// when there are fallbacks).
     pub fallbacks: Vec<Fallback>,
     pub recheck: Option<std::time::Duration>,
+    /// `[restore] legacy_versions`: a pinned value and the version a legacy
+    /// archive may be named for instead (`key::legacy_mismatch`).
+    pub legacy_versions: std::collections::BTreeMap<String, String>,
     /// `[trust]`: this cache's policy override, principals and ungated opt-in.
     pub trust: super::trust::CacheTrust,
     /// `[bootstrap]`: this is the binary cache the bootstrap script reads.
@@ -386,6 +392,7 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
             .transpose()?,
         fallbacks,
         recheck,
+        legacy_versions: raw.restore.legacy_versions,
         trust: raw.trust,
         bootstrap,
     })

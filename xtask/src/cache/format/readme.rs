@@ -38,6 +38,7 @@ fn intro(cx: &ReadmeContext) -> String {
         description,
         command,
     } = *cx;
+    let command = &crate::invocation::portable(command);
     let mut s = String::new();
     s.push_str(&format!("# `{branch}`: a warmstart cache branch\n\n"));
     let (place, clones) = if branch.starts_with("refs/") {
@@ -107,6 +108,7 @@ fn restores(cx: &ReadmeContext, m: &BranchManifest) -> String {
         command,
         ..
     } = *cx;
+    let command = &crate::invocation::portable(command);
     let mut s = String::new();
     s.push_str("## Restore with warmstart\n\n");
     s.push_str(&format!(

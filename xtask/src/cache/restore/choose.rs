@@ -19,6 +19,9 @@ pub(super) fn choose_keys(
         Content::V1(bm) => bm.keys.get(k).map(|e| e.key_parts.clone()),
         Content::Legacy { .. } => None,
     };
+    if let Content::Legacy { archive, .. } = &branch.content {
+        legacy_matches(m, key, archive, &branch.name)?;
+    }
     match branch.plan(&key.value, &fix) {
         Ok(_) => {
             // A key named by `--key` has the parts the branch recorded for it.
@@ -70,6 +73,36 @@ pub(super) fn choose_keys(
         }
         Err(e) => Err(e),
     }
+}
+
+/// A legacy branch holds one archive for whatever version it was made
+/// from: one whose name carries a version is installed only for a key that
+/// pins that version, or whose pinned value `[restore] legacy_versions` maps
+/// to it, so a key bump never installs the old tree silently (exit 4).
+fn legacy_matches(m: &CacheManifest, key: &Key, archive: &str, branch: &str) -> Result<()> {
+    // `--key` gives no parts for a legacy branch: the key text is its pin.
+    let pinned: Vec<&str> = if key.parts.is_empty() {
+        vec![key.value.as_str()]
+    } else {
+        key.parts.iter().map(|p| p.value.as_str()).collect()
+    };
+    let Some(version) =
+        crate::cache::format::key::legacy_mismatch(archive, &pinned, &m.legacy_versions)
+    else {
+        return Ok(());
+    };
+    let first = pinned.first().copied().unwrap_or("");
+    Err(fail(
+        Code::NotFound,
+        format!(
+            "legacy branch {branch} holds {archive} (version {version}), but key {} pins {}: publish this key (`{} cache publish {}`), or, if that archive is right for it, map them in {}: `[restore] legacy_versions = {{ \"{first}\" = \"{version}\" }}`",
+            key.value,
+            pinned.join(", "),
+            crate::invocation::command(),
+            m.name,
+            m.file.display()
+        ),
+    ))
 }
 
 /// The key to install and its trust check, before any chunk is fetched

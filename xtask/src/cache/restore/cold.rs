@@ -127,7 +127,7 @@ pub(super) fn new_stamp(
 /// even if the fetch after fails, the target is whole again. Returns the
 /// state directory and the merge journal's path.
 pub(super) fn recover_first(repo: &Repo, m: &CacheManifest) -> Result<(PathBuf, PathBuf)> {
-    let state_dir = repo.state_dir();
+    let state_dir = records_dir(repo, m)?;
     let journal = journal_path(&state_dir, &m.name);
     match m.mode {
         Mode::Replace => unpack::recover_swap(&m.restore_path)?,
@@ -247,7 +247,8 @@ impl Cold<'_> {
             partial,
         );
         stamp::store(self.stamp_file, &s)?;
-        crate::cache::gc::installed(&state_dir, &s, &c.branch);
+        // What the install needs from the chunk store: kept beside that store.
+        crate::cache::gc::installed(&self.repo.state_dir(), &s, &c.branch);
         phases.install_ms = t.elapsed().as_millis() as u64;
         ready_after_install(m, &c.key)?;
         let kept = overlay_plan.map(|p| p.kept.len() as u64);

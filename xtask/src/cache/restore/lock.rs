@@ -1,7 +1,69 @@
 //! The target's lock (one restorer per target) and the merge journal's
-//! place, both under the state directory, never beside the target.
+//! place, both under the state directory, never beside the target; and
+//! which state directory a target's records live in.
 
 use super::*;
+
+/// Where the records of `m`'s install live (stamp, lock, journal, overlay
+/// and delta records): a target inside the work tree belongs to this
+/// worktree, so this worktree's state directory; a target outside it
+/// (`~/.local/fstar`) is one install for every worktree of the clone, so
+/// the state directory of the common git dir, or each worktree would
+/// restore it again and fetch it again. Records an older build left in
+/// this worktree's own directory move there first, stamp and delta record
+/// together. The chunk store and what gc keeps stay per worktree.
+pub fn records_dir(repo: &Repo, m: &CacheManifest) -> Result<PathBuf> {
+    let own = repo.state_dir();
+    if m.restore_path.starts_with(&repo.root) {
+        return Ok(own);
+    }
+    let shared = repo.shared_state_dir();
+    if shared != own {
+        move_records(&own, &shared, &m.name)?;
+    }
+    Ok(shared)
+}
+
+/// `records_dir` without moving anything, for the read-only probes
+/// (`is_warm`, `cache status`, `cache verify`): a record still in the old
+/// place is read there.
+pub fn records_place(repo: &Repo, m: &CacheManifest) -> PathBuf {
+    let own = repo.state_dir();
+    if m.restore_path.starts_with(&repo.root) || stamp::path(&own, &m.name).exists() {
+        own
+    } else {
+        repo.shared_state_dir()
+    }
+}
+
+/// Moves cache `name`'s records from `from` to `to` where `to` has no stamp
+/// of it yet (a stamp there is newer than anything left behind).
+fn move_records(from: &Path, to: &Path, name: &str) -> Result<()> {
+    let old_stamp = stamp::path(from, name);
+    if !old_stamp.exists() || stamp::path(to, name).exists() {
+        return Ok(());
+    }
+    let rel = |p: PathBuf| p.strip_prefix(from).map(Path::to_path_buf).ok();
+    let records = [
+        delta::record_path(from, name),
+        delta::index_path(from, name),
+        overlay::path(from, name),
+        journal_path(from, name),
+        // The stamp last: until it moves, the old place is the whole record.
+        old_stamp,
+    ];
+    for old in records.into_iter().filter(|p| p.exists()) {
+        let Some(rel) = rel(old.clone()) else {
+            continue;
+        };
+        let new = to.join(rel);
+        let dir = new.parent().expect("a record path has a parent");
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::rename(&old, &new)
+            .with_context(|| format!("moving {} to {}", old.display(), new.display()))?;
+    }
+    Ok(())
+}
 
 /// The lock file of a target: under the state directory (never beside the
 /// target, where it would be a stray file), named by a digest of the path.

@@ -150,7 +150,7 @@ pub fn restore_named(
         }
         None => crate::cache::manifests::compute_key(sh, repo, &m)?,
     };
-    let state_dir = repo.state_dir();
+    let state_dir = records_dir(repo, &m)?;
     let stamp_file = stamp::path(&state_dir, name);
 
     let mut reason = None;
@@ -176,7 +176,8 @@ pub fn restore_named(
     // A damaged cache.git is rebuilt once and the restore starts over
     // (`git::healing`); nothing was installed by the failed attempt.
     // `cache gc` removes no chunk while this restore may read one.
-    let reading = crate::cache::gc::Reading::take(&state_dir, opts.lock_timeout)?;
+    // The chunk store is this worktree's, whichever directory the records use.
+    let reading = crate::cache::gc::Reading::take(&repo.state_dir(), opts.lock_timeout)?;
     let mut outcome = crate::git::healing(|| {
         let cold = Cold {
             sh,
@@ -209,7 +210,7 @@ pub fn is_warm(
 ) -> Result<Result<(Stamp, Option<PartialInfo>), String>> {
     let m = crate::cache::manifests::load(repo, name)?;
     let key = crate::cache::manifests::compute_key(sh, repo, &m)?;
-    let file = stamp::path(&repo.state_dir(), name);
+    let file = stamp::path(&records_place(repo, &m), name);
     Ok(warm_check(&m, &key, &file, false)?
         .map(|s| {
             let partial = partial_info(&m, &s);

@@ -172,7 +172,7 @@ impl DeltaInfo {
 
 impl RestoreOutcome {
     /// `; kept 2 files the user changed` (overlay mode), else nothing.
-    pub(super) fn kept_words(&self) -> String {
+    pub fn kept_words(&self) -> String {
         match self.kept {
             Some(n) if n > 0 => format!(
                 "; kept {n} file{} the user changed since warmstart installed {}",

@@ -142,13 +142,16 @@ pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
         (State::Warm | State::Reused | State::Verified | State::Partial, _) => {
             format!("{} at {} (from {from})", o.key, o.target.display())
         }
+        // The files an overlay kept are named in the row, not only the log:
+        // the user must know their edits outlived the restore.
         (State::Restored | State::Repaired, _) => format!(
-            "restored {} into {} from {from}: {} in {} entries{}",
+            "restored {} into {} from {from}: {} in {} entries{}{}",
             o.key,
             o.target.display(),
             crate::cache::human_bytes(o.bytes),
             o.files,
-            o.fetch_words()
+            o.fetch_words(),
+            o.kept_words()
         ),
     })
     .with_partial(partial.map(partial_json)))

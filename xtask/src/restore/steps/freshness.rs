@@ -125,12 +125,13 @@ fn upstream_of(ctx: &Ctx, f: &Freshness) -> Result<Result<Upstream, Outcome>> {
         None => git(&["config", "--get", &format!("branch.{branch}.remote")])
             .unwrap_or_else(|_| "origin".into()),
     };
-    let upstream = match &f.branch {
-        Some(b) => b.clone(),
-        None => git(&["config", "--get", &format!("branch.{branch}.merge")])
-            .map(|m| m.trim_start_matches("refs/heads/").to_string())
-            .unwrap_or_else(|_| branch.clone()),
+    let merge = git(&["config", "--get", &format!("branch.{branch}.merge")]).ok();
+    let upstream = match (&f.branch, &merge) {
+        (Some(b), _) => b.clone(),
+        (None, Some(m)) => m.trim_start_matches("refs/heads/").to_string(),
+        (None, None) => branch.clone(),
     };
+    let guessed = f.branch.is_none() && merge.is_none();
     // Shown in messages: a remote given as a URL loses its credentials.
     let theirs_name = format!("{}/{upstream}", crate::redact::url(&remote));
     let is_url = remote.contains(':') || remote.contains('/');
@@ -145,6 +146,7 @@ fn upstream_of(ctx: &Ctx, f: &Freshness) -> Result<Result<Upstream, Outcome>> {
         remote,
         upstream,
         theirs_name,
+        guessed,
     }))
 }
 
@@ -155,6 +157,25 @@ struct Upstream {
     upstream: String,
     /// `remote/upstream`, credentials removed, for messages.
     theirs_name: String,
+    /// Neither the step nor git config names an upstream: the branch is
+    /// compared with the remote's branch of the same name, and every
+    /// message says so (a new branch has none, and that is no outage).
+    guessed: bool,
+}
+
+impl Upstream {
+    /// What a message says it compared with: `origin/main`, or, with no
+    /// upstream set, that too.
+    fn compared(&self) -> String {
+        if self.guessed {
+            format!(
+                "{} (no upstream is set for {}; compared with the remote's branch of that name)",
+                self.theirs_name, self.branch
+            )
+        } else {
+            self.theirs_name.clone()
+        }
+    }
 }
 
 /// Fetches the upstream branch under the network watchdog; the failure's
@@ -171,6 +192,7 @@ fn fetch_upstream(
         remote,
         upstream,
         theirs_name,
+        ..
     } = u;
     let refspec = format!("refs/heads/{upstream}");
     // `--progress` despite `--quiet`: the server's progress is how the
@@ -214,6 +236,11 @@ fn fetch_upstream(
     }
     log.line(&format!("-> {}", Exit::Status(ran.status).describe()));
     if !ran.status.success() {
+        if u.guessed && stderr.contains("couldn't find remote ref") {
+            return Ok(Some(Outcome::failed(format!(
+                "{branch} has no upstream, and {remote} has no branch {upstream} to compare it with: push it (`git push -u {remote} {branch}`) or set `branch` in the step; {branch} not refreshed"
+            ))));
+        }
         let e = crate::git::remote_failure(&format!("fetching {theirs_name} failed"), &stderr);
         let shown = crate::redact::text(&format!("{e:#}"));
         let why = if crate::exit::code_of(&e) == crate::exit::Code::AuthRefused {
@@ -240,11 +267,8 @@ fn compare_and_move(ctx: &Ctx, f: &Freshness, u: &Upstream, log: &mut Log) -> Re
             .read()
             .with_context(|| format!("git {}", args.join(" ")))
     };
-    let Upstream {
-        branch,
-        theirs_name,
-        ..
-    } = u;
+    let branch = &u.branch;
+    let theirs_name = &u.compared();
     let theirs = git(&["rev-parse", "FETCH_HEAD"])?;
     let counts = git(&[
         "rev-list",
@@ -274,7 +298,7 @@ fn compare_and_move(ctx: &Ctx, f: &Freshness, u: &Upstream, log: &mut Log) -> Re
         let dirty = git(&["status", "--porcelain", "--untracked-files=no"])?;
         if !dirty.is_empty() {
             Outcome::done(format!("{branch} is {behind} behind, tree dirty: untouched")).with_warnings(vec![format!(
-                "WARNING: {branch} is {behind} commit(s) behind {theirs_name} and the work tree has local changes: nothing was changed; commit or stash, then `git merge --ff-only {theirs_name}`"
+                "WARNING: {branch} is {behind} commit(s) behind {theirs_name} and the work tree has local changes: nothing was changed; commit or stash, then `git merge --ff-only {}`", u.theirs_name
             )])
         } else {
             let mut merge: std::process::Command =

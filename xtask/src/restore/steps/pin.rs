@@ -4,8 +4,14 @@
 //! so the warm probe does not: a stamp records the resolved executable's
 //! identity (device, inode, size, mtime) and the pattern it matched. The same
 //! file and pattern means the same answer. Anything else runs the real
-//! check. Fixes: a symlink (replacing only a symlink, never a real file), or a
-//! command. After a fix the check runs again; it must match.
+//! check. Fixes: a symlink, or one symlink in each of several places
+//! (replacing only a symlink, never a real file), or a command. After a fix
+//! the check runs again; it must match.
+//!
+//! The tool is looked up as a shell will find it once it evaluated
+//! `restore env`: the directories the plan exports (`[env]`, then the steps
+//! up to this one, in file order) in front of PATH. Checking the PATH restore
+//! itself runs with would pass or fail a tool the user never runs.
 
 use super::command::Cmdline;
 use crate::cache::format::manifest::expand_path;
@@ -33,13 +39,17 @@ pub struct Pin {
     pub expect: regex_lite::Regex,
     pub timeout: Duration,
     pub fix: Option<Fix>,
+    /// The plan's PATH exports this step's shell will see in front of PATH
+    /// (set by `plan::parse` once every step's exports are known).
+    pub search: Vec<PathBuf>,
 }
 
 #[derive(Debug)]
 pub enum Fix {
-    /// Make `link` a symlink to `target` (replacing a link already there).
+    /// Make each of `links` a symlink to `target` (replacing a link
+    /// already there), in order.
     Symlink {
-        link: PathBuf,
+        links: Vec<PathBuf>,
         target: PathBuf,
     },
     Run(Cmdline),
@@ -58,9 +68,17 @@ pub struct RawPin {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawFix {
-    symlink: Option<String>,
+    symlink: Option<OneOrMore>,
     target: Option<String>,
     run: Option<Cmdline>,
+}
+
+/// One path, or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMore {
+    One(String),
+    More(Vec<String>),
 }
 
 pub fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Pin> {
@@ -77,13 +95,26 @@ pub fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Pin> {
     let fix = match r.fix {
         None => None,
         Some(RawFix {
-            symlink: Some(link),
+            symlink: Some(links),
             target: Some(target),
             run: None,
-        }) => Some(Fix::Symlink {
-            link: expand_path(repo, &link)?,
-            target: expand_path(repo, &target)?,
-        }),
+        }) => {
+            let links = match links {
+                OneOrMore::One(l) => vec![l],
+                OneOrMore::More(ls) => ls,
+            };
+            if links.is_empty() {
+                bail!("`fix.symlink` is an empty list: name at least one link to make");
+            }
+            let links = links
+                .iter()
+                .map(|l| expand_path(repo, l))
+                .collect::<Result<Vec<_>>>()?;
+            Some(Fix::Symlink {
+                links,
+                target: expand_path(repo, &target)?,
+            })
+        }
         Some(RawFix {
             symlink: None,
             target: None,
@@ -93,7 +124,7 @@ pub fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Pin> {
             Some(Fix::Run(run))
         }
         Some(_) => bail!(
-            "`fix` must be either `{{ symlink = LINK, target = TARGET }}` or `{{ run = COMMAND }}`"
+            "`fix` must be either `{{ symlink = LINK or [LINKS], target = TARGET }}` or `{{ run = COMMAND }}`"
         ),
     };
     Ok(Pin {
@@ -102,6 +133,7 @@ pub fn resolve_pin(repo: &Repo, r: RawPin) -> Result<Pin> {
         expect,
         timeout: timeout(&r.timeout, "timeout", Duration::from_secs(10))?,
         fix,
+        search: Vec::new(),
     })
 }
 
@@ -116,16 +148,27 @@ struct Stamp {
     version: String,
 }
 
-/// The executable `tool` names: a path as given, else the first in PATH.
-fn resolve(tool: &str) -> Option<PathBuf> {
+/// The executable `tool` names: a path as given, else the first in the
+/// plan's exported directories and then PATH, as a shell finds it.
+fn resolve(tool: &str, search: &[PathBuf]) -> Option<PathBuf> {
     if tool.contains('/') {
         let p = PathBuf::from(tool);
         return p.is_file().then_some(p);
     }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    search
+        .iter()
+        .cloned()
+        .chain(std::env::split_paths(&path))
         .map(|d| d.join(tool))
         .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
+}
+
+/// PATH as the shell that evaluated `restore env` has it, for the tool's
+/// own run (a wrapper script finds its interpreter the same way).
+fn shell_path(search: &[PathBuf]) -> std::ffi::OsString {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(search.iter().cloned().chain(std::env::split_paths(&path))).unwrap_or(path)
 }
 
 fn stamp_for(path: &Path, p: &Pin, version: &str) -> Option<Stamp> {
@@ -142,22 +185,33 @@ fn stamp_for(path: &Path, p: &Pin, version: &str) -> Option<Stamp> {
 }
 
 pub fn probe(ctx: &Ctx, name: &str, p: &Pin) -> Probe {
-    let Some(path) = resolve(&p.tool) else {
+    let Some(path) = resolve(&p.tool, &p.search) else {
         return Probe::Needed(format!("{} is not found", p.tool));
     };
-    match state::read_stamp::<Stamp>(ctx.paths, name) {
+    let stamp = state::read_stamp::<Stamp>(ctx.paths, name);
+    Probe::Needed(match stamp {
         Some(s) if Some(&s) == stamp_for(&path, p, &s.version).as_ref() => {
-            Probe::warm(format!("{}: {}", p.tool, s.version))
+            return Probe::warm(format!("{}: {}", p.tool, s.version));
         }
-        _ => Probe::Needed(format!("{} not checked since it changed", path.display())),
-    }
+        None => format!("{} not checked yet in this clone", path.display()),
+        Some(s) if s.path != path => format!(
+            "{} is now {} (checked: {})",
+            p.tool,
+            path.display(),
+            s.path.display()
+        ),
+        Some(s) if s.expect != p.expect.as_str() => {
+            format!("{}: `expect` changed since it was checked", path.display())
+        }
+        Some(_) => format!("{} changed since it was checked", path.display()),
+    })
 }
 
 /// Runs the version command: `Ok((path, first line))`, or why it could not.
 fn check(p: &Pin, log: &mut Log) -> Result<(PathBuf, String), String> {
-    let path = resolve(&p.tool).ok_or_else(|| format!("{} is not found", p.tool))?;
+    let path = resolve(&p.tool, &p.search).ok_or_else(|| format!("{} is not found", p.tool))?;
     let mut cmd = Command::new(&path);
-    cmd.args(&p.args);
+    cmd.args(&p.args).env("PATH", shell_path(&p.search));
     log.line(&format!("$ {}", proc::show(&cmd)));
     let (exit, out, err) =
         proc::capture(&mut cmd, Some(p.timeout)).map_err(|e| format!("{e:#}"))?;
@@ -189,27 +243,26 @@ fn check(p: &Pin, log: &mut Log) -> Result<(PathBuf, String), String> {
 
 fn apply(fix: &Fix, log: &mut Log) -> Result<String> {
     match fix {
-        Fix::Symlink { link, target } => {
-            if let Ok(m) = std::fs::symlink_metadata(link)
-                && !m.file_type().is_symlink()
+        Fix::Symlink { links, target } => {
+            // Every place is checked before any link is made, so a real file
+            // in the second place leaves the first untouched too.
+            if let Some(link) = links
+                .iter()
+                .find(|l| std::fs::symlink_metadata(l).is_ok_and(|m| !m.file_type().is_symlink()))
             {
                 anyhow::bail!(
                     "{} exists and is not a symlink: not replacing it (move it away, or change `fix.symlink`)",
                     link.display()
                 );
             }
-            let dir = link.parent().context("the fix's link has a parent")?;
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            let tmp = dir.join(format!(".warmstart-link-{}", std::process::id()));
-            let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(target, &tmp)
-                .with_context(|| format!("creating {}", tmp.display()))?;
-            std::fs::rename(&tmp, link)
-                .with_context(|| format!("renaming onto {}", link.display()))?;
-            log.line(&format!("fix: {} -> {}", link.display(), target.display()));
+            for link in links {
+                symlink_onto(link, target)?;
+                log.line(&format!("fix: {} -> {}", link.display(), target.display()));
+            }
+            let shown: Vec<String> = links.iter().map(|l| l.display().to_string()).collect();
             Ok(format!(
                 "symlink {} -> {}",
-                link.display(),
+                shown.join(", "),
                 target.display()
             ))
         }
@@ -229,6 +282,18 @@ fn apply(fix: &Fix, log: &mut Log) -> Result<String> {
             Ok(format!("ran `{}`", c.display()))
         }
     }
+}
+
+/// Makes `link` a symlink to `target` through a rename, so a reader sees
+/// the old link or the new one, never none.
+fn symlink_onto(link: &Path, target: &Path) -> Result<()> {
+    let dir = link.parent().context("the fix's link has a parent")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(".warmstart-link-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    std::fs::rename(&tmp, link).with_context(|| format!("renaming onto {}", link.display()))
 }
 
 pub fn run(ctx: &Ctx, name: &str, p: &Pin, log: &mut Log) -> Result<Outcome> {

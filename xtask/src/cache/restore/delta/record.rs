@@ -146,11 +146,11 @@ pub fn dir(state_dir: &Path) -> PathBuf {
     state_dir.join("cache").join("installed")
 }
 
-pub(super) fn record_path(state_dir: &Path, name: &str) -> PathBuf {
+pub fn record_path(state_dir: &Path, name: &str) -> PathBuf {
     dir(state_dir).join(format!("{name}.record"))
 }
 
-pub(super) fn index_path(state_dir: &Path, name: &str) -> PathBuf {
+pub fn index_path(state_dir: &Path, name: &str) -> PathBuf {
     dir(state_dir).join(format!("{name}.files.zst"))
 }
 
