@@ -1245,3 +1245,32 @@ fn publish_from_a_depth_one_ci_checkout_of_a_pushed_commit_is_not_refused() {
     );
     publish(&env, "ci", &["art", "--quiet"]).ok();
 }
+
+/// The unpushed refusal is judged from this clone's remote-tracking
+/// branches, which go stale when the commit reaches the remote another way
+/// (pushed to its URL, or from another clone): the refusal says it judged
+/// the remote as last fetched and names `git fetch`, after which it
+/// publishes.
+#[test]
+fn publish_refusing_an_unpushed_head_says_it_judged_a_stale_view_and_how_to_refresh_it() {
+    let (env, _src, _work) = tricky_setup("art", "1", "");
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "manifest"]);
+    env.git("work", ["push", "-q", "-u", "origin", "main"]);
+    env.git(
+        "work",
+        ["commit", "-q", "--allow-empty", "-m", "pushed by URL"],
+    );
+    let url = env.join("origin.git");
+    env.git("work", ["push", "-q", url.to_str().unwrap(), "HEAD:main"]);
+    let err = publish(&env, "work", &["art", "--quiet"])
+        .expect_code(9)
+        .stderr();
+    assert!(
+        err.contains("is not on origin as this clone last fetched it")
+            && err.contains("`git fetch origin`"),
+        "{err}"
+    );
+    env.git("work", ["fetch", "-q", "origin"]);
+    publish(&env, "work", &["art", "--quiet"]).ok();
+}
