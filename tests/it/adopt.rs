@@ -1095,3 +1095,53 @@ fn adopt_bootstrap_takes_over_a_lock_whose_owner_died_and_bounds_its_wait() {
         "not ours to remove"
     );
 }
+
+/// A checked-out symlink that leads out of the repository (a directory init
+/// writes into, or a file it would write) is never written through: init
+/// refuses with exit 7 naming the link, and what it points at is unchanged.
+#[test]
+fn adopt_init_never_writes_through_a_symlink_out_of_the_repository() {
+    let env = TestEnv::new();
+    let links = [
+        ("tools", true),
+        (".claude", true),
+        (".github", true),
+        ("cache-manifests", true),
+        (".claude/settings.json", false),
+        ("tools/ci-gates.sh", false),
+    ];
+    for (i, (link, dir)) in links.iter().enumerate() {
+        let name = format!("r{i}");
+        let repo = env.work_repo(&name);
+        let outside = env.join(format!("outside{i}"));
+        std::fs::create_dir_all(&outside).unwrap();
+        let target = if *dir {
+            outside.clone()
+        } else {
+            std::fs::write(outside.join("f"), "{}\n").unwrap();
+            outside.join("f")
+        };
+        let at = repo.join(link);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&target, &at).unwrap();
+        let r = run(env.xtask_in(&name).arg("init"));
+        let err = r.stderr();
+        // A linked file init leaves alone (no header: the user's) is fine.
+        if *dir || r.code() != 0 {
+            assert_eq!(r.code(), 7, "{link}:\n{err}");
+            assert!(
+                err.contains(&format!("{link} is a symlink")) && err.lines().count() == 1,
+                "{link}:\n{err}"
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), usize::from(!dir), "{link}: {left:?}");
+        if !dir {
+            assert_eq!(std::fs::read_to_string(&target).unwrap(), "{}\n");
+            assert!(std::fs::read_link(&at).is_ok(), "{link} replaced");
+        }
+    }
+}

@@ -1170,3 +1170,107 @@ fn publish_refuses_a_head_the_remote_does_not_have_naming_both_commits() {
     env.git("work", ["checkout", "-q", "--detach", &pushed]);
     publish(&env, "work", &["art", "--quiet"]).ok();
 }
+
+/// CI checks out a pushed commit as actions/checkout does by default (a
+/// `--depth 1` fetch of that commit into `refs/remotes/origin/main`, then
+/// `checkout -B main`): the shallow clone publishes, and so does a run whose
+/// origin/main was fetched later, shallow, past it (nothing connects them in
+/// this clone, so nothing is judged). With `--allow-unpushed --json` the
+/// warning goes to stderr and stdout stays one JSON document.
+#[test]
+fn publish_from_a_depth_one_ci_checkout_of_a_pushed_commit_is_not_refused() {
+    let (env, _src, _work) = tricky_setup("art", "1", "");
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "manifest"]);
+    for i in 0..3 {
+        let m = format!("more {i}");
+        env.git("work", ["commit", "-q", "--allow-empty", "-m", &m]);
+    }
+    env.git("work", ["push", "-q", "-u", "origin", "main"]);
+    let pushed = env.git("work", ["rev-parse", "HEAD"]).trim().to_string();
+    let url = format!("file://{}", env.join("origin.git").display());
+    env.git(".", ["init", "-q", "-b", "main", "ci"]);
+    env.git("ci", ["remote", "add", "origin", &url]);
+    let spec = format!("+{pushed}:refs/remotes/origin/main");
+    env.git(
+        "ci",
+        [
+            "fetch",
+            "-q",
+            "--no-tags",
+            "--prune",
+            "--no-recurse-submodules",
+            "--depth=1",
+            "origin",
+            &spec,
+        ],
+    );
+    env.git(
+        "ci",
+        [
+            "checkout",
+            "-q",
+            "--force",
+            "-B",
+            "main",
+            "refs/remotes/origin/main",
+        ],
+    );
+    assert_eq!(
+        env.git("ci", ["rev-parse", "--is-shallow-repository"])
+            .trim(),
+        "true"
+    );
+    publish(&env, "ci", &["art", "--quiet"]).ok();
+
+    env.git("ci", ["commit", "-q", "--allow-empty", "-m", "local only"]);
+    publish(&env, "ci", &["art", "--json"]).expect_code(9);
+    let r = publish(&env, "ci", &["art", "--json", "--allow-unpushed"]).ok();
+    assert!(r.stderr().contains("--allow-unpushed"), "{}", r.stderr());
+    json(&r);
+    env.git("ci", ["reset", "-q", "--hard", &pushed]);
+
+    // main moves on; this run's origin/main is refetched shallow past HEAD.
+    env.git("work", ["commit", "-q", "--allow-empty", "-m", "later"]);
+    env.git("work", ["push", "-q", "origin", "main"]);
+    env.git(
+        "ci",
+        [
+            "fetch",
+            "-q",
+            "--depth=1",
+            "origin",
+            "+main:refs/remotes/origin/main",
+        ],
+    );
+    publish(&env, "ci", &["art", "--quiet"]).ok();
+}
+
+/// The unpushed refusal is judged from this clone's remote-tracking
+/// branches, which go stale when the commit reaches the remote another way
+/// (pushed to its URL, or from another clone): the refusal says it judged
+/// the remote as last fetched and names `git fetch`, after which it
+/// publishes.
+#[test]
+fn publish_refusing_an_unpushed_head_says_it_judged_a_stale_view_and_how_to_refresh_it() {
+    let (env, _src, _work) = tricky_setup("art", "1", "");
+    env.git("work", ["add", "-A"]);
+    env.git("work", ["commit", "-q", "-m", "manifest"]);
+    env.git("work", ["push", "-q", "-u", "origin", "main"]);
+    env.git(
+        "work",
+        ["commit", "-q", "--allow-empty", "-m", "pushed by URL"],
+    );
+    let url = env.join("origin.git");
+    env.git("work", ["push", "-q", url.to_str().unwrap(), "HEAD:main"]);
+    let err = publish(&env, "work", &["art", "--quiet"])
+        .expect_code(9)
+        .stderr();
+    assert!(
+        err.contains("is not on origin as this clone last fetched it")
+            && err.contains("`git fetch origin`"),
+        "{err}"
+    );
+    env.git("work", ["fetch", "-q", "origin"]);
+    publish(&env, "work", &["art", "--quiet"]).ok();
+}

@@ -8,6 +8,7 @@ mod adopt_e2e;
 mod attack;
 mod attack_delta_install;
 mod attack_planted_inputs;
+mod bootstrap_hostile;
 mod broken_pipe;
 mod cache_batch;
 mod cache_concurrency;

@@ -124,10 +124,24 @@ if [ -z "$exec_name" ] || [ -z "$restore_path" ]; then die "$manifest needs [boo
 remote=${WARMSTART_BOOTSTRAP_REMOTE:-${remote:-origin}}
 # `[cache] ref` (a full ref outside refs/heads/, which a plain clone never
 # downloads) wins; else the branch, as warmstart reads the manifest.
+# Both are checked as the binary checks them (exit 10 there), before git
+# sees them: a manifest on any branch someone pushed can name them, and a
+# `src:dst` refspec would write this clone's refs, a leading `-` would be
+# an option of `git fetch` (`--upload-pack=<command>`).
 if [ -n "$cache_ref" ]; then
-  ref=$cache_ref
+  ref=$cache_ref field=cache.ref
+  case "$ref" in
+    refs/tags/* | refs/remotes/* | refs/warmstart/gates/*)
+      die "$manifest: cache.ref \"$ref\" is under a place clones, fetches or gate records use: choose e.g. \"refs/warmstart/cache/$name\"" ;;
+    refs/*/*) ;;
+    *) ref="" ;;
+  esac
 else
-  case "$branch" in refs/*) ref=$branch ;; *) ref=refs/heads/$branch ;; esac
+  ref=refs/heads/$branch field=cache.branch
+  case "$branch" in refs/* | -*) ref="" ;; esac
+fi
+if [ -z "$ref" ] || ! git check-ref-format "$ref"; then
+  die "$manifest: $field \"${cache_ref:-$branch}\" is not a usable ref: give a full ref such as \"refs/warmstart/cache/$name\" (warmstart refuses it too)"
 fi
 # A path may start with `$CARGO_TARGET_DIR/` (the one variable allowed in
 # this manifest): the variable's value, else `target`, as the binary expands

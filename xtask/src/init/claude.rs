@@ -69,7 +69,7 @@ pub fn wire(root: &Path, check: bool) -> Result<Row> {
         .context("checked to be an array")?
         .push(entry);
     let text = serde_json::to_string_pretty(&v)? + "\n";
-    super::write(&path, &text, false)?;
+    super::write(root, &path, &text, false)?;
     let word = if existing.is_some() {
         "merged"
     } else {

@@ -260,7 +260,7 @@ fn sync_files(repo: &Repo, files: &[File], check: bool) -> Result<(Vec<Row>, Vec
                 }
             }
             (State::Missing | State::Stale, false) => {
-                write(&path, &generated::render(&f.body), f.executable)?;
+                write(&repo.root, &path, &generated::render(&f.body), f.executable)?;
                 if state == State::Missing {
                     "created"
                 } else {
@@ -389,7 +389,7 @@ fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>>
             text.push('\n');
         }
         text.push_str(&new);
-        write(&allowed, &text, false)?;
+        write(&repo.root, &allowed, &text, false)?;
     }
     rows.push(Row {
         path: SIGNERS_FILE.into(),
@@ -410,7 +410,7 @@ fn trust_files(repo: &Repo, signers: &[String], check: bool) -> Result<Vec<Row>>
         }
     } else {
         if !check {
-            write(&trust, TRUST_TOML, false)?;
+            write(&repo.root, &trust, TRUST_TOML, false)?;
         }
         Row {
             path: TRUST_FILE.into(),
@@ -607,9 +607,28 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<String>> {
     }
 }
 
-/// Writes `text` to `path` atomically, so a reader never sees half a
-/// script.
-pub(crate) fn write(path: &Path, text: &str, executable: bool) -> Result<()> {
+/// Writes `text` to `path` (inside `root`) atomically, so a reader never
+/// sees half a script. Never through a symlink at or below `root`: a
+/// checked-out `tools` or `.claude` that links out of the repository (a
+/// pushed branch can hold one) would have init write scripts, or merge its
+/// hook into settings, wherever the link points.
+pub(crate) fn write(root: &Path, path: &Path, text: &str, executable: bool) -> Result<()> {
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    let mut at = root.to_path_buf();
+    for part in rel.components() {
+        at.push(part);
+        if let Ok(target) = std::fs::read_link(&at) {
+            return Err(fail(
+                Code::Unsafe,
+                format!(
+                    "{}: {} is a symlink (to {}): init writes only real files and directories of the repository; replace the link with one and rerun init",
+                    rel.display(),
+                    at.strip_prefix(root).unwrap_or(&at).display(),
+                    target.display()
+                ),
+            ));
+        }
+    }
     let mode = if executable { 0o755 } else { 0o644 };
     crate::fsio::write_atomic_mode(path, text.as_bytes(), mode)
 }

@@ -53,7 +53,7 @@ pub(crate) fn check(
     let short = |c: &str| c.chars().take(12).collect::<String>();
     let shown = theirs.trim_start_matches("refs/remotes/");
     let what = format!(
-        "HEAD {} is not on {}: no branch of it contains this commit ({shown} is at {})",
+        "HEAD {} is not on {} as this clone last fetched it: no branch of it contains this commit ({shown} is at {})",
         short(&head),
         remote.shown_name(),
         short(&at)
@@ -67,7 +67,7 @@ pub(crate) fn check(
     Err(fail(
         Code::NotGreen,
         format!(
-            "{what}: push it first (`git push {} HEAD`), or publish with --allow-unpushed",
+            "{what}: push it first (`git push {0} HEAD`; if it is pushed already, `git fetch {0}`), or publish with --allow-unpushed",
             remote.shown_name()
         ),
     ))
