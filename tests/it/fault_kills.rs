@@ -98,7 +98,7 @@ impl World {
             Op::Gc => {
                 self.manifest("1", 1);
                 self.ok(&["cache", "restore", "art"]);
-                let gc = ["cache", "gc", "--keep", "0s", "--max-size", "0"];
+                let gc = ["cache", "gc", "--keep-for", "0s", "--max-size", "0"];
                 (gc.map(String::from).to_vec(), 1)
             }
         }
