@@ -7,7 +7,7 @@
 use crate::unpack::hostile;
 use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, TestEnv, run, show, source_root};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -993,4 +993,71 @@ fn conda_unpack_two_at_once_into_one_prefix_both_succeed() {
         assert!(out.status.success(), "{}", show(&out));
     }
     assert_many_complete(&s.prefix, n);
+}
+
+/// A package cut short at any point (an interrupted download) is refused
+/// with one line that says it is truncated and to download it again, and
+/// leaves the prefix as it was; a cut that leaves every entry whole (only a
+/// compressed stream's last bytes gone) installs exactly what the whole
+/// package installs, never something else.
+#[test]
+fn conda_unpack_a_truncated_package_says_so_and_to_download_it_again() {
+    let env = TestEnv::new();
+    for name in ["wsfixture-1.2.3-h0_0.conda", "wslegacy-0.1-0.tar.bz2"] {
+        let whole = fs::read(fixture(name)).unwrap();
+        let unpack = |pkg: &Path, into: &Path| {
+            run(env
+                .xtask()
+                .args(["conda", "unpack"])
+                .arg(pkg)
+                .arg("--into")
+                .arg(into))
+            .ok();
+        };
+        let (mut refused, mut installed) = (0, 0);
+        // Every cut from 1 byte up, in 24 steps, and the last 8 bytes one by one.
+        let step = (whole.len() / 24).max(1);
+        let cuts: BTreeSet<usize> = (1..whole.len())
+            .step_by(step)
+            .chain(whole.len().saturating_sub(8)..whole.len())
+            .collect();
+        for cut in cuts {
+            let pkg = env.join(name);
+            fs::write(&pkg, &whole[..cut]).unwrap();
+            let prefix = env.join(format!("p-{name}-{cut}"));
+            let r = run(env
+                .xtask()
+                .args(["conda", "unpack"])
+                .arg(&pkg)
+                .arg("--into")
+                .arg(&prefix));
+            if r.code() == 0 {
+                // The prefix is written into the files: compare with the
+                // whole package unpacked into the same path.
+                let cut_tree = env.join(format!("cut-{name}-{cut}"));
+                fs::rename(&prefix, &cut_tree).unwrap();
+                unpack(&fixture(name), &prefix);
+                crate::util::tree::assert_same_tree(&prefix, &cut_tree);
+                installed += 1;
+                continue;
+            }
+            let err = r.stderr();
+            assert_eq!(r.code(), 7, "{name} cut at {cut}: {err}");
+            assert!(
+                err.contains("truncated") && err.contains("download it again"),
+                "{name} cut at {cut} bytes of {}: {err}",
+                whole.len()
+            );
+            assert_eq!(err.lines().count(), 1, "{name} cut at {cut}: {err}");
+            assert!(
+                !prefix.exists() || fs::read_dir(&prefix).unwrap().next().is_none(),
+                "{name} cut at {cut}: the prefix was written"
+            );
+            refused += 1;
+        }
+        assert!(
+            refused > 20,
+            "{name}: only {refused} cuts refused ({installed} installed)"
+        );
+    }
 }

@@ -256,12 +256,17 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// (at most 65557: the record plus the longest comment).
 pub fn parse_eocd(tail: &[u8]) -> Result<Eocd, String> {
     if tail.len() < 22 {
-        return Err("too short to be a zip file".into());
+        return Err(
+            "too short to be a zip file: it is truncated (an interrupted download?) or not a .conda; download it again"
+                .into(),
+        );
     }
     let at = (0..=tail.len() - 22)
         .rev()
         .find(|&i| tail[i..i + 4] == EOCD_SIG)
-        .ok_or("no zip end-of-central-directory record")?;
+        .ok_or(
+            "no zip end-of-central-directory record: the file is truncated (an interrupted download?) or not a .conda; download it again",
+        )?;
     let r = &tail[at..];
     let entries = u16_at(r, 10);
     let cd_size = u32_at(r, 12);

@@ -43,6 +43,16 @@ pub fn detect(path: &Path) -> Result<Format> {
     match &magic[..n] {
         [b'P', b'K', 3, 4] | [b'P', b'K', 5, 6] => Ok(Format::Conda),
         [b'B', b'Z', b'h', _] => Ok(Format::TarBz2),
+        // Fewer than 4 bytes that start like a package: a cut download.
+        short if n < 4 && (b"PK\x03\x04".starts_with(short) || b"BZh".starts_with(short)) => {
+            Err(fail(
+                Code::Unsafe,
+                format!(
+                    "{} is {n} bytes long: the package is truncated (an interrupted download?); download it again",
+                    path.display()
+                ),
+            ))
+        }
         _ => Err(fail(
             Code::Unsafe,
             format!(

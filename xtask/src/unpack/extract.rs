@@ -251,10 +251,22 @@ fn stream_refused(prev: Option<&str>, err: &io::Error, budget: &Budget) -> anyho
             ),
         );
     }
+    // A compressed stream that ends before its own end marker is a cut
+    // file (an interrupted download), not a hostile one: say so, and how to
+    // get a whole one.
+    let text = err.to_string();
+    if err.kind() == io::ErrorKind::UnexpectedEof || text.contains("EOF") {
+        return fail(
+            Code::Unsafe,
+            format!(
+                "refusing tar stream {after}: {text}: the file is truncated (an interrupted download?); download it again"
+            ),
+        );
+    }
     fail(
         Code::Unsafe,
         format!(
-            "refusing tar stream {after}: {err} (an entry's data is longer than its declared size, or the stream is corrupt)"
+            "refusing tar stream {after}: {text} (an entry's data is longer than its declared size, or the stream is corrupt)"
         ),
     )
 }

@@ -177,8 +177,7 @@ pub struct PruneSummary {
     /// Compressed bytes of the dropped keys' chunks: what the branch no
     /// longer references (the host frees them only when it collects
     /// garbage).
-    #[serde(rename = "compressed_bytes_dropped")]
-    pub bytes_dropped: u64,
+    pub compressed_bytes_dropped: u64,
     /// Lost leases retried.
     pub retries: usize,
 }
@@ -267,7 +266,7 @@ fn summarize(
         status: "nothing to prune",
         previous_commit: state.commit.clone(),
         commit: state.commit.clone(),
-        bytes_dropped: dropped.iter().map(|(_, r)| r.bytes).sum(),
+        compressed_bytes_dropped: dropped.iter().map(|(_, r)| r.bytes).sum(),
         dropped: dropped.into_iter().map(|(_, r)| r).collect(),
         kept: kept.into_iter().map(|(_, r)| r).collect(),
         retries,
@@ -374,12 +373,12 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
                 summary.status = "pruned";
                 summary.commit = commit.clone();
                 out.say(format!(
-                    "pruned {} from {} on {remote}: commit {} (one root commit), {} kept; {} no longer referenced (the host reclaims it when it collects garbage)",
+                    "pruned {} from {} on {remote}: commit {} (one root commit), {} kept; {} of compressed chunks no longer referenced (the host reclaims it when it collects garbage)",
                     plural(drops.len(), "key", "keys"),
                     m.branch,
                     &commit[..12],
                     plural(summary.kept.len(), "key", "keys"),
-                    human_bytes(summary.bytes_dropped)
+                    human_bytes(summary.compressed_bytes_dropped)
                 ));
                 return Ok(summary);
             }
