@@ -12,7 +12,7 @@ use crate::util::git_daemon::GitDaemon;
 use crate::util::http::HttpServer;
 use crate::util::http_backend::HttpGit;
 use crate::util::tree::write_pseudo_random;
-use crate::util::{Run, run, show};
+use crate::util::{Run, run, show, signal_and_wait};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -488,24 +488,6 @@ fn an_ignored_sigterm_stays_ignored_by_the_network_watchdog() {
     );
     assert!(err.contains("stalled: nothing moved for 3s"), "{err}");
     assert!(partial_files(&fx).is_empty(), "{:?}", partial_files(&fx));
-}
-
-/// Sends `sig` to `child`, waits for it, and returns its status and stderr.
-fn signal_and_wait(
-    child: &mut std::process::Child,
-    sig: libc::c_int,
-) -> (std::process::ExitStatus, String) {
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as libc::pid_t, sig) };
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    (status, err)
 }
 
 /// Answers every request with `code` (and the header that goes with it).

@@ -5,6 +5,7 @@
 //! what it did, and the next publish succeeds.
 
 use crate::util::fixture::{Fixture, Manifest};
+use crate::util::signal_and_wait;
 use crate::util::tree::write_pseudo_random;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -81,16 +82,7 @@ fn interrupt_when(
     // The watchdog notes a push's quarantine at its next look (every
     // 100 ms): `settle` gives it three.
     std::thread::sleep(settle);
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as libc::pid_t, sig) };
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, err) = signal_and_wait(&mut child, sig);
     (status.code(), err)
 }
 

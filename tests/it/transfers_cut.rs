@@ -9,7 +9,7 @@ use crate::util::fixture::{Fixture, Manifest};
 use crate::util::relay::CuttingRelay;
 use crate::util::servers::Sshd;
 use crate::util::tree::write_pseudo_random;
-use crate::util::{Run, show};
+use crate::util::{Run, show, stored_chunks};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -28,17 +28,6 @@ fn published(noise: u64, chunk: u64) -> (Fixture, Value) {
     let j = fx.publish("art");
     fx.forget();
     (fx, j)
-}
-
-/// Verified chunk files in the chunk store (not partial ones).
-fn stored(work: &Path) -> usize {
-    std::fs::read_dir(work.join(".git/warmstart/cache.git/chunks"))
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| !e.file_name().to_string_lossy().starts_with("tmp-"))
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 /// git's temporary files in the private store: `tmp_pack_*`, `tmp_idx_*`
@@ -82,7 +71,7 @@ fn completes_through(fx: &Fixture, url: &str, relay: &CuttingRelay) {
     let mut done = None;
     for _ in 0..4 {
         let r = restore_via(fx, url);
-        kept.push(stored(&fx.work));
+        kept.push(stored_chunks(&fx.work));
         if r.code() == 0 {
             done = Some(r);
             break;

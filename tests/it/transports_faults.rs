@@ -9,8 +9,7 @@
 
 use crate::transports::{Fx, json_of};
 use crate::util::servers::{GIT_PASSWORD, GIT_USER, Nginx, PROXY_USER, Silent, Squid, Sshd};
-use crate::util::{Run, show};
-use std::path::Path;
+use crate::util::{Run, show, stored_chunks};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -117,17 +116,6 @@ fn transports_faults_a_silent_ssh_server_times_out_connecting_with_exit_8() {
         let (r, took) = bounded(&fx, "work", args, Duration::from_secs(2));
         ends_in_one_line(&r, took, Duration::from_secs(2), 8, &["timed out"]);
     }
-}
-
-/// A chunk file (not a partial one) in the chunk store under `work`.
-fn stored_chunks(work: &Path) -> usize {
-    std::fs::read_dir(work.join(".git/warmstart/cache.git/chunks"))
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| !e.file_name().to_string_lossy().starts_with("tmp-"))
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 #[test]

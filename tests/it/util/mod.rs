@@ -222,6 +222,37 @@ pub fn run(cmd: &mut Command) -> Run {
 }
 
 /// sha256 of a file, via coreutils (an independent implementation).
+/// Verified chunk files in the chunk store of the clone `work` (not the
+/// partial `tmp-*` ones a fetch writes first).
+pub fn stored_chunks(work: &Path) -> usize {
+    std::fs::read_dir(work.join(".git/warmstart/cache.git/chunks"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with("tmp-"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Sends `sig` to `child`, waits for it, and returns its status and stderr.
+pub fn signal_and_wait(
+    child: &mut std::process::Child,
+    sig: libc::c_int,
+) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
+}
+
 pub fn sha256sum(path: &Path) -> String {
     let out = Command::new("sha256sum").arg(path).output().unwrap();
     assert!(out.status.success(), "{}", show(&out));

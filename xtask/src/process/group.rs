@@ -166,26 +166,34 @@ impl Group {
     }
 }
 
+/// The `/proc/<pid>` directories of the processes in group `pgid`.
+fn group_procs(pgid: i32) -> Vec<PathBuf> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .map(|p| p.path())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
+            // Fields after the command name (which may hold spaces): state, ppid, pgrp.
+            let pgrp = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+                .and_then(|f| f.parse::<i32>().ok());
+            pgrp == Some(pgid)
+        })
+        .collect()
+}
+
 /// Partial files (`tmp_pack_*`, `tmp_idx_*`, ...) the processes of group
 /// `pgid` hold open: what git leaves behind when it is killed mid-fetch.
 /// Only files a process of the group has open count, so another
 /// process's fetch into the same repository is never touched.
 pub fn group_temp_files(pgid: i32) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for p in procs.flatten() {
-        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
-        // Fields after the command name (which may hold spaces): state, ppid, pgrp.
-        let pgrp = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(2))
-            .and_then(|f| f.parse::<i32>().ok());
-        if pgrp != Some(pgid) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+    for p in group_procs(pgid) {
+        let Ok(fds) = std::fs::read_dir(p.join("fd")) else {
             continue;
         };
         for fd in fds.flatten() {
@@ -209,19 +217,8 @@ pub fn group_temp_files(pgid: i32) -> Vec<PathBuf> {
 /// killed; only the ones a process of our group names are ours.
 pub fn group_quarantines(pgid: i32) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for p in procs.flatten() {
-        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
-        let pgrp = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(2))
-            .and_then(|f| f.parse::<i32>().ok());
-        if pgrp != Some(pgid) {
-            continue;
-        }
-        let env = std::fs::read(p.path().join("environ")).unwrap_or_default();
+    for p in group_procs(pgid) {
+        let env = std::fs::read(p.join("environ")).unwrap_or_default();
         for var in env.split(|&b| b == 0) {
             let Some(path) = var.strip_prefix(b"GIT_QUARANTINE_PATH=") else {
                 continue;
