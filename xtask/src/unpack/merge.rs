@@ -775,6 +775,34 @@ mod tests {
     }
 
     #[test]
+    fn a_replayed_journal_keeps_absolute_symlinks_and_refuses_an_unmatched_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, prefix, journal) = setup(tmp.path());
+        std::os::unix::fs::symlink("/usr/bin/env", staging.join("bin/env")).unwrap();
+        let opts = MergeOptions {
+            absolute_symlinks: vec![crate::glob::Pattern::new("bin/e*").unwrap()],
+            ..MergeOptions::default()
+        };
+        std::os::unix::fs::symlink("/etc", staging.join("bin/other")).unwrap();
+        let err = merge_into_with(&staging, &prefix, &journal, opts.clone()).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Unsafe, "{err:#}");
+        assert!(
+            format!("{err:#}").contains("refusing symlink `bin/other`"),
+            "{err:#}"
+        );
+        fs::remove_file(staging.join("bin/other")).unwrap();
+        assert!(run_killed_at("merge:journal-written", || merge_into_with(
+            &staging, &prefix, &journal, opts
+        )));
+        recover(&journal, &prefix).unwrap();
+        assert_eq!(
+            fs::read_link(prefix.join("bin/env")).unwrap(),
+            Path::new("/usr/bin/env")
+        );
+        assert_merged(&prefix, &staging, &journal);
+    }
+
+    #[test]
     fn a_replayed_journal_keeps_allow_external_symlinks() {
         let tmp = tempfile::tempdir().unwrap();
         let (staging, prefix, journal) = setup(tmp.path());
