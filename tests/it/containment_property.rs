@@ -18,6 +18,12 @@
 //! `merge_into_with` or `swap_dir`), once with `openat2` and once with the
 //! fallback walk; `WARMSTART_CONTAINMENT_SEQUENCES` (default 500) sets the
 //! number of sequences per resolver, `WARMSTART_CONTAINMENT_SEED` the seed.
+//!
+//! A third run installs some archives with a cache manifest's
+//! `pack.absolute_symlinks` (`ABSOLUTE`): their absolute links, some with a
+//! `..` inside, land at matching and non-matching paths, and later entries
+//! go under them. The same invariant holds, and no accepted archive holds an
+//! absolute link the setting does not allow.
 
 use crate::util::rng::Rng;
 use crate::util::tree::{Detail, snapshot};
@@ -39,7 +45,20 @@ enum Entry {
 struct Archive {
     entries: Vec<Entry>,
     external: bool,
+    /// Installed with `ABSOLUTE` as `pack.absolute_symlinks`.
+    absolute: bool,
     tar: Vec<u8>,
+}
+
+/// The `pack.absolute_symlinks` of the third run: some names of `NAMES`
+/// at some depths, so that generated links both match and miss.
+const ABSOLUTE: &[&str] = &["l", "a/l", "**/lib64", "x/zz"];
+
+fn absolute_patterns() -> Vec<warmstart::glob::Pattern> {
+    ABSOLUTE
+        .iter()
+        .map(|g| warmstart::glob::Pattern::new(g).unwrap())
+        .collect()
 }
 
 const NAMES: &[&str] = &["a", "l", "x", "zz", "lib", "lib64"];
@@ -69,9 +88,49 @@ fn path(rng: &mut Rng, depth: usize) -> String {
 
 /// One archive: random entries, or one of the shapes of the known escapes
 /// with random depths.
-fn archive(rng: &mut Rng, abs: &[String]) -> Archive {
+fn archive(rng: &mut Rng, abs: &[String], with_absolute: bool) -> Archive {
     let external = rng.chance(25);
+    let absolute = with_absolute && !external && rng.chance(50);
     let mut entries = Vec::new();
+    if absolute {
+        absolute_entries(rng, abs, &mut entries);
+    } else {
+        other_entries(rng, abs, external, &mut entries);
+    }
+    let tar = tar_of(&entries);
+    Archive {
+        entries,
+        external,
+        absolute,
+        tar,
+    }
+}
+
+/// Absolute links (now and then with a `..` inside) at paths `ABSOLUTE`
+/// matches or misses, then entries under such a name or beside it.
+fn absolute_entries(rng: &mut Rng, abs: &[String], entries: &mut Vec<Entry>) {
+    for _ in 0..1 + rng.below(4) {
+        let depth = 1 + rng.below(2);
+        let p = match rng.chance(50) {
+            true => rng
+                .pick(&["l", "a/l", "lib64", "zz/lib64", "x/zz"])
+                .to_string(),
+            false => path(rng, depth),
+        };
+        let mut t = rng.pick(abs).clone();
+        if rng.chance(20) {
+            t = format!("{t}/../{}", rng.pick(NAMES));
+        }
+        entries.push(match rng.below(6) {
+            0 => Entry::Dir(p),
+            1 => Entry::File(format!("{p}/x")),
+            2 => Entry::Link(p, rng.pick(TARGETS).to_string()),
+            _ => Entry::Link(p, t),
+        });
+    }
+}
+
+fn other_entries(rng: &mut Rng, abs: &[String], external: bool, entries: &mut Vec<Entry>) {
     match rng.below(4) {
         0 => {
             // A link back up `k` levels from depth `k` (to the root) or one short.
@@ -112,12 +171,6 @@ fn archive(rng: &mut Rng, abs: &[String]) -> Archive {
                 });
             }
         }
-    }
-    let tar = tar_of(&entries);
-    Archive {
-        entries,
-        external,
-        tar,
     }
 }
 
@@ -168,9 +221,14 @@ fn install(
     writers: Option<usize>,
 ) -> anyhow::Result<()> {
     let staging = unpack::staging_dir_for(prefix)?;
+    let absolute = match a.absolute {
+        true => absolute_patterns(),
+        false => Vec::new(),
+    };
     let opts = Options {
         allow_external_symlinks: a.external,
         writers,
+        absolute_symlinks: absolute.clone(),
     };
     let r =
         unpack::extract_tar(&a.tar[..], &staging, &Limits::GENEROUS, &opts).and_then(
@@ -181,6 +239,7 @@ fn install(
                     journal,
                     MergeOptions {
                         allow_external_symlinks: a.external,
+                        absolute_symlinks: absolute,
                     },
                 )
                 .map(drop),
@@ -236,7 +295,28 @@ fn scratch() -> tempfile::TempDir {
     .unwrap()
 }
 
-fn property(walk: bool) {
+/// An archive accepted alone without external symlinks holds no absolute
+/// link but those `ABSOLUTE` allows: at a matching path, without `..`.
+fn assert_only_allowed_absolute_links(a: &Archive) {
+    if a.external {
+        return;
+    }
+    let patterns = absolute_patterns();
+    for e in &a.entries {
+        if let Entry::Link(p, t) = e
+            && t.starts_with('/')
+        {
+            assert!(
+                a.absolute
+                    && patterns.iter().any(|g| g.matches(p))
+                    && !t.split('/').any(|c| c == ".."),
+                "accepted an absolute link the setting does not allow: {p} -> {t}: {a:#?}"
+            );
+        }
+    }
+}
+
+fn property(walk: bool, with_absolute: bool) {
     unpack::force_walk(walk);
     let sequences = env_number("WARMSTART_CONTAINMENT_SEQUENCES", 500);
     let seed = env_number("WARMSTART_CONTAINMENT_SEED", 0x5eed_c0de) | 1;
@@ -274,13 +354,14 @@ fn property(walk: bool) {
     let alone = tmp.path().join("alone/prefix");
     let mut pool = Vec::new();
     let mut generated = 0;
+    let mut allowed_links = 0;
     while pool.len() < 150 {
         generated += 1;
         assert!(
             generated < 20_000,
             "the generator makes too few acceptable archives"
         );
-        let a = archive(&mut rng, &abs);
+        let a = archive(&mut rng, &abs, with_absolute);
         fresh_dir(&alone);
         if install(
             &a,
@@ -291,10 +372,17 @@ fn property(walk: bool) {
         )
         .is_ok()
         {
+            assert_only_allowed_absolute_links(&a);
+            let absolute_link = |e: &Entry| matches!(e, Entry::Link(_, t) if t.starts_with('/'));
+            allowed_links += usize::from(a.absolute && a.entries.iter().any(absolute_link));
             pool.push(a);
         }
     }
 
+    assert!(
+        !with_absolute || allowed_links > 10,
+        "only {allowed_links} archives of the pool hold an allowed absolute link"
+    );
     let (mut installs, mut refused) = (0u64, 0u64);
     for seq in 0..sequences {
         fresh_dir(&prefix);
@@ -308,7 +396,7 @@ fn property(walk: bool) {
                 Mode::Merge
             };
             let writers = *rng.pick(&[None, Some(0)]);
-            history.push((mode, a.external, a.entries.clone()));
+            history.push((mode, a.external, a.absolute, a.entries.clone()));
             let before = snapshot(&prefix, Detail::UNTOUCHED);
             let r = install(a, &prefix, &journal, mode, writers);
             installs += 1;
@@ -352,8 +440,13 @@ fn property(walk: bool) {
         );
     }
     eprintln!(
-        "containment property ({}): {sequences} sequences, {installs} installs ({refused} refused), pool of {} from {generated} archives, {by_openat2} openat2 + {by_walk} walk resolutions, seed {seed:#x}, {:.1} s",
+        "containment property ({}{}): {sequences} sequences, {installs} installs ({refused} refused), pool of {} from {generated} archives, {by_openat2} openat2 + {by_walk} walk resolutions, seed {seed:#x}, {:.1} s",
         if walk { "fallback walk" } else { "openat2" },
+        if with_absolute {
+            ", pack.absolute_symlinks"
+        } else {
+            ""
+        },
         pool.len(),
         t0.elapsed().as_secs_f64()
     );
@@ -361,10 +454,15 @@ fn property(walk: bool) {
 
 #[test]
 fn no_sequence_of_accepted_archives_writes_outside_the_target_with_openat2() {
-    property(false);
+    property(false, false);
+}
+
+#[test]
+fn with_pack_absolute_symlinks_no_sequence_writes_outside_and_only_matching_links_are_accepted() {
+    property(false, true);
 }
 
 #[test]
 fn no_sequence_of_accepted_archives_writes_outside_the_target_with_the_walk() {
-    property(true);
+    property(true, false);
 }

@@ -706,6 +706,13 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         "cache manifest",
+        "pack.absolute_symlinks",
+        "",
+        "nothing",
+        "globs of paths whose symlink may have an absolute target without `..` (a venv's `bin/python*`), at publish and at every restore",
+    ),
+    (
+        "cache manifest",
         "restore",
         "",
         "(required)",

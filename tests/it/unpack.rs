@@ -191,15 +191,27 @@ fn unpack_refuses_absolute_paths() {
 #[test]
 fn unpack_refuses_symlinks_that_escape() {
     let o = Options::default();
-    assert_refused("symlink-escape", "", "esc", "leaves the destination", o);
+    assert_refused(
+        "symlink-escape",
+        "",
+        "esc",
+        "leaves the destination",
+        o.clone(),
+    );
     assert_refused(
         "symlink-escape-deep",
         "",
         "a/b/esc",
         "leaves the destination",
-        o,
+        o.clone(),
     );
-    assert_refused("symlink-absolute", "/etc", "abs", "absolute path `/etc`", o);
+    assert_refused(
+        "symlink-absolute",
+        "/etc",
+        "abs",
+        "absolute path `/etc`",
+        o.clone(),
+    );
 }
 
 #[test]
@@ -272,10 +284,16 @@ fn unpack_refuses_hardlinks_outside_or_to_missing_entries() {
         "",
         "h",
         "hardlink target `/etc/hostname`: absolute path",
-        o,
+        o.clone(),
     );
-    assert_refused("hardlink-dotdot", "", "h", "`..`", o);
-    assert_refused("hardlink-missing", "", "h", "not an earlier entry", o);
+    assert_refused("hardlink-dotdot", "", "h", "`..`", o.clone());
+    assert_refused(
+        "hardlink-missing",
+        "",
+        "h",
+        "not an earlier entry",
+        o.clone(),
+    );
     let env = TestEnv::new();
     let outside = env.join("box/outside");
     let allow = Options {
@@ -294,9 +312,9 @@ fn unpack_refuses_hardlinks_outside_or_to_missing_entries() {
 #[test]
 fn unpack_refuses_device_nodes_and_fifos() {
     let o = Options::default();
-    assert_refused("chardev", "", "null", "device nodes are refused", o);
-    assert_refused("blockdev", "", "sda", "device nodes are refused", o);
-    assert_refused("fifo", "", "pipe", "fifos are refused", o);
+    assert_refused("chardev", "", "null", "device nodes are refused", o.clone());
+    assert_refused("blockdev", "", "sda", "device nodes are refused", o.clone());
+    assert_refused("fifo", "", "pipe", "fifos are refused", o.clone());
 }
 
 #[test]

@@ -58,6 +58,59 @@ pub fn check(pattern: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A checked pattern compiled to a matcher of `/`-separated relative paths:
+/// the one implementation of the dialect's meaning that code below
+/// `cache::format` (the extractor, the merge) can use. Two patterns are
+/// equal when their text is.
+#[derive(Clone, Debug)]
+pub struct Pattern {
+    pub text: String,
+    re: regex_lite::Regex,
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Pattern) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for Pattern {}
+
+impl Pattern {
+    pub fn new(glob: &str) -> Result<Pattern, String> {
+        check(glob)?;
+        // `s`: `.` matches a newline too, so a file whose name holds one is
+        // selected like any other instead of silently left out.
+        let mut re = String::from("(?s)^");
+        let mut chars = glob.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '*' if chars.peek() == Some(&'*') => {
+                    chars.next();
+                    if chars.peek() == Some(&'/') {
+                        chars.next();
+                        re.push_str("(?:.*/)?");
+                    } else {
+                        re.push_str(".*");
+                    }
+                }
+                '*' => re.push_str("[^/]*"),
+                '?' => re.push_str("[^/]"),
+                c => re.push_str(&regex_lite::escape(&c.to_string())),
+            }
+        }
+        re.push('$');
+        Ok(Pattern {
+            text: glob.to_string(),
+            re: regex_lite::Regex::new(&re).map_err(|e| format!("glob {glob:?}: {e}"))?,
+        })
+    }
+
+    pub fn matches(&self, rel: &str) -> bool {
+        self.re.is_match(rel)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -207,6 +207,8 @@ pub struct Manifest {
     cache: Option<String>,
     keys: Vec<String>,
     root: String,
+    /// Further lines of the `[pack]` table, after `root`.
+    pack: String,
     publish: Option<String>,
     restore: String,
     extra: String,
@@ -229,6 +231,7 @@ impl Manifest {
             cache: None,
             keys: Vec::new(),
             root: root.as_ref().display().to_string(),
+            pack: String::new(),
             publish: None,
             restore: "path = \"restored/art\"\n".to_string(),
             extra: String::new(),
@@ -251,6 +254,13 @@ impl Manifest {
     /// The `[cache]` table's lines (an empty string writes an empty table).
     pub fn cache(mut self, lines: &str) -> Manifest {
         self.cache = Some(lines.to_string());
+        self
+    }
+
+    /// A further line of the `[pack]` table (`keep_mtime = true`, say).
+    pub fn pack_line(mut self, line: &str) -> Manifest {
+        self.pack.push_str(line);
+        self.pack.push('\n');
         self
     }
 
@@ -293,7 +303,10 @@ impl Manifest {
             t.push_str(k);
             t.push('\n');
         }
-        t.push_str(&format!("[pack]\nroot = \"{}\"\n\n", self.root));
+        t.push_str(&format!(
+            "[pack]\nroot = \"{}\"\n{}\n",
+            self.root, self.pack
+        ));
         if let Some(p) = &self.publish {
             t.push_str(&format!("[publish]\n{p}\n\n"));
         }

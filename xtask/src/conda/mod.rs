@@ -439,6 +439,7 @@ pub fn unpack_package(args: &UnpackArgs) -> Result<UnpackReport> {
     guard.0 = None;
     let merge = unpack::MergeOptions {
         allow_external_symlinks: args.allow_external_symlinks,
+        ..unpack::MergeOptions::default()
     };
     if let Err(err) = unpack::merge_into_with(&staging, &prefix, &journal, merge) {
         // Refused before its journal was written (e.g. a conflict in the

@@ -362,6 +362,31 @@ pub(crate) fn check_symlink_target(rel: &Path, target: &[u8]) -> Result<(), Stri
     Ok(())
 }
 
+/// `check_symlink_target`, except that a symlink whose path matches one of
+/// `absolute` (the manifest's `pack.absolute_symlinks`) may have an absolute
+/// target, as long as no component of it is `..`. Pack time and every
+/// restore judge by this one function so that they never disagree.
+pub(crate) fn check_symlink_target_with(
+    rel: &Path,
+    target: &[u8],
+    absolute: &[crate::glob::Pattern],
+) -> Result<(), String> {
+    let matched = || {
+        rel.to_str()
+            .is_some_and(|rel| absolute.iter().any(|p| p.matches(rel)))
+    };
+    if target.first() == Some(&b'/') && matched() {
+        if target.split(|&b| b == b'/').any(|c| c == b"..") {
+            return Err(format!(
+                "symlink to the absolute path `{}` has a `..` component, which pack.absolute_symlinks never allows",
+                String::from_utf8_lossy(target)
+            ));
+        }
+        return Ok(());
+    }
+    check_symlink_target(rel, target)
+}
+
 struct Extractor<'a> {
     dest: Option<&'a Path>,
     limits: &'a Limits,
@@ -407,7 +432,7 @@ impl Extractor<'_> {
         let mtime = header.mtime().unwrap_or(0);
         let raw = entry.path_bytes().into_owned();
         let rel = safe_relative(&raw).map_err(|reason| refuse(name, reason))?;
-        let kind = classify(&entry, &raw, &rel, name, self.opts.allow_external_symlinks)?;
+        let kind = classify(&entry, &raw, &rel, name, self.opts)?;
         if rel.as_os_str().is_empty() {
             return match kind {
                 // `./` itself: the destination exists already; keep its mode.
@@ -669,7 +694,7 @@ fn classify<R: Read>(
     raw: &[u8],
     rel: &Path,
     name: &str,
-    allow_external_symlinks: bool,
+    opts: &Options,
 ) -> Result<Kind> {
     let ty = entry.header().entry_type();
     if ty.is_dir() || (ty.is_file() && raw.last() == Some(&b'/')) {
@@ -677,7 +702,7 @@ fn classify<R: Read>(
     } else if ty.is_file() || ty.is_contiguous() {
         Ok(Kind::File)
     } else if ty.is_symlink() {
-        symlink_target(entry, rel, name, allow_external_symlinks).map(Kind::Symlink)
+        symlink_target(entry, rel, name, opts).map(Kind::Symlink)
     } else if ty.is_hard_link() {
         hardlink_target(entry, name)
     } else if ty.is_character_special() || ty.is_block_special() {
@@ -700,7 +725,7 @@ fn symlink_target<R: Read>(
     entry: &tar::Entry<'_, R>,
     rel: &Path,
     name: &str,
-    allow_external_symlinks: bool,
+    opts: &Options,
 ) -> Result<Vec<u8>> {
     let target = entry
         .link_name_bytes()
@@ -709,8 +734,8 @@ fn symlink_target<R: Read>(
     if target.is_empty() {
         return Err(refuse(name, "symlink with an empty target"));
     }
-    if !allow_external_symlinks {
-        check_symlink_target(rel, &target).map_err(|reason| {
+    if !opts.allow_external_symlinks {
+        check_symlink_target_with(rel, &target, &opts.absolute_symlinks).map_err(|reason| {
             refuse(
                 name,
                 format!("{reason} (allow with --allow-external-symlinks)"),

@@ -7,6 +7,7 @@
 //! warmstart-merge-journal 1\n
 //! staging\0<path>\0 prefix\0<path>\0
 //! symlinks\0external\0   only when external symlinks are allowed
+//! abslink\0<glob>\0 ...   paths whose symlink may be absolute (no `..`)
 //! d\0<rel>\0 ...   directories to create, parents first
 //! f\0<rel>\0 ...   files and symlinks to move
 //! end\0
@@ -33,6 +34,9 @@ pub struct Journal {
     /// Staged symlinks may lead outside the prefix (`--allow-external-symlinks`):
     /// the replay judges them as the first run did.
     pub external_symlinks: bool,
+    /// The merge's `absolute_symlinks` globs, so the replay judges staged
+    /// links by the same rule as the first run.
+    pub absolute_symlinks: Vec<String>,
     pub entries: Vec<(Kind, PathBuf)>,
 }
 
@@ -49,6 +53,9 @@ impl Journal {
         field(b"prefix", self.prefix.as_os_str());
         if self.external_symlinks {
             field(b"symlinks", OsStr::new("external"));
+        }
+        for glob in &self.absolute_symlinks {
+            field(b"abslink", OsStr::new(glob));
         }
         for (kind, rel) in &self.entries {
             let tag: &[u8] = match kind {
@@ -82,6 +89,7 @@ impl Journal {
         let mut staging = None;
         let mut prefix = None;
         let mut external_symlinks = false;
+        let mut absolute_symlinks = Vec::new();
         let mut entries = Vec::new();
         for pair in fields.chunks(2) {
             let value = PathBuf::from(OsStr::from_bytes(pair[1]));
@@ -89,6 +97,10 @@ impl Journal {
                 b"staging" => staging = Some(value),
                 b"prefix" => prefix = Some(value),
                 b"symlinks" if pair[1] == b"external" => external_symlinks = true,
+                b"abslink" => absolute_symlinks.push(
+                    String::from_utf8(pair[1].to_vec())
+                        .map_err(|_| "malformed: a glob that is not UTF-8")?,
+                ),
                 b"d" => entries.push((Kind::Dir, value)),
                 b"f" => entries.push((Kind::File, value)),
                 tag => {
@@ -111,6 +123,7 @@ impl Journal {
             staging: staging.ok_or("malformed: no staging path")?,
             prefix: prefix.ok_or("malformed: no prefix path")?,
             external_symlinks,
+            absolute_symlinks,
             entries,
         })
     }
@@ -125,6 +138,7 @@ mod tests {
             staging: "/p/.x.staging-1".into(),
             prefix: "/usr/local".into(),
             external_symlinks: false,
+            absolute_symlinks: Vec::new(),
             entries: vec![
                 (Kind::Dir, "bin".into()),
                 (Kind::File, "bin/wasm-merge".into()),
@@ -141,6 +155,8 @@ mod tests {
         let mut j = sample();
         assert_eq!(Journal::parse(&j.to_bytes()).unwrap(), j);
         j.external_symlinks = true;
+        assert_eq!(Journal::parse(&j.to_bytes()).unwrap(), j);
+        j.absolute_symlinks = vec!["venv/bin/python*".into()];
         assert_eq!(Journal::parse(&j.to_bytes()).unwrap(), j);
     }
 

@@ -43,12 +43,15 @@ mod checks;
 const TMP_SUFFIX: &str = ".warmstart-new";
 
 /// Relaxations of a merge.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MergeOptions {
     /// Install staged symlinks whose target leaves the prefix from where they
     /// land (`--allow-external-symlinks`). They are never written through:
     /// a later directory meeting one is refused like any link that leaves.
     pub allow_external_symlinks: bool,
+    /// Staged paths whose symlink may have an absolute target without `..`
+    /// (a cache manifest's `pack.absolute_symlinks`); never written through.
+    pub absolute_symlinks: Vec<crate::glob::Pattern>,
 }
 
 /// `merge_into_with` and the default (strict) options.
@@ -86,6 +89,11 @@ pub fn merge_into_with(
         staging: absolute(staging)?,
         prefix: absolute(prefix)?,
         external_symlinks: opts.allow_external_symlinks,
+        absolute_symlinks: opts
+            .absolute_symlinks
+            .iter()
+            .map(|p| p.text.clone())
+            .collect(),
         entries: Vec::new(),
     };
     let root = lock_root(&plan.prefix)?;
@@ -767,6 +775,34 @@ mod tests {
     }
 
     #[test]
+    fn a_replayed_journal_keeps_absolute_symlinks_and_refuses_an_unmatched_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, prefix, journal) = setup(tmp.path());
+        std::os::unix::fs::symlink("/usr/bin/env", staging.join("bin/env")).unwrap();
+        let opts = MergeOptions {
+            absolute_symlinks: vec![crate::glob::Pattern::new("bin/e*").unwrap()],
+            ..MergeOptions::default()
+        };
+        std::os::unix::fs::symlink("/etc", staging.join("bin/other")).unwrap();
+        let err = merge_into_with(&staging, &prefix, &journal, opts.clone()).unwrap_err();
+        assert_eq!(crate::exit::code_of(&err), Code::Unsafe, "{err:#}");
+        assert!(
+            format!("{err:#}").contains("refusing symlink `bin/other`"),
+            "{err:#}"
+        );
+        fs::remove_file(staging.join("bin/other")).unwrap();
+        assert!(run_killed_at("merge:journal-written", || merge_into_with(
+            &staging, &prefix, &journal, opts
+        )));
+        recover(&journal, &prefix).unwrap();
+        assert_eq!(
+            fs::read_link(prefix.join("bin/env")).unwrap(),
+            Path::new("/usr/bin/env")
+        );
+        assert_merged(&prefix, &staging, &journal);
+    }
+
+    #[test]
     fn a_replayed_journal_keeps_allow_external_symlinks() {
         let tmp = tempfile::tempdir().unwrap();
         let (staging, prefix, journal) = setup(tmp.path());
@@ -776,6 +812,7 @@ mod tests {
         assert!(format!("{strict:#}").contains("refusing symlink `bin/env`"));
         let opts = MergeOptions {
             allow_external_symlinks: true,
+            ..MergeOptions::default()
         };
         assert!(run_killed_at("merge:journal-written", || merge_into_with(
             &staging, &prefix, &journal, opts
@@ -844,6 +881,7 @@ mod tests {
             staging: victim.clone(),
             prefix: prefix.clone(),
             external_symlinks: false,
+            absolute_symlinks: Vec::new(),
             entries: vec![(Kind::Dir, "d".into()), (Kind::File, "d/keys".into())],
         };
         fs::create_dir_all(journal.parent().unwrap()).unwrap();

@@ -32,7 +32,7 @@ pub use beneath::{FORCE_WALK_ENV, force_walk, resolutions};
 // through the same handles.
 pub(crate) use beneath::{Dir, Links, fstat, open_beneath, reopen_for_reading};
 pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
-pub(crate) use extract::{check_symlink_target, safe_relative};
+pub(crate) use extract::{check_symlink_target_with, safe_relative};
 pub use identity::{Ident, identities};
 pub use merge::{MergeOptions, merge_into, merge_into_with, recover};
 pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
@@ -76,12 +76,16 @@ impl Limits {
 }
 
 /// Relaxations of the default (strict) behaviour.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Options {
     /// Allow symlinks whose target leaves the destination (absolute targets
     /// such as `/usr/bin/env`, or relative ones climbing above it). Such a link
     /// is created but never written through.
     pub allow_external_symlinks: bool,
+    /// Paths whose symlink may have an absolute target without `..` (the
+    /// cache manifest's `pack.absolute_symlinks`); every other entry keeps
+    /// every rule. Such a link is created but never written through.
+    pub absolute_symlinks: Vec<crate::glob::Pattern>,
     /// Threads that create regular files of at most 1 MiB while the main
     /// thread keeps reading the archive (`None`: the measured default, 2;
     /// `Some(0)`: the main thread creates every file itself).

@@ -92,6 +92,8 @@ struct RawPack {
     exclude: Vec<String>,
     #[serde(default)]
     keep_mtime: bool,
+    #[serde(default)]
+    absolute_symlinks: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -301,6 +303,9 @@ pub struct CacheManifest {
     pub include: Vec<Glob>,
     pub exclude: Vec<Glob>,
     pub keep_mtime: bool,
+    /// Paths (globs relative to the pack root) whose symlink may have an
+    /// absolute target without `..`, at pack time and at every restore.
+    pub absolute_symlinks: Vec<crate::glob::Pattern>,
     pub restore_path: PathBuf,
     pub mode: Mode,
     pub ready: Ready,
@@ -374,6 +379,10 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         include,
         exclude: globs(&raw.pack.exclude)?,
         keep_mtime: raw.pack.keep_mtime,
+        absolute_symlinks: globs(&raw.pack.absolute_symlinks)?
+            .iter()
+            .map(|g| g.pattern().clone())
+            .collect(),
         restore_path,
         mode: raw.restore.mode,
         ready,
@@ -720,41 +729,25 @@ pub fn tree_digest(rev_parse_out: &str) -> String {
 #[derive(Clone, Debug)]
 pub struct Glob {
     pub text: String,
-    re: regex_lite::Regex,
+    pattern: crate::glob::Pattern,
 }
 
 impl Glob {
     pub fn new(glob: &str) -> Result<Glob> {
-        crate::glob::check(glob).map_err(|e| anyhow!("{e}"))?;
-        // `s`: `.` matches a newline too, so a file whose name holds one is
-        // selected like any other instead of silently left out.
-        let mut re = String::from("(?s)^");
-        let mut chars = glob.chars().peekable();
-        while let Some(c) = chars.next() {
-            match c {
-                '*' if chars.peek() == Some(&'*') => {
-                    chars.next();
-                    if chars.peek() == Some(&'/') {
-                        chars.next();
-                        re.push_str("(?:.*/)?");
-                    } else {
-                        re.push_str(".*");
-                    }
-                }
-                '*' => re.push_str("[^/]*"),
-                '?' => re.push_str("[^/]"),
-                c => re.push_str(&regex_lite::escape(&c.to_string())),
-            }
-        }
-        re.push('$');
+        let pattern = crate::glob::Pattern::new(glob).map_err(|e| anyhow!("{e}"))?;
         Ok(Glob {
             text: glob.to_string(),
-            re: regex_lite::Regex::new(&re).map_err(|e| anyhow!("glob {glob:?}: {e}"))?,
+            pattern,
         })
     }
 
     pub fn matches(&self, rel: &str) -> bool {
-        self.re.is_match(rel)
+        self.pattern.matches(rel)
+    }
+
+    /// The ground-floor matcher, for the extractor and the merge.
+    pub fn pattern(&self) -> &crate::glob::Pattern {
+        &self.pattern
     }
 }
 

@@ -44,7 +44,7 @@ pub use crate::cache::publish::walk::{
 /// `--dry-run` shows a plan, that no restore can install.
 pub fn plan(m: &CacheManifest) -> Result<Plan> {
     let plan = crate::cache::publish::walk::plan(m)?;
-    refuse_what_restore_refuses(&plan)?;
+    refuse_what_restore_refuses(&plan, &m.absolute_symlinks)?;
     Ok(plan)
 }
 
@@ -55,7 +55,9 @@ pub fn plan(m: &CacheManifest) -> Result<Plan> {
 /// walk already refuses; it never descends through a symlink, and only a
 /// regular file gets a second name.) Before, such a key was published
 /// without complaint and every restore of it exited 7.
-pub fn refuse_what_restore_refuses(plan: &Plan) -> Result<()> {
+/// A symlink whose path matches `absolute` (`pack.absolute_symlinks`) may
+/// be absolute, with no `..`, as every restore of the manifest allows.
+pub fn refuse_what_restore_refuses(plan: &Plan, absolute: &[crate::glob::Pattern]) -> Result<()> {
     for item in &plan.items {
         let name = String::from_utf8_lossy(&item.rel);
         let refused = |reason: String| {
@@ -72,7 +74,7 @@ pub fn refuse_what_restore_refuses(plan: &Plan) -> Result<()> {
             if target.is_empty() {
                 return Err(refused("symlink with an empty target".to_string()));
             }
-            crate::unpack::check_symlink_target(&rel, target).map_err(refused)?;
+            crate::unpack::check_symlink_target_with(&rel, target, absolute).map_err(refused)?;
         }
     }
     Ok(())

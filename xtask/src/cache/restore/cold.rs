@@ -72,17 +72,21 @@ impl Installed<'_> {
         // stamp describing the new tree.
         stamp::remove(self.stamp_file)?;
         delta::forget(self.state_dir, &m.name)?;
+        let merge = unpack::MergeOptions {
+            absolute_symlinks: m.absolute_symlinks.clone(),
+            ..unpack::MergeOptions::default()
+        };
         match m.mode {
             Mode::Replace => unpack::swap_dir(dest, target)?,
             Mode::Merge => {
-                unpack::merge_into(dest, target, self.journal)?;
+                unpack::merge_into_with(dest, target, self.journal, merge)?;
             }
             Mode::Overlay => {
                 let plan = overlay_plan.expect("overlay has a plan");
                 // Before the merge, so that a merge completed by the next
                 // run's journal replay leaves files the record knows.
                 overlay::save(self.overlay_file, &plan.record)?;
-                unpack::merge_into(dest, target, self.journal)?;
+                unpack::merge_into_with(dest, target, self.journal, merge)?;
                 overlay::save(self.overlay_file, &overlay::settle(target, plan)?)?;
             }
         }
@@ -324,6 +328,7 @@ impl Cold<'_> {
             index: index.as_ref(),
             allowed: m.mode == Mode::Replace && !opts.verify && !m.keep_mtime,
             progress: opts.progress,
+            absolute_symlinks: &m.absolute_symlinks,
         };
         let staged = delta::stage(&ctx, dest)?;
         Ok((index, staged))

@@ -36,10 +36,15 @@ pub fn unpack_into(
     branch: &Branch,
     kp: &KeyPlan,
     dest: &Path,
+    absolute_symlinks: &[crate::glob::Pattern],
     progress: bool,
 ) -> Result<(unpack::Stats, verify::Stats, prefetch::Stats)> {
+    let opts = unpack::Options {
+        absolute_symlinks: absolute_symlinks.to_vec(),
+        ..unpack::Options::default()
+    };
     stream_key(git, branch, kp, progress, |r| {
-        unpack::extract_tar(r, dest, &kp.limits, &unpack::Options::default())
+        unpack::extract_tar(r, dest, &kp.limits, &opts)
     })
 }
 
@@ -63,7 +68,7 @@ pub fn verified_unpack(
 ) -> Result<(KeyPlan, unpack::Stats, verify::Stats)> {
     crate::trust::check_before_fetch(sh, repo, m, git, branch, key)?;
     let kp = branch.plan(key, fix)?;
-    let (u, v, _) = unpack_into(git, branch, &kp, dest, progress)?;
+    let (u, v, _) = unpack_into(git, branch, &kp, dest, &m.absolute_symlinks, progress)?;
     Ok((kp, u, v))
 }
 

@@ -107,6 +107,20 @@ pub(super) fn through_link(
     ))
 }
 
+/// Whether the journal's `absolute_symlinks` allow this staged link: an
+/// absolute target without `..`, at a matching path (the extractor's rule).
+fn allowed_absolute(plan: &Journal, rel: &Path, target: &[u8]) -> bool {
+    if target.first() != Some(&b'/') || plan.absolute_symlinks.is_empty() {
+        return false;
+    }
+    let patterns: Vec<_> = plan
+        .absolute_symlinks
+        .iter()
+        .filter_map(|g| crate::glob::Pattern::new(g).ok())
+        .collect();
+    crate::unpack::check_symlink_target_with(rel, target, &patterns).is_ok()
+}
+
 /// Refuses a staged symlink (in the staging directory `staged`) whose target
 /// leaves the prefix from the directory it lands in, `depth` real levels
 /// below the prefix root (unless the merge allows external symlinks).
@@ -130,7 +144,7 @@ pub(super) fn judge_link(
     let target = staged
         .read_link_at(name)
         .with_context(|| format!("reading the symlink {}", plan.staging.join(rel).display()))?;
-    if !climbs_out(target.as_bytes(), depth) {
+    if !climbs_out(target.as_bytes(), depth) || allowed_absolute(plan, rel, target.as_bytes()) {
         return Ok(());
     }
     let at = lands_in

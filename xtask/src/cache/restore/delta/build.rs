@@ -46,6 +46,8 @@ pub(super) struct Builder<'a> {
     pub(super) used: HashMap<(u64, u64), PathBuf>,
     pub(super) buf: Vec<u8>,
     pub(super) report: Report,
+    /// `pack.absolute_symlinks`: judged as the extractor judges them.
+    pub(super) absolute: Vec<crate::glob::Pattern>,
 }
 
 /// Builds `staging` (empty, the caller's) as the key `entry` whose index is
@@ -58,8 +60,10 @@ pub fn build(
     entry: &KeyEntry,
     old: &Installed,
     decode: &mut Decode<'_>,
+    absolute: &[crate::glob::Pattern],
 ) -> Result<Report> {
     let mut b = Builder::new(staging, target, old)?;
+    b.absolute = absolute.to_vec();
     let plan = b.link_phase(new)?;
     unpack::kill_point("delta:linked");
     b.write_phase(new, entry, &plan.writes, decode)?;
@@ -88,6 +92,7 @@ impl<'a> Builder<'a> {
             used: HashMap::new(),
             buf: vec![0; 1 << 20],
             report: Report::default(),
+            absolute: Vec::new(),
         })
     }
 
@@ -138,7 +143,7 @@ impl<'a> Builder<'a> {
 
     pub(super) fn symlink(&mut self, rel: &Path, e: &Entry) -> Result<()> {
         let target = e.target.as_deref().unwrap_or_default();
-        unpack::check_symlink_target(rel, target)
+        unpack::check_symlink_target_with(rel, target, &self.absolute)
             .map_err(|why| fallback(format!("entry {}: {why}", shown(&e.path))))?;
         let (dir, name) = self.stage.parent_made(rel)?;
         match dir.symlink_at(OsStr::from_bytes(target), name) {

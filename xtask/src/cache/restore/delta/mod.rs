@@ -123,6 +123,8 @@ pub struct Ctx<'a> {
     /// Replace mode, no `--verify`, and the manifest keeps the fixed mtime.
     pub allowed: bool,
     pub progress: bool,
+    /// The manifest's `pack.absolute_symlinks`, honoured as at pack time.
+    pub absolute_symlinks: &'a [crate::glob::Pattern],
 }
 
 /// Builds the empty staging directory `dest`: as a delta of the installed
@@ -140,8 +142,14 @@ pub fn stage(ctx: &Ctx<'_>, dest: &Path) -> Result<Staged> {
         let again = unpack::staging_dir_for(ctx.target)?;
         anyhow::ensure!(again == dest, "staging moved to {}", again.display());
     }
-    let (unpacked, verified, fetched) =
-        restore::unpack_into(ctx.git, ctx.branch, ctx.kp, dest, ctx.progress)?;
+    let (unpacked, verified, fetched) = restore::unpack_into(
+        ctx.git,
+        ctx.branch,
+        ctx.kp,
+        dest,
+        ctx.absolute_symlinks,
+        ctx.progress,
+    )?;
     Ok(Staged {
         unpacked,
         verified,
@@ -189,7 +197,15 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
         got = Some((v, f));
         Ok(())
     };
-    let report = build(dest, ctx.target, &new.index, entry, &old, &mut decode)?;
+    let report = build(
+        dest,
+        ctx.target,
+        &new.index,
+        entry,
+        &old,
+        &mut decode,
+        ctx.absolute_symlinks,
+    )?;
     let (mut verified, fetched) = got.context("the delta decoded nothing")?;
     verified.tar_sha256 = entry.tar_sha256.clone();
     Ok(Some(Staged {

@@ -274,6 +274,7 @@ impl Fx {
             &entry,
             &self.installed(),
             &mut decode,
+            &[],
         )?;
         let cold = self.t.path().join("cold");
         let _ = crate::unpack::remove_tree(&cold);
@@ -469,6 +470,7 @@ fn an_index_that_disagrees_with_the_tar_is_a_fallback() {
         &entry,
         &fx.installed(),
         &mut decode,
+        &[],
     )
     .unwrap_err();
     let why = fallback_reason(&err).unwrap_or_else(|| panic!("{err:#}"));
@@ -483,6 +485,7 @@ fn an_index_that_disagrees_with_the_tar_is_a_fallback() {
         &entry,
         &fx.installed(),
         &mut decode,
+        &[],
     )
     .unwrap_err();
     assert!(fallback_reason(&err).unwrap().contains(".."), "{err:#}");
@@ -501,7 +504,7 @@ fn an_index_that_disagrees_with_the_tar_is_a_fallback() {
         crate::unpack::remove_tree(&stage).unwrap();
         std::fs::create_dir(&stage).unwrap();
         let old = fx.installed();
-        let err = build(&stage, &fx.target, &bad, &entry, &old, &mut decode).unwrap_err();
+        let err = build(&stage, &fx.target, &bad, &entry, &old, &mut decode, &[]).unwrap_err();
         let why = fallback_reason(&err).unwrap_or_else(|| panic!("{err:#}"));
         assert!(why.contains("differs from the index"), "{why}");
     }
