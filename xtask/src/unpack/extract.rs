@@ -738,7 +738,9 @@ fn symlink_target<R: Read>(
         check_symlink_target_with(rel, &target, &opts.absolute_symlinks).map_err(|reason| {
             refuse(
                 name,
-                format!("{reason} (allow with --allow-external-symlinks)"),
+                format!(
+                    "{reason} (allow with --allow-external-symlinks in `conda unpack`, or [pack] absolute_symlinks in a cache manifest)"
+                ),
             )
         })?;
     }
