@@ -255,9 +255,23 @@ fn adopt_e2e_a_team_adopts_warmstart_in_an_afternoon() {
         "{exports}"
     );
 
-    // A second worktree of this clone goes here: it must restore no
-    // HOME-wide target again (~/.local/toolchain), which needs stamps every
-    // worktree sees (the worktree-stamp work).
+    // A second worktree of this clone restores no HOME-wide target again:
+    // ~/.local/toolchain is stamped where every worktree of the clone sees it.
+    env.git(&clone, ["worktree", "add", "-q", "--detach", "../box2"]);
+    let mut again = Command::new(clone.join("target/warmstart-bin/warmstart"));
+    again
+        .args(["restore", "--json"])
+        .current_dir(env.join("box2"));
+    env.isolate(&mut again);
+    let r = run(&mut again).ok();
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout()).unwrap();
+    let toolchain = doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step"] == "toolchain")
+        .unwrap_or_else(|| panic!("no toolchain step: {doc:#}"));
+    assert_eq!(toolchain["state"], "warm", "{doc:#}");
 
     rerun_init_after_an_upgrade(&env, &clone);
 }
