@@ -5,9 +5,8 @@
 //! what it did, and the next publish succeeds.
 
 use crate::util::fixture::{Fixture, Manifest};
-use crate::util::signal_and_wait;
 use crate::util::tree::write_pseudo_random;
-use std::io::Read;
+use crate::util::{child_stderr, signal_and_wait};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -67,13 +66,7 @@ fn interrupt_when(
     let until = Instant::now() + Duration::from_secs(60);
     while !ready() {
         if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
+            let err = child_stderr(&mut child);
             panic!("the publish ended ({status}) before it was {what}: {err}");
         }
         assert!(Instant::now() < until, "the publish was never {what}");

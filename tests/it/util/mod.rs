@@ -239,10 +239,15 @@ pub fn signal_and_wait(
     child: &mut std::process::Child,
     sig: libc::c_int,
 ) -> (std::process::ExitStatus, String) {
-    use std::io::Read;
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as libc::pid_t, sig) };
     let status = child.wait().unwrap();
+    (status, child_stderr(child))
+}
+
+/// All that an ended `child` (spawned with a piped stderr) wrote to stderr.
+pub fn child_stderr(child: &mut std::process::Child) -> String {
+    use std::io::Read;
     let mut err = String::new();
     child
         .stderr
@@ -250,7 +255,7 @@ pub fn signal_and_wait(
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    (status, err)
+    err
 }
 
 pub fn sha256sum(path: &Path) -> String {

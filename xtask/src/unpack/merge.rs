@@ -791,15 +791,22 @@ mod tests {
             "{err:#}"
         );
         fs::remove_file(staging.join("bin/other")).unwrap();
+        replayed_keeps_bin_env(&staging, &prefix, &journal, opts);
+    }
+
+    /// A merge with `opts` killed once its journal is written, replayed by
+    /// `recover`: the absolute `bin/env` link is installed as the first run
+    /// judged it.
+    fn replayed_keeps_bin_env(staging: &Path, prefix: &Path, journal: &Path, opts: MergeOptions) {
         assert!(run_killed_at("merge:journal-written", || merge_into_with(
-            &staging, &prefix, &journal, opts
+            staging, prefix, journal, opts
         )));
-        recover(&journal, &prefix).unwrap();
+        recover(journal, prefix).unwrap();
         assert_eq!(
             fs::read_link(prefix.join("bin/env")).unwrap(),
             Path::new("/usr/bin/env")
         );
-        assert_merged(&prefix, &staging, &journal);
+        assert_merged(prefix, staging, journal);
     }
 
     #[test]
@@ -814,15 +821,7 @@ mod tests {
             allow_external_symlinks: true,
             ..MergeOptions::default()
         };
-        assert!(run_killed_at("merge:journal-written", || merge_into_with(
-            &staging, &prefix, &journal, opts
-        )));
-        recover(&journal, &prefix).unwrap();
-        assert_eq!(
-            fs::read_link(prefix.join("bin/env")).unwrap(),
-            Path::new("/usr/bin/env")
-        );
-        assert_merged(&prefix, &staging, &journal);
+        replayed_keeps_bin_env(&staging, &prefix, &journal, opts);
     }
 
     #[test]
