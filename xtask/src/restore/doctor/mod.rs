@@ -310,17 +310,7 @@ pub fn run(sh: &xshell::Shell, args: &DoctorArgs) -> Result<()> {
         connect,
         total: total.max(connect),
     };
-    let rows: Vec<Row> = std::thread::scope(|s| {
-        let handles: Vec<_> = targets
-            .0
-            .values()
-            .map(|t| {
-                let repo = &repo;
-                s.spawn(move || examine(repo, t, d))
-            })
-            .collect();
-        handles.into_iter().filter_map(|h| h.join().ok()).collect()
-    });
+    let rows = probe_all(&repo, &targets, d);
     let bad: Vec<String> = rows
         .iter()
         .filter(|r| !r.reached && r.result != "not-probed")
@@ -346,6 +336,42 @@ pub fn run(sh: &xshell::Shell, args: &DoctorArgs) -> Result<()> {
         )),
     };
     crate::contract::finish(&report, result)
+}
+
+/// Every target at once, one thread each. A thread still running past the
+/// deadline (a name lookup that hangs: `getaddrinfo` takes no deadline) is
+/// left behind and its row says so, so the doctor itself always ends.
+fn probe_all(repo: &Repo, targets: &Targets, d: Deadlines) -> Vec<Row> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let all: Vec<Target> = targets.0.values().cloned().collect();
+    for (i, t) in all.iter().cloned().enumerate() {
+        let (tx, repo) = (tx.clone(), repo.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send((i, examine(&repo, &t, d)));
+        });
+    }
+    drop(tx);
+    let stop = Instant::now() + d.total + Duration::from_secs(3);
+    let mut rows: Vec<Option<Row>> = vec![None; all.len()];
+    while rows.iter().any(Option::is_none) {
+        let left = stop.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((i, row)) => rows[i] = Some(row),
+            Err(_) => break,
+        }
+    }
+    rows.into_iter()
+        .zip(&all)
+        .map(|(r, t)| {
+            r.unwrap_or_else(|| {
+                let f = Found::timed_out(format!(
+                    "the probe did not finish within {} (a name lookup that hangs?)",
+                    crate::net::show(d.total)
+                ));
+                row(t, &Route::Direct, f, None, d.total, d)
+            })
+        })
+        .collect()
 }
 
 /// The route, the probe and the meaning of one target.

@@ -58,6 +58,11 @@ impl Found {
         self
     }
 
+    /// A probe that ran out of time, and why.
+    pub fn timed_out(why: String) -> Found {
+        Found::new("timed-out").detail(why)
+    }
+
     /// The host answered (whatever it answered: a 401 or a 404 is the
     /// host's own word, so the network let us through).
     pub fn reached(&self) -> bool {
