@@ -199,7 +199,7 @@ fn plan_targets(
                 }
             }
             Kind::Command(c) => {
-                if let Some(url) = registry_of(&c.run)
+                if let Some(url) = registry_of(&c.run, &|k| std::env::var(k).ok())
                     && let Some((_, host, port)) = route::address(&url)
                 {
                     t.add_as(Transport::Registry, &url, &host, port, who);
@@ -213,7 +213,10 @@ fn plan_targets(
 /// The package registry a command's program talks to, when it is a known
 /// package manager: its index from the environment the tool reads, else
 /// the public default.
-fn registry_of(run: &crate::restore::steps::command::Cmdline) -> Option<String> {
+fn registry_of(
+    run: &crate::restore::steps::command::Cmdline,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
     let (program, args) = run.program_and_args();
     let words: Vec<String> = match program.as_str() {
         "sh" => args.get(1)?.split_whitespace().map(String::from).collect(),
@@ -240,7 +243,7 @@ fn registry_of(run: &crate::restore::steps::command::Cmdline) -> Option<String> 
         )
         .then_some(b)
     })?;
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let env = |k: &str| env(k).filter(|v| !v.is_empty());
     Some(match tool.as_str() {
         "pip" | "pip3" => env("PIP_INDEX_URL").unwrap_or("https://pypi.org/simple/".into()),
         "uv" => env("UV_INDEX_URL")
@@ -538,4 +541,37 @@ fn print_table(r: &Report) {
         println!("no host to probe: no remote, cache, download or registry crosses a network");
     }
     println!("{} reached, {} not reached", r.reached, r.not_reached);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::restore::steps::command::Cmdline;
+
+    #[test]
+    fn package_managers_name_their_registry_and_its_variable_wins() {
+        let none = |_: &str| None;
+        let argv = |v: &[&str]| Cmdline::Argv(v.iter().map(|s| s.to_string()).collect());
+        let sh = |s: &str| Cmdline::Shell(s.to_string());
+        let of = |c: &Cmdline| registry_of(c, &none);
+        assert_eq!(
+            of(&argv(&["python3", "-m", "pip", "install", "x"])).as_deref(),
+            Some("https://pypi.org/simple/")
+        );
+        assert_eq!(
+            of(&sh("npm ci")).as_deref(),
+            Some("https://registry.npmjs.org/")
+        );
+        assert_eq!(
+            of(&sh("/usr/bin/cargo fetch")).as_deref(),
+            Some("https://index.crates.io/config.json")
+        );
+        assert_eq!(of(&sh("make all")), None);
+        let mirror =
+            |k: &str| (k == "PIP_INDEX_URL").then(|| "https://m.example/simple".to_string());
+        assert_eq!(
+            registry_of(&argv(&["pip", "install"]), &mirror).as_deref(),
+            Some("https://m.example/simple")
+        );
+    }
 }
