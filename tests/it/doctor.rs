@@ -209,7 +209,7 @@ fn doctor_never_prints_a_secret_from_any_url_or_proxy_setting() {
     env.work_repo("work");
     let mut rng = Rng(0x5eed_d0c7_0123_4567);
     let dead = free_port();
-    for case in 0..40 {
+    for case in 0..30 {
         let mut secrets = Vec::new();
         let mut next = |rng: &mut Rng| {
             let (s, core) = secret(rng);

@@ -199,6 +199,18 @@ fn classify(code: i32, out: &str, said: &str, proxied: bool) -> Found {
             .or(Some(format!("HTTP {connect_code}")));
         return Found::new("proxy-refused").said(line, "proxy").detail(said);
     }
+    // A plain-http request through a proxy has no CONNECT: the proxy's own
+    // refusal is told by its marks (squid's `X-Squid-Error`, a 407's
+    // `Proxy-Authenticate`), else the answer is taken as the host's.
+    let lower = out.to_ascii_lowercase();
+    if proxied
+        && connect_code == 0
+        && (lower.contains("\nx-squid-error:") || lower.contains("\nproxy-authenticate:"))
+    {
+        return Found::new("proxy-refused")
+            .said(lines.last().cloned(), "proxy")
+            .detail(said);
+    }
     let origin = if proxied && connect_code == 200 {
         lines.get(1).cloned()
     } else {
@@ -287,6 +299,15 @@ mod tests {
         assert_eq!(f.status_line.as_deref(), Some("HTTP/1.1 401 Unauthorized"));
         assert_eq!(f.status_from, Some("origin"));
         assert!(f.reached());
+    }
+
+    #[test]
+    fn a_plain_http_refusal_is_told_by_the_proxys_marks() {
+        let out = "HTTP/1.1 403 Forbidden\r\nServer: squid\r\nX-Squid-Error: ERR_ACCESS_DENIED 0\r\n\r\n\nwarmstart-connect-code:000\n";
+        let f = classify(0, out, "", true);
+        assert_eq!((f.result, f.status_from), ("proxy-refused", Some("proxy")));
+        let out = "HTTP/1.1 403 Forbidden\r\nServer: nginx\r\n\r\n\nwarmstart-connect-code:000\n";
+        assert_eq!(classify(0, out, "", true).result, "answered");
     }
 
     #[test]
