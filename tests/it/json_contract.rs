@@ -761,6 +761,41 @@ fn json_contract_conda_resume_demo_and_usage() {
     c.done();
 }
 
+/// `doctor`: a `git://` host that accepts connections (a listening
+/// socket is enough), then one where nothing listens (exit 8, the rows in
+/// the failure document).
+#[test]
+fn json_contract_doctor() {
+    let env = TestEnv::new();
+    let mut c = Contract::default();
+    env.work_repo("work");
+    let listening = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listening.local_addr().unwrap().port();
+    let url = format!("git://127.0.0.1:{port}/r.git");
+    env.git("work", ["remote", "add", "origin", &url]);
+    let doc = c.check(
+        "doctor.ok",
+        "doctor",
+        &ws(&env, "work", &["doctor", "--json"]),
+        true,
+    );
+    assert_eq!(doc["hosts"][0]["result"], "connected", "{doc:#}");
+    drop(listening);
+    let doc = c.check(
+        "doctor.fail",
+        "doctor",
+        &ws(
+            &env,
+            "work",
+            &["doctor", "--json", "--connect-timeout", "2s"],
+        ),
+        false,
+    );
+    assert_eq!(doc["code"], 8, "{doc:#}");
+    assert_eq!(doc["hosts"][0]["result"], "refused", "{doc:#}");
+    c.done();
+}
+
 /// Every command that takes `--json` has a success and a failure snapshot,
 /// and every snapshot file belongs to a command (none left behind).
 #[test]

@@ -36,6 +36,7 @@ mod containment;
 mod containment_property;
 mod demo;
 mod docs;
+mod doctor;
 mod fault_kills;
 mod gates;
 mod gates_evidence;

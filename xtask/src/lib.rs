@@ -127,6 +127,7 @@ fn dispatch(cli: cli::Cli) -> Result<()> {
         cli::Command::Cache(args) => cache::run(&sh, args, restore::step_names),
         cli::Command::Demo(args) => demo::run(&sh, args),
         cli::Command::Restore(args) => restore::run(&sh, args),
+        cli::Command::Doctor(args) => restore::doctor::run(&sh, &args),
         cli::Command::Gates(args) => gates::run(&sh, args),
         cli::Command::Resume(args) => resume::run(&sh, args),
         cli::Command::Conda(args) => conda::run(&sh, args),

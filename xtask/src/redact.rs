@@ -24,11 +24,14 @@ pub fn url(url: &str) -> String {
     let Some(i) = url.find("://") else {
         return text(url);
     };
+    // A whole URL's query value runs to `&` or `#` only: a quote is a legal
+    // character of it, and stopping there would print the rest.
+    let whole = |u: &str| text(&redact_query_until(u, |c| "&#".contains(c)));
     let (head, tail) = url.split_at(i + 3);
     let end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
     match tail[..end].rfind('@') {
-        Some(at) => format!("{head}{}", text(&tail[at + 1..])),
-        None => text(url),
+        Some(at) => format!("{head}{}", whole(&tail[at + 1..])),
+        None => whole(url),
     }
 }
 
@@ -62,6 +65,11 @@ fn secret_param(name: &str) -> bool {
 /// secret's, replaced by `***`. A value runs to whitespace, `&`, `#` or a
 /// quote: ending late only redacts more.
 fn redact_query(s: &str) -> String {
+    redact_query_until(s, |c| c.is_whitespace() || "&#\"'<>`".contains(c))
+}
+
+/// `redact_query` with the characters that end a value given.
+fn redact_query_until(s: &str, ends: impl Fn(char) -> bool) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find(['?', '&']) {
@@ -73,9 +81,7 @@ fn redact_query(s: &str) -> String {
         let (name, after) = tail.split_at(name_end);
         if !name.is_empty() && after.starts_with('=') && secret_param(name) {
             let value = &after[1..];
-            let end = value
-                .find(|c: char| c.is_whitespace() || "&#\"'<>`".contains(c))
-                .unwrap_or(value.len());
+            let end = value.find(|c: char| ends(c)).unwrap_or(value.len());
             out.push_str(name);
             out.push_str("=***");
             rest = &value[end..];
@@ -179,6 +185,16 @@ mod tests {
             url("https://h/r?next=http://u:p@h2/x"),
             "https://h/r?next=http://h2/x"
         );
+    }
+
+    /// A query value may hold a quote or a space: in a whole URL the
+    /// secret runs to `&` or `#`, so none of it is shown.
+    #[test]
+    fn a_query_secret_with_a_quote_is_never_shown_in_a_url() {
+        for v in ["x'SECRET", "x\"SECRET", "x<SECRET", "x`SECRET", "x SECRET"] {
+            let u = format!("https://h/f?sig={v}&a=1#frag");
+            assert_eq!(url(&u), "https://h/f?sig=***&a=1#frag", "{u}");
+        }
     }
 
     #[test]

@@ -1476,6 +1476,99 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     ("resume-prune", "path", "the index file"),
     ("resume-prune", "pruned", "the surfaces removed"),
     ("resume-prune", "remaining", "entries left"),
+    (
+        "doctor",
+        "hosts",
+        "every host and transport the restore reaches, one row each, in transport then host order",
+    ),
+    ("doctor", "hosts[]", "one host by one transport"),
+    (
+        "doctor",
+        "hosts[].host",
+        "the host name or address, lower case",
+    ),
+    (
+        "doctor",
+        "hosts[].port",
+        "the port (the scheme's default when the URL names none)",
+    ),
+    (
+        "doctor",
+        "hosts[].transport",
+        "`git-https`, `ssh`, `git` (a git daemon), `https` (a download) or `registry` (a package registry a command step uses)",
+    ),
+    (
+        "doctor",
+        "hosts[].url",
+        "the first URL naming it, without credentials or secret query values",
+    ),
+    (
+        "doctor",
+        "hosts[].used_by",
+        "who needs it: `remote NAME`, `cache NAME`, `submodule NAME`, `step NAME (KIND)`",
+    ),
+    ("doctor", "hosts[].used_by[]", "one of them"),
+    (
+        "doctor",
+        "hosts[].route",
+        "`direct`, `proxy`, or `ssh-proxy-command` (ssh's own ProxyCommand or ProxyJump: not probed)",
+    ),
+    (
+        "doctor",
+        "hosts[].proxy",
+        "the proxy the client uses for it, without credentials; null when direct",
+    ),
+    (
+        "doctor",
+        "hosts[].proxy_from",
+        "where that proxy is set: the variable (`HTTPS_PROXY`, `https_proxy`, `ALL_PROXY`...) or `http.proxy`; null when direct",
+    ),
+    (
+        "doctor",
+        "hosts[].no_proxy_from",
+        "when a proxy is set but this host goes direct: the variable whose list names it (`NO_PROXY` or `no_proxy`); else null",
+    ),
+    (
+        "doctor",
+        "hosts[].result",
+        "`answered`, `connected`, `proxy-refused`, `proxy-down`, `refused`, `timed-out`, `dns-failure`, `tls-failure`, `failed` or `not-probed`",
+    ),
+    (
+        "doctor",
+        "hosts[].status_line",
+        "the status line that decided it (`HTTP/1.1 403 Forbidden`, an ssh banner); null when nothing answered",
+    ),
+    (
+        "doctor",
+        "hosts[].status_from",
+        "who sent `status_line`: `proxy` or `origin` (the host itself); null with it",
+    ),
+    (
+        "doctor",
+        "hosts[].detail",
+        "what the client said, redacted; null when it said nothing",
+    ),
+    (
+        "doctor",
+        "hosts[].reached",
+        "true when the host itself answered or accepted the connection",
+    ),
+    (
+        "doctor",
+        "hosts[].meaning",
+        "what the result means, in one line that says what to do",
+    ),
+    (
+        "doctor",
+        "hosts[].duration_ms",
+        "how long its probe took, in whole milliseconds",
+    ),
+    ("doctor", "reached", "how many rows reached their host"),
+    (
+        "doctor",
+        "not_reached",
+        "how many did not (not counting `not-probed`); more than 0 is exit 8",
+    ),
 ];
 
 /// Every field path of one command's snapshots, in first-seen order, with

@@ -339,6 +339,12 @@ pub struct Squid {
 
 impl Squid {
     pub fn start() -> Squid {
+        Squid::start_denying(&[])
+    }
+
+    /// squid that answers `403 Forbidden` to a `CONNECT` to any of `ports`
+    /// on 127.0.0.1 (a host the proxy's policy blocks), after its auth.
+    pub fn start_denying(ports: &[u16]) -> Squid {
         let dir = tempdir("warmstart-squid-");
         let d = dir.path();
         // squid drops root for its user, which must read its config and
@@ -353,7 +359,7 @@ impl Squid {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("squid's basic_ncsa_auth helper (tools/test.sh installs the package squid)");
-        std::fs::write(d.join("squid.conf"), squid_conf(d, port, helper)).unwrap();
+        std::fs::write(d.join("squid.conf"), squid_conf(d, port, helper, ports)).unwrap();
         setup(Command::new("chown").args(["-R", "proxy:proxy"]).arg(d));
         let log = d.join("squid.out");
         let mut cmd = Command::new(sbin("squid"));
@@ -407,8 +413,18 @@ impl Squid {
     }
 }
 
-fn squid_conf(d: &Path, port: u16, helper: &str) -> String {
+fn squid_conf(d: &Path, port: u16, helper: &str, denied: &[u16]) -> String {
     let d = d.display();
+    let denied = match denied {
+        [] => String::new(),
+        ports => {
+            let list: Vec<String> = ports.iter().map(u16::to_string).collect();
+            format!(
+                "acl denied_ports port {}\nhttp_access deny denied_ports\n",
+                list.join(" ")
+            )
+        }
+    };
     format!(
         r#"http_port 127.0.0.1:{port}
 visible_hostname warmstart-test-proxy
@@ -417,7 +433,7 @@ auth_param basic children 2
 auth_param basic realm warmstart test proxy
 acl authed proxy_auth REQUIRED
 http_access deny !authed
-http_access allow authed
+{denied}http_access allow authed
 http_access deny all
 cache deny all
 cache_mem 0 MB

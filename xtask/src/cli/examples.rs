@@ -82,6 +82,12 @@ const EXAMPLES: &[(&str, &str)] = &[
   {bin} restore --background          # return at once, work continues",
     ),
     (
+        "doctor",
+        "{bin} doctor                      # every host: direct or which proxy, status line
+  {bin} doctor --connect-timeout 3s --timeout 10s
+  {bin} doctor --json | jq '.hosts[] | select(.reached | not)'",
+    ),
+    (
         "restore status",
         "{bin} restore status              # after `restore --background`
   {bin} restore status --json",

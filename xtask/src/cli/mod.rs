@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod conda;
 pub mod demo;
+pub mod doctor;
 pub mod examples;
 pub mod gates;
 pub mod init;
@@ -62,6 +63,9 @@ pub enum Command {
     /// Bring this machine back: run the steps of cache-manifests/restore.toml
     /// (each only when its probe says it is needed) and print what each did.
     Restore(restore::RestoreArgs),
+    /// Which hosts the restore reaches, directly or through which proxy,
+    /// with the status line each answered and what it means.
+    Doctor(doctor::DoctorArgs),
     /// Gates: commands that must pass on a clean tree before a cache is
     /// published from it; run them, record them green, share the record.
     ///

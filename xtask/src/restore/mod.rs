@@ -14,6 +14,7 @@
 //! state file and stamps, calls `stat`, and writes nothing. No step ever
 //! prints; this module reports what they return.
 
+pub mod doctor;
 pub mod env;
 pub mod exports;
 pub mod fields;

@@ -321,6 +321,9 @@ fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt<()>> {
         }
     };
     let http: u32 = out.trim().parse().unwrap_or(0);
+    if let Some(said) = proxy_failure(&d.url, code, &said) {
+        return Ok(said);
+    }
     Ok(match code {
         0 => Attempt::Ok(()),
         28 => Attempt::Transient(format!("timed out: {said}")),
@@ -329,6 +332,27 @@ fn attempt(d: &Download, tmp: &Path, log: &mut Log) -> Result<Attempt<()>> {
         22 => Attempt::Permanent(format!("HTTP {http}: {said}")),
         _ => Attempt::Permanent(format!("curl exit {code}: {said}")),
     })
+}
+
+/// A failure that is the proxy's, not the host's, in words that name the
+/// proxy and where it was set: curl's `Failed to connect to 127.0.0.1 port
+/// 9` names neither. `None` when no proxy applies or the failure is not one.
+fn proxy_failure(url: &str, code: i32, said: &str) -> Option<Attempt<()>> {
+    use crate::restore::doctor::route;
+    let route = route::curl(url, &|k| std::env::var(k).ok());
+    let p = route.proxy()?;
+    match code {
+        // curl connects to the proxy first: a refused or unresolved
+        // connection is the proxy's.
+        5 | 7 => Some(Attempt::Transient(p.down_line(said))),
+        56 if said.contains("CONNECT tunnel failed") => Some(Attempt::Permanent(format!(
+            "the proxy {} (from {}) refuses this host ({}): ask for it to be allowed, or set NO_PROXY if it is reachable directly",
+            p.shown(),
+            p.from,
+            crate::redact::text(said)
+        ))),
+        _ => None,
+    }
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
