@@ -31,6 +31,7 @@ mod cache_refs;
 mod cache_restore;
 mod cache_reuse;
 mod cli_contract;
+mod color;
 mod conda;
 mod containment;
 mod containment_property;

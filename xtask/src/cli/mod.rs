@@ -32,6 +32,10 @@ pub struct Cli {
     /// and errors are still printed (so is stdout: a report, or `--json`).
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Colour warmstart's `error:` and `warning:` lines: auto (only on a
+    /// terminal, and not when NO_COLOR is set), always, or never
+    #[arg(long, global = true, value_name = "WHEN", value_enum, default_value_t)]
+    pub color: crate::out::ColorChoice,
 }
 
 /// The command tree as `--help` shows it: named `bin` (`warmstart` or
