@@ -9,6 +9,7 @@ mod attack;
 mod attack_delta_install;
 mod attack_planted_inputs;
 mod bootstrap_hostile;
+mod bootstrap_lock;
 mod broken_pipe;
 mod cache_batch;
 mod cache_concurrency;
