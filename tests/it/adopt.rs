@@ -849,6 +849,23 @@ fn adopt_init_writes_a_failing_placeholder_gate_without_a_test_command_it_can_be
         out.contains("gates: the test gate runs `cargo test --workspace` (init detected Cargo.toml at the root"),
         "{out}"
     );
+    // --json names the detected command too (and null where there is none).
+    let doc: serde_json::Value =
+        serde_json::from_str(&ws(&env, "rust", &["init", "--json"]).ok().stdout()).unwrap();
+    assert_eq!(
+        doc["test_command"],
+        serde_json::json!(["cargo", "test", "--workspace"]),
+        "{doc}"
+    );
+    assert!(
+        doc["test_command_detected_from"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("Cargo.toml at the root")),
+        "{doc}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&ws(&env, "r", &["init", "--json"]).ok().stdout()).unwrap();
+    assert!(doc["test_command"].is_null(), "{doc}");
     write(&repo.join("Cargo.lock"), "version = 4\n");
     let out = ws(&env, "rust", &["init"]).ok().stdout();
     assert!(

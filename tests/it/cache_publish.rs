@@ -1175,7 +1175,8 @@ fn publish_refuses_a_head_the_remote_does_not_have_naming_both_commits() {
 /// `--depth 1` fetch of that commit into `refs/remotes/origin/main`, then
 /// `checkout -B main`): the shallow clone publishes, and so does a run whose
 /// origin/main was fetched later, shallow, past it (nothing connects them in
-/// this clone, so nothing is judged). With `--allow-unpushed --json` the
+/// this clone, so nothing is judged, and it says so in one warning naming
+/// `--allow-unpushed`). With `--allow-unpushed --json` the
 /// warning goes to stderr and stdout stays one JSON document.
 #[test]
 fn publish_from_a_depth_one_ci_checkout_of_a_pushed_commit_is_not_refused() {
@@ -1243,7 +1244,26 @@ fn publish_from_a_depth_one_ci_checkout_of_a_pushed_commit_is_not_refused() {
             "+main:refs/remotes/origin/main",
         ],
     );
-    publish(&env, "ci", &["art", "--quiet"]).ok();
+    // Nothing connects HEAD with origin/main in this shallow clone: the
+    // publish says it could not judge, in one line, instead of nothing.
+    let err = publish(&env, "ci", &["art", "--quiet"]).ok().stderr();
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("cannot tell whether HEAD"))
+        .collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].starts_with("warning: ")
+            && said[0].contains("this clone is shallow")
+            && said[0].contains("--allow-unpushed"),
+        "{err}"
+    );
+    // With --allow-unpushed the user has said so already.
+    env.git("ci", ["commit", "-q", "--allow-empty", "-m", "new key"]);
+    let err = publish(&env, "ci", &["art", "--allow-unpushed", "--quiet"])
+        .ok()
+        .stderr();
+    assert!(!err.contains("cannot tell"), "{err}");
 }
 
 /// The unpushed refusal is judged from this clone's remote-tracking

@@ -70,3 +70,47 @@ fn demo_with_a_tricky_source_reports_json() {
     assert_eq!(r.code(), 4, "{}", r.stderr());
     assert!(r.stderr().contains("--source"), "{}", r.stderr());
 }
+
+/// Regression: the table said the warm restore took `0.0ms` while step 6's
+/// own line said `0.3ms`, two clocks (one cut to whole milliseconds) for one
+/// restore. The table now shows the time each restore printed.
+#[test]
+fn demo_table_shows_the_times_the_restore_lines_print() {
+    let env = TestEnv::new();
+    let src = env.join("src");
+    make_tricky_tree(&src, false);
+    let r = run(env.xtask().args(["demo", "--source"]).arg(&src)).ok();
+    let out = r.stdout();
+    let cell = |label: &str| -> String {
+        let row = format!("| {label} | ");
+        out.lines()
+            .find_map(|l| l.strip_prefix(row.as_str()))
+            .and_then(|rest| rest.strip_suffix(" |"))
+            .unwrap_or_else(|| panic!("no row {label:?} in:\n{out}"))
+            .to_string()
+    };
+    let warm_line = out
+        .lines()
+        .find(|l| l.contains("(warm, "))
+        .unwrap_or_else(|| panic!("no warm line in:\n{out}"));
+    let warm = warm_line
+        .rsplit_once("(warm, ")
+        .and_then(|(_, t)| t.strip_suffix(')'))
+        .unwrap();
+    assert_eq!(cell("restore again (warm)"), warm, "{out}");
+    assert_ne!(warm, "0.0ms", "{out}");
+    let cold_line = out
+        .lines()
+        .find(|l| l.contains(": restored demo-v1-"))
+        .unwrap_or_else(|| panic!("no restore line in:\n{out}"));
+    let cold = cold_line
+        .split(" in ")
+        .last()
+        .and_then(|t| t.split(';').next())
+        .unwrap();
+    assert_eq!(
+        cell("restore into a fresh clone (fetch, verify, unpack)"),
+        cold,
+        "{out}"
+    );
+}

@@ -602,6 +602,8 @@ fn json_contract_gates_restore_and_init() {
         &ws(&env, "fresh", &["init", "--check", "--json"]),
         false,
     );
+    // A root Cargo.toml: init detects the test command (null above).
+    std::fs::write(env.join("fresh/Cargo.toml"), "[workspace]\n").unwrap();
     c.check(
         "init.ok",
         "init",

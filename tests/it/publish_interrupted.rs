@@ -119,3 +119,40 @@ fn publish_interrupted_while_packing_or_pushing_leaves_no_temporary_file() {
     fx.publish("art");
     assert!(leftovers(&fx).is_empty(), "{:?}", leftovers(&fx));
 }
+
+/// Regression: Ctrl-C on a terminal while the pack bar was drawn left the
+/// interrupted message glued to the half bar (`   pack [===>  ] 3 MiB/...
+/// warmstart: interrupted`). The line is cleared first; a real pty, a
+/// real Ctrl-C typed at it.
+#[test]
+fn publish_ctrl_c_on_a_terminal_clears_the_progress_line_before_its_message() {
+    let fx = Fixture::new();
+    let src = fx.env.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write_pseudo_random(&src.join("noise.bin"), 48_000_000, 4);
+    fx.write_manifest("art", &Manifest::literal("1", &src).chunk_bytes(1_000_000));
+    let mut cmd = fx.command(&["cache", "publish", "art"]);
+    cmd.env("TERM", "xterm");
+    let mut pty = crate::util::pty::Pty::spawn(cmd);
+    let drawn_bar = pty.wait_for(Duration::from_secs(60), |d| d.contains("   pack ["));
+    assert!(drawn_bar, "no pack bar: {:?}", pty.drawn());
+    pty.type_bytes(b"\x03");
+    let (status, drawn) = pty.finish();
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{drawn:?}");
+    let at = drawn
+        .find("warmstart: interrupted (SIGINT)")
+        .unwrap_or_else(|| panic!("no interrupted message: {drawn:?}"));
+    // What the message shares its line with: from the last line break
+    // before it, everything up to the last "return to column 0, clear the
+    // line".
+    let line = &drawn[..at];
+    let line = &line[line.rfind('\n').map_or(0, |i| i + 1)..];
+    let left = line
+        .rsplit_once("\r\x1b[2K")
+        .map_or(line, |(_, after)| after);
+    assert!(
+        left.is_empty(),
+        "the message shares its line with {left:?}: {drawn:?}"
+    );
+    assert!(leftovers(&fx).is_empty(), "{:?}", leftovers(&fx));
+}

@@ -15,7 +15,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use xshell::{Shell, cmd};
 
 use crate::cache::human_bytes;
@@ -160,7 +160,7 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
     let a = pack::write_tar(&plan, std::io::sink(), &mut |_| {})?;
     let b_plan = pack::plan_tree(&target, false, &pack::Rules::all())?;
     let b = pack::write_tar(&b_plan, std::io::sink(), &mut |_| {})?;
-    timings.insert("compare", t.elapsed().as_millis() as u64);
+    timings.insert("compare", t.elapsed());
     let equal = a == b && published.tar_sha256.as_deref() == Some(a.sha256.as_str());
     if !equal {
         return Err(fail(
@@ -195,7 +195,10 @@ fn demo(sh: &Shell, args: &DemoArgs, source: &Path, scratch: &Path) -> Result<De
         tar_sha256: a.sha256,
         restored_tar_sha256: b.sha256,
         equal,
-        timings_ms: timings,
+        timings_ms: timings
+            .iter()
+            .map(|(step, d)| (*step, d.as_millis() as u64))
+            .collect(),
     })
 }
 
@@ -278,7 +281,7 @@ fn publish_twice(
     say: &Say,
     work: &Path,
     json: bool,
-    timings: &mut BTreeMap<&'static str, u64>,
+    timings: &mut BTreeMap<&'static str, Duration>,
 ) -> Result<publish::Summary> {
     say.line(format!(
         "3. {cmd} cache publish demo",
@@ -293,7 +296,7 @@ fn publish_twice(
     };
     let t = Instant::now();
     let published = spaced(say, || publish::publish(sh, &work_repo, &req))?;
-    timings.insert("publish", t.elapsed().as_millis() as u64);
+    timings.insert("publish", t.elapsed());
 
     say.line(format!(
         "4. {cmd} cache publish demo, again: nothing changed",
@@ -301,7 +304,7 @@ fn publish_twice(
     ));
     let t = Instant::now();
     let again = spaced(say, || publish::publish(sh, &work_repo, &req))?;
-    timings.insert("publish_unchanged", t.elapsed().as_millis() as u64);
+    timings.insert("publish_unchanged", t.elapsed());
     if again.status != "unchanged" {
         return Err(fail(
             Code::Verify,
@@ -321,7 +324,7 @@ fn restore_twice(
     origin: &Path,
     clone: &Path,
     json: bool,
-    timings: &mut BTreeMap<&'static str, u64>,
+    timings: &mut BTreeMap<&'static str, Duration>,
 ) -> Result<()> {
     say.line(format!(
         "5. git clone origin clone/, then {cmd} cache restore demo",
@@ -334,24 +337,24 @@ fn restore_twice(
         live_steps: crate::restore::step_names,
         ..RestoreOptions::default()
     };
-    let t = Instant::now();
+    // The table shows the time the restore measured and printed itself, so
+    // that step 6's line and the table never disagree.
     let restored = restore::restore_named(sh, &clone_repo, "demo", &opts)?;
-    timings.insert("restore", t.elapsed().as_millis() as u64);
+    timings.insert("restore", restored.duration);
     say.line(format!("   {}", restored.summary()));
 
     say.line(format!(
         "6. {cmd} cache restore demo, again: warm",
         cmd = crate::invocation::command()
     ));
-    let t = Instant::now();
     let warm = restore::restore_named(sh, &clone_repo, "demo", &opts)?;
-    timings.insert("restore_warm", t.elapsed().as_millis() as u64);
+    timings.insert("restore_warm", warm.duration);
     say.line(format!("   {}", warm.summary()));
     Ok(())
 }
 
 /// The table of step times, then how to use warmstart for real.
-fn print_timings_and_next_steps(say: &Say, timings: &BTreeMap<&'static str, u64>) {
+fn print_timings_and_next_steps(say: &Say, timings: &BTreeMap<&'static str, Duration>) {
     say.line("");
     say.line("| step | time |");
     say.line("|---|---:|");
@@ -368,7 +371,10 @@ fn print_timings_and_next_steps(say: &Say, timings: &BTreeMap<&'static str, u64>
         ("restore_warm", "restore again (warm)"),
         ("compare", "compare with the source"),
     ] {
-        say.line(format!("| {label} | {} |", duration(timings[step])));
+        say.line(format!(
+            "| {label} | {} |",
+            crate::clock::human(timings[step])
+        ));
     }
     say.line("");
     say.line("Real use, in your repository (see docs/adopting.md):");
@@ -382,11 +388,6 @@ fn print_timings_and_next_steps(say: &Say, timings: &BTreeMap<&'static str, u64>
         cmd = crate::invocation::command()
     ));
     say.line("  4. no warmstart at hand? the cache branch's README.md restores it with git and coreutils alone");
-}
-
-/// `850ms`, `1.3s`, `45s`: `clock::human`.
-fn duration(ms: u64) -> String {
-    crate::clock::human(std::time::Duration::from_millis(ms))
 }
 
 /// Runs `f` (which prints its own lines), then a blank line.

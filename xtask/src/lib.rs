@@ -61,7 +61,8 @@ pub fn main() -> ! {
 
 fn main_code() -> i32 {
     let name = invocation::command();
-    let command = cli::with_examples(cli::Cli::command().name(name).bin_name(name), name);
+    let command = cli::with_examples(cli::Cli::command().name(name).bin_name(name), name)
+        .color(clap_color(std::env::args()));
     let parsed = command.clone().try_get_matches().and_then(|m| {
         let (path, json, quiet) = contract::from_matches(&m);
         contract::begin(&path, json, quiet);
@@ -87,12 +88,34 @@ fn main_code() -> i32 {
             let code = exit::code_of(&err).as_i32();
             // The last line of defence for secrets: whatever an error quotes
             // (a URL, git's own stderr), no userinfo is printed. Errors are
-            // printed whatever `--quiet` says: std's eprintln, not ours.
-            std::eprintln!("error: {}", crate::redact::text(&format!("{err:#}")));
+            // printed whatever `--quiet` says, and coloured as `--color` says.
+            eprintln!("error: {}", crate::redact::text(&format!("{err:#}")));
             // With --json, the failure is also the one document on stdout.
             contract::failure(&err, code);
             code
         }
+    }
+}
+
+/// `--color` as clap's own messages (help, usage errors) take it, read
+/// before clap parses: a usage error is printed before any value is known.
+fn clap_color(args: impl Iterator<Item = String>) -> clap::ColorChoice {
+    let mut args = args.skip(1);
+    let mut last = None;
+    while let Some(a) = args.next() {
+        if a == "--" {
+            break;
+        }
+        if let Some(v) = a.strip_prefix("--color=") {
+            last = Some(v.to_string());
+        } else if a == "--color" {
+            last = args.next();
+        }
+    }
+    match last.as_deref() {
+        Some("always") => clap::ColorChoice::Always,
+        Some("never") => clap::ColorChoice::Never,
+        _ => clap::ColorChoice::Auto,
     }
 }
 
@@ -114,6 +137,7 @@ fn usage_message(text: &str) -> String {
 /// Runs one parsed command line: refuses unknown or unparsable `WARMSTART_*`
 /// variables first (exit 10), and ends quietly with `Ok` when stdout closes.
 pub fn run(cli: cli::Cli) -> Result<()> {
+    out::set_color(cli.color);
     settings::check_env()?;
     out::quiet_on_broken_pipe(|| dispatch(cli))
 }

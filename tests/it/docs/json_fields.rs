@@ -1070,6 +1070,17 @@ const MEANINGS: &[(&str, &str, &str)] = &[
         "with `--check`: the files that are not as init would write them",
     ),
     ("init", "stale[]", "one path"),
+    (
+        "init",
+        "test_command",
+        "the test gate's command init detected (what it writes into a gates.toml it generates), as argv; null when none is unambiguous and the gate is a placeholder that fails",
+    ),
+    ("init", "test_command[]", "one argument"),
+    (
+        "init",
+        "test_command_detected_from",
+        "what init found that made it sure (`Cargo.toml and Cargo.lock at the root`); null with no command",
+    ),
     // restore and its subcommands
     (
         "restore",

@@ -11,6 +11,7 @@ pub mod fixture;
 pub mod git_daemon;
 pub mod http;
 pub mod http_backend;
+pub mod pty;
 pub mod relay;
 pub mod rng;
 pub mod servers;

@@ -99,11 +99,22 @@ pub struct FetchFirst {
     /// fetch fails, warn and use the local records
     #[arg(long, value_name = "REMOTE", num_args = 0..=1, require_equals = true, default_missing_value = "origin")]
     pub fetch: Option<String>,
-    /// Give up on that fetch after this long (e.g. 500ms, 20s, 1m30s)
+    /// Give up on that fetch after this long in all (e.g. 500ms, 20s, 1m30s)
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
-    pub fetch_timeout: Duration,
+    pub timeout: Duration,
+    /// The old name of `--timeout`: refused with a pointer to it, since
+    /// every command names its whole-operation bound `--timeout`.
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = renamed_fetch_timeout)]
+    pub fetch_timeout: Option<String>,
     #[command(flatten)]
     pub network: super::NetworkArgs,
+}
+
+/// `--fetch-timeout`, renamed: always an error that names the new flag.
+fn renamed_fetch_timeout(value: &str) -> Result<String, String> {
+    Err(format!(
+        "`--fetch-timeout` is now `--timeout {value}` (the whole fetch); `--connect-timeout` and `--stall-timeout` bound each network step"
+    ))
 }
 
 #[derive(Debug, Args)]
@@ -111,7 +122,8 @@ pub struct RemoteArgs {
     /// A remote name or URL
     #[arg(default_value = "origin")]
     pub remote: String,
-    /// Give up on each network step after this long (e.g. 20s, 2m, 1m30s)
+    /// Give up on the whole fetch or push (every network step of it, and
+    /// its retries) after this long (e.g. 20s, 2m, 1m30s)
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
     #[command(flatten)]

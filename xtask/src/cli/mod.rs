@@ -33,6 +33,10 @@ pub struct Cli {
     /// and errors are still printed (so is stdout: a report, or `--json`).
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Colour warmstart's `error:` and `warning:` lines: auto (only on a
+    /// terminal, and not when NO_COLOR is set), always, or never
+    #[arg(long, global = true, value_name = "WHEN", value_enum, default_value_t)]
+    pub color: crate::out::ColorChoice,
 }
 
 /// The command tree as `--help` shows it: named `bin` (`warmstart` or
@@ -215,5 +219,60 @@ mod tests {
         assert!(seen.len() > 10, "the walk found the flags: {seen:?}");
         assert_eq!(seen["keep"].keys().collect::<Vec<_>>(), ["count"]);
         assert_eq!(seen["keep-for"].keys().collect::<Vec<_>>(), ["duration"]);
+    }
+
+    /// The one vocabulary of time limits: `--connect-timeout` until the
+    /// remote answers, `--stall-timeout` for no progress, `--timeout` for
+    /// the whole operation. `gates check --fetch-timeout` and `gates push
+    /// --timeout` (which bounded each step) named one kind two ways.
+    const TIMEOUTS: [&str; 3] = ["connect-timeout", "stall-timeout", "timeout"];
+
+    #[test]
+    fn every_timeout_flag_is_one_of_three_names_and_a_duration() {
+        use clap::Parser;
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut seen = BTreeMap::new();
+        walk(&cmd, "warmstart", &mut seen);
+        let limits: Vec<&String> = seen
+            .keys()
+            .filter(|f| f.contains("timeout") || f.contains("deadline") || f.ends_with("-limit"))
+            .collect();
+        for flag in &limits {
+            assert!(
+                TIMEOUTS.contains(&flag.as_str()),
+                "--{flag} ({:?}) is not one of the timeout names {TIMEOUTS:?}",
+                seen[*flag]
+            );
+            assert_eq!(
+                seen[*flag].keys().collect::<Vec<_>>(),
+                ["duration"],
+                "--{flag}"
+            );
+        }
+        assert_eq!(limits.len(), TIMEOUTS.len(), "{limits:?}");
+        for args in [
+            &["gates", "check", "--fetch", "--timeout", "5s"][..],
+            &["gates", "status", "--timeout", "5s"],
+            &["gates", "push", "--timeout", "5s", "origin"],
+            &["gates", "fetch", "--connect-timeout", "5s"],
+            &["cache", "publish", "x", "--stall-timeout", "5s"],
+        ] {
+            let ok = Cli::try_parse_from(std::iter::once("warmstart").chain(args.iter().copied()));
+            assert!(ok.is_ok(), "{args:?}: {ok:?}");
+        }
+    }
+
+    /// `gates check --fetch-timeout` was renamed: the old name is an error
+    /// that names the new one.
+    #[test]
+    fn gates_fetch_timeout_points_to_timeout() {
+        use clap::Parser;
+        for cmd in ["check", "status"] {
+            let e = Cli::try_parse_from(["warmstart", "gates", cmd, "--fetch-timeout", "20s"])
+                .unwrap_err();
+            let said = e.to_string();
+            assert!(said.contains("is now `--timeout 20s`"), "{said}");
+        }
     }
 }

@@ -233,7 +233,7 @@ pub(crate) fn dirty_reason(dirty: &[String]) -> String {
 
 fn fetch_first(sh: &Shell, repo: &Repo, opt: &FetchFirst) {
     if let Some(remote) = &opt.fetch
-        && let Err(e) = fetch_record(sh, repo, remote, opt.fetch_timeout)
+        && let Err(e) = fetch_record(sh, repo, remote, opt.timeout)
     {
         eprintln!(
             "warning: {}; using the records already in this clone",

@@ -301,16 +301,43 @@ impl Fetched {
     }
 }
 
-/// Runs a git command that talks to `remote`, bounded by `timeout`, output
-/// captured. A non-zero exit is returned, not raised; a timeout is exit 8.
+/// The `--timeout` of a whole fetch or push: every git command of it, and
+/// its retries, share one end.
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    end: std::time::Instant,
+    limit: Duration,
+}
+
+impl Deadline {
+    fn after(limit: Duration) -> Deadline {
+        Deadline {
+            end: std::time::Instant::now() + limit,
+            limit,
+        }
+    }
+
+    /// The time left, never zero (a child given no time would fail with
+    /// a message less clear than the timeout's own).
+    fn left(&self) -> Duration {
+        self.end
+            .saturating_duration_since(std::time::Instant::now())
+            .max(Duration::from_millis(1))
+    }
+}
+
+/// Runs a git command that talks to `remote`, bounded by what is left of
+/// `deadline`, output captured. A non-zero exit is returned, not raised; a
+/// timeout is exit 8.
 fn network_git(
     root: &Path,
     options: &[&str],
     remote: &str,
     refspec: &str,
-    timeout: Duration,
+    deadline: Deadline,
     what: &str,
 ) -> Result<runner::Outcome> {
+    let timeout = deadline.left();
     let mut cmd = Command::new("git");
     // --end-of-options: a remote named `-x` is a remote, never an option.
     cmd.arg("-C")
@@ -346,8 +373,8 @@ fn network_git(
         runner::End::TimedOut => Err(fail(
             Code::Remote,
             format!(
-                "{what} `{remote}` took longer than {} and was stopped: check the remote, or raise the timeout",
-                crate::clock::human(timeout)
+                "{what} `{remote}` took longer than {} in all and was stopped: check the remote, or raise --timeout",
+                crate::clock::human(deadline.limit)
             ),
         )),
         runner::End::Interrupted(sig) => Err(fail(
@@ -447,6 +474,16 @@ pub fn fetch(
     tree: &str,
     timeout: Duration,
 ) -> Result<Fetched> {
+    fetch_within(sh, root, remote, tree, Deadline::after(timeout))
+}
+
+fn fetch_within(
+    sh: &Shell,
+    root: &Path,
+    remote: &str,
+    tree: &str,
+    deadline: Deadline,
+) -> Result<Fetched> {
     let staging = format!("{FETCH_PREFIX}{tree}");
     // A glob refspec that can only match this tree's ref: unlike an exact
     // refspec, it succeeds (and fetches nothing) when the remote has no record.
@@ -463,7 +500,7 @@ pub fn fetch(
         ],
         remote,
         &refspec,
-        timeout,
+        deadline,
         what,
     )?;
     if !outcome.end.success() {
@@ -559,8 +596,9 @@ pub fn push(
     let refspec = format!("{refname}:{dst}");
     let what = "pushing the gate record to";
     let shown = crate::redact::url(remote);
+    let deadline = Deadline::after(timeout);
     for _ in 0..3 {
-        fetch(sh, root, remote, tree, timeout)?;
+        fetch_within(sh, root, remote, tree, deadline)?;
         let Some(record) = read_valid(sh, root, tree)? else {
             return Err(fail(
                 Code::NotFound,
@@ -575,7 +613,7 @@ pub fn push(
             &["push", "--porcelain", "--no-verify"],
             remote,
             &refspec,
-            timeout,
+            deadline,
             what,
         )?;
         // `--porcelain` prints `<flag>\t<from>:<to>\t<summary>` per ref.

@@ -162,11 +162,20 @@ timed_out="" # set by a step past its deadline: giving up then exits 8
 # The deadline of the fetch, and of each step that reads the fetched data.
 fetch_timeout=${WARMSTART_BOOTSTRAP_FETCH_TIMEOUT:-60}
 # `limited CMD...`: CMD under the deadline where `timeout` exists; 124 (and
-# timed_out set) when it ran past it.
+# timed_out set) when it ran past it. `timeout` puts itself in a process
+# group of its own, so a SIGKILL of this script (or of its group) would
+# leave it and CMD running to their deadline: CMD runs under a watcher
+# (`with_parent`, inside timeout's group) that ends it once this script is
+# gone. CMD keeps this script's stdin (`<&0`: a background job would get
+# /dev/null).
+# shellcheck disable=SC2016 # expanded by the watcher's bash, not here
+with_parent='p=$1; shift; "$@" <&0 & c=$!
+{ while kill -0 "$p" 2>/dev/null; do sleep 0.2; done; kill -TERM "$c" 2>/dev/null; } </dev/null & w=$!
+wait "$c"; rc=$?; kill "$w" 2>/dev/null; exit "$rc"'
 limited() {
   local rc=0
   if command -v timeout >/dev/null; then
-    timeout "$fetch_timeout" "$@" || rc=$?
+    timeout "$fetch_timeout" bash -c "$with_parent" limited "$$" "$@" || rc=$?
   else
     "$@" || rc=$?
   fi
@@ -258,12 +267,25 @@ esac
 # second: `.git/shallow.lock` exists) and install the binary twice; so the
 # fetch and install run under a lock of this script's own, and a second
 # bootstrap waits for the first, then finds the binary installed. The lock
-# is a symlink whose target names its owner (`pid@host`): making one is
-# atomic on every system (flock(1) is not on macOS), and an owner that died
-# (kill -9, a recycled machine) names a dead pid on this host, so its lock
-# is taken over rather than waited on.
+# is a symlink whose target names its owner (`pid.start@host`, start being
+# the process's start time in /proc/PID/stat, where there is a /proc): making
+# one is atomic on every system (flock(1) is not on macOS), and an owner that
+# died (kill -9, a recycled machine) names a dead pid on this host, or a pid
+# that now runs another process (a different start time), so its lock is
+# taken over rather than waited on.
 lock=$git_dir/warmstart/bootstrap/fetch.lock
-lock_owner=$$@$(uname -n 2>/dev/null || echo localhost)
+# `start_of PID`: field 22 of /proc/PID/stat (after the `(comm)`, which may
+# hold spaces); nothing where there is no /proc or no such process.
+start_of() {
+  local stat rest
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  rest=${stat##*) }
+  # shellcheck disable=SC2086 # the fields, split on spaces
+  set -- $rest
+  [ "$#" -ge 20 ] && printf '%s' "${20}"
+}
+lock_start=$(start_of $$)
+lock_owner=$$${lock_start:+.$lock_start}@$(uname -n 2>/dev/null || echo localhost)
 lock_held=""
 release_lock() {
   if [ -n "$lock_held" ] && [ "$(readlink "$lock" 2>/dev/null)" = "$lock_owner" ]; then rm -f "$lock"; fi
@@ -274,17 +296,17 @@ release_lock() {
 # waiter that took it over first has put its own there); one that is not is
 # put back, never over another.
 take_over() {
-  local owner=$1 aside=$lock.stale-$$
+  local owner=$1 why=$2 aside=$lock.stale-$$
   mv "$lock" "$aside" 2>/dev/null || return 0
   if [ "$(readlink "$aside" 2>/dev/null)" = "$owner" ]; then
-    say "binary cache: the bootstrap that held ${lock#"$git_dir"/} ($owner) is gone: taking the lock over"
+    say "binary cache: the bootstrap that held ${lock#"$git_dir"/} ($owner) is gone$why: taking the lock over"
   else
     ln -s "$(readlink "$aside")" "$lock" 2>/dev/null || true
   fi
   rm -f "$aside"
 }
 take_lock() {
-  local owner="" pid tries=0 bound=$((fetch_timeout * 3)) said=""
+  local owner="" pid start now tries=0 bound=$((fetch_timeout * 3)) said=""
   mkdir -p "$(dirname "$lock")" || return 1
   until ln -s "$lock_owner" "$lock" 2>/dev/null; do
     tries=$((tries + 1))
@@ -294,10 +316,20 @@ take_lock() {
       return 1
     fi
     owner=$(readlink "$lock" 2>/dev/null) || { owner=""; continue; } # released meanwhile
-    pid=${owner%%@*}
-    if [ "${owner#*@}" = "${lock_owner#*@}" ] && [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
-      take_over "$owner"
-      continue
+    pid=${owner%%@*} start=""
+    case "$pid" in *.*) start=${pid#*.} pid=${pid%%.*} ;; esac
+    if [ "${owner#*@}" = "${lock_owner#*@}" ] && [[ $pid =~ ^[0-9]+$ ]]; then
+      if ! kill -0 "$pid" 2>/dev/null; then
+        take_over "$owner" ""
+        continue
+      fi
+      # A live pid that started at another time is not the owner: the
+      # owner died and its pid went to an unrelated process.
+      now=$(start_of "$pid")
+      if [ -n "$start" ] && [ -n "$now" ] && [ "$now" != "$start" ]; then
+        take_over "$owner" " (pid $pid now runs another process)"
+        continue
+      fi
     fi
     if [ -z "$said" ]; then
       say "binary cache: another bootstrap ($owner) is fetching into this clone: waiting for it (up to ${bound}s)"

@@ -75,7 +75,14 @@ pub fn run(_sh: &Shell, args: InitArgs) -> Result<()> {
     }
     rows.extend(trust_files(&repo, &signers, args.check)?);
     rows.push(hook.wire(&repo, &rows, args.check)?);
-    print_rows(&rows, &stale, !pip_hashes.is_empty(), args.json);
+    let test = detect_test_command(&repo.root);
+    print_rows(
+        &rows,
+        &stale,
+        !pip_hashes.is_empty(),
+        test.as_ref(),
+        args.json,
+    );
     if !args.json {
         print_notes(&repo, &rows, pip_hashes.is_empty(), args.check, cmd);
     }
@@ -302,13 +309,21 @@ fn unsafe_bootstrap(f: &File, existing: Option<&str>) -> Option<String> {
 }
 
 /// The rows as text, or as `init --json`'s document.
-fn print_rows(rows: &[Row], stale: &[String], registry_step: bool, json: bool) {
+fn print_rows(
+    rows: &[Row],
+    stale: &[String],
+    registry_step: bool,
+    test: Option<&templates::TestCommand>,
+    json: bool,
+) {
     if json {
         let out = serde_json::json!({
             "files": rows,
             "registry_step": registry_step,
             "post_create_command": BOOTSTRAP_PATH,
             "stale": stale,
+            "test_command": test.map(|t| &t.argv),
+            "test_command_detected_from": test.map(|t| &t.because),
         });
         // `--check` with stale files fails (below): the report goes into
         // the failure envelope then.

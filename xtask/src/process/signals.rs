@@ -15,9 +15,12 @@
 
 use std::ffi::CString;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
 
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+/// Whether stderr was a terminal when the ending handler was installed:
+/// its message then clears a half-drawn progress line first.
+static STDERR_IS_TERMINAL: AtomicBool = AtomicBool::new(false);
 /// Set first thing by the ending handler: the process is on its way out.
 static ENDING: AtomicI32 = AtomicI32::new(0);
 
@@ -234,6 +237,10 @@ unsafe fn empty_dir(fd: libc::c_int, depth: u32) {
 fn install_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        // Asked here, not in the handler: isatty is not on the list of
+        // async-signal-safe functions.
+        // SAFETY: isatty only inspects the descriptor.
+        STDERR_IS_TERMINAL.store(unsafe { libc::isatty(2) } == 1, Ordering::SeqCst);
         for sig in [libc::SIGTERM, libc::SIGINT] {
             // SAFETY: sigaction with zeroed structs, our own handler, which
             // only calls async-signal-safe functions (kill, unlink, write,
@@ -311,10 +318,20 @@ extern "C" fn on_signal(sig: libc::c_int) {
             }
         }
         let msg: &[u8] = if sig == libc::SIGINT {
-            b"warmstart: interrupted (SIGINT): stopped its git processes and removed its partial files\n"
+            b"\r\x1b[2Kwarmstart: interrupted (SIGINT): stopped its git processes and removed its partial files\n"
         } else {
-            b"warmstart: terminated (SIGTERM): stopped its git processes and removed its partial files\n"
+            b"\r\x1b[2Kwarmstart: terminated (SIGTERM): stopped its git processes and removed its partial files\n"
         };
+        // On a terminal, a progress bar may be half drawn on the current
+        // line: the message first returns to its start and clears it (in
+        // the same write, so no redraw of another thread comes between).
+        // A pipe or a file gets the message alone.
+        let clear = if STDERR_IS_TERMINAL.load(Ordering::SeqCst) {
+            0
+        } else {
+            5
+        };
+        let msg = &msg[clear..];
         libc::write(2, msg.as_ptr().cast(), msg.len());
         libc::_exit(128 + sig);
     }

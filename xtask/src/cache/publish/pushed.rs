@@ -6,7 +6,8 @@
 //! (`refs/remotes/<remote>/*`, as last fetched or pushed) that share HEAD's
 //! history, so it needs no network; a remote this clone tracks none of (a
 //! URL given directly, a remote never fetched, one that holds only cache
-//! branches) is not judged. It only reads the user's
+//! branches) is not judged; in a shallow clone, whose cut history may hide
+//! the link, it says so in one warning. It only reads the user's
 //! repository, and never weakens a later refusal: `--allow-unpushed` lets
 //! this check pass, nothing else (a signed key is still never replaced by
 //! an unsigned one, `crate::trust::sign::guard_replacement`).
@@ -46,6 +47,16 @@ pub(crate) fn check(
     args.push(&prefix);
     let related = refs(sh, root, &args)?;
     if roots.is_empty() || related.is_empty() {
+        // A shallow clone cuts the history that would connect HEAD with the
+        // remote's branches: say it was not judged, rather than nothing.
+        let shallow = git_line(sh, root, &["rev-parse", "--is-shallow-repository"]);
+        if !allow && shallow.as_deref() == Some("true") {
+            out.loud(format!(
+                "cannot tell whether HEAD {} is on {1}: this clone is shallow and none of its branches of {1} reaches HEAD's history; publishing it as pushed (if it is not, push it first or pass --allow-unpushed; `git fetch --unshallow {1}` lets it be judged)",
+                head.chars().take(12).collect::<String>(),
+                remote.shown_name()
+            ));
+        }
         return Ok(());
     }
     let theirs = nearest(sh, root, &prefix, &related);
