@@ -1,0 +1,136 @@
+//! The record an install leaves for the next delta: a full install's lets
+//! the next delta link without reading a file, as a delta's does, and it
+//! describes what was installed, so an edit made at any moment after the
+//! swap is never linked. Built on `cache_delta`'s fixture.
+
+use crate::cache_delta::{
+    FILES, assert_no_leftovers, cold, delta_cache, inode, pin, publish, rel_of, restore, target,
+};
+use crate::util::tree::assert_same_tree;
+use serde_json::Value;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A full install (its tar agreed with the index as it was unpacked), then
+/// a delta after it and a delta after that: neither reads a file it links.
+#[test]
+fn cache_delta_after_a_full_install_or_a_delta_reads_no_unchanged_file() {
+    let fx = delta_cache();
+    publish(&fx, "1", &[]);
+    let j = restore(&fx, "1");
+    assert_eq!(j["files_linked"], 0, "a full install: {j}");
+    publish(&fx, "2", &[7, 150]);
+    let j = restore(&fx, "2");
+    assert_eq!(j["delta_fallback"], Value::Null, "{j}");
+    assert_eq!(j["files_linked"], FILES as u64 - 2 + 1, "{j}");
+    assert_eq!(j["files_hashed"], 0, "after a full install: {j}");
+    assert_same_tree(&cold(&fx, "2"), &target(&fx));
+    // Files 7 and 150 go back to their first content, 8 changes.
+    publish(&fx, "3", &[8]);
+    let j = restore(&fx, "3");
+    assert_eq!(j["delta_fallback"], Value::Null, "{j}");
+    assert_eq!(j["files_linked"], FILES as u64 - 3 + 1, "{j}");
+    assert_eq!(j["files_hashed"], 0, "after a delta: {j}");
+    assert_same_tree(&cold(&fx, "3"), &target(&fx));
+    assert_no_leftovers(&fx);
+}
+
+/// New bytes of the same size with the mtime put back: only the ctime
+/// (and the bytes) say the file changed.
+fn edit_in_place(target: &Path, rel: &str) {
+    let p = target.join(rel);
+    let md = fs::symlink_metadata(&p).unwrap();
+    fs::write(&p, "E".repeat(md.len() as usize)).unwrap();
+    let f = fs::File::options().write(true).open(&p).unwrap();
+    f.set_modified(md.modified().unwrap()).unwrap();
+}
+
+/// Waits until `target` names another directory than inode `before` (the
+/// swap) or `child` ended; false when it ended first.
+fn wait_for_swap(target: &Path, before: u64, child: &mut std::process::Child) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if fs::symlink_metadata(target).is_ok_and(|m| m.ino() != before) {
+            return true;
+        }
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        assert!(Instant::now() < deadline, "no swap within 120 s");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// A shell using the tree while a restore finishes: a file edited 0 to
+/// 70 ms after a delta's swap, or right after the command returned, is
+/// written again by the next delta, never linked, whatever the moment.
+#[test]
+fn cache_delta_an_edit_made_right_after_the_swap_is_never_linked_by_the_next_delta() {
+    let fx = delta_cache();
+    publish(&fx, "a", &[]);
+    publish(&fx, "b", &[3]);
+    fs::rename(cold(&fx, "a"), fx.env.join("cold-a")).unwrap();
+    let cold_a = fx.env.join("cold-a");
+    let cold_b = cold(&fx, "b");
+    restore(&fx, "a");
+    let offsets = [0, 1, 2, 4, 7, 10, 15, 20, 30, 45, 70, u64::MAX];
+    let mut edited: Option<(String, u64, String)> = None;
+    for (k, &ms) in offsets.iter().enumerate() {
+        let next = if k % 2 == 0 { "b" } else { "a" };
+        pin(&fx, next);
+        let before = fs::symlink_metadata(target(&fx)).unwrap().ino();
+        let mut child = fx
+            .env
+            .xtask_in("work")
+            .args(["cache", "restore", "dt", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let victim = rel_of(10 + 17 * k);
+        let when = match ms {
+            u64::MAX => "after the command returned".to_string(),
+            ms => format!("{ms} ms after the swap"),
+        };
+        if ms != u64::MAX {
+            assert!(
+                wait_for_swap(&target(&fx), before, &mut child),
+                "the restore ended before a swap"
+            );
+            std::thread::sleep(Duration::from_millis(ms));
+            edit_in_place(&target(&fx), &victim);
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(j["delta_fallback"], Value::Null, "{j}");
+        if let Some((rel, ino, when)) = edited.take() {
+            assert_ne!(
+                inode(&fx, &rel),
+                ino,
+                "{rel}, edited {when}, was linked: {j}"
+            );
+        }
+        if ms == u64::MAX {
+            edit_in_place(&target(&fx), &victim);
+        }
+        edited = Some((victim.clone(), inode(&fx, &victim), when));
+    }
+    let last = if offsets.len() % 2 == 0 { "b" } else { "a" };
+    let j = restore(&fx, last);
+    let (rel, ino, when) = edited.unwrap();
+    assert_ne!(
+        inode(&fx, &rel),
+        ino,
+        "{rel}, edited {when}, was linked: {j}"
+    );
+    let expected = if last == "a" { &cold_a } else { &cold_b };
+    assert_same_tree(expected, &target(&fx));
+    assert_no_leftovers(&fx);
+}
