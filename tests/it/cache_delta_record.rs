@@ -134,3 +134,52 @@ fn cache_delta_an_edit_made_right_after_the_swap_is_never_linked_by_the_next_del
     assert_same_tree(expected, &target(&fx));
     assert_no_leftovers(&fx);
 }
+
+/// A delta that a full disk stops after it linked the unchanged files
+/// leaves the record true of the installed tree: once the space the
+/// changed files need is freed, the retry links every unchanged file again
+/// (hashing those the failed run had linked) and writes only the changed.
+#[test]
+fn cache_delta_failed_by_a_full_disk_then_retried_links_the_unchanged_files_again() {
+    let fx = delta_cache();
+    let disk = fx.env.join("installed");
+    let _tmpfs = crate::store_disk_full::Tmpfs::mount(&disk, "2m");
+    publish(&fx, "1", &[]);
+    restore(&fx, "1");
+    let changed: Vec<usize> = (0..40).map(|i| i * 5).collect();
+    publish(&fx, "2", &changed);
+    // Fill the disk in pages, then free 10 of them: fewer than the 40
+    // changed files need.
+    let fill = disk.join("fill");
+    fs::create_dir(&fill).unwrap();
+    let mut pages = 0;
+    while fs::write(fill.join(pages.to_string()), [7u8; 4096]).is_ok() {
+        pages += 1;
+    }
+    let free = |n: usize, from: &mut usize| {
+        for _ in 0..n {
+            *from -= 1;
+            fs::remove_file(fill.join(from.to_string())).unwrap();
+        }
+    };
+    free(11, &mut pages);
+    pin(&fx, "2");
+    let r = crate::util::run(fx.env.xtask_in("work").args(["cache", "restore", "dt"]));
+    assert!(!r.out.status.success(), "{}", crate::util::show(&r.out));
+    assert!(r.stderr().contains("No space left"), "{}", r.stderr());
+    assert_eq!(
+        fs::read_to_string(target(&fx).join(rel_of(1))).unwrap(),
+        "1 base\n".repeat(150),
+        "the installed tree is untouched"
+    );
+    // Room for the changed files (a page each) and a few directories.
+    free(40, &mut pages);
+    let j = restore(&fx, "2");
+    assert_eq!(j["delta_fallback"], Value::Null, "{j}");
+    assert_eq!(
+        j["files_linked"],
+        (FILES - changed.len() + 1) as u64,
+        "the retry linked the unchanged files: {j}"
+    );
+    assert_same_tree(&cold(&fx, "2"), &target(&fx));
+}

@@ -222,7 +222,14 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
         &old,
         &mut decode,
         ctx.absolute_symlinks,
-    )?;
+    )
+    .inspect_err(|e| {
+        if fallback_reason(e).is_none() {
+            // A failure (a full disk): the install stays as it is, and the
+            // record true of it, so that a retry links again.
+            heal_after_failure(ctx, dest, &old);
+        }
+    })?;
     let (mut verified, fetched) = got.context("the delta decoded nothing")?;
     verified.tar_sha256 = entry.tar_sha256.clone();
     Ok(Some(Staged {
@@ -233,6 +240,20 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
         fallback: None,
         vouched: false,
     }))
+}
+
+/// Removes what a failed delta staged (its links first), then renews the
+/// record (`heal`). Anything that goes wrong here only costs the retry its
+/// links: a warning.
+fn heal_after_failure(ctx: &Ctx<'_>, dest: &Path, old: &Installed) {
+    let healed =
+        unpack::remove_tree(dest).and_then(|()| heal(ctx.state_dir, ctx.name, ctx.target, old));
+    if let Err(e) = healed {
+        eprintln!(
+            "warning: {e:#}; the next restore of {} writes every file again",
+            ctx.name
+        );
+    }
 }
 
 /// The plan of just the chosen chunks: their concatenation decodes to their

@@ -253,6 +253,48 @@ pub(super) fn settled_stats(root: &Path, index: &Index) -> Result<(i64, Vec<File
     Ok((again_at, stats.into_iter().flatten().collect()))
 }
 
+/// After a delta failed and its staging tree was removed: the record of the
+/// installed tree again, so that a retry can link what it linked. Each file
+/// whose stat moved in its ctime alone (the link the delta made and the
+/// unlink of its staging moved it; links, size, mode, mtime are as
+/// recorded) gets its new stat, which is always racy against the record's
+/// clock (kept, as the key, the index and `verified` are): the retry hashes
+/// it before it links it, so an edit made while the delta ran (with the
+/// mtime put back) is still never linked. Returns how many it renewed.
+pub fn heal(state_dir: &Path, name: &str, target: &Path, old: &Installed) -> Result<u64> {
+    let path = record_path(state_dir, name);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut record = Record::parse(&text).with_context(|| format!("{}", path.display()))?;
+    anyhow::ensure!(record.key == old.key, "{} moved on", path.display());
+    let racy_after = record.clock_ns.saturating_sub(RACY_NS);
+    let mut tree = Tree::open(target)?;
+    let files = old.index.entries.iter().filter(|e| e.kind == Kind::File);
+    let mut renewed = 0;
+    for (st, e) in record.stats.iter_mut().zip(files) {
+        let Ok(rel) = entry_rel(e) else { continue };
+        let Ok((dir, file)) = tree.parent(&rel) else {
+            continue;
+        };
+        let Ok(Some(now)) = dir.lstat_at(file) else {
+            continue;
+        };
+        let now = FileStat::of(&now);
+        let ctime_only = FileStat {
+            ctime_ns: st.ctime_ns,
+            ..now
+        } == *st;
+        if now != *st && ctime_only && now.ctime_ns > racy_after {
+            *st = now;
+            renewed += 1;
+        }
+    }
+    if renewed > 0 {
+        crate::fsio::write_atomic(&path, record.render().as_bytes())?;
+    }
+    Ok(renewed)
+}
+
 /// The real-time clock in ns (the one file times are taken from; their
 /// coarse ticks are never ahead of it).
 pub(super) fn now_ns() -> i64 {
