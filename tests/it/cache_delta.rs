@@ -180,7 +180,7 @@ fn cache_delta_links_what_did_not_change_and_equals_a_cold_restore() {
 }
 
 /// What a user may do to an installed file.
-fn hostile(kind: usize, target: &Path, rel: &str, outside: &Path) -> &'static str {
+pub(crate) fn hostile(kind: usize, target: &Path, rel: &str, outside: &Path) -> &'static str {
     let p = target.join(rel);
     let md = fs::metadata(&p).unwrap();
     let overwrite = |p: &Path| fs::write(p, "Z".repeat(md.len() as usize)).unwrap();

@@ -4,7 +4,8 @@
 //! swap is never linked. Built on `cache_delta`'s fixture.
 
 use crate::cache_delta::{
-    FILES, assert_no_leftovers, cold, delta_cache, inode, pin, publish, rel_of, restore, target,
+    FILES, assert_no_leftovers, cold, delta_cache, hostile, inode, pin, publish, rel_of, restore,
+    target,
 };
 use crate::util::tree::assert_same_tree;
 use serde_json::Value;
@@ -63,9 +64,13 @@ fn wait_for_swap(target: &Path, before: u64, child: &mut std::process::Child) ->
     }
 }
 
-/// A shell using the tree while a restore finishes: a file edited 0 to
-/// 70 ms after a delta's swap, or right after the command returned, is
-/// written again by the next delta, never linked, whatever the moment.
+/// A shell using the tree while a restore finishes: a file changed 0 to
+/// 70 ms after a delta's swap (inside the racy window of a coarse clock),
+/// or right after the command returned, is written again by the next
+/// delta, never linked, whatever the moment and the change: every other
+/// case is new bytes of the same size with the mtime put back, the others
+/// go through `cache_delta::hostile`'s list (content, chmod, a symlink or
+/// a directory in its place, a hardlink from outside, a rename, removal).
 #[test]
 fn cache_delta_an_edit_made_right_after_the_swap_is_never_linked_by_the_next_delta() {
     let fx = delta_cache();
@@ -75,8 +80,29 @@ fn cache_delta_an_edit_made_right_after_the_swap_is_never_linked_by_the_next_del
     let cold_a = fx.env.join("cold-a");
     let cold_b = cold(&fx, "b");
     restore(&fx, "a");
-    let offsets = [0, 1, 2, 4, 7, 10, 15, 20, 30, 45, 70, u64::MAX];
-    let mut edited: Option<(String, u64, String)> = None;
+    let outside = fx.env.join("outside");
+    fs::create_dir(&outside).unwrap();
+    let offsets = [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        7,
+        10,
+        12,
+        15,
+        20,
+        25,
+        30,
+        45,
+        60,
+        70,
+        u64::MAX,
+    ];
+    let kinds = [0, 1, 2, 3, 4, 6, 7];
+    let mut edited: Option<(String, Option<u64>, String)> = None;
     for (k, &ms) in offsets.iter().enumerate() {
         let next = if k % 2 == 0 { "b" } else { "a" };
         pin(&fx, next);
@@ -89,8 +115,16 @@ fn cache_delta_an_edit_made_right_after_the_swap_is_never_linked_by_the_next_del
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let victim = rel_of(10 + 17 * k);
-        let when = match ms {
+        let victim = rel_of(10 + 11 * k);
+        let change = |target: &Path| {
+            if k % 2 == 0 {
+                edit_in_place(target, &victim);
+                "new bytes, the mtime put back"
+            } else {
+                hostile(kinds[k / 2 % kinds.len()], target, &victim, &outside)
+            }
+        };
+        let mut when = match ms {
             u64::MAX => "after the command returned".to_string(),
             ms => format!("{ms} ms after the swap"),
         };
@@ -100,7 +134,7 @@ fn cache_delta_an_edit_made_right_after_the_swap_is_never_linked_by_the_next_del
                 "the restore ended before a swap"
             );
             std::thread::sleep(Duration::from_millis(ms));
-            edit_in_place(&target(&fx), &victim);
+            when = format!("{when}: {}", change(&target(&fx)));
         }
         let out = child.wait_with_output().unwrap();
         assert!(
@@ -112,23 +146,26 @@ fn cache_delta_an_edit_made_right_after_the_swap_is_never_linked_by_the_next_del
         assert_eq!(j["delta_fallback"], Value::Null, "{j}");
         if let Some((rel, ino, when)) = edited.take() {
             assert_ne!(
-                inode(&fx, &rel),
+                Some(inode(&fx, &rel)),
                 ino,
-                "{rel}, edited {when}, was linked: {j}"
+                "{rel}, {when}, was linked: {j}"
             );
         }
         if ms == u64::MAX {
-            edit_in_place(&target(&fx), &victim);
+            when = format!("{when}: {}", change(&target(&fx)));
         }
-        edited = Some((victim.clone(), inode(&fx, &victim), when));
+        let ino = fs::symlink_metadata(target(&fx).join(&victim))
+            .map(|m| m.ino())
+            .ok();
+        edited = Some((victim.clone(), ino, when));
     }
     let last = if offsets.len() % 2 == 0 { "b" } else { "a" };
     let j = restore(&fx, last);
     let (rel, ino, when) = edited.unwrap();
     assert_ne!(
-        inode(&fx, &rel),
+        Some(inode(&fx, &rel)),
         ino,
-        "{rel}, edited {when}, was linked: {j}"
+        "{rel}, {when}, was linked: {j}"
     );
     let expected = if last == "a" { &cold_a } else { &cold_b };
     assert_same_tree(expected, &target(&fx));
