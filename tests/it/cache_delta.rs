@@ -16,12 +16,12 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Files in the artifact: one in a hundred is 2 of them.
-const FILES: usize = 200;
+pub(crate) const FILES: usize = 200;
 
 /// The delta cache `dt` installed at `installed/dt`, and `cold`, the same
 /// branch (`dt-cache`) read into `cold/dt`: keys `dt-<v>` pinned in
 /// `pins.txt`, packing `../art` in 8 KiB average chunks.
-fn delta_cache() -> Fixture {
+pub(crate) fn delta_cache() -> Fixture {
     let fx = Fixture::serve(Serve::RelativePath);
     for (name, path, branch) in [
         ("dt", target(&fx), None),
@@ -43,16 +43,16 @@ fn delta_cache() -> Fixture {
     fx
 }
 
-fn target(fx: &Fixture) -> PathBuf {
+pub(crate) fn target(fx: &Fixture) -> PathBuf {
     fx.env.join("installed/dt")
 }
 
-fn pin(fx: &Fixture, v: &str) {
+pub(crate) fn pin(fx: &Fixture, v: &str) {
     fx.write("pins.txt", &format!("v={v}\n"));
 }
 
 /// Publishes `dt-<v>`: the artifact with files `changed` at version `v`.
-fn publish(fx: &Fixture, v: &str, changed: &[usize]) {
+pub(crate) fn publish(fx: &Fixture, v: &str, changed: &[usize]) {
     publish_as(fx, v, v, changed);
 }
 
@@ -66,13 +66,13 @@ fn publish_as(fx: &Fixture, v: &str, content: &str, changed: &[usize]) {
 }
 
 /// Restores `dt-<v>` into the delta target; its JSON.
-fn restore(fx: &Fixture, v: &str) -> Value {
+pub(crate) fn restore(fx: &Fixture, v: &str) -> Value {
     pin(fx, v);
     fx.restore("dt")
 }
 
 /// A cold restore of `dt-<v>` elsewhere: what the delta must equal.
-fn cold(fx: &Fixture, v: &str) -> PathBuf {
+pub(crate) fn cold(fx: &Fixture, v: &str) -> PathBuf {
     pin(fx, v);
     // Never a delta: no record to build one from.
     let record = fx
@@ -84,16 +84,18 @@ fn cold(fx: &Fixture, v: &str) -> PathBuf {
     fx.env.join("cold/dt")
 }
 
-fn inode(fx: &Fixture, rel: &str) -> u64 {
+pub(crate) fn inode(fx: &Fixture, rel: &str) -> u64 {
     fs::symlink_metadata(target(fx).join(rel)).unwrap().ino()
 }
 
-/// Nothing beside the target, and only the record beside the stamps.
-fn assert_no_leftovers(fx: &Fixture) {
+/// Nothing beside the target but the shadow a delta keeps, and only the
+/// record beside the stamps.
+pub(crate) fn assert_no_leftovers(fx: &Fixture) {
     let target = target(fx);
     let names: Vec<String> = fs::read_dir(target.parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != ".dt.links")
         .collect();
     assert_eq!(names, ["dt"], "leftovers beside the target");
     let state = fx.env.join("work/.git/warmstart/cache/installed");
@@ -106,7 +108,7 @@ fn assert_no_leftovers(fx: &Fixture) {
     assert_eq!(kept, ["dt.files.zst", "dt.record"]);
 }
 
-fn rel_of(i: usize) -> String {
+pub(crate) fn rel_of(i: usize) -> String {
     format!("d{}/f{i:03}.txt", i % 10)
 }
 
@@ -178,7 +180,7 @@ fn cache_delta_links_what_did_not_change_and_equals_a_cold_restore() {
 }
 
 /// What a user may do to an installed file.
-fn hostile(kind: usize, target: &Path, rel: &str, outside: &Path) -> &'static str {
+pub(crate) fn hostile(kind: usize, target: &Path, rel: &str, outside: &Path) -> &'static str {
     let p = target.join(rel);
     let md = fs::metadata(&p).unwrap();
     let overwrite = |p: &Path| fs::write(p, "Z".repeat(md.len() as usize)).unwrap();
@@ -396,6 +398,7 @@ fn cache_delta_killed_at_any_point_ends_complete_and_equal_to_a_cold_restore() {
         "delta:written",
         "restore:unpacked",
         "swap:exchanged",
+        "swap:pruned",
         "restore:installed",
         "delta:recorded",
     ];

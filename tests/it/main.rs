@@ -14,6 +14,7 @@ mod broken_pipe;
 mod cache_batch;
 mod cache_concurrency;
 mod cache_delta;
+mod cache_delta_record;
 mod cache_fetch;
 mod cache_format_compat;
 mod cache_frames;

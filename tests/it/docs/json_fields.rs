@@ -724,6 +724,11 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     ),
     (
         "cache-restore",
+        "files_hashed",
+        "installed files the delta install read to check their bytes before linking them (0 when the record vouches for them)",
+    ),
+    (
+        "cache-restore",
         "delta_fallback",
         "why a delta install was possible but a full one was made; null when not",
     ),

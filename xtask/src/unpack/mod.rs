@@ -35,7 +35,10 @@ pub use extract::{CAPTURE_MAX, Select, extract_tar, extract_tar_select};
 pub(crate) use extract::{check_symlink_target_with, safe_relative};
 pub use identity::{Ident, identities};
 pub use merge::{MergeOptions, merge_into, merge_into_with, recover};
-pub use swap::{recover_swap, remove_tree, staging_dir_for, swap_dir};
+pub use swap::{
+    Retire, recover_swap, remove_shadow, remove_tree, shadow_of, staging_dir_for, swap_dir,
+    swap_dir_then,
+};
 
 /// Creates a new file at `path` for writing, mode 0600 until its real mode is
 /// set: never an existing path (`AlreadyExists`), never through a symlink at

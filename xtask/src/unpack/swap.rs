@@ -7,11 +7,21 @@
 //! while an `.old` copy exists, moves the old copy back, so every crash point
 //! ends in either the old or the new complete tree.
 //!
+//! `.T.links` is the shadow a delta install keeps (`Retire::Shadow`): what
+//! is left of the previous `T` once every name of an inode the new `T` does
+//! not use was removed. Removing the previous tree whole would unlink a
+//! second name of every file the delta linked, moving its ctime and link
+//! count after the install recorded them; kept, those stay as recorded. It
+//! is never the installed tree: `remove_shadow` drops it before the next
+//! install records anything, and nothing else reads it. `recover_swap`
+//! leaves it alone (it is not a leftover of a dead process).
+//!
 //! Every create, rename and removal here is made in one handle on the
 //! target's parent directory, by single names (`beneath::Dir`), and
 //! removing a tree never follows a symlink in it.
 
 use anyhow::{Context, Result};
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
@@ -146,16 +156,49 @@ pub fn remove_tree(path: &Path) -> Result<()> {
     remove_tree_at(&dir, &name).with_context(|| format!("removing {}", path.display()))
 }
 
+/// `.<name>.links`, the shadow of target `name`.
+fn shadow_name(name: &OsStr) -> OsString {
+    beside(name, ".links")
+}
+
+/// Where the shadow of `target` lives (see the module doc).
+pub fn shadow_of(target: &Path) -> Result<PathBuf> {
+    let (parent, name) = parent_and_name(target)?;
+    Ok(parent.join(shadow_name(&name)))
+}
+
+/// Removes the shadow beside `target`, if there is one: before an install
+/// records its stats, so that the links it drops move no recorded ctime.
+pub fn remove_shadow(target: &Path) -> Result<()> {
+    remove_tree(&shadow_of(target)?)
+}
+
+/// What becomes of the previous tree once the new one is in place.
+#[derive(Clone, Copy, Debug)]
+pub enum Retire<'a> {
+    /// Removed whole.
+    Remove,
+    /// Its names of the inodes (dev, ino) in the set stay, as the shadow;
+    /// every other name is removed.
+    Shadow(&'a HashSet<(u64, u64)>),
+}
+
+/// `swap_dir`, removing the previous tree whole.
+pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
+    swap_dir_then(staging, target, Retire::Remove)
+}
+
 /// Atomically replaces directory `target` with `staging`, a directory beside
-/// it (from `staging_dir_for`).
+/// it (from `staging_dir_for`); the previous tree is then retired as
+/// `retire` says.
 ///
 /// Uses `renameat2(RENAME_EXCHANGE)` where the filesystem supports it, so
 /// `target` always names a complete tree; elsewhere falls back to
 /// `target -> .target.old-<pid>`, `staging -> target`, which `recover_swap`
 /// (run first by this function and by `staging_dir_for`) completes after a
-/// crash. The previous tree is removed afterwards. Every rename is made in
-/// one handle on the parent directory, by single names.
-pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
+/// crash. Every rename is made in one handle on the parent directory, by
+/// single names.
+pub fn swap_dir_then(staging: &Path, target: &Path, retire: Retire<'_>) -> Result<()> {
     let (parent, name) = parent_and_name(target)?;
     let (staging_parent, staging_name) = parent_and_name(staging)?;
     anyhow::ensure!(
@@ -200,7 +243,7 @@ pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
             dir.sync()
                 .with_context(|| format!("syncing {}", parent.display()))?;
             kill_point("swap:exchanged");
-            remove_tree_at(&dir, &staging_name)
+            retire_at(&dir, &staging_name, &name, retire)
                 .with_context(|| format!("removing {}", staging.display()))
         }
         Err(e)
@@ -209,7 +252,7 @@ pub fn swap_dir(staging: &Path, target: &Path) -> Result<()> {
                 Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
             ) =>
         {
-            swap_by_two_renames(&dir, &staging_name, &name, staging, target)
+            swap_by_two_renames(&dir, &staging_name, &name, staging, target, retire)
         }
         Err(e) => Err(e).with_context(|| {
             format!(
@@ -245,6 +288,7 @@ fn swap_by_two_renames(
     name: &OsStr,
     staging: &Path,
     target: &Path,
+    retire: Retire<'_>,
 ) -> Result<()> {
     let old = beside(name, &format!(".old-{}", std::process::id()));
     let old_path = target.with_file_name(&old);
@@ -261,7 +305,44 @@ fn swap_by_two_renames(
     dir.sync()
         .with_context(|| format!("syncing the parent of {}", target.display()))?;
     kill_point("swap:staging-moved");
-    remove_tree_at(dir, &old).with_context(|| format!("removing {}", old_path.display()))
+    retire_at(dir, &old, name, retire).with_context(|| format!("removing {}", old_path.display()))
+}
+
+/// Retires the previous tree, now at `old` beside target `name`. A kill
+/// while it is pruned leaves it under a dead process's name, which
+/// `recover_swap` removes whole: the next delta then finds the links it
+/// counted gone and writes those files again (never links a changed one).
+fn retire_at(dir: &Dir, old: &OsStr, name: &OsStr, retire: Retire<'_>) -> io::Result<()> {
+    let Retire::Shadow(keep) = retire else {
+        return remove_tree_at(dir, old);
+    };
+    prune_at(dir, old, keep)?;
+    kill_point("swap:pruned");
+    let shadow = shadow_name(name);
+    remove_tree_at(dir, &shadow)?;
+    dir.rename_at(old, dir, &shadow)
+}
+
+/// Removes every name below `name` in `dir` but directories and those of
+/// inodes in `keep`, never following a symlink (one is removed, not what
+/// it points to), making directories writable first.
+fn prune_at(dir: &Dir, name: &OsStr, keep: &HashSet<(u64, u64)>) -> io::Result<()> {
+    let child = dir.open_dir_at(name)?;
+    let st = child.stat()?;
+    if st.st_mode & 0o700 != 0o700 {
+        child.chmod((st.st_mode & 0o7777) | 0o700)?;
+    }
+    for n in child.names()? {
+        let Some(st) = child.lstat_at(&n)? else {
+            continue;
+        };
+        if is_dir(&st) {
+            prune_at(&child, &n, keep)?;
+        } else if !keep.contains(&(st.st_dev, st.st_ino)) {
+            child.unlink_if_exists(&n)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -269,7 +350,7 @@ pub(crate) fn swap_by_two_renames_for_test(staging: &Path, target: &Path) -> Res
     let (parent, name) = parent_and_name(target)?;
     let dir = open_parent(&parent)?;
     let staging_name = staging.file_name().context("no name")?;
-    swap_by_two_renames(&dir, staging_name, &name, staging, target)
+    swap_by_two_renames(&dir, staging_name, &name, staging, target, Retire::Remove)
 }
 
 #[cfg(test)]

@@ -59,12 +59,26 @@ pub(super) struct Installed<'a> {
     overlay_file: &'a Path,
 }
 
+/// What the record of a replace-mode install says (`delta::remember`).
+pub(super) struct ToRecord<'a> {
+    key: &'a str,
+    tar_sha256: &'a str,
+    index: &'a delta::NewIndex,
+    /// Every file was checked against the index (`delta::Record::verified`).
+    verified: bool,
+    /// A delta: the tree before keeps the names of the inodes it shares
+    /// with this one, as the shadow (`unpack::Retire::Shadow`).
+    delta: bool,
+}
+
 impl Installed<'_> {
-    /// Swaps `dest` in (replace) or merges it (merge, overlay).
+    /// Swaps `dest` in (replace) or merges it (merge, overlay). In replace
+    /// mode the record is taken first, of `dest` (`record`).
     pub(super) fn swap_or_merge(
         &self,
         dest: &Path,
         overlay_plan: Option<&overlay::Plan>,
+        record: Option<ToRecord<'_>>,
     ) -> Result<()> {
         let (m, target) = (self.m, &self.m.restore_path);
         // No stamp (nor delta record) while the target is being replaced: a
@@ -72,12 +86,34 @@ impl Installed<'_> {
         // stamp describing the new tree.
         stamp::remove(self.stamp_file)?;
         delta::forget(self.state_dir, &m.name)?;
+        // The shadow of the tree before is not the installed tree: it goes
+        // before the record, so the links it drops move no recorded stat.
+        unpack::remove_shadow(target)?;
         let merge = unpack::MergeOptions {
             absolute_symlinks: m.absolute_symlinks.clone(),
             ..unpack::MergeOptions::default()
         };
         match m.mode {
-            Mode::Replace => unpack::swap_dir(dest, target)?,
+            Mode::Replace => {
+                let kept = record.as_ref().and_then(|r| {
+                    let kept = delta::remember_or_warn(
+                        self.state_dir,
+                        &m.name,
+                        dest,
+                        r.key,
+                        r.tar_sha256,
+                        r.index,
+                        r.verified,
+                    );
+                    kept.filter(|_| r.delta)
+                });
+                match &kept {
+                    Some(keep) => {
+                        unpack::swap_dir_then(dest, target, unpack::Retire::Shadow(keep))?
+                    }
+                    None => unpack::swap_dir(dest, target)?,
+                }
+            }
             Mode::Merge => {
                 unpack::merge_into_with(dest, target, self.journal, merge)?;
             }
@@ -227,15 +263,19 @@ impl Cold<'_> {
                 journal: &journal,
                 overlay_file: &overlay_file,
             };
-            installed.swap_or_merge(&dest, overlay_plan.as_ref())?;
+            let record = match &index {
+                Some(Ok(new)) => Some(ToRecord {
+                    key: &c.key.value,
+                    tar_sha256: &staged.verified.tar_sha256,
+                    index: new,
+                    verified: staged.delta.is_some() || staged.vouched,
+                    delta: staged.delta.is_some(),
+                }),
+                _ => None,
+            };
+            installed.swap_or_merge(&dest, overlay_plan.as_ref(), record)?;
             staging.0 = None;
             unpack::kill_point("restore:installed");
-            if let Some(Ok(new)) = &index {
-                let tar = &staged.verified.tar_sha256;
-                let verified = staged.delta.is_some();
-                let key = &c.key.value;
-                delta::remember_or_warn(&state_dir, &m.name, target, key, tar, new, verified);
-            }
         }
         drop(staging);
         let u = &staged.unpacked;

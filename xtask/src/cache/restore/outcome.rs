@@ -153,6 +153,8 @@ pub struct DeltaInfo {
     pub bytes_linked: u64,
     /// Chunks of the key that were not decoded at all.
     pub chunks_skipped: u64,
+    /// Installed files whose bytes were read to check them before linking.
+    pub files_hashed: u64,
     /// Why a delta was possible but a full install was made instead
     /// (`null` when not).
     pub delta_fallback: Option<String>,
@@ -165,6 +167,7 @@ impl DeltaInfo {
             files_linked: r.files_linked,
             bytes_linked: r.bytes_linked,
             chunks_skipped: r.chunks_total.saturating_sub(r.chunks_decoded),
+            files_hashed: r.files_hashed,
             delta_fallback: fallback,
         }
     }

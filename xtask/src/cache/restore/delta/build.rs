@@ -16,8 +16,31 @@ pub struct Report {
     pub files_copied: u64,
     /// Files written from the decoded tar.
     pub files_written: u64,
+    /// Installed files whose bytes were read to check them before they were
+    /// linked (their record was not verified, or their ctime was racy).
+    pub files_hashed: u64,
     pub chunks_decoded: u64,
     pub chunks_total: u64,
+}
+
+impl Report {
+    /// Adds what a link thread did.
+    pub(super) fn add(&mut self, o: &Report) {
+        self.stats.files += o.stats.files;
+        self.stats.bytes += o.stats.bytes;
+        self.files_linked += o.files_linked;
+        self.bytes_linked += o.bytes_linked;
+        self.files_copied += o.files_copied;
+        self.files_hashed += o.files_hashed;
+    }
+}
+
+/// What one link thread did: the entries it left to write, its counts, and
+/// the installed inodes it linked.
+struct Linked {
+    writes: Vec<usize>,
+    report: Report,
+    used: HashMap<(u64, u64), PathBuf>,
 }
 
 /// Decodes the given chunks of the key (ascending indices) as one stream,
@@ -48,7 +71,13 @@ pub(super) struct Builder<'a> {
     pub(super) report: Report,
     /// `pack.absolute_symlinks`: judged as the extractor judges them.
     pub(super) absolute: Vec<crate::glob::Pattern>,
+    /// The staging and installed trees, for the link threads' own handles.
+    pub(super) paths: (PathBuf, PathBuf),
 }
+
+/// Threads that check and link files at once (each its own handles): a
+/// link is a few system calls on each side, which two threads overlap.
+const LINK_THREADS: usize = 2;
 
 /// Builds `staging` (empty, the caller's) as the key `entry` whose index is
 /// `new`, from the installed tree at `target` that `old` describes, decoding
@@ -93,6 +122,7 @@ impl<'a> Builder<'a> {
             buf: vec![0; 1 << 20],
             report: Report::default(),
             absolute: Vec::new(),
+            paths: (staging.to_path_buf(), target.to_path_buf()),
         })
     }
 
@@ -101,6 +131,7 @@ impl<'a> Builder<'a> {
     pub(super) fn link_phase(&mut self, new: &Index) -> Result<Plan> {
         let mut plan = Plan::default();
         let mut seen = HashSet::new();
+        let mut files = Vec::new();
         for (i, e) in new.entries.iter().enumerate() {
             let rel = entry_rel(e)?;
             if rel.as_os_str().is_empty() {
@@ -116,14 +147,82 @@ impl<'a> Builder<'a> {
                 }
                 Kind::Symlink => self.symlink(&rel, e)?,
                 Kind::Hardlink => plan.hardlinks.push(i),
-                Kind::File => {
-                    if !self.reuse(&rel, e)? {
-                        plan.writes.push(i);
-                    }
+                Kind::File => files.push((i, rel)),
+            }
+        }
+        plan.writes = self.link_files(new, files)?;
+        Ok(plan)
+    }
+
+    /// Reuses what it can of the file entries `files` (index order), on
+    /// `LINK_THREADS` threads; returns the entries left to write, ascending.
+    /// A file whose digest another new entry shares is left to this thread
+    /// afterwards: only such entries can want the same installed inode,
+    /// which the first one links and the others copy (`used`).
+    pub(super) fn link_files(
+        &mut self,
+        new: &Index,
+        files: Vec<(usize, PathBuf)>,
+    ) -> Result<Vec<usize>> {
+        let mut count: HashMap<[u8; 32], usize> = HashMap::new();
+        for (i, _) in &files {
+            if let Some(d) = new.entries[*i].sha256 {
+                *count.entry(d).or_default() += 1;
+            }
+        }
+        let (alone, shared): (Vec<_>, Vec<_>) = files
+            .into_iter()
+            .partition(|(i, _)| new.entries[*i].sha256.is_none_or(|d| count[&d] == 1));
+        let per = alone.len().div_ceil(LINK_THREADS).max(1);
+        let this = &*self;
+        let results: Vec<Result<Linked>> = std::thread::scope(|s| {
+            let threads: Vec<_> = alone
+                .chunks(per)
+                .map(|part| s.spawn(move || this.link_part(new, part)))
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(anyhow!("a link thread panicked")))
+                })
+                .collect()
+        });
+        let mut writes = Vec::new();
+        for linked in results {
+            let linked = linked?;
+            writes.extend(linked.writes);
+            self.report.add(&linked.report);
+            for (inode, at) in linked.used {
+                if self.used.insert(inode, at).is_some() {
+                    return Err(fallback("two files of the installed tree are one inode"));
                 }
             }
         }
-        Ok(plan)
+        for (i, rel) in shared {
+            if !self.reuse(&rel, &new.entries[i])? {
+                writes.push(i);
+            }
+        }
+        writes.sort_unstable();
+        Ok(writes)
+    }
+
+    /// One link thread: its own handles on both trees, the same checks.
+    fn link_part(&self, new: &Index, part: &[(usize, PathBuf)]) -> Result<Linked> {
+        let mut b = Builder::new(&self.paths.0, &self.paths.1, self.old)?;
+        b.absolute = self.absolute.clone();
+        let mut writes = Vec::new();
+        for (i, rel) in part {
+            if !b.reuse(rel, &new.entries[*i])? {
+                writes.push(*i);
+            }
+        }
+        Ok(Linked {
+            writes,
+            report: b.report,
+            used: b.used,
+        })
     }
 
     pub(super) fn mkdir(&mut self, rel: &Path) -> Result<()> {
@@ -224,6 +323,7 @@ impl Builder<'_> {
             return None;
         }
         if stat.ctime_ns > self.old.racy_after_ns {
+            self.report.files_hashed += 1;
             let mut f = unpack::reopen_for_reading(&inode).ok()?;
             let mut h = Sha256::new();
             io::copy(&mut f, &mut h).ok()?;

@@ -6,10 +6,25 @@
 //! - the new key's per-file index (`cache::format::files`, `<key>.files.zst` on the
 //!   branch), trusted only once its size and sha256 match the key's entry in
 //!   `warmstart.json` and it agrees with the key (entry count, tar size);
-//! - the record this module wrote after the previous install was final
-//!   (`<state>/cache/installed/<name>.record`): each installed file's stat
-//!   (dev, inode, size, mode, mtime, ctime), beside a copy of that key's
-//!   index (`<name>.files.zst`), both bound to the stamp's key and tar.
+//! - the record this module wrote of the previous install's staging tree
+//!   just before it was swapped in (`<state>/cache/installed/<name>.record`):
+//!   each installed file's stat (dev, inode, size, mode, links, mtime,
+//!   ctime), beside a copy of that key's index (`<name>.files.zst`), both
+//!   bound to the stamp's key and tar. A full install's record is verified
+//!   when its tar agreed with the index as it was unpacked (`vouch`).
+//!
+//! Why the record holds, from one delta to the next. The swap renames
+//! directories only, so the stats taken before it are the installed
+//! files', and any change made after it (through the target) moves a
+//! ctime past the record (`record::settled_stats` keeps the coarse clock's
+//! tick out of the way). What moves a recorded stat is then only this
+//! module's own work, and all of it happens before the next record: the
+//! link into staging (checked against the record just before it is made),
+//! and the removal of the shadow (`unpack::Retire::Shadow`), the old tree's
+//! names of the inodes the new tree shares, which the previous delta kept
+//! instead of removing them after its record. So a linked file's link
+//! count is 2 (the target's name and the shadow's) both when recorded and
+//! when the next delta checks it, and its ctime has not moved since.
 //!
 //! A new file entry is hardlinked from the installed tree when an installed
 //! file has the same content digest and its stat still equals the record
@@ -66,6 +81,7 @@ mod select;
 #[cfg(test)]
 mod tests;
 mod tree;
+mod vouch;
 mod write;
 
 pub use build::*;
@@ -107,6 +123,9 @@ pub struct Staged {
     pub delta: Option<Report>,
     /// Why a delta was tried and gave way to a full install.
     pub fallback: Option<String>,
+    /// A full install whose tar agreed with the key's index, file for file
+    /// (`vouch`): its record is as good as a delta's.
+    pub vouched: bool,
 }
 
 /// What `stage` needs from the restore.
@@ -142,20 +161,18 @@ pub fn stage(ctx: &Ctx<'_>, dest: &Path) -> Result<Staged> {
         let again = unpack::staging_dir_for(ctx.target)?;
         anyhow::ensure!(again == dest, "staging moved to {}", again.display());
     }
-    let (unpacked, verified, fetched) = restore::unpack_into(
-        ctx.git,
-        ctx.branch,
-        ctx.kp,
-        dest,
-        ctx.absolute_symlinks,
-        ctx.progress,
-    )?;
+    let index = match ctx.index {
+        Some(Ok(new)) => Some(&new.index),
+        _ => None,
+    };
+    let (unpacked, verified, fetched, vouched) = vouch::unpack_vouched(ctx, dest, index)?;
     Ok(Staged {
         unpacked,
         verified,
         fetched,
         delta: None,
         fallback: why,
+        vouched,
     })
 }
 
@@ -205,7 +222,14 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
         &old,
         &mut decode,
         ctx.absolute_symlinks,
-    )?;
+    )
+    .inspect_err(|e| {
+        if fallback_reason(e).is_none() {
+            // A failure (a full disk): the install stays as it is, and the
+            // record true of it, so that a retry links again.
+            heal_after_failure(ctx, dest, &old);
+        }
+    })?;
     let (mut verified, fetched) = got.context("the delta decoded nothing")?;
     verified.tar_sha256 = entry.tar_sha256.clone();
     Ok(Some(Staged {
@@ -214,7 +238,22 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
         fetched,
         delta: Some(report),
         fallback: None,
+        vouched: false,
     }))
+}
+
+/// Removes what a failed delta staged (its links first), then renews the
+/// record (`heal`). Anything that goes wrong here only costs the retry its
+/// links: a warning.
+fn heal_after_failure(ctx: &Ctx<'_>, dest: &Path, old: &Installed) {
+    let healed =
+        unpack::remove_tree(dest).and_then(|()| heal(ctx.state_dir, ctx.name, ctx.target, old));
+    if let Err(e) = healed {
+        eprintln!(
+            "warning: {e:#}; the next restore of {} writes every file again",
+            ctx.name
+        );
+    }
 }
 
 /// The plan of just the chosen chunks: their concatenation decodes to their

@@ -5,8 +5,9 @@
 
 use super::*;
 
-/// One installed file's stat, as recorded once the install was final (a
-/// link made into it, and the removal of the tree before, move its ctime).
+/// One installed file's stat, as recorded just before the swap (a link
+/// made into it and the removal of the shadow before move its ctime, and
+/// both come before the record; the swap itself moves no file's stat).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileStat {
     pub dev: u64,
@@ -57,9 +58,10 @@ pub struct Record {
     pub clock_ns: i64,
     /// Whether every recorded file was checked against the index's digest
     /// on this machine: a delta checks what it writes, hashes or inherits
-    /// what it links, so its record is; a full install never compares the
-    /// tar with the index (a pusher's index may lie about its own tar), so
-    /// the next delta hashes each file of its record before linking it.
+    /// what it links, so its record is; a full install is when its tar
+    /// agreed with the index entry for entry (`vouch`, hashed as it was
+    /// unpacked), else (a pusher's index may lie about its own tar) the
+    /// next delta hashes each file of its record before linking it.
     pub verified: bool,
     pub stats: Vec<FileStat>,
 }
@@ -188,23 +190,22 @@ pub fn forget(state_dir: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// After an install is final (swapped in, the tree before removed):
-/// records each file's stat, with the key's index, for the next delta.
-/// `verified`: the install was a delta (see `Record::verified`).
+/// Before an install is swapped in (its staging tree complete, the shadow
+/// of the tree before removed): records each file's stat in `root`, the
+/// staging tree, with the key's index, for the next delta. The swap only
+/// renames directories, so the stats are those of the installed files, and
+/// nothing done after the swap can be mistaken for the install. Returns the
+/// stats. `verified`: see `Record::verified`.
 pub fn remember(
     state_dir: &Path,
     name: &str,
-    target: &Path,
+    root: &Path,
     key: &str,
     tar_sha256: &str,
     new: &NewIndex,
     verified: bool,
-) -> Result<()> {
-    // Before the first stat: a file changed after its stat within the same
-    // coarse tick as its ctime has a ctime no earlier than this less a
-    // tick, however long the walk over the other files takes.
-    let clock_ns = now_ns();
-    let stats = stat_files(target, &new.index)?;
+) -> Result<Vec<FileStat>> {
+    let (clock_ns, stats) = settled_stats(root, &new.index)?;
     let record = Record {
         key: key.to_string(),
         tar_sha256: tar_sha256.to_string(),
@@ -216,7 +217,82 @@ pub fn remember(
     // The index first: the record names it by digest, so a kill between
     // the two leaves a record that does not match, never a wrong one.
     crate::fsio::write_atomic(&index_path(state_dir, name), &new.bytes)?;
-    crate::fsio::write_atomic(&record_path(state_dir, name), record.render().as_bytes())
+    crate::fsio::write_atomic(&record_path(state_dir, name), record.render().as_bytes())?;
+    Ok(record.stats)
+}
+
+/// The stats of `root`'s files and the clock the record keeps, such that a
+/// file is not racy only because the install just made it: the clock is
+/// read before the first stat (a file changed after its stat within the
+/// same coarse tick as its ctime has a ctime no earlier than the clock less
+/// a tick, however long the walk takes). When files are that new, it waits
+/// until the newest is `RACY_NS` old (at most twice that), reads the clock
+/// again and stats those files again: each stat then comes after a clock no
+/// more than `RACY_NS` past its file's ctime, which is all `installed`
+/// needs. One wait of about 20 ms per install, never a hash.
+pub(super) fn settled_stats(root: &Path, index: &Index) -> Result<(i64, Vec<FileStat>)> {
+    let clock = now_ns();
+    let mut stats = stat_files_where(root, index, &|_| true)?;
+    let racy = |st: &Option<FileStat>| st.is_some_and(|s| s.ctime_ns > clock - RACY_NS);
+    let Some(newest) = stats.iter().flatten().map(|s| s.ctime_ns).max() else {
+        return Ok((clock, stats.into_iter().flatten().collect()));
+    };
+    if newest <= clock - RACY_NS {
+        return Ok((clock, stats.into_iter().flatten().collect()));
+    }
+    let wait = (newest + RACY_NS + 1_000_000 - now_ns()).clamp(0, 2 * RACY_NS);
+    std::thread::sleep(std::time::Duration::from_nanos(wait as u64));
+    let again_at = now_ns();
+    let which: Vec<bool> = stats.iter().map(racy).collect();
+    let again = stat_files_where(root, index, &|k| which[k])?;
+    for (k, st) in again.into_iter().enumerate() {
+        if st.is_some() {
+            stats[k] = st;
+        }
+    }
+    Ok((again_at, stats.into_iter().flatten().collect()))
+}
+
+/// After a delta failed and its staging tree was removed: the record of the
+/// installed tree again, so that a retry can link what it linked. Each file
+/// whose stat moved in its ctime alone (the link the delta made and the
+/// unlink of its staging moved it; links, size, mode, mtime are as
+/// recorded) gets its new stat, which is always racy against the record's
+/// clock (kept, as the key, the index and `verified` are): the retry hashes
+/// it before it links it, so an edit made while the delta ran (with the
+/// mtime put back) is still never linked. Returns how many it renewed.
+pub fn heal(state_dir: &Path, name: &str, target: &Path, old: &Installed) -> Result<u64> {
+    let path = record_path(state_dir, name);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut record = Record::parse(&text).with_context(|| format!("{}", path.display()))?;
+    anyhow::ensure!(record.key == old.key, "{} moved on", path.display());
+    let racy_after = record.clock_ns.saturating_sub(RACY_NS);
+    let mut tree = Tree::open(target)?;
+    let files = old.index.entries.iter().filter(|e| e.kind == Kind::File);
+    let mut renewed = 0;
+    for (st, e) in record.stats.iter_mut().zip(files) {
+        let Ok(rel) = entry_rel(e) else { continue };
+        let Ok((dir, file)) = tree.parent(&rel) else {
+            continue;
+        };
+        let Ok(Some(now)) = dir.lstat_at(file) else {
+            continue;
+        };
+        let now = FileStat::of(&now);
+        let ctime_only = FileStat {
+            ctime_ns: st.ctime_ns,
+            ..now
+        } == *st;
+        if now != *st && ctime_only && now.ctime_ns > racy_after {
+            *st = now;
+            renewed += 1;
+        }
+    }
+    if renewed > 0 {
+        crate::fsio::write_atomic(&path, record.render().as_bytes())?;
+    }
+    Ok(renewed)
 }
 
 /// The real-time clock in ns (the one file times are taken from; their
@@ -228,30 +304,50 @@ pub(super) fn now_ns() -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
-/// `remember`, after the swap removed the tree before (links and that
-/// removal moved ctimes). A failure only costs the next restore its delta:
-/// a warning, never an error (the install itself is complete).
+/// `remember`, before the swap. A failure only costs the next restore its
+/// delta: a warning, never an error (the install itself goes on). The
+/// inodes of the recorded files, which the swap keeps names of (`unpack::
+/// Retire::Shadow`); `None` when nothing was recorded.
 pub fn remember_or_warn(
     state_dir: &Path,
     name: &str,
-    target: &Path,
+    root: &Path,
     key: &str,
     tar_sha256: &str,
     new: &NewIndex,
     verified: bool,
-) {
-    if let Err(e) = remember(state_dir, name, target, key, tar_sha256, new, verified) {
-        eprintln!("warning: {e:#}; the next restore of {name} installs in full");
-    }
+) -> Option<HashSet<(u64, u64)>> {
+    let kept = match remember(state_dir, name, root, key, tar_sha256, new, verified) {
+        Ok(stats) => Some(stats.iter().map(|s| (s.dev, s.ino)).collect()),
+        Err(e) => {
+            eprintln!("warning: {e:#}; the next restore of {name} installs in full");
+            None
+        }
+    };
     unpack::kill_point("delta:recorded");
+    kept
 }
 
-/// The stat of each `File` entry of `index` in `target`, read through
-/// directory handles that never follow a symlink.
-pub(super) fn stat_files(target: &Path, index: &Index) -> Result<Vec<FileStat>> {
+/// The stat of the `k`-th `File` entry of `index` in `target` (in index
+/// order) for each `k` with `want(k)`, else `None`, read through directory
+/// handles that never follow a symlink.
+pub(super) fn stat_files_where(
+    target: &Path,
+    index: &Index,
+    want: &dyn Fn(usize) -> bool,
+) -> Result<Vec<Option<FileStat>>> {
     let mut tree = Tree::open(target)?;
     let mut out = Vec::new();
-    for e in index.entries.iter().filter(|e| e.kind == Kind::File) {
+    for (k, e) in index
+        .entries
+        .iter()
+        .filter(|e| e.kind == Kind::File)
+        .enumerate()
+    {
+        if !want(k) {
+            out.push(None);
+            continue;
+        }
         let rel = entry_rel(e)?;
         let shown = || target.join(&rel).display().to_string();
         let (dir, name) = tree
@@ -261,7 +357,7 @@ pub(super) fn stat_files(target: &Path, index: &Index) -> Result<Vec<FileStat>> 
             .lstat_at(name)
             .with_context(|| format!("reading {}", shown()))?
             .ok_or_else(|| anyhow!("{} is missing after the install", shown()))?;
-        out.push(FileStat::of(&st));
+        out.push(Some(FileStat::of(&st)));
     }
     Ok(out)
 }
