@@ -14,6 +14,7 @@ mod cache_batch;
 mod cache_concurrency;
 mod cache_delta;
 mod cache_fetch;
+mod cache_files_parts;
 mod cache_format_compat;
 mod cache_frames;
 mod cache_gc;
