@@ -661,6 +661,60 @@ mod tests {
     }
 
     #[test]
+    fn index_parts_are_additive_and_checked() {
+        let part = |file: &str, size| IndexFile {
+            file: file.into(),
+            size,
+            sha256: "a".repeat(64),
+        };
+        let parted = || {
+            let mut e = framed("k");
+            e.index = Some(part("k.files.zst", 30));
+            e.index_parts = vec![
+                part("k.files.zst.part000", 10),
+                part("k.files.zst.part001", 20),
+            ];
+            e
+        };
+        let mut m = BranchManifest::new();
+        m.keys.insert("k".into(), parted());
+        assert_eq!(BranchManifest::parse(&m.render()).unwrap(), m);
+        assert_eq!(
+            parted()
+                .index_files()
+                .map(|i| i.file.as_str())
+                .collect::<Vec<_>>(),
+            ["k.files.zst.part000", "k.files.zst.part001"]
+        );
+        assert!(
+            !serde_json::to_string(&framed("k"))
+                .unwrap()
+                .contains("index_parts")
+        );
+        type Edit = dyn Fn(&mut KeyEntry);
+        let cases: [(&Edit, &str); 6] = [
+            (&|e| e.index = None, "no index"),
+            (&|e| e.index_parts[1].size = 21, "do not add up"),
+            (&|e| e.index_parts[1].size = u64::MAX, "do not add up"),
+            (
+                &|e| e.index_parts[1].file = "k.files.zst.part000".into(),
+                "twice",
+            ),
+            (
+                &|e| e.index_parts[0].file = e.chunks[0].file.clone(),
+                "twice",
+            ),
+            (&|e| e.index_parts[0].file = "../x".into(), "plain"),
+        ];
+        for (f, what) in cases {
+            let mut e = parted();
+            f(&mut e);
+            let err = format!("{:#}", e.validate("k").unwrap_err());
+            assert!(err.contains(what), "{what}: {err}");
+        }
+    }
+
+    #[test]
     fn frames_are_additive_and_checked() {
         let mut m = BranchManifest::new();
         m.keys.insert("k".into(), framed("k"));
