@@ -184,6 +184,13 @@ export WARMSTART_TEST_WHEEL
 # script): the .crate, this wheel, the standalone binary, SHA256SUMS.
 stage "release build (no upload)"
 WHEEL=$WARMSTART_TEST_WHEEL tools/release-build.sh >/dev/null
+# The released warmstart that tests/it/cache_files_parts.rs reads new
+# branches with (tools/compat-commit.txt): built once per commit into
+# $CARGO_TARGET_DIR/compat/, reusing the main build's dependencies (about
+# 130 s of the old crate alone on 2 busy cores, then cached).
+stage "compat binary"
+WARMSTART_COMPAT_BIN=$(tools/compat-bin.sh)
+export WARMSTART_COMPAT_BIN
 # Smoke test of the cache benchmark on a small generated tree (~20 s): it
 # must run end to end (relay, incremental round, floors, two variants); it
 # never asserts a time.

@@ -96,8 +96,17 @@ fn a_lying_index_of_the_installed_key_never_keeps_its_file_in_a_later_key() {
         ["fetch", "-q", "origin", &format!("{cache_ref}:refs/x")],
     );
     env.git("evil", ["checkout", "-q", "refs/x"]);
+    // The index in parts, rewritten whole (the shape before parts).
     let idx_path = env.join("evil/dt-1.files.zst");
-    let text = String::from_utf8(zstd_decode(&fs::read(&idx_path).unwrap())).unwrap();
+    let mut parts: Vec<std::path::PathBuf> = fs::read_dir(env.join("evil"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("dt-1.files.zst.part"))
+        .collect();
+    parts.sort();
+    let whole: Vec<u8> = parts.iter().flat_map(|p| fs::read(p).unwrap()).collect();
+    parts.iter().for_each(|p| fs::remove_file(p).unwrap());
+    let text = String::from_utf8(zstd_decode(&whole)).unwrap();
     let (evil_hex, good_hex) = (
         hex(&Sha256::digest(evil.as_bytes())),
         hex(&Sha256::digest(good.as_bytes())),
@@ -107,6 +116,10 @@ fn a_lying_index_of_the_installed_key_never_keeps_its_file_in_a_later_key() {
     fs::write(&idx_path, &lie).unwrap();
     let wj = env.join("evil/warmstart.json");
     let mut j: Value = serde_json::from_str(&fs::read_to_string(&wj).unwrap()).unwrap();
+    j["keys"]["dt-1"]
+        .as_object_mut()
+        .unwrap()
+        .remove("index_parts");
     let index = &mut j["keys"]["dt-1"]["index"];
     index["size"] = lie.len().into();
     index["sha256"] = hex(&Sha256::digest(&lie)).into();

@@ -291,6 +291,7 @@ fn planted_fallback_never_chooses_a_key_its_parts_do_not_spell() {
         tool_version: "t".into(),
         frames: None,
         index: None,
+        index_parts: Vec::new(),
     };
     let values = [
         "1",

@@ -295,14 +295,14 @@ fn cache_delta_a_forged_index_or_a_corrupt_record_means_a_full_install_with_one_
     publish(&fx, "1", &[]);
     restore(&fx, "1");
     publish(&fx, "2", &[5]);
-    // Swap the index blob on the origin for another one (warmstart.json,
+    // Swap an index part on the origin for another one (warmstart.json,
     // which names its digest, stays).
     let tree = fx.env.git("origin.git", ["ls-tree", "dt-cache"]);
     let forged = fx.env.join("forged");
     // The same size, one bit off.
     let real = std::process::Command::new("git")
         .current_dir(fx.env.join("origin.git"))
-        .args(["cat-file", "blob", "dt-cache:dt-2.files.zst"])
+        .args(["cat-file", "blob", "dt-cache:dt-2.files.zst.part000"])
         .output()
         .unwrap();
     let mut bytes = real.stdout;
@@ -315,7 +315,7 @@ fn cache_delta_a_forged_index_or_a_corrupt_record_means_a_full_install_with_one_
     let edited: String = tree
         .lines()
         .map(|l| {
-            if l.ends_with("dt-2.files.zst") {
+            if l.ends_with("dt-2.files.zst.part000") {
                 let (meta, name) = l.split_once('\t').unwrap();
                 let mode = meta.split(' ').next().unwrap();
                 format!("{mode} blob {}\t{name}\n", blob.trim())

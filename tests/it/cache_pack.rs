@@ -222,11 +222,18 @@ fn the_file_index_matches_the_tar_byte_for_byte() {
     let entry = &manifest["keys"][&key];
     let index_file = entry["index"]["file"].as_str().unwrap();
     assert_eq!(index_file, format!("{key}.files.zst"));
-    let compressed = blob(
-        &env,
-        "origin.git",
-        &format!("refs/heads/{branch}:{index_file}"),
-    );
+    // Stored in parts, whose concatenation is the index file.
+    let parts: Vec<String> = entry["index_parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["file"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(parts[0], format!("{key}.files.zst.part000"));
+    let compressed: Vec<u8> = parts
+        .iter()
+        .flat_map(|p| blob(&env, "origin.git", &format!("refs/heads/{branch}:{p}")))
+        .collect();
     assert_eq!(entry["index"]["size"], compressed.len() as u64);
     assert_eq!(entry["index"]["sha256"], hex(&Sha256::digest(&compressed)));
     let text = String::from_utf8(unzstd(&compressed)).expect("the index is text");
@@ -248,7 +255,9 @@ fn the_file_index_matches_the_tar_byte_for_byte() {
         .map(|c| c["file"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(sums.lines().count(), chunks.len(), "{sums}");
-    assert!(tree_names(&env, &branch).contains(&index_file.to_string()));
+    let names = tree_names(&env, &branch);
+    assert!(parts.iter().all(|p| names.contains(p)), "{names:?}");
+    assert!(!names.contains(&index_file.to_string()), "{names:?}");
 
     let mut stream = Vec::new();
     for c in &chunks {
@@ -294,15 +303,26 @@ fn the_file_index_goes_and_stays_with_its_key() {
     let two = second["key"].as_str().unwrap().to_string();
     let names = tree_names(&env, &branch);
     for k in [&one, &two] {
-        assert!(names.contains(&format!("{k}.files.zst")), "{names:?}");
+        assert!(
+            names.contains(&format!("{k}.files.zst.part000")),
+            "{names:?}"
+        );
     }
     let mut cmd = env.xtask_in("work");
     cmd.args(["cache", "prune", "idx", "--keep", "1", "--json"]);
     let r = run(&mut cmd).ok();
     assert!(r.stdout().contains(&one), "{}", show(&r.out));
     let names = tree_names(&env, &branch);
-    assert!(!names.contains(&format!("{one}.files.zst")), "{names:?}");
-    assert!(names.contains(&format!("{two}.files.zst")), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with(&format!("{one}.files.zst"))),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&format!("{two}.files.zst.part000")),
+        "{names:?}"
+    );
     let manifest = branch_json(&env, &branch);
     assert!(manifest["keys"].get(&one).is_none());
     assert_eq!(

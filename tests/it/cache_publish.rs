@@ -186,7 +186,7 @@ fn tricky_tree_over_file_url_restores_with_coreutils() {
         [
             "README.md",
             "SHA256SUMS",
-            "tricky-1.files.zst",
+            "tricky-1.files.zst.part000",
             "tricky-1.tar.zst.part000"
         ]
     );

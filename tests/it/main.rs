@@ -16,6 +16,7 @@ mod cache_concurrency;
 mod cache_delta;
 mod cache_delta_record;
 mod cache_fetch;
+mod cache_files_parts;
 mod cache_format_compat;
 mod cache_frames;
 mod cache_gc;

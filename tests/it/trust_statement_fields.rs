@@ -41,7 +41,15 @@ fn setup() -> (Cx, Value, Files) {
     // same tar.
     let published = cx.branch();
     entry["index"] = base["index"].clone();
-    let index = published["art-2.files.zst"].clone();
+    // Stored whole (the shape before parts, still read): this test is
+    // about what the statement binds of `index`.
+    let index: Vec<u8> = base["index_parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| published[p["file"].as_str().unwrap()].clone())
+        .collect();
+    entry.as_object_mut().unwrap().remove("index_parts");
     assert_eq!(entry["index"]["file"], "art-2.files.zst", "{base}");
     assert!(
         !entry["key_parts"].as_array().unwrap().is_empty(),

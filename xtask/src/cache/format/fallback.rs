@@ -160,6 +160,7 @@ mod tests {
             tool_version: "t".into(),
             frames: None,
             index: None,
+            index_parts: Vec::new(),
         }
     }
 

@@ -77,11 +77,22 @@ pub struct KeyEntry {
     /// stream, so restorers that ignore this field still read the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frames: Option<Frames>,
-    /// The key's per-file index (`cache::format::files`), a file on the branch that
-    /// `SHA256SUMS` does not list (today's restorers require SHA256SUMS to
-    /// name exactly the chunks). Absent on older branches.
+    /// The key's per-file index (`cache::format::files`): the zstd stream
+    /// `file`, of `size` bytes and digest `sha256`, which `SHA256SUMS` does
+    /// not list (older restorers require SHA256SUMS to name exactly the
+    /// chunks). Stored whole as the blob `file` when `index_parts` is
+    /// empty, else as those parts and not under its own name. Absent on
+    /// older branches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<IndexFile>,
+    /// The index cut at content-defined boundaries of its text, each part
+    /// one zstd frame on the branch (`<key>.files.zst.part000`, ...): their
+    /// concatenation in order is `index.file`, so a part that did not
+    /// change is the same blob as the previous key's and is neither pushed
+    /// nor fetched again. Not signed: each part is checked by its sha256,
+    /// and their concatenation by `index`'s, which the statement binds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub index_parts: Vec<IndexFile>,
 }
 
 /// The one chunker this build writes and reads.
@@ -255,6 +266,46 @@ impl KeyEntry {
                 bail!("key {key} names {} as both a chunk and its index", i.file);
             }
         }
+        self.validate_index_parts(key)
+    }
+
+    /// The blobs on the branch that hold the index: its parts, else the
+    /// whole file (none when the key has no index).
+    pub fn index_files(&self) -> impl Iterator<Item = &IndexFile> {
+        let whole = self.index.iter().filter(|_| self.index_parts.is_empty());
+        whole.chain(self.index_parts.iter())
+    }
+
+    /// The parts of the index: safe names, hex digests, no name twice or
+    /// shared with a chunk or the whole index, and sizes that add up to it.
+    fn validate_index_parts(&self, key: &str) -> Result<()> {
+        if self.index_parts.is_empty() {
+            return Ok(());
+        }
+        let Some(i) = &self.index else {
+            bail!("key {key} has index_parts but no index");
+        };
+        let mut names = std::collections::BTreeSet::new();
+        names.insert(i.file.as_str());
+        names.extend(self.chunks.iter().map(|c| c.file.as_str()));
+        for p in &self.index_parts {
+            check_file_name(&p.file)?;
+            check_hex(&p.sha256, &p.file)?;
+            if !names.insert(p.file.as_str()) {
+                bail!("key {key} names {} twice", p.file);
+            }
+        }
+        let sum = self
+            .index_parts
+            .iter()
+            .try_fold(0u64, |n, p| n.checked_add(p.size));
+        if sum != Some(i.size) {
+            bail!(
+                "key {key}: the parts of {} do not add up to its {} bytes",
+                i.file,
+                i.size
+            );
+        }
         Ok(())
     }
 }
@@ -272,6 +323,14 @@ pub fn chunk_name(key: &str, index: usize, count: usize) -> String {
 /// The name of a key's per-file index on its branch.
 pub fn index_name(key: &str) -> String {
     format!("{key}.files.zst")
+}
+
+/// The name of part `index` of a key's index in `count` parts:
+/// `<key>.files.zst.part000`, numbered as `chunk_name` numbers chunks, so
+/// that `cat <key>.files.zst.part* | zstd -d` is the index's text.
+pub fn index_part_name(key: &str, index: usize, count: usize) -> String {
+    let width = count.saturating_sub(1).max(1).to_string().len().max(3);
+    format!("{}.part{index:0width$}", index_name(key))
 }
 
 /// The whole-archive name of a key: `<key>.tar.zst`.
@@ -473,6 +532,7 @@ mod tests {
             tool_version: "warmstart 0.1.0".into(),
             frames: None,
             index: None,
+            index_parts: Vec::new(),
         }
     }
 
@@ -598,6 +658,60 @@ mod tests {
             checksum: true,
         });
         e
+    }
+
+    #[test]
+    fn index_parts_are_additive_and_checked() {
+        let part = |file: &str, size| IndexFile {
+            file: file.into(),
+            size,
+            sha256: "a".repeat(64),
+        };
+        let parted = || {
+            let mut e = framed("k");
+            e.index = Some(part("k.files.zst", 30));
+            e.index_parts = vec![
+                part("k.files.zst.part000", 10),
+                part("k.files.zst.part001", 20),
+            ];
+            e
+        };
+        let mut m = BranchManifest::new();
+        m.keys.insert("k".into(), parted());
+        assert_eq!(BranchManifest::parse(&m.render()).unwrap(), m);
+        assert_eq!(
+            parted()
+                .index_files()
+                .map(|i| i.file.as_str())
+                .collect::<Vec<_>>(),
+            ["k.files.zst.part000", "k.files.zst.part001"]
+        );
+        assert!(
+            !serde_json::to_string(&framed("k"))
+                .unwrap()
+                .contains("index_parts")
+        );
+        type Edit = dyn Fn(&mut KeyEntry);
+        let cases: [(&Edit, &str); 6] = [
+            (&|e| e.index = None, "no index"),
+            (&|e| e.index_parts[1].size = 21, "do not add up"),
+            (&|e| e.index_parts[1].size = u64::MAX, "do not add up"),
+            (
+                &|e| e.index_parts[1].file = "k.files.zst.part000".into(),
+                "twice",
+            ),
+            (
+                &|e| e.index_parts[0].file = e.chunks[0].file.clone(),
+                "twice",
+            ),
+            (&|e| e.index_parts[0].file = "../x".into(), "plain"),
+        ];
+        for (f, what) in cases {
+            let mut e = parted();
+            f(&mut e);
+            let err = format!("{:#}", e.validate("k").unwrap_err());
+            assert!(err.contains(what), "{what}: {err}");
+        }
     }
 
     #[test]

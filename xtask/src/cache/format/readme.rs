@@ -194,6 +194,7 @@ mod tests {
                     tool_version: "warmstart 0.1.0".into(),
                     frames: None,
                     index: None,
+                    index_parts: Vec::new(),
                 },
             );
         }

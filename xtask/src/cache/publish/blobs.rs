@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use crate::cache::format::manifest::CacheManifest;
-use crate::cache::format::{Chunk, IndexFile, KeyEntry, archive_name, chunk_name, index_name};
+use crate::cache::format::{
+    Chunk, IndexFile, KeyEntry, archive_name, chunk_name, index_name, index_part_name,
+};
 use crate::cache::publish::pack::{self, ChunkFile, PackOptions, Plan};
 use crate::cache::publish::report::Reporter;
 use crate::git::CacheGit;
@@ -201,7 +203,7 @@ fn spawn_blob_writer(
 }
 
 /// The entry of `key` packed as `packed` (chunks named now that their
-/// count is known, the file index stored as a blob), and the blob ids of
+/// count is known, the file index stored in parts), and the blob ids of
 /// its files by name; `oids` holds the chunks' ids by index.
 fn key_entry(
     git: &CacheGit,
@@ -219,16 +221,7 @@ fn key_entry(
             Ok((chunk_name(key, i, n), oid))
         })
         .collect::<Result<_>>()?;
-    let index_bytes = pack::index_file(&packed.index)?;
-    let index = IndexFile {
-        file: index_name(key),
-        size: index_bytes.len() as u64,
-        sha256: crate::hex::encode(&Sha256::digest(&index_bytes)),
-    };
-    let index_oid = git
-        .write_blob_bytes(&index_bytes)
-        .with_context(|| format!("storing {} in {}", index.file, git.dir.display()))?;
-    files.insert(index.file.clone(), index_oid);
+    let (index, index_parts) = index_blobs(git, key, &packed.index, &mut files)?;
     let entry = KeyEntry {
         archive: archive_name(key),
         compression: "zstd".into(),
@@ -255,8 +248,43 @@ fn key_entry(
         tool_version: format!("warmstart {}", env!("CARGO_PKG_VERSION")),
         frames: Some(opts.params.frames(opts.sizes)),
         index: Some(index),
+        index_parts,
     };
     Ok((entry, files))
+}
+
+/// Stores the parts of `key`'s index as blobs (their ids into `files` by
+/// name) and describes them: the whole index as their concatenation, which
+/// is not stored under its own name, and each part.
+fn index_blobs(
+    git: &CacheGit,
+    key: &str,
+    index: &crate::cache::format::files::Index,
+    files: &mut BTreeMap<String, String>,
+) -> Result<(IndexFile, Vec<IndexFile>)> {
+    let parts = pack::index_parts(index)?;
+    let (n, mut whole, mut size) = (parts.len(), Sha256::new(), 0u64);
+    let mut described = Vec::with_capacity(n);
+    for (i, bytes) in parts.iter().enumerate() {
+        whole.update(bytes);
+        size += bytes.len() as u64;
+        let part = IndexFile {
+            file: index_part_name(key, i, n),
+            size: bytes.len() as u64,
+            sha256: crate::hex::encode(&Sha256::digest(bytes)),
+        };
+        let oid = git
+            .write_blob_bytes(bytes)
+            .with_context(|| format!("storing {} in {}", part.file, git.dir.display()))?;
+        files.insert(part.file.clone(), oid);
+        described.push(part);
+    }
+    let index = IndexFile {
+        file: index_name(key),
+        size,
+        sha256: crate::hex::encode(&whole.finalize()),
+    };
+    Ok((index, described))
 }
 
 /// Removes chunk directories left by publishes that were killed (their

@@ -140,7 +140,7 @@ pub(super) fn drop_broken_keys(
             return false;
         }
         // The index is part of the key (a signed statement covers it).
-        if let Some(i) = e.index.as_ref().filter(|i| broken(&i.file, i.size)) {
+        if let Some(i) = e.index_files().find(|i| broken(&i.file, i.size)) {
             out.warn(format!(
                 "dropping key {key} from {branch}: its file index {} is missing or has the wrong size",
                 i.file

@@ -139,7 +139,7 @@ pub(super) fn write_root_commit(
                 .ok_or_else(|| anyhow!("chunk {} is not in cache.git", c.file))?;
             tree.push(blob_entry(&c.file, oid.clone()));
         }
-        if let Some(i) = &e.index {
+        for i in e.index_files() {
             let oid = oids
                 .get(&i.file)
                 .ok_or_else(|| anyhow!("file index {} is not in cache.git", i.file))?;

@@ -648,6 +648,7 @@ fn same_artifact(old: &KeyEntry, new: &KeyEntry) -> bool {
         && old.chunks == new.chunks
         && old.frames == new.frames
         && old.index == new.index
+        && old.index_parts == new.index_parts
         && old.compression == new.compression
         && old.ungated == new.ungated
 }
@@ -767,6 +768,7 @@ mod tests {
             tool_version: "warmstart 0".into(),
             frames: None,
             index: None,
+            index_parts: Vec::new(),
         }
     }
 

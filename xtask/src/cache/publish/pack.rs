@@ -127,15 +127,25 @@ pub fn write_tar_indexed(
 /// incremental restore reads it once either way.
 pub const INDEX_LEVEL: i32 = 3;
 
-/// The bytes of a key's index file on its branch: `index.render()` as one
-/// zstd frame with a checksum and the content size.
-pub fn index_file(index: &files::Index) -> Result<Vec<u8>> {
+/// The parts of a key's index file on its branch: `index.render()` cut by
+/// `files::parts`, each part one zstd frame with a checksum and the content
+/// size, made with the same parameters every time so that a part whose text
+/// did not change is the same blob. Their concatenation is the index file.
+pub fn index_parts(index: &files::Index) -> Result<Vec<Vec<u8>>> {
     let mut z = zstd::bulk::Compressor::new(INDEX_LEVEL).context("starting zstd for the index")?;
     z.include_checksum(true)
         .and_then(|()| z.include_contentsize(true))
         .context("configuring zstd for the index")?;
-    z.compress(index.render().as_bytes())
-        .context("compressing the file index")
+    let text = index.render();
+    let mut at = 0;
+    files::parts(text.as_bytes())
+        .into_iter()
+        .map(|n| {
+            at += n;
+            z.compress(&text.as_bytes()[at - n..at])
+                .context("compressing the file index")
+        })
+        .collect()
 }
 
 /// The digest `write_tar` would return, without writing the tar anywhere.

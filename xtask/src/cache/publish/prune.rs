@@ -413,7 +413,7 @@ fn prune_commit(
     for d in drops {
         if let Some(e) = state.manifest.keys.get(d) {
             gone.extend(e.chunks.iter().map(|c| c.file.clone()));
-            gone.extend(e.index.iter().map(|i| i.file.clone()));
+            gone.extend(e.index_files().map(|i| i.file.clone()));
         }
         // A dropped key's statement and signature vouch for nothing left.
         gone.insert(crate::trust::statement::file_name(d));
@@ -426,7 +426,7 @@ fn prune_commit(
         for c in &e.chunks {
             gone.remove(&c.file);
         }
-        if let Some(i) = &e.index {
+        for i in e.index_files() {
             gone.remove(&i.file);
         }
     }
@@ -490,6 +490,7 @@ mod tests {
             tool_version: "warmstart 0".into(),
             frames: None,
             index: None,
+            index_parts: Vec::new(),
         }
     }
 

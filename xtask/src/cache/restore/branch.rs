@@ -444,6 +444,7 @@ mod tests {
                 tool_version: "warmstart 0.1.0".into(),
                 frames: None,
                 index: None,
+                index_parts: Vec::new(),
             },
         );
         m

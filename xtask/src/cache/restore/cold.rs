@@ -354,7 +354,10 @@ impl Cold<'_> {
     ) -> Result<(Option<Result<delta::NewIndex, String>>, delta::Staged)> {
         let (m, opts) = (self.m, self.opts);
         let index = match m.mode {
-            Mode::Replace => delta::fetch_index(&c.git, &c.branch, &c.key.value)?,
+            Mode::Replace => {
+                let local = delta::index_path(state_dir, &m.name);
+                delta::fetch_index(&c.git, &c.branch, &c.key.value, &local)?
+            }
             _ => None,
         };
         let ctx = delta::Ctx {

@@ -29,6 +29,7 @@ fn entry() -> KeyEntry {
         tool_version: "warmstart 0".into(),
         frames: None,
         index: None,
+        index_parts: Vec::new(),
     }
 }
 

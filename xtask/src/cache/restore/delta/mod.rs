@@ -4,8 +4,9 @@
 //!
 //! What it relies on, and where each piece comes from:
 //! - the new key's per-file index (`cache::format::files`, `<key>.files.zst` on the
-//!   branch), trusted only once its size and sha256 match the key's entry in
-//!   `warmstart.json` and it agrees with the key (entry count, tar size);
+//!   branch, or its parts `<key>.files.zst.part*` joined), trusted only once
+//!   its size and sha256 match the key's entry in `warmstart.json` and it
+//!   agrees with the key (entry count, tar size);
 //! - the record this module wrote of the previous install's staging tree
 //!   just before it was swapped in (`<state>/cache/installed/<name>.record`):
 //!   each installed file's stat (dev, inode, size, mode, links, mtime,
@@ -278,11 +279,14 @@ fn sub_plan(kp: &KeyPlan, entry: &KeyEntry, chunks: &[usize]) -> KeyPlan {
 }
 
 /// The index of `key` on `branch`, fetched by id if the branch fetch left
-/// it out, and checked (`check_index`): `None` when the key has none.
+/// it out, and checked (`check_index`): `None` when the key has none. An
+/// index in parts is joined first (`join_parts`), each part taken from
+/// `local` (the installed key's copy, `index_path`) where it can be.
 pub fn fetch_index(
     git: &CacheGit,
     branch: &Branch,
     key: &str,
+    local: &Path,
 ) -> Result<Option<Result<NewIndex, String>>> {
     let Content::V1(bm) = &branch.content else {
         return Ok(None);
@@ -293,6 +297,11 @@ pub fn fetch_index(
     let Some(i) = &entry.index else {
         return Ok(None);
     };
+    if !entry.index_parts.is_empty() {
+        return Ok(Some(
+            join_parts(git, branch, entry, local)?.and_then(|bytes| check_index(bytes, entry)),
+        ));
+    }
     let Some(blob) = branch
         .entries
         .iter()

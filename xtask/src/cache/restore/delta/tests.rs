@@ -140,6 +140,7 @@ fn key_entry(tar: &[u8], index: &Index, cut: Option<usize>) -> (KeyEntry, Vec<(u
         tool_version: String::new(),
         frames,
         index: None,
+        index_parts: Vec::new(),
     };
     (entry, spans)
 }
