@@ -83,6 +83,7 @@ pub(super) fn pack_into_git(
                     Some(h) => h,
                     None => hasher.insert(git.blob_hasher()?),
                 };
+                c.write()?;
                 if h.write_file(&c.path)? == **oid {
                     std::fs::remove_file(&c.path)
                         .with_context(|| format!("removing {}", c.path.display()))?;
@@ -182,6 +183,7 @@ fn spawn_blob_writer(
         let mut oids = BTreeMap::new();
         let mut blobs = None;
         for c in rx {
+            c.write()?;
             let w = match &mut blobs {
                 Some(w) => w,
                 None => blobs.insert(git.blob_writer()?),
