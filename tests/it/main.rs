@@ -51,6 +51,7 @@ mod json_contract;
 mod net_deadline;
 mod progress;
 mod publish_interrupted;
+mod publish_reuse;
 mod restore;
 mod restore_cache;
 mod restore_env;

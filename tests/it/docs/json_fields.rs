@@ -483,6 +483,16 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     ),
     (
         "cache-publish",
+        "chunks_reused",
+        "chunks not compressed by this publish: their frame was an earlier key's, from cache.git or fetched by id, checked to decode to the chunk (every chunk when `unchanged` by `stat` or `digest`); null when no tar was made",
+    ),
+    (
+        "cache-publish",
+        "frames_fetched",
+        "of those, frames fetched by id for this publish (a fresh clone at zstd level 5 or more); null when no tar was made",
+    ),
+    (
+        "cache-publish",
         "keys_on_branch",
         "every key on the branch after the publish",
     ),

@@ -140,7 +140,10 @@ pub fn frames<T>(
                         _ => return,
                     };
                     let mut frames = Vec::new();
-                    match reused(&job.raw, limit, reuse) {
+                    // Hashed once, here on the worker: both the reuse
+                    // lookup and the frame record it.
+                    let raw_sha256 = hex::encode(&Sha256::digest(&job.raw));
+                    match reused(&job.raw, &raw_sha256, limit, reuse) {
                         Some(Ok(f)) => {
                             if tx.send(Ok((job.index, vec![f]))).is_err() {
                                 return;
@@ -148,13 +151,12 @@ pub fn frames<T>(
                             continue;
                         }
                         Some(Err(why)) => eprintln!(
-                            "warning: chunk {} (raw sha256 {}): the earlier frame in cache.git {why}; compressing it again",
+                            "warning: chunk {} (raw sha256 {raw_sha256}): the earlier frame in cache.git {why}; compressing it again",
                             job.index,
-                            hex::encode(&Sha256::digest(&job.raw))
                         ),
                         None => {}
                     }
-                    let done = compress(&mut z, &job.raw, sizes, limit, &mut frames)
+                    let done = compress(&mut z, &job.raw, &raw_sha256, sizes, limit, &mut frames)
                         .with_context(|| format!("compressing chunk {}", job.index))
                         .map(|()| (job.index, frames));
                     if tx.send(done).is_err() {
@@ -195,18 +197,27 @@ pub fn frames<T>(
     })
 }
 
-/// Compresses `raw` into frames of at most `limit` bytes (one, unless it
-/// does not fit), appended to `out`; their `index` is set when handed over.
+/// Compresses `raw` (whose sha256 is `raw_sha256`) into frames of at most
+/// `limit` bytes (one, unless it does not fit), appended to `out`; their
+/// `index` is set when handed over.
 fn compress(
     z: &mut zstd::bulk::Compressor<'static>,
     raw: &[u8],
+    raw_sha256: &str,
     sizes: Sizes,
     limit: u64,
     out: &mut Vec<Frame>,
 ) -> Result<()> {
     let bytes = z.compress(raw)?;
     if bytes.len() as u64 <= limit {
-        out.push(frame(raw, bytes));
+        out.push(Frame {
+            reused: false,
+            index: 0,
+            sha256: hex::encode(&Sha256::digest(&bytes)),
+            bytes,
+            raw_size: raw.len() as u64,
+            raw_sha256: raw_sha256.to_string(),
+        });
         return Ok(());
     }
     // Pieces that fit, merged greedily from the front while the merged
@@ -243,16 +254,15 @@ fn compress(
 /// earlier key a pusher may have written: a frame of the right bytes that
 /// asks for a 2 GiB window, or carries no checksum, would otherwise go into
 /// a key CI signs, under a statement that promises otherwise.
-fn reused(raw: &[u8], limit: u64, reuse: Reuse) -> Option<Result<Frame, String>> {
-    let raw_sha256 = hex::encode(&Sha256::digest(raw));
-    let bytes = reuse(&raw_sha256)?;
+fn reused(raw: &[u8], raw_sha256: &str, limit: u64, reuse: Reuse) -> Option<Result<Frame, String>> {
+    let bytes = reuse(raw_sha256)?;
     Some(check_reused(raw, limit, &bytes).map(|()| Frame {
         reused: true,
         index: 0,
         sha256: hex::encode(&Sha256::digest(&bytes)),
         bytes,
         raw_size: raw.len() as u64,
-        raw_sha256,
+        raw_sha256: raw_sha256.to_string(),
     }))
 }
 

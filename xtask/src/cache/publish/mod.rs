@@ -386,17 +386,13 @@ impl Cx<'_> {
     ) -> Result<(KeyEntry, BTreeMap<String, String>)> {
         let (sh, repo, m, key, out) = (self.sh, self.repo, self.m, self.key, self.out);
         let t = Instant::now();
-        let old_entry = state.and_then(|s| s.manifest.keys.get(&key.value).cloned());
         let old_oids = state.map(|s| s.oids()).unwrap_or_default();
-        let packed = pack_into_git(
-            self.git,
-            m,
-            &key.value,
-            plan,
-            old_entry.as_ref(),
-            &old_oids,
-            out,
-        )?;
+        let prior = blobs::Prior {
+            branch: state.map(|s| &s.manifest),
+            oids: &old_oids,
+            remote: self.remote,
+        };
+        let packed = pack_into_git(self.git, m, key, plan, prior, out)?;
         summary.timings_ms.insert("pack", ms(t.elapsed()));
         summary.fill_packed(&packed);
         out.say(format!(
@@ -406,9 +402,12 @@ impl Cx<'_> {
             human_bytes(packed.entry.tar_size),
             human_bytes(summary.compressed_size.unwrap_or(0)),
             packed.entry.chunks.len(),
-            match packed.frames_reused {
-                0 => String::new(),
-                n => format!(" ({n} not compressed again: their frames were in cache.git)"),
+            match (packed.frames_reused, packed.frames_fetched) {
+                (0, _) => String::new(),
+                (n, 0) => format!(" ({n} not compressed again: their frames were in cache.git)"),
+                (n, f) => format!(
+                    " ({n} not compressed again: their frames were in cache.git, {f} fetched by id)"
+                ),
             },
             crate::clock::human(t.elapsed())
         ));

@@ -5,10 +5,19 @@
 //! `--dry-run` uses it). `write_tar` turns a plan into tar bytes, and `pack`
 //! runs the whole pipeline: tar (hashed, and indexed per entry: module
 //! `files`) -> FastCDC cuts -> one zstd frame per chunk on all cores
-//! (module `chunks`) -> chunk files, each handed to the caller, in order,
+//! (module `chunks`) -> chunk frames, each handed to the caller, in order,
 //! as soon as it is complete. Nothing holds the archive in memory or writes
 //! it whole to disk: the caller decides how many finished chunks may exist
 //! at once.
+//!
+//! Each file is read once. The thread that reads also builds the tar and
+//! cuts it; the same bytes go, in 1 MiB blocks, to a digest thread that
+//! computes the signed `tar_sha256` (SHA-256 over the whole tar, as
+//! `sha256sum` of the tar would) and every file's content sha256 for the
+//! index; each chunk's raw sha256 and its frame's are computed on the zstd
+//! worker that compresses it, and the chunk file is written by whoever
+//! takes it (cache.git's writer thread). So no stage but reading and
+//! cutting is serial, and zstd has every core behind it.
 //!
 //! Same input tree, same bytes: entries sorted by path (bytes), uid/gid 0,
 //! no user or group names, a fixed mtime unless asked to keep them, modes
@@ -96,12 +105,7 @@ pub struct TarDigest {
 /// Writes the tar of `plan` to `out` and returns its digest. `progress` is
 /// called with file bytes read so far.
 pub fn write_tar(plan: &Plan, out: impl Write, progress: &mut dyn FnMut(u64)) -> Result<TarDigest> {
-    let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), None, progress)?;
-    Ok(TarDigest {
-        sha256: hex::encode(&hasher.expect("a hasher was given").finalize()),
-        size,
-        entries: plan.items.len() as u64,
-    })
+    tar_stream(plan, out, None, progress)
 }
 
 /// `write_tar`, also returning the per-file index of the tar it wrote.
@@ -111,12 +115,7 @@ pub fn write_tar_indexed(
     progress: &mut dyn FnMut(u64),
 ) -> Result<(TarDigest, files::Index)> {
     let mut entries = Vec::with_capacity(plan.items.len());
-    let (size, hasher) = tar_stream(plan, out, Some(Sha256::new()), Some(&mut entries), progress)?;
-    let digest = TarDigest {
-        sha256: hex::encode(&hasher.expect("a hasher was given").finalize()),
-        size,
-        entries: plan.items.len() as u64,
-    };
+    let digest = tar_stream(plan, out, Some(&mut entries), progress)?;
     Ok((digest, files::Index { entries }))
 }
 
@@ -150,129 +149,219 @@ pub fn index_parts(index: &files::Index) -> Result<Vec<Vec<u8>>> {
 
 /// The digest `write_tar` would return, without writing the tar anywhere.
 /// This thread reads the files and builds the stream while a second one
-/// hashes it, so reading (page cache copies, disk waits) and SHA-256
-/// overlap; a few MiB of buffers are in flight at most.
+/// hashes it (`tar_stream`), so reading and SHA-256 overlap.
 pub fn tar_digest(plan: &Plan, progress: &mut dyn FnMut(u64)) -> Result<TarDigest> {
-    const BLOCK: usize = 1 << 20;
-    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(4);
-    let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<u8>>();
-    let hasher = std::thread::spawn(move || {
-        let mut h = Sha256::new();
-        for block in rx {
-            h.update(&block);
-            // The builder may be gone (it failed); then the block is dropped.
-            let _ = recycle_tx.send(block);
-        }
-        h
-    });
-    let out = BlockSender {
-        block: Vec::with_capacity(BLOCK),
-        tx,
-        recycle: recycle_rx,
+    tar_stream(plan, io::sink(), None, progress)
+}
+
+/// The tar bytes a digest thread is sent, in blocks of this size.
+const FEED_BLOCK: usize = 1 << 20;
+
+/// What the digest thread is told, in stream order.
+enum Feed {
+    /// The next bytes of the tar.
+    Block(Vec<u8>),
+    /// A regular file's content is the tar's bytes `start..end` (sent
+    /// before any of them).
+    File { start: u64, end: u64 },
+}
+
+/// The tar's sha256 and, in tar order, every regular file's.
+struct Digests {
+    tar: Sha256,
+    files: Vec<[u8; 32]>,
+}
+
+/// Hashes the tar as its blocks arrive, and each file's content from the
+/// same blocks: one read of the files feeds every digest, and the hashing
+/// runs beside the thread that reads, cuts and hands chunks to zstd.
+fn digest_thread(rx: mpsc::Receiver<Feed>, recycle: mpsc::Sender<Vec<u8>>) -> Digests {
+    let mut d = Digests {
+        tar: Sha256::new(),
+        files: Vec::new(),
     };
-    let size = tar_stream(plan, out, None, None, progress).map(|(size, _)| size);
-    // The sender was dropped inside tar_stream (after its final flush), so
-    // the hasher has seen every block and ends.
-    let h = hasher
-        .join()
-        .map_err(|_| anyhow!("the tar hashing thread panicked"))?;
-    Ok(TarDigest {
-        sha256: hex::encode(&h.finalize()),
-        size: size?,
-        entries: plan.items.len() as u64,
-    })
+    let mut pending = std::collections::VecDeque::<(u64, u64)>::new();
+    let mut content = Sha256::new();
+    let mut at = 0u64;
+    for msg in rx {
+        let block = match msg {
+            Feed::File { start, end } => {
+                pending.push_back((start, end));
+                continue;
+            }
+            Feed::Block(b) => b,
+        };
+        d.tar.update(&block);
+        let end = at + block.len() as u64;
+        while let Some(&(s, e)) = pending.front() {
+            if s >= end && e > s {
+                break;
+            }
+            let (from, to) = (s.max(at), e.min(end));
+            if to > from {
+                content.update(&block[(from - at) as usize..(to - at) as usize]);
+            }
+            if e > end {
+                break;
+            }
+            d.files.push(std::mem::take(&mut content).finalize().into());
+            pending.pop_front();
+        }
+        at = end;
+        // The producer may be gone (it failed); then the block is dropped.
+        let _ = recycle.send(block);
+    }
+    d
 }
 
-/// Collects writes into 1 MiB blocks and hands each full block (and the
-/// last one, on flush) to the hashing thread.
-struct BlockSender {
+/// Passes every write to `inner` and copies what it took into blocks for
+/// the digest thread.
+struct Feeder<W> {
+    inner: W,
     block: Vec<u8>,
-    tx: mpsc::SyncSender<Vec<u8>>,
+    tx: Option<mpsc::SyncSender<Feed>>,
     recycle: mpsc::Receiver<Vec<u8>>,
+    written: u64,
 }
 
-impl BlockSender {
+impl<W: Write> Feeder<W> {
+    fn send(&mut self, msg: Feed) -> io::Result<()> {
+        self.tx
+            .as_ref()
+            .and_then(|tx| tx.send(msg).ok())
+            .ok_or_else(|| io::Error::other("the tar hashing thread stopped"))
+    }
+
     fn send_block(&mut self) -> io::Result<()> {
-        let cap = self.block.capacity();
         let next = match self.recycle.try_recv() {
             Ok(mut b) => {
                 b.clear();
                 b
             }
-            Err(_) => Vec::with_capacity(cap),
+            Err(_) => Vec::with_capacity(FEED_BLOCK),
         };
         let full = std::mem::replace(&mut self.block, next);
-        self.tx
-            .send(full)
-            .map_err(|_| io::Error::other("the tar hashing thread stopped"))
+        self.send(Feed::Block(full))
     }
-}
 
-impl Write for BlockSender {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let room = self.block.capacity() - self.block.len();
-        let n = buf.len().min(room);
-        self.block.extend_from_slice(&buf[..n]);
-        if self.block.len() == self.block.capacity() {
-            self.send_block()?;
-        }
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
+    /// Sends the last block and closes the feed.
+    fn close(&mut self) -> io::Result<()> {
         if !self.block.is_empty() {
             self.send_block()?;
         }
+        self.tx.take();
         Ok(())
     }
 }
 
-/// Writes the tar of `plan` to `out`, hashing it into `hasher` if given,
-/// and recording each entry's place and content digest into `index` if
-/// given (`cache::format::files`); returns the size and the hasher. `out` is
-/// flushed once, at the end, and dropped before returning.
+impl<W: Write> Write for Feeder<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            let take = rest.len().min(FEED_BLOCK - self.block.len());
+            self.block.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if self.block.len() == FEED_BLOCK {
+                self.send_block()?;
+            }
+        }
+        self.written += n as u64;
+        Ok(n)
+    }
+    // Never forwards flush: a zstd flush would end a block early and make
+    // the output depend on when it was called.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes the tar of `plan` to `out` and returns its digest, recording each
+/// entry's place and content digest into `index` if given
+/// (`cache::format::files`). The files are read once, on this thread; the
+/// tar's sha256 and the files' are computed from those very bytes on a
+/// second thread, at most a few MiB behind. `out` is flushed once, at the
+/// end, and dropped before returning.
 fn tar_stream(
     plan: &Plan,
     out: impl Write,
-    hasher: Option<Sha256>,
     mut index: Option<&mut Vec<files::Entry>>,
     progress: &mut dyn FnMut(u64),
-) -> Result<(u64, Option<Sha256>)> {
-    let mut w = HashingWriter {
+) -> Result<TarDigest> {
+    let (tx, rx) = mpsc::sync_channel::<Feed>(4);
+    let (recycle_tx, recycle_rx) = mpsc::channel::<Vec<u8>>();
+    let hasher = std::thread::spawn(move || digest_thread(rx, recycle_tx));
+    let mut w = Feeder {
         inner: out,
-        hasher,
+        block: Vec::with_capacity(FEED_BLOCK),
+        tx: Some(tx),
+        recycle: recycle_rx,
         written: 0,
     };
+    let wrote = write_entries(plan, &mut w, index.as_deref_mut(), progress);
+    let closed = wrote.and_then(|()| {
+        w.close()?;
+        w.inner.flush()?;
+        Ok(())
+    });
+    let size = w.written;
+    // Dropping the feeder closes the feed (also on error), so the hasher ends.
+    drop(w);
+    let d = hasher
+        .join()
+        .map_err(|_| anyhow!("the tar hashing thread panicked"))?;
+    closed?;
+    if let Some(index) = index {
+        let mut digests = d.files.into_iter();
+        for e in index.iter_mut().filter(|e| e.kind == files::Kind::File) {
+            e.sha256 = digests.next();
+        }
+    }
+    Ok(TarDigest {
+        sha256: hex::encode(&d.tar.finalize()),
+        size,
+        entries: plan.items.len() as u64,
+    })
+}
+
+/// Writes every entry of `plan` and the end of archive into `w`, telling
+/// the digest thread where each regular file's content lies when an index
+/// is kept (whose entries it pushes, their digests still unset).
+fn write_entries<W: Write>(
+    plan: &Plan,
+    w: &mut Feeder<W>,
+    mut index: Option<&mut Vec<files::Entry>>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<()> {
     let mut buf = vec![0u8; 256 * 1024];
     let mut done = 0u64;
     for item in &plan.items {
         // The entry starts at its first block: a long-name record if any.
         let offset = w.written;
-        write_header(&mut w, item, plan.keep_mtime)?;
-        let mut content = index.is_some().then(Sha256::new);
+        write_header(w, item, plan.keep_mtime)?;
         if item.kind == Kind::File {
+            if index.is_some() {
+                let start = w.written;
+                w.send(Feed::File {
+                    start,
+                    end: start + item.size,
+                })?;
+            }
             let path = join(&plan.root, &item.rel);
             let mut copy = |n: u64| {
                 done += n;
                 progress(done)
             };
-            copy_file(
-                &mut w,
-                &path,
-                item.size,
-                &mut buf,
-                content.as_mut(),
-                &mut copy,
-            )?;
-            pad(&mut w, item.size)?;
+            copy_file(w, &path, item.size, &mut buf, &mut copy)?;
+            pad(w, item.size)?;
         }
         if let Some(index) = index.as_deref_mut() {
-            index.push(index_entry(item, offset, w.written, content));
+            index.push(index_entry(item, offset, w.written));
         }
     }
     // End of archive: two zero blocks, as GNU tar writes.
     w.write_all(&[0u8; 1024])?;
-    w.inner.flush()?;
-    Ok((w.written, w.hasher))
+    Ok(())
 }
 
 /// Writes the header of `item` (after its GNU long-name records, if its
@@ -306,14 +395,12 @@ fn write_header(w: &mut impl Write, item: &Item, keep_mtime: bool) -> io::Result
 }
 
 /// Copies exactly `size` bytes of the file at `path` into `w` through
-/// `buf`, hashing them into `content` if given and telling `copied` each
-/// read's length. A file that shrank or grew since the plan is an error.
+/// `buf`, telling `copied` each read's length. A file that shrank or grew since the plan is an error.
 fn copy_file(
     w: &mut impl Write,
     path: &Path,
     size: u64,
     buf: &mut [u8],
-    mut content: Option<&mut Sha256>,
     copied: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -330,9 +417,6 @@ fn copy_file(
             );
         }
         w.write_all(&buf[..n])?;
-        if let Some(c) = content.as_deref_mut() {
-            c.update(&buf[..n]);
-        }
         left -= n as u64;
         copied(n as u64);
     }
@@ -345,8 +429,9 @@ fn copy_file(
     Ok(())
 }
 
-/// The index line of `item`, whose tar bytes are `offset..end`.
-fn index_entry(item: &Item, offset: u64, end: u64, content: Option<Sha256>) -> files::Entry {
+/// The index line of `item`, whose tar bytes are `offset..end` (a file's
+/// content digest is set once the digest thread has it).
+fn index_entry(item: &Item, offset: u64, end: u64) -> files::Entry {
     let (kind, target) = match &item.kind {
         Kind::Dir => (files::Kind::Dir, None),
         Kind::File => (files::Kind::File, None),
@@ -360,7 +445,7 @@ fn index_entry(item: &Item, offset: u64, end: u64, content: Option<Sha256>) -> f
         kind,
         mode: item.mode,
         size: if is_file { item.size } else { 0 },
-        sha256: content.filter(|_| is_file).map(|c| c.finalize().into()),
+        sha256: None,
         path: item.rel.clone(),
         target,
     }
@@ -410,28 +495,6 @@ fn pad(w: &mut impl Write, size: u64) -> io::Result<()> {
     Ok(())
 }
 
-struct HashingWriter<W> {
-    inner: W,
-    hasher: Option<Sha256>,
-    written: u64,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        if let Some(h) = &mut self.hasher {
-            h.update(&buf[..n]);
-        }
-        self.written += n as u64;
-        Ok(n)
-    }
-    // Never forwards flush: a zstd flush would end a block early and make
-    // the output depend on when it was called.
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// How to cut and compress.
 #[derive(Clone, Copy, Debug)]
 pub struct PackOptions {
@@ -470,14 +533,18 @@ impl PackOptions {
 /// in flight, and past a dozen cores reading the tree is the bottleneck.
 pub const MAX_THREADS: usize = 12;
 
-/// A finished chunk file, handed over as soon as it is complete.
+/// A finished chunk, handed over as soon as it is complete, its frame in
+/// memory: whoever takes it writes the file (`write`) on its own thread,
+/// so the thread that reads the tree and cuts it never waits on a write.
 #[derive(Clone, Debug)]
 pub struct ChunkFile {
     pub index: usize,
     /// Its scratch name (`name_of(index)`).
     pub name: String,
-    /// Where it was written (inside the chunk directory).
+    /// Where `write` puts it (inside the chunk directory).
     pub path: PathBuf,
+    /// The frame (empty in `Packed::chunks`, which keeps the record only).
+    pub bytes: Vec<u8>,
     pub size: u64,
     pub sha256: String,
     /// The uncompressed slice of the tar it holds.
@@ -485,6 +552,14 @@ pub struct ChunkFile {
     pub raw_sha256: String,
     /// Its frame was an earlier one (checked), not compressed now.
     pub reused_frame: bool,
+}
+
+impl ChunkFile {
+    /// Writes the frame to `path`.
+    pub fn write(&self) -> Result<()> {
+        fs::write(&self.path, &self.bytes)
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
 }
 
 /// What `pack` produced.
@@ -500,10 +575,10 @@ pub struct Packed {
 
 /// Runs the pipeline for `plan`: the tar is cut at content-defined
 /// boundaries, each chunk compressed as its own zstd frame on
-/// `opts.threads` workers, and the chunk files, named by `name_of(index)`,
-/// are written into `dir` and passed to `on_chunk` one by one, in order.
-/// The callback may move or delete the file. A chunk whose frame `reuse`
-/// has (checked to decode to it) is not compressed again.
+/// `opts.threads` workers, and the chunks, named by `name_of(index)` in
+/// `dir`, are passed to `on_chunk` one by one, in order, to be written
+/// (`ChunkFile::write`) or dropped. A chunk whose frame `reuse` has
+/// (checked to decode to it) is not compressed again.
 #[allow(clippy::too_many_arguments)]
 pub fn pack(
     plan: &Plan,
@@ -519,20 +594,23 @@ pub fn pack(
     let mut emit = |f: Frame| -> Result<()> {
         let name = name_of(f.index);
         let path = dir.join(&name);
-        fs::write(&path, &f.bytes).with_context(|| format!("writing {}", path.display()))?;
         compressed += f.bytes.len() as u64;
-        let c = ChunkFile {
+        let record = ChunkFile {
             index: f.index,
             name,
             path,
             size: f.bytes.len() as u64,
+            bytes: Vec::new(),
             sha256: f.sha256,
             raw_size: f.raw_size,
             raw_sha256: f.raw_sha256,
             reused_frame: f.reused,
         };
-        chunks.push(c.clone());
-        on_chunk(c)
+        chunks.push(record.clone());
+        on_chunk(ChunkFile {
+            bytes: f.bytes,
+            ..record
+        })
     };
     let ((tar, index), _) = chunks::frames(
         opts.sizes,

@@ -44,6 +44,14 @@ pub struct Summary {
     #[serde(rename = "compressed_bytes")]
     pub compressed_size: Option<u64>,
     pub chunks: Vec<ChunkJson>,
+    /// Chunks this publish did not compress: their frame was an earlier
+    /// key's (checked to decode to the chunk), or nothing was packed
+    /// (`unchanged` by `stat` or `digest`: every chunk). Null when no tar
+    /// was made.
+    pub chunks_reused: Option<u64>,
+    /// Of those, frames fetched by id for this publish (a fresh clone at a
+    /// slow level); null when no tar was made.
+    pub frames_fetched: Option<u64>,
     /// Every key on the branch after the publish.
     pub keys_on_branch: Vec<String>,
     /// Keys this publish dropped (`[publish] keep`).
@@ -91,6 +99,8 @@ impl Summary {
             tar_sha256: None,
             compressed_size: None,
             chunks: Vec::new(),
+            chunks_reused: None,
+            frames_fetched: None,
             keys_on_branch: Vec::new(),
             pruned: Vec::new(),
             gates_required: m.gates.clone(),
@@ -107,6 +117,8 @@ impl Summary {
         self.tar_size = Some(packed.entry.tar_size);
         self.tar_sha256 = Some(packed.entry.tar_sha256.clone());
         self.compressed_size = Some(packed.entry.chunks.iter().map(|c| c.size).sum());
+        self.chunks_reused = Some(packed.frames_reused as u64);
+        self.frames_fetched = Some(packed.frames_fetched as u64);
         self.chunks = packed
             .entry
             .chunks
@@ -130,6 +142,8 @@ impl Summary {
         self.tar_size = Some(old.tar_size);
         self.tar_sha256 = Some(old.tar_sha256.clone());
         self.compressed_size = Some(old.chunks.iter().map(|c| c.size).sum());
+        self.chunks_reused = Some(old.chunks.len() as u64);
+        self.frames_fetched = Some(0);
         self.chunks = old
             .chunks
             .iter()
