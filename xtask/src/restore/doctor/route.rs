@@ -67,6 +67,23 @@ pub fn address(url: &str) -> Option<(String, String, u16)> {
         "socks5" | "socks5h" | "socks4" | "socks4a" | "socks" => 1080,
         _ => return None,
     };
+    let (host, port) = host_and_port(rest)?;
+    let port = match port {
+        Some(p) if !p.is_empty() => p.parse().ok()?,
+        _ => default,
+    };
+    let scheme = if scheme.contains("ssh") {
+        "ssh".into()
+    } else {
+        scheme
+    };
+    Some((scheme, host.to_ascii_lowercase(), port))
+}
+
+/// The host (brackets of an IPv6 address taken off) and the port as
+/// written, if any, of what follows a URL's `://`: its authority without the
+/// userinfo. `None` when it names no host.
+fn host_and_port(rest: &str) -> Option<(&str, Option<&str>)> {
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let (host, port) = match hostport.strip_prefix('[') {
@@ -79,19 +96,7 @@ pub fn address(url: &str) -> Option<(String, String, u16)> {
             None => (hostport, None),
         },
     };
-    if host.is_empty() {
-        return None;
-    }
-    let port = match port {
-        Some(p) if !p.is_empty() => p.parse().ok()?,
-        _ => default,
-    };
-    let scheme = if scheme.contains("ssh") {
-        "ssh".into()
-    } else {
-        scheme
-    };
-    Some((scheme, host.to_ascii_lowercase(), port))
+    (!host.is_empty()).then_some((host, port))
 }
 
 /// A proxy setting's value as the client reads it; `None` when it names no
@@ -108,21 +113,7 @@ fn proxy_of(value: &str, from: &str) -> Option<Proxy> {
         format!("http://{value}")
     };
     let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let (host, port) = match hostport.strip_prefix('[') {
-        Some(v6) => {
-            let (h, after) = v6.split_once(']')?;
-            (h, after.strip_prefix(':'))
-        }
-        None => match hostport.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (hostport, None),
-        },
-    };
-    if host.is_empty() {
-        return None;
-    }
+    let (host, port) = host_and_port(rest)?;
     let port = match port {
         Some(p) => p.parse().ok()?,
         None if scheme.eq_ignore_ascii_case("https") => 443,
