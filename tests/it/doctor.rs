@@ -12,16 +12,7 @@ use crate::util::{Run, TestEnv, run};
 use serde_json::Value;
 use std::process::Command;
 
-const PROXY_VARS: [&str; 8] = [
-    "https_proxy",
-    "HTTPS_PROXY",
-    "http_proxy",
-    "HTTP_PROXY",
-    "all_proxy",
-    "ALL_PROXY",
-    "no_proxy",
-    "NO_PROXY",
-];
+use warmstart::restore::doctor::probe::PROXY_VARS;
 
 fn write(path: &std::path::Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
