@@ -140,6 +140,11 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "tests: the built wheel (tools/build-wheel.sh) that tools/test.sh hands to the tests",
     ),
     (
+        "WARMSTART_COMPAT_BIN",
+        Kind::Text,
+        "tests: the released warmstart (tools/compat-bin.sh) that tools/test.sh hands to the compatibility tests",
+    ),
+    (
         "WARMSTART_CONTAINMENT_SEQUENCES",
         Kind::Text,
         "tests: hostile archive sequences per resolver in the containment property test",
