@@ -52,6 +52,7 @@ mod net_deadline;
 mod progress;
 mod publish_interrupted;
 mod publish_reuse;
+mod publish_unchanged;
 mod restore;
 mod restore_cache;
 mod restore_env;

@@ -493,6 +493,11 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     ),
     (
         "cache-publish",
+        "chunks_unchanged",
+        "of those, chunks whose files this clone's last publish packed and that are unchanged since (same lstat, ctime included, outside the racy window): taken whole, not cut, hashed or stored again, the files read only for the tar's digest; null when no tar was made",
+    ),
+    (
+        "cache-publish",
         "keys_on_branch",
         "every key on the branch after the publish",
     ),

@@ -29,6 +29,7 @@ use crate::cache::format::{
 };
 use crate::cache::publish::pack::{self, ChunkFile, PackOptions, Plan};
 use crate::cache::publish::report::Reporter;
+use crate::cache::publish::unchanged;
 use crate::git::{CacheGit, Remote};
 
 /// The packed key, the blob ids of its files (chunks and index) by name,
@@ -41,6 +42,8 @@ pub(super) struct PackedKey {
     pub(super) frames_reused: usize,
     /// Frames of the previous key fetched by id before packing.
     pub(super) frames_fetched: usize,
+    /// Chunks taken from this clone's record (module `unchanged`).
+    pub(super) frames_known: usize,
 }
 
 /// From this zstd level up, a fresh clone fetches the previous key's
@@ -59,6 +62,10 @@ pub(super) struct Prior<'a> {
     pub(super) branch: Option<&'a BranchManifest>,
     pub(super) oids: &'a BTreeMap<String, String>,
     pub(super) remote: &'a Remote,
+    /// Where this clone keeps the record of its last pack of the cache
+    /// (module `unchanged`), and when today's plan began.
+    pub(super) record: &'a Path,
+    pub(super) planned_at_ns: i64,
 }
 
 /// Packs the plan into chunk blobs in cache.git. Chunk files live in a
@@ -104,19 +111,33 @@ pub(super) fn pack_into_git(
         .collect();
     let earlier = earlier_frames(&keys, old_oids, &today);
     let reuse = |raw_sha256: &str| local_blob(git, earlier.get(raw_sha256)?);
-    let mut frames_reused = 0;
+    let params = super::packed::pack_params(&today);
+    let record = known_chunks(git, prior.record, plan, &params);
+    let mut known = BTreeMap::new();
+    let (mut frames_reused, mut frames_known) = (0, 0);
     let mut hasher = None;
     let mut tx = Some(tx);
     let result = pack::pack(
         plan,
         opts,
         &reuse,
+        record.as_ref(),
         &scratch.path,
         // Scratch names only: the count, and so the width of the names on
         // the branch, is known once packing ends.
         &|i| format!("chunk-{i}"),
         &mut |c: ChunkFile| {
             frames_reused += usize::from(c.reused_frame);
+            if let Some(oid) = &c.blob {
+                frames_known += 1;
+                // Reused as the branch means it only where the branch holds it.
+                if on_branch.get(c.sha256.as_str()) == Some(&oid) {
+                    reused.insert(c.index, oid.clone());
+                } else {
+                    known.insert(c.index, oid.clone());
+                }
+                return Ok(());
+            }
             if let Some(oid) = on_branch.get(c.sha256.as_str()) {
                 let h = match &mut hasher {
                     Some(h) => h,
@@ -150,6 +171,8 @@ pub(super) fn pack_into_git(
     let n = packed.chunks.len();
     let is_reused: Vec<bool> = (0..n).map(|i| reused.contains_key(&i)).collect();
     oids.extend(reused);
+    oids.extend(known);
+    save_record(&prior, plan, &params, &packed, &oids, out);
     let (entry, files) = key_entry(git, key, &packed, oids, opts, &scratch.path)?;
     Ok(PackedKey {
         entry,
@@ -157,7 +180,40 @@ pub(super) fn pack_into_git(
         reused: is_reused,
         frames_reused,
         frames_fetched,
+        frames_known,
     })
+}
+
+/// Writes this pack's record for the next publish from this clone. Only
+/// an optimisation is lost without it (the next publish reads and cuts
+/// every file): a warning.
+fn save_record(
+    prior: &Prior,
+    plan: &Plan,
+    params: &str,
+    packed: &pack::Packed,
+    oids: &BTreeMap<usize, String>,
+    out: &Reporter,
+) {
+    let saved = unchanged::save(
+        prior.record,
+        plan,
+        prior.planned_at_ns,
+        params,
+        packed,
+        oids,
+    );
+    if let Err(e) = saved {
+        out.warn(format!("{e:#} (the next publish packs every file again)"));
+    }
+}
+
+/// What this clone's record of its last pack knows of `plan`: nothing when
+/// there is no record, or its blobs cannot be looked up.
+fn known_chunks(git: &CacheGit, record: &Path, plan: &Plan, params: &str) -> Option<pack::Known> {
+    let record = unchanged::load(record)?;
+    let sizes = git.blob_sizes(&record.blobs()).ok()?;
+    record.known(plan, params, &sizes)
 }
 
 /// Makes glibc give every chunk-sized buffer back to the kernel when it is

@@ -89,13 +89,42 @@ pub fn no_reuse(_: &str) -> Option<Vec<u8>> {
     None
 }
 
+/// Chunks this clone made before and still holds as blobs, which the
+/// cutter hands over without cutting, hashing or compressing their bytes
+/// where they start at one of its cuts (module `publish::unchanged` proves
+/// that today's tar holds those very bytes there).
+#[derive(Clone, Debug, Default)]
+pub struct Skips {
+    /// Tar offset -> the run `frames[first..end]` of whole chunks that
+    /// starts there.
+    pub at: BTreeMap<u64, (usize, usize)>,
+    pub frames: Vec<KnownFrame>,
+}
+
+/// A chunk of an earlier pack of this clone's, one frame, and its blob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownFrame {
+    pub raw_size: u64,
+    pub raw_sha256: String,
+    pub size: u64,
+    pub sha256: String,
+    /// Its blob in cache.git.
+    pub oid: String,
+}
+
 /// One compressed chunk, in order.
 #[derive(Clone, Debug)]
 pub struct Frame {
-    /// True when the bytes came from `Reuse` (checked), not from zstd now.
+    /// True when the bytes came from `Reuse` (checked) or are a known
+    /// blob (`blob`), not from zstd now.
     pub reused: bool,
     pub index: usize,
+    /// The frame; empty when `blob` names it.
     pub bytes: Vec<u8>,
+    /// The frame's length.
+    pub size: u64,
+    /// The blob in cache.git that holds the frame already (`Skips`).
+    pub blob: Option<String>,
     pub sha256: String,
     pub raw_size: u64,
     pub raw_sha256: String,
@@ -122,6 +151,34 @@ pub fn frames<T>(
     produce: impl FnOnce(&mut dyn Write) -> Result<T>,
     emit: &mut dyn FnMut(Frame) -> Result<()>,
 ) -> Result<(T, usize)> {
+    let (t, counts) = frames_skipping(sizes, params, limit, workers, reuse, None, produce, emit)?;
+    Ok((t, counts.frames))
+}
+
+/// How many chunks were cut (known ones included) and how many frames
+/// they became (more when a chunk was split to fit the limit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub chunks: usize,
+    pub frames: usize,
+}
+
+/// `frames`, handing over the known chunks of `skips` wherever a cut
+/// lands where one of their runs starts: the bytes of the run are then
+/// taken from the writer and dropped, neither cut nor hashed nor
+/// compressed. The frames are those a full pass would make, because a cut
+/// depends only on the bytes since the previous cut.
+#[allow(clippy::too_many_arguments)]
+pub fn frames_skipping<T>(
+    sizes: Sizes,
+    params: Params,
+    limit: u64,
+    workers: usize,
+    reuse: Reuse,
+    skips: Option<&Skips>,
+    produce: impl FnOnce(&mut dyn Write) -> Result<T>,
+    emit: &mut dyn FnMut(Frame) -> Result<()>,
+) -> Result<(T, Counts)> {
     let workers = workers.max(1);
     // Every worker's compressor is made (and its parameters checked) first.
     let compressors: Vec<_> = (0..workers)
@@ -171,6 +228,9 @@ pub fn frames<T>(
             masks: masks(sizes),
             buf: Vec::with_capacity(2 * sizes.max as usize),
             start: 0,
+            pos: 0,
+            skip_left: 0,
+            skips,
             order: Order {
                 jobs: Some(job_tx),
                 done: done_rx,
@@ -185,7 +245,10 @@ pub fn frames<T>(
                 error: None,
             },
         };
-        let produced = produce(&mut cutter);
+        let produced = cutter
+            .after_cut()
+            .map_err(|e| anyhow!(e))
+            .and_then(|()| produce(&mut cutter));
         let finished = produced.and_then(|t| cutter.finish().map(|n| (t, n)));
         // Workers end when the job channel closes; the scope joins them.
         let error = cutter.order.error.take();
@@ -214,6 +277,8 @@ fn compress(
             reused: false,
             index: 0,
             sha256: hex::encode(&Sha256::digest(&bytes)),
+            size: bytes.len() as u64,
+            blob: None,
             bytes,
             raw_size: raw.len() as u64,
             raw_sha256: raw_sha256.to_string(),
@@ -260,6 +325,8 @@ fn reused(raw: &[u8], raw_sha256: &str, limit: u64, reuse: Reuse) -> Option<Resu
         reused: true,
         index: 0,
         sha256: hex::encode(&Sha256::digest(&bytes)),
+        size: bytes.len() as u64,
+        blob: None,
         bytes,
         raw_size: raw.len() as u64,
         raw_sha256: raw_sha256.to_string(),
@@ -330,6 +397,8 @@ fn frame(raw: &[u8], bytes: Vec<u8>) -> Frame {
         reused: false,
         index: 0,
         sha256: hex::encode(&Sha256::digest(&bytes)),
+        size: bytes.len() as u64,
+        blob: None,
         bytes,
         raw_size: raw.len() as u64,
         raw_sha256: hex::encode(&Sha256::digest(raw)),
@@ -406,6 +475,11 @@ struct Cutter<'a> {
     /// Bytes before `start` were cut already; they are dropped when the
     /// buffer needs room (one move of less than a maximum chunk).
     start: usize,
+    /// The tar offset of `buf[start]`.
+    pos: u64,
+    /// Bytes still to drop of a run of known chunks handed over already.
+    skip_left: u64,
+    skips: Option<&'a Skips>,
     order: Order<'a>,
 }
 
@@ -416,15 +490,47 @@ impl Cutter<'_> {
         let n = cut(live, self.sizes, self.masks);
         let raw = live[..n].to_vec();
         self.start += n;
-        self.order.submit(raw)
+        self.pos += n as u64;
+        self.order.submit(raw)?;
+        self.after_cut()
+    }
+
+    /// At a cut: hands over the run of known chunks that starts here, if
+    /// any, and drops its bytes from the buffer (the rest as they come).
+    fn after_cut(&mut self) -> io::Result<()> {
+        let Some(skips) = self.skips else {
+            return Ok(());
+        };
+        while self.skip_left == 0 {
+            let Some(&(first, end)) = skips.at.get(&self.pos) else {
+                return Ok(());
+            };
+            let run = &skips.frames[first..end];
+            let total: u64 = run.iter().map(|k| k.raw_size).sum();
+            if total == 0 {
+                return Ok(());
+            }
+            self.order.submit_known(run)?;
+            let take = ((self.buf.len() - self.start) as u64).min(total);
+            self.start += take as usize;
+            self.pos += take;
+            self.skip_left = total - take;
+        }
+        Ok(())
     }
 
     /// Cuts and compresses what is left, waits for every frame; returns
     /// the number of chunks.
-    fn finish(&mut self) -> Result<usize> {
+    fn finish(&mut self) -> Result<Counts> {
         let mut run = || -> io::Result<()> {
             while self.start < self.buf.len() {
                 self.cut_one()?;
+            }
+            if self.skip_left > 0 {
+                return Err(io::Error::other(format!(
+                    "the tar ended {} bytes before the known chunks handed over did",
+                    self.skip_left
+                )));
             }
             // An empty tar cannot happen (it ends in two zero blocks), but
             // a key needs at least one chunk.
@@ -438,7 +544,10 @@ impl Cutter<'_> {
             Ok(())
         };
         match run() {
-            Ok(()) => Ok(self.order.next_frame),
+            Ok(()) => Ok(Counts {
+                chunks: self.order.next_index,
+                frames: self.order.next_frame,
+            }),
             Err(e) => Err(self.order.error.take().unwrap_or_else(|| anyhow!(e))),
         }
     }
@@ -446,6 +555,15 @@ impl Cutter<'_> {
 
 impl Write for Cutter<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.skip_left > 0 {
+            let n = (data.len() as u64).min(self.skip_left);
+            self.skip_left -= n;
+            self.pos += n;
+            if self.skip_left == 0 {
+                self.after_cut()?;
+            }
+            return Ok(n as usize);
+        }
         let max = self.sizes.max as usize;
         if self.buf.len() + data.len() > self.buf.capacity() && self.start > 0 {
             self.buf.drain(..self.start);
@@ -518,6 +636,33 @@ impl Order<'_> {
         };
         let raw: u64 = frames.iter().map(|f| f.raw_size).sum();
         self.waiting.insert(index, (raw, frames));
+        self.hand_over()
+    }
+
+    /// Queues known chunks (no worker makes them) after those submitted,
+    /// and hands over whatever is next in order.
+    fn submit_known(&mut self, run: &[KnownFrame]) -> io::Result<()> {
+        for k in run {
+            let f = Frame {
+                reused: true,
+                index: 0,
+                bytes: Vec::new(),
+                size: k.size,
+                blob: Some(k.oid.clone()),
+                sha256: k.sha256.clone(),
+                raw_size: k.raw_size,
+                raw_sha256: k.raw_sha256.clone(),
+            };
+            // Counted in flight (with no bytes) so that `finish` waits for it.
+            self.waiting.insert(self.next_index, (0, vec![f]));
+            self.next_index += 1;
+            self.in_flight += 1;
+        }
+        self.hand_over()
+    }
+
+    /// Hands over every frame that is next in order.
+    fn hand_over(&mut self) -> io::Result<()> {
         while let Some((raw, frames)) = self.waiting.remove(&self.next_emit) {
             self.in_flight -= 1;
             self.in_flight_bytes -= raw;

@@ -27,6 +27,7 @@ pub mod pushed;
 pub mod report;
 pub mod resign;
 pub mod summary;
+pub mod unchanged;
 pub mod walk;
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -255,7 +256,8 @@ impl Cx<'_> {
         if self.unchanged_by_record(s, ungated, p, &stamp, &tree, &params, summary)? {
             return Ok(());
         }
-        let (entry, oids) = self.pack(state.as_ref(), plan, gate_record, ungated, summary)?;
+        let planned = (plan, tree.planned_at_ns);
+        let (entry, oids) = self.pack(state.as_ref(), planned, gate_record, ungated, summary)?;
         let (mut checker, signed) = self.sign(&entry, req.signing_key.as_deref(), summary)?;
         let new = NewKey {
             entry: &entry,
@@ -379,7 +381,7 @@ impl Cx<'_> {
     fn pack(
         &self,
         state: Option<&BranchState>,
-        plan: &Plan,
+        (plan, planned_at_ns): (&Plan, i64),
         gate_record: Value,
         ungated: bool,
         summary: &mut Summary,
@@ -391,6 +393,8 @@ impl Cx<'_> {
             branch: state.map(|s| &s.manifest),
             oids: &old_oids,
             remote: self.remote,
+            record: &unchanged::path(&repo.state_dir(), &m.name),
+            planned_at_ns,
         };
         let packed = pack_into_git(self.git, m, key, plan, prior, out)?;
         summary.timings_ms.insert("pack", ms(t.elapsed()));

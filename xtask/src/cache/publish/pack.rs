@@ -114,9 +114,48 @@ pub fn write_tar_indexed(
     out: impl Write,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(TarDigest, files::Index)> {
+    write_tar_known(plan, out, None, progress)
+}
+
+/// `write_tar_indexed`, taking the content digest of each regular file
+/// `known` has one for instead of hashing it.
+fn write_tar_known(
+    plan: &Plan,
+    out: impl Write,
+    known: Option<&Known>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(TarDigest, files::Index)> {
     let mut entries = Vec::with_capacity(plan.items.len());
-    let digest = tar_stream(plan, out, Some(&mut entries), progress)?;
+    let digests = known.map(|k| k.digests.as_slice());
+    let index = IndexOut {
+        entries: &mut entries,
+        known: digests,
+    };
+    let digest = tar_stream(plan, out, Some(index), progress)?;
     Ok((digest, files::Index { entries }))
+}
+
+/// What an earlier pack of this clone's says of today's plan (module
+/// `publish::unchanged`): the content digest of each entry whose file is
+/// the one that pack read (by `plan.items` index), and the chunks of
+/// that pack which today's tar holds whole.
+#[derive(Clone, Debug, Default)]
+pub struct Known {
+    pub digests: Vec<Option<[u8; 32]>>,
+    pub skips: chunks::Skips,
+}
+
+/// The length of `item`'s entry in the tar (long-name records, header,
+/// data and padding), as `write_entries` writes it.
+pub fn entry_len(item: &Item, keep_mtime: bool) -> u64 {
+    let mut header = Vec::with_capacity(1024);
+    write_header(&mut header, item, keep_mtime).expect("writing to memory");
+    let data = if item.kind == Kind::File {
+        item.size
+    } else {
+        0
+    };
+    header.len() as u64 + data.div_ceil(512) * 512
 }
 
 /// The zstd level of a key's index file (about 140 bytes of text per
@@ -285,7 +324,7 @@ impl<W: Write> Write for Feeder<W> {
 fn tar_stream(
     plan: &Plan,
     out: impl Write,
-    mut index: Option<&mut Vec<files::Entry>>,
+    mut index: Option<IndexOut<'_>>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<TarDigest> {
     let (tx, rx) = mpsc::sync_channel::<Feed>(4);
@@ -298,7 +337,7 @@ fn tar_stream(
         recycle: recycle_rx,
         written: 0,
     };
-    let wrote = write_entries(plan, &mut w, index.as_deref_mut(), progress);
+    let wrote = write_entries(plan, &mut w, index.as_mut(), progress);
     let closed = wrote.and_then(|()| {
         w.close()?;
         w.inner.flush()?;
@@ -313,7 +352,8 @@ fn tar_stream(
     closed?;
     if let Some(index) = index {
         let mut digests = d.files.into_iter();
-        for e in index.iter_mut().filter(|e| e.kind == files::Kind::File) {
+        let hashed = |e: &&mut files::Entry| e.kind == files::Kind::File && e.sha256.is_none();
+        for e in index.entries.iter_mut().filter(hashed) {
             e.sha256 = digests.next();
         }
     }
@@ -324,23 +364,34 @@ fn tar_stream(
     })
 }
 
+/// Where `tar_stream` puts the per-file index: `entries`, each regular
+/// file's content digest taken from `known` (by `plan.items` index) where
+/// it has one, else hashed from the bytes the tar carries.
+struct IndexOut<'a> {
+    entries: &'a mut Vec<files::Entry>,
+    known: Option<&'a [Option<[u8; 32]>]>,
+}
+
 /// Writes every entry of `plan` and the end of archive into `w`, telling
 /// the digest thread where each regular file's content lies when an index
 /// is kept (whose entries it pushes, their digests still unset).
 fn write_entries<W: Write>(
     plan: &Plan,
     w: &mut Feeder<W>,
-    mut index: Option<&mut Vec<files::Entry>>,
+    mut index: Option<&mut IndexOut<'_>>,
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let mut buf = vec![0u8; 256 * 1024];
     let mut done = 0u64;
-    for item in &plan.items {
+    for (i, item) in plan.items.iter().enumerate() {
         // The entry starts at its first block: a long-name record if any.
         let offset = w.written;
         write_header(w, item, plan.keep_mtime)?;
+        let known = index
+            .as_ref()
+            .and_then(|x| x.known?.get(i).copied().flatten());
         if item.kind == Kind::File {
-            if index.is_some() {
+            if index.is_some() && known.is_none() {
                 let start = w.written;
                 w.send(Feed::File {
                     start,
@@ -355,8 +406,12 @@ fn write_entries<W: Write>(
             copy_file(w, &path, item.size, &mut buf, &mut copy)?;
             pad(w, item.size)?;
         }
-        if let Some(index) = index.as_deref_mut() {
-            index.push(index_entry(item, offset, w.written));
+        if let Some(index) = index.as_mut() {
+            let mut e = index_entry(item, offset, w.written);
+            if e.kind == files::Kind::File {
+                e.sha256 = known;
+            }
+            index.entries.push(e);
         }
     }
     // End of archive: two zero blocks, as GNU tar writes.
@@ -552,6 +607,9 @@ pub struct ChunkFile {
     pub raw_sha256: String,
     /// Its frame was an earlier one (checked), not compressed now.
     pub reused_frame: bool,
+    /// The blob in cache.git that holds the frame already (`bytes` is
+    /// empty): a known chunk of this clone's earlier pack.
+    pub blob: Option<String>,
 }
 
 impl ChunkFile {
@@ -571,6 +629,8 @@ pub struct Packed {
     pub chunks: Vec<ChunkFile>,
     /// Total compressed bytes.
     pub compressed: u64,
+    /// Some chunk was split into several frames to fit the limit.
+    pub split: bool,
 }
 
 /// Runs the pipeline for `plan`: the tar is cut at content-defined
@@ -584,6 +644,7 @@ pub fn pack(
     plan: &Plan,
     opts: PackOptions,
     reuse: chunks::Reuse,
+    known: Option<&Known>,
     dir: &Path,
     name_of: &dyn Fn(usize) -> String,
     on_chunk: &mut dyn FnMut(ChunkFile) -> Result<()>,
@@ -594,12 +655,13 @@ pub fn pack(
     let mut emit = |f: Frame| -> Result<()> {
         let name = name_of(f.index);
         let path = dir.join(&name);
-        compressed += f.bytes.len() as u64;
+        compressed += f.size;
         let record = ChunkFile {
             index: f.index,
             name,
             path,
-            size: f.bytes.len() as u64,
+            size: f.size,
+            blob: f.blob,
             bytes: Vec::new(),
             sha256: f.sha256,
             raw_size: f.raw_size,
@@ -612,13 +674,14 @@ pub fn pack(
             ..record
         })
     };
-    let ((tar, index), _) = chunks::frames(
+    let ((tar, index), counts) = chunks::frames_skipping(
         opts.sizes,
         opts.params,
         opts.limit,
         opts.threads,
         reuse,
-        |w| write_tar_indexed(plan, w, progress),
+        known.map(|k| &k.skips),
+        |w| write_tar_known(plan, w, known, progress),
         &mut emit,
     )?;
     Ok(Packed {
@@ -626,6 +689,7 @@ pub fn pack(
         index,
         chunks,
         compressed,
+        split: counts.chunks != counts.frames,
     })
 }
 

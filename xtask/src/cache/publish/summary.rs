@@ -52,6 +52,10 @@ pub struct Summary {
     /// Of those, frames fetched by id for this publish (a fresh clone at a
     /// slow level); null when no tar was made.
     pub frames_fetched: Option<u64>,
+    /// Of those, chunks taken whole from this clone's record of its last
+    /// pack (module `unchanged`): not cut, hashed or written, only read
+    /// for the tar's digest. Null when no tar was made.
+    pub chunks_unchanged: Option<u64>,
     /// Every key on the branch after the publish.
     pub keys_on_branch: Vec<String>,
     /// Keys this publish dropped (`[publish] keep`).
@@ -101,6 +105,7 @@ impl Summary {
             chunks: Vec::new(),
             chunks_reused: None,
             frames_fetched: None,
+            chunks_unchanged: None,
             keys_on_branch: Vec::new(),
             pruned: Vec::new(),
             gates_required: m.gates.clone(),
@@ -119,6 +124,7 @@ impl Summary {
         self.compressed_size = Some(packed.entry.chunks.iter().map(|c| c.size).sum());
         self.chunks_reused = Some(packed.frames_reused as u64);
         self.frames_fetched = Some(packed.frames_fetched as u64);
+        self.chunks_unchanged = Some(packed.frames_known as u64);
         self.chunks = packed
             .entry
             .chunks
@@ -144,6 +150,7 @@ impl Summary {
         self.compressed_size = Some(old.chunks.iter().map(|c| c.size).sum());
         self.chunks_reused = Some(old.chunks.len() as u64);
         self.frames_fetched = Some(0);
+        self.chunks_unchanged = Some(0);
         self.chunks = old
             .chunks
             .iter()

@@ -162,6 +162,7 @@ fn chunks_concatenate_to_the_zstd_stream() {
         &plan,
         opts,
         &chunks::no_reuse,
+        None,
         &out,
         &|i| format!("k.part{i:03}"),
         &mut |c| {
@@ -203,6 +204,7 @@ fn chunks_concatenate_to_the_zstd_stream() {
         &plan,
         PackOptions { threads: 1, ..opts },
         &chunks::no_reuse,
+        None,
         &out1,
         &|i| format!("k.part{i:03}"),
         &mut |_| Ok(()),
@@ -228,6 +230,7 @@ fn a_failing_consumer_stops_the_pack_with_its_error() {
         &all(&src),
         opts(1, 1024, 1),
         &chunks::no_reuse,
+        None,
         tmp.path(),
         &|i| format!("p{i}"),
         &mut |c| {
