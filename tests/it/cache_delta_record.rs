@@ -220,3 +220,50 @@ fn cache_delta_failed_by_a_full_disk_then_retried_links_the_unchanged_files_agai
     );
     assert_same_tree(&cold(&fx, "2"), &target(&fx));
 }
+
+/// A delta killed (`kill -9`) once it has linked the unchanged files, at
+/// each point from the link phase to the eve of the swap: the killed run's
+/// links and the removal of its staging moved the ctime of every file it
+/// linked, yet the re-run links every unchanged file again (hashing those
+/// it has to: their new ctimes are racy against the record) and ends equal
+/// to a cold restore. Before, the re-run linked none of them.
+#[test]
+fn cache_delta_killed_after_linking_then_rerun_links_the_unchanged_files_again() {
+    use std::os::unix::process::ExitStatusExt;
+    let fx = delta_cache();
+    publish(&fx, "1", &[]);
+    restore(&fx, "1");
+    let changed = [3, 50, 120];
+    publish(&fx, "2", &changed);
+    let cold2 = cold(&fx, "2");
+    let points = [
+        "delta:linked",
+        "restore:first-chunk-decoding",
+        "delta:written",
+        "restore:unpacked",
+    ];
+    for point in points {
+        pin(&fx, "2");
+        let mut cmd = fx.env.xtask_in("work");
+        cmd.args(["cache", "restore", "dt", "--quiet"])
+            .env("WARMSTART_TEST_KILL_AT", point);
+        let r = crate::util::run(&mut cmd);
+        assert_eq!(r.out.status.signal(), Some(9), "{point} was not reached");
+        let j = restore(&fx, "2");
+        assert_eq!(j["delta_fallback"], Value::Null, "after {point}: {j}");
+        assert_eq!(
+            j["files_linked"],
+            (FILES - changed.len() + 1) as u64,
+            "after a kill at {point}, the re-run links every unchanged file: {j}"
+        );
+        assert!(
+            j["files_hashed"].as_u64().unwrap() > 0,
+            "the files the killed run moved are hashed before they are linked: {j}"
+        );
+        assert_same_tree(&cold2, &target(&fx));
+        assert_no_leftovers(&fx);
+        // Back to the old key (itself a delta) for the next point.
+        let j = restore(&fx, "1");
+        assert_eq!(j["delta_fallback"], Value::Null, "{j}");
+    }
+}

@@ -194,7 +194,22 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
     if s.mode != "replace" || s.target != ctx.target {
         return Ok(None);
     }
-    let old = match installed(ctx.state_dir, ctx.name, &s.key, &s.tar_sha256, s.files) {
+    let load = || installed(ctx.state_dir, ctx.name, &s.key, &s.tar_sha256, s.files);
+    let busy = busy_path(ctx.state_dir, ctx.name);
+    let old = match load() {
+        // A delta was killed while it linked: its staging is gone
+        // (`unpack::recover_swap`), the ctimes it moved are healed.
+        Ok(Some(old)) if busy.exists() => match heal(ctx.state_dir, ctx.name, ctx.target, &old) {
+            Ok(0) => old,
+            Ok(_) => load().ok().flatten().unwrap_or(old),
+            Err(e) => {
+                eprintln!(
+                    "warning: {e:#}; this restore of {} writes the files a killed one linked",
+                    ctx.name
+                );
+                old
+            }
+        },
         Ok(Some(old)) => old,
         Ok(None) => return Ok(None),
         Err(why) => {
@@ -215,6 +230,8 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
         got = Some((v, f));
         Ok(())
     };
+    // Without it a kill costs the next delta its links, nothing else.
+    let _ = std::fs::write(&busy, std::process::id().to_string());
     let report = build(
         dest,
         ctx.target,
@@ -249,6 +266,9 @@ fn try_delta(ctx: &Ctx<'_>, dest: &Path) -> Result<Option<Staged>> {
 fn heal_after_failure(ctx: &Ctx<'_>, dest: &Path, old: &Installed) {
     let healed =
         unpack::remove_tree(dest).and_then(|()| heal(ctx.state_dir, ctx.name, ctx.target, old));
+    if healed.is_ok() {
+        let _ = std::fs::remove_file(busy_path(ctx.state_dir, ctx.name));
+    }
     if let Err(e) = healed {
         eprintln!(
             "warning: {e:#}; the next restore of {} writes every file again",

@@ -156,6 +156,15 @@ pub fn index_path(state_dir: &Path, name: &str) -> PathBuf {
     dir(state_dir).join(format!("{name}.files.zst"))
 }
 
+/// `<name>.delta`: a delta of cache `name` is linking installed files
+/// into its staging tree, or was when it was killed. Each link moves the
+/// linked file's ctime, and so does the removal of a killed delta's
+/// staging, so the next delta heals the record first (`heal`) when it
+/// finds this. `forget` removes it with the record it is about.
+pub fn busy_path(state_dir: &Path, name: &str) -> PathBuf {
+    dir(state_dir).join(format!("{name}.delta"))
+}
+
 /// Removes the record of cache `name` (and what a killed `remember` left):
 /// called before the target is replaced, so no record outlives its tree.
 pub fn forget(state_dir: &Path, name: &str) -> Result<()> {
@@ -166,10 +175,11 @@ pub fn forget(state_dir: &Path, name: &str) -> Result<()> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", d.display())),
     };
     let (record, index) = (format!("{name}.record"), format!("{name}.files.zst"));
+    let busy = format!("{name}.delta");
     for e in entries {
         let e = e.with_context(|| format!("reading {}", d.display()))?;
         let n = e.file_name().to_string_lossy().into_owned();
-        let ours = [&record, &index]
+        let ours = [&record, &index, &busy]
             .iter()
             // `.<f>.tmp-*` is what `fsio::write_atomic` leaves when killed;
             // `<f>.tmp-*` what earlier versions left.
