@@ -359,3 +359,83 @@ fn oci_a_registry_excludes_the_git_fields_and_git_only_commands_say_so() {
         assert!(err.contains(why), "{cache}: {err}");
     }
 }
+
+/// Commits trust.toml (`policy`) and allowed_signers (principal = key
+/// name) with the manifest in `work`: HEAD is the trust root.
+fn commit_trust(fx: &Fixture, policy: &str, signers: &[&str]) {
+    let dir = fx.work.join("cache-manifests");
+    std::fs::write(dir.join("trust.toml"), format!("policy = \"{policy}\"\n")).unwrap();
+    let mut allowed = String::new();
+    for s in signers {
+        let public =
+            std::fs::read_to_string(fx.env.join(format!("keys/{s}")).with_extension("pub"))
+                .unwrap();
+        allowed.push_str(&format!("{s} {public}"));
+    }
+    std::fs::write(dir.join("allowed_signers"), allowed).unwrap();
+    fx.env.git("work", ["add", "-A"]);
+    fx.env.git("work", ["commit", "-q", "-m", "trust root"]);
+}
+
+#[test]
+fn oci_a_signed_key_is_trusted_and_a_pushers_unsigned_replacement_is_refused_before_any_chunk() {
+    let reg = Registry::start();
+    let fx = fixture(&reg, REGISTRY_USER, REGISTRY_PASSWORD);
+    let ci = fx.env.ssh_key("ci");
+    commit_trust(&fx, "require", &["ci"]);
+    let p = fx.json(&[
+        "cache",
+        "publish",
+        "art",
+        "--json",
+        "--allow-unpushed",
+        "--signing-key",
+        ci.to_str().unwrap(),
+    ]);
+    assert_eq!(p["status"], "published", "{p:#}");
+    assert!(p["signed_by"].as_str().unwrap().starts_with("ci "), "{p:#}");
+    // The statement and its signature are layers of the artifact.
+    assert_eq!(uploads(&reg), chunk_digests(&p).len() + 4, "{}", reg.log());
+    let r = fx.json(&["cache", "restore", "art", "--json"]);
+    assert_eq!(r["trust"]["key"]["verdict"], "trusted", "{r:#}");
+    assert_same_tree(&src(&fx), &target(&fx));
+
+    // Someone else who can push to the registry replaces the key with
+    // other bytes, unsigned (their clone has no trust root).
+    let att = fx.clone_repo("att");
+    let other = fx.env.join("src-att");
+    make_tricky_tree(&other, false);
+    std::fs::write(other.join("planted.sh"), "echo planted\n").unwrap();
+    Manifest::literal("1", &other)
+        .cache(&format!("registry = \"{}\"", reg.name(REPO)))
+        .chunk_bytes(20000)
+        .write(&att, "art");
+    let a = fx.json_in(
+        "att",
+        &["cache", "publish", "art", "--json", "--allow-unpushed"],
+    );
+    assert_eq!(a["status"], "published", "{a:#}");
+    assert_eq!(a["key"], p["key"]);
+
+    fx.forget();
+    std::fs::remove_dir_all(target(&fx)).unwrap();
+    let chunk_gets = |digests: &[String]| -> usize {
+        digests
+            .iter()
+            .map(|d| reg.requests("GET", &format!("sha256:{d}")))
+            .sum()
+    };
+    let planted = chunk_digests(&a);
+    let before = chunk_gets(&planted);
+    let err = fx
+        .xtask(&["cache", "restore", "art"])
+        .expect_code(12)
+        .stderr();
+    assert!(err.contains("unsigned"), "{err}");
+    assert_eq!(
+        chunk_gets(&planted),
+        before,
+        "a chunk was fetched before the verdict"
+    );
+    assert!(!target(&fx).exists());
+}
