@@ -27,6 +27,8 @@ pub(super) struct Call<'a> {
     output: Option<PathBuf>,
     upload: Option<PathBuf>,
     follow: bool,
+    /// Told curl's process group while it runs, `None` after.
+    track: Option<&'a mut dyn FnMut(Option<u32>)>,
 }
 
 /// The registry's answer.
@@ -91,7 +93,15 @@ impl<'a> Call<'a> {
             output: None,
             upload: None,
             follow: false,
+            track: None,
         }
+    }
+
+    /// `track` is told curl's process group once it runs, and `None` once
+    /// it exited (`prefetch` stops the transfers of a restore that failed).
+    pub fn track(mut self, track: &'a mut dyn FnMut(Option<u32>)) -> Self {
+        self.track = Some(track);
+        self
     }
 
     pub fn header(mut self, h: &str) -> Self {
@@ -135,7 +145,7 @@ impl<'a> Call<'a> {
     /// Runs the request. `Err` is a transfer that failed (exit 8, 13 or
     /// 1); an HTTP status, whatever it is, is an `Ok` for the caller to
     /// judge.
-    pub fn run(self) -> Result<Reply> {
+    pub fn run(mut self) -> Result<Reply> {
         let net = self.client.net;
         let mut cmd = self.command();
         let output = self.output.clone();
@@ -158,7 +168,14 @@ impl<'a> Call<'a> {
             // A curl that died at once closed its end: its exit says why.
             let _ = stdin.write_all(config.as_bytes());
         }
-        let out = child.wait_with_output().context("waiting for curl")?;
+        if let Some(t) = self.track.as_mut() {
+            t(Some(child.id()));
+        }
+        let out = child.wait_with_output().context("waiting for curl");
+        if let Some(t) = self.track.as_mut() {
+            t(None);
+        }
+        let out = out?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = crate::redact::text(String::from_utf8_lossy(&out.stderr).trim());
         let mut lines = stdout.split('\n');

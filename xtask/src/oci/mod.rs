@@ -201,11 +201,23 @@ impl Client {
     /// hashed as it arrives: a blob of another size or digest is exit 6
     /// and `dest` is removed.
     pub fn get_blob(&self, sha256: &str, size: u64, dest: &Path) -> Result<()> {
+        self.get_blob_tracked(sha256, size, dest, &mut |_| {})
+    }
+
+    /// `get_blob`, telling `track` curl's process group while it runs.
+    pub fn get_blob_tracked(
+        &self,
+        sha256: &str,
+        size: u64,
+        dest: &Path,
+        track: &mut dyn FnMut(Option<u32>),
+    ) -> Result<()> {
         let what = format!("blob sha256:{sha256}");
         let r = self
             .call("GET", self.registry.url(&format!("blobs/sha256:{sha256}")))
             .follow()
             .output(dest)
+            .track(track)
             .run()?;
         if r.status != 200 {
             let _ = std::fs::remove_file(dest);

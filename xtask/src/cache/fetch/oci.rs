@@ -197,14 +197,15 @@ pub fn absent_oid(sha256: &str) -> String {
 
 /// Fetches chunk `sha256` of `size` bytes from `registry` into the chunk
 /// store at `dest` (through a partial file beside it, hashed as it
-/// arrives): the fetch `prefetch` runs for a registry's chunks.
+/// arrives): the fetch `prefetch` runs for a registry's chunks, telling
+/// `track` curl's process group while it runs.
 pub fn fetch_chunk(
     client: &Client,
     sha256: &[u8; 32],
     size: u64,
-    tmp: &Path,
-    dest: &Path,
+    (tmp, dest): (&Path, &Path),
+    track: &mut dyn FnMut(Option<u32>),
 ) -> Result<()> {
-    client.get_blob(&hex::encode(sha256), size, tmp)?;
+    client.get_blob_tracked(&hex::encode(sha256), size, tmp, track)?;
     std::fs::rename(tmp, dest).with_context(|| format!("storing {}", dest.display()))
 }

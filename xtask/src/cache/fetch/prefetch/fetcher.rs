@@ -146,10 +146,17 @@ impl Job {
                 .reserve_tmp(&sha256)
                 .map_err(anyhow::Error::from)
                 .and_then(|tmp| {
-                    crate::cache::fetch::oci::fetch_chunk(client, &sha256, piece.size, &tmp, &dest)
-                        .inspect_err(|_| {
-                            let _ = std::fs::remove_file(&tmp);
-                        })
+                    let mut track = shared.track();
+                    crate::cache::fetch::oci::fetch_chunk(
+                        client,
+                        &sha256,
+                        piece.size,
+                        (&tmp, &dest),
+                        &mut track,
+                    )
+                    .inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })
                 });
             let mut st = shared.lock();
             st.fetching += t.elapsed();
