@@ -439,3 +439,55 @@ fn oci_a_signed_key_is_trusted_and_a_pushers_unsigned_replacement_is_refused_bef
     );
     assert!(!target(&fx).exists());
 }
+
+#[test]
+fn oci_a_manifest_whose_layers_disagree_with_warmstart_json_is_refused_before_any_chunk() {
+    let reg = Registry::start();
+    let fx = fixture(&reg, REGISTRY_USER, REGISTRY_PASSWORD);
+    let p = publish(&fx);
+    let key = p["key"].as_str().unwrap();
+    // A pusher swaps two chunk layers: every blob is real, the order lies.
+    let url = format!("https://127.0.0.1:{}/v2/{REPO}/manifests/{key}", reg.port);
+    let creds = format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}");
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-fsS", "--cacert"])
+            .arg(&reg.ca.cert)
+            .args(["-u", &creds])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+        out.stdout
+    };
+    let accept = "Accept: application/vnd.oci.image.manifest.v1+json";
+    let mut m: Value = serde_json::from_slice(&curl(&["-H", accept, &url])).unwrap();
+    let layers = m["layers"].as_array_mut().unwrap();
+    layers.swap(0, 1);
+    let body = fx.env.join("swapped.json");
+    std::fs::write(&body, serde_json::to_vec(&m).unwrap()).unwrap();
+    curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        "Content-Type: application/vnd.oci.image.manifest.v1+json",
+        "--data-binary",
+        &format!("@{}", body.display()),
+        &url,
+    ]);
+    let gets_before = reg.requests("GET", "/blobs/");
+    let err = fx
+        .xtask(&["cache", "restore", "art"])
+        .expect_code(6)
+        .stderr();
+    assert!(err.contains("layer 0 is"), "{err}");
+    assert!(err.contains("republish"), "{err}");
+    // Only the config was read: no chunk, no index, nothing installed.
+    assert_eq!(
+        reg.requests("GET", "/blobs/") - gets_before,
+        1,
+        "{}",
+        reg.log()
+    );
+    assert!(!target(&fx).exists());
+}
