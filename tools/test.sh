@@ -59,6 +59,13 @@ command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
 command -v fcgiwrap >/dev/null || [ -x /usr/sbin/fcgiwrap ] || need_apt+=(fcgiwrap)
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need_apt+=(squid)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+# The OCI registry backend (tests/it/oci.rs): the CNCF distribution registry,
+# started by the tests on 127.0.0.1 with a config of their own; htpasswd -B
+# makes its bcrypt password file; skopeo is the independent client that reads
+# what warmstart published.
+command -v docker-registry >/dev/null || [ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
+command -v skopeo >/dev/null || need_apt+=(skopeo)
 # `restore env` output is evaluated by real zsh and fish (tests/it/restore_env.rs).
 command -v zsh >/dev/null || need_apt+=(zsh)
 command -v fish >/dev/null || need_apt+=(fish)

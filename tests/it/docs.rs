@@ -586,6 +586,13 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         "cache manifest",
+        "cache.registry",
+        "",
+        "",
+        "`host[:port]/repository` of an OCI registry that holds the cache instead of a git branch, one tagged artifact per key (not with `branch`, `ref` or `remote`; docs/format.md)",
+    ),
+    (
+        "cache manifest",
         "cache.description",
         "",
         "",

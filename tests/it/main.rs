@@ -49,6 +49,7 @@ mod gates_trust;
 mod git_errors;
 mod json_contract;
 mod net_deadline;
+mod oci;
 mod progress;
 mod publish_interrupted;
 mod publish_reuse;

@@ -32,6 +32,7 @@ pub mod init;
 pub mod invocation;
 pub mod manual;
 pub mod net;
+pub mod oci;
 pub mod process;
 pub mod progress;
 pub mod redact;

@@ -65,6 +65,16 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "the ssh private key `cache publish`, `cache resign` and `gates run --sign` sign with (`--signing-key` wins)",
     ),
     (
+        "WARMSTART_REGISTRY_TOKEN",
+        Kind::Text,
+        "the token (or password) sent to a cache's OCI registry: a bearer token, or basic auth with WARMSTART_REGISTRY_USER (else docker's config.json)",
+    ),
+    (
+        "WARMSTART_REGISTRY_USER",
+        Kind::Text,
+        "the user name sent with WARMSTART_REGISTRY_TOKEN as basic auth to a cache's OCI registry",
+    ),
+    (
         "WARMSTART_COMMAND",
         Kind::Text,
         "the command messages name (default: `cargo xtask` under `cargo run`, else the binary as it was run: its name when PATH finds it, else its path)",

@@ -617,3 +617,122 @@ impl Drop for Silent {
         }
     }
 }
+
+/// The user and password the registry's basic auth accepts.
+pub const REGISTRY_USER: &str = "carol";
+pub const REGISTRY_PASSWORD: &str = "registry-s3cret-77d1";
+
+/// The CNCF distribution registry (Debian's `docker-registry`) on
+/// 127.0.0.1, over HTTPS with a test CA and htpasswd (bcrypt) basic auth,
+/// storing on disk in its own temporary directory; its access log (one
+/// line a request) is the log file.
+pub struct Registry {
+    pub port: u16,
+    pub ca: TestCa,
+    dir: tempfile::TempDir,
+    daemon: Daemon,
+}
+
+impl Registry {
+    pub fn start() -> Registry {
+        let dir = tempdir("warmstart-registry-");
+        let d = dir.path();
+        let ca = TestCa::create(d);
+        // The registry reads bcrypt only; `htpasswd -B` (apache2-utils) makes it.
+        let line = setup(Command::new("htpasswd").args(["-nbB", REGISTRY_USER, REGISTRY_PASSWORD]));
+        std::fs::write(d.join("htpasswd"), line.trim().to_string() + "\n").unwrap();
+        let port = free_port();
+        let config = format!(
+            "version: 0.1\n\
+             log:\n  level: info\n  formatter: text\n  accesslog:\n    disabled: false\n\
+             storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
+             http:\n  addr: 127.0.0.1:{port}\n  secret: warmstart-test-secret\n  tls:\n    certificate: {cert}\n    key: {key}\n\
+             auth:\n  htpasswd:\n    realm: warmstart-test\n    path: {htpasswd}\n",
+            storage = d.join("storage").display(),
+            cert = ca.server_cert.display(),
+            key = ca.server_key.display(),
+            htpasswd = d.join("htpasswd").display(),
+        );
+        std::fs::write(d.join("config.yml"), config).unwrap();
+        let log = d.join("registry.log");
+        let program = ["/usr/bin/docker-registry", "/usr/sbin/docker-registry"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("docker-registry");
+        let mut cmd = Command::new(program);
+        cmd.arg("serve").arg(d.join("config.yml"));
+        let mut daemon = Daemon::spawn(cmd, "docker-registry", &log, "docker-registry");
+        wait_listening(&mut daemon, port, &log);
+        Registry {
+            port,
+            ca,
+            dir,
+            daemon,
+        }
+    }
+
+    /// `127.0.0.1:<port>/<repo>`, as `[cache] registry` names it.
+    pub fn name(&self, repo: &str) -> String {
+        format!("127.0.0.1:{}/{repo}", self.port)
+    }
+
+    /// The registry's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// Request lines of the access log with this method whose path holds `part`.
+    pub fn requests(&self, method: &str, part: &str) -> usize {
+        let needle = format!("\"{method} /v2/");
+        self.log()
+            .lines()
+            .filter(|l| l.contains(&needle) && l.contains(part))
+            .count()
+    }
+
+    /// The file that holds blob `sha256` in the registry's storage.
+    pub fn blob_file(&self, sha256: &str) -> PathBuf {
+        self.dir.path().join(format!(
+            "storage/docker/registry/v2/blobs/sha256/{}/{sha256}/data",
+            &sha256[..2]
+        ))
+    }
+
+    /// A docker `config.json` directory whose `auths` log in as `user`.
+    pub fn docker_config(&self, at: &Path, user: &str, password: &str) -> PathBuf {
+        std::fs::create_dir_all(at).unwrap();
+        let auth = setup(
+            Command::new("sh")
+                .arg("-c")
+                .arg("printf %s \"$1\" | base64 -w0")
+                .arg("sh")
+                .arg(format!("{user}:{password}")),
+        );
+        std::fs::write(
+            at.join("config.json"),
+            format!(
+                "{{\"auths\": {{\"127.0.0.1:{}\": {{\"auth\": \"{}\"}}}}}}\n",
+                self.port,
+                auth.trim()
+            ),
+        )
+        .unwrap();
+        at.to_path_buf()
+    }
+
+    /// SIGSTOP: every request hangs, connections stay open.
+    pub fn pause(&self) {
+        // SAFETY: kill(2) has no memory-safety preconditions; the pid is
+        // our unreaped child's.
+        unsafe {
+            libc::kill(self.daemon.pid(), libc::SIGSTOP);
+        }
+    }
+
+    pub fn resume(&self) {
+        // SAFETY: as in `pause`.
+        unsafe {
+            libc::kill(self.daemon.pid(), libc::SIGCONT);
+        }
+    }
+}

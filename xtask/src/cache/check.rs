@@ -136,7 +136,7 @@ pub fn verify_named(
     remote: Option<&str>,
     progress: bool,
 ) -> Result<(Report, Option<anyhow::Error>)> {
-    let m = crate::cache::manifests::load(repo, name)?;
+    let m = crate::cache::manifests::load_git(repo, name, "cache verify")?;
     // The key is only needed to mark the current key and check the install;
     // a key that cannot be computed here does not stop the branch check.
     let key = match crate::cache::manifests::compute_key(sh, repo, &m) {

@@ -48,6 +48,25 @@ pub fn load(repo: &Repo, name: &str) -> Result<CacheManifest> {
         .map_err(|e| fail(Code::Config, format!("{}: {e:#}", file.display())))
 }
 
+/// `load`, for a command that reads caches on git branches only: a
+/// registry cache (`cache.registry`) is refused, exit 10, naming the
+/// command, rather than looked for on a branch it never had. `cache
+/// publish` and `cache restore` are the commands that reach a registry.
+pub fn load_git(repo: &Repo, name: &str, command: &str) -> Result<CacheManifest> {
+    let m = load(repo, name)?;
+    if let Some(r) = &m.registry {
+        return Err(fail(
+            Code::Config,
+            format!(
+                "cache {name} lives in registry {r} ({}), and `{} {command}` reads git branches only so far: `cache publish` and `cache restore` reach a registry",
+                m.file.display(),
+                crate::invocation::command()
+            ),
+        ));
+    }
+    Ok(m)
+}
+
 /// The cache name `name` is most likely a typo of: the closest by edit
 /// distance, when within a third of its length (rounded up).
 fn nearest(name: &str, known: &[String]) -> Option<String> {

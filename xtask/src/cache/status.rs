@@ -328,7 +328,7 @@ pub fn collect(
     let mut out = Vec::new();
     let mut err = None;
     for name in &names {
-        let m = match manifests::load(repo, name) {
+        let m = match manifests::load_git(repo, name, "cache list/status") {
             Ok(m) => m,
             Err(e) => {
                 out.push(Entry::Broken {

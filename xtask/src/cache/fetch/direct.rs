@@ -124,6 +124,13 @@ impl Store {
         }
     }
 
+    /// A new, empty partial file for the chunk with this digest, for a
+    /// writer other than this module's (`cache::fetch::oci`).
+    pub fn reserve_tmp(&self, sha256: &[u8; 32]) -> io::Result<PathBuf> {
+        std::fs::create_dir_all(&self.dir)?;
+        self.create_tmp(sha256).map(|(path, _)| path)
+    }
+
     /// A new partial file for the chunk with this digest, never one that
     /// exists (two fetchers may fetch the same digest at once).
     fn create_tmp(&self, sha256: &[u8; 32]) -> io::Result<(PathBuf, File)> {

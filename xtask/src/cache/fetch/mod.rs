@@ -2,5 +2,6 @@
 //! protocol-v2 chunk reads, and the prefetcher.
 
 pub mod direct;
+pub mod oci;
 pub mod prefetch;
 pub mod reuse;

@@ -263,6 +263,9 @@ struct Job {
     store: Store,
     /// The remote's server, when `cache::fetch::direct` can read from it.
     server: Option<direct::Server>,
+    /// The registry, when the remote is one (`cache::fetch::oci`): every
+    /// missing chunk is fetched from it into the chunk store.
+    oci: Option<crate::oci::Client>,
     /// Cleared when `cache::fetch::direct` met a server it does not handle.
     direct_on: AtomicBool,
     /// One `git fetch` into cache.git at a time.
@@ -374,7 +377,11 @@ impl Prefetch {
         let missing: Vec<usize> = (0..found.len())
             .filter(|&j| found[j] == Found::Missing)
             .collect();
+        let oci = crate::oci::Registry::from_source_url(&remote.url)
+            .map(|r| crate::oci::Client::new(r, git.network()))
+            .transpose()?;
         let (server, skipped) = match direct::choose_server(remote, git) {
+            _ if oci.is_some() => (None, None),
             Ok(s) => (Some(s), None),
             Err(why) => (None, Some(why)),
         };
@@ -388,6 +395,7 @@ impl Prefetch {
             offsets,
             store,
             server,
+            oci,
             direct_on: AtomicBool::new(true),
             git_fetch: Mutex::new(()),
             label: kp.plan.label.clone(),

@@ -52,6 +52,9 @@ struct RawCache {
     #[serde(rename = "ref")]
     full_ref: Option<String>,
     remote: Option<String>,
+    /// A repository in an OCI registry (`host[:port]/repo`), instead of a
+    /// git branch or ref and remote (`crate::oci`).
+    registry: Option<String>,
     description: Option<String>,
 }
 
@@ -297,6 +300,10 @@ pub struct CacheManifest {
     /// starting with `refs/` (see `cache::fetch::git::remote_ref`).
     pub branch: String,
     pub remote: String,
+    /// `cache.registry`: the cache lives in this OCI registry repository,
+    /// one tagged artifact per key, instead of on a git branch; `branch`
+    /// then holds the registry's name, for messages only.
+    pub registry: Option<crate::oci::Registry>,
     pub description: String,
     pub pins: Vec<Pin>,
     pub pack_root: PathBuf,
@@ -362,7 +369,11 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         .as_ref()
         .map(|d| d.resolve_positive("publish.lease_deadline"))
         .transpose()?;
-    let branch = cache_ref(name, raw.cache.branch, raw.cache.full_ref)?;
+    let registry = registry_of(&raw.cache, !fallbacks.is_empty())?;
+    let branch = match &registry {
+        Some(r) => r.to_string(),
+        None => cache_ref(name, raw.cache.branch, raw.cache.full_ref)?,
+    };
     let include = if raw.pack.include.is_empty() {
         vec![Glob::new("**")?]
     } else {
@@ -373,6 +384,7 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         file: file.to_path_buf(),
         branch,
         remote: raw.cache.remote.unwrap_or_else(|| "origin".into()),
+        registry,
         description: raw.cache.description.unwrap_or_default(),
         pins,
         pack_root: expand_path(repo, &raw.pack.root)?,
@@ -532,6 +544,33 @@ fn resolve_fallbacks(
         (true, Some(_)) => bail!("restore.recheck is set but there is no restore.fallback"),
         _ => Ok((out, recheck)),
     }
+}
+
+/// `cache.registry`, checked: it excludes the git fields (`branch`, `ref`,
+/// `remote`), and what a registry cache cannot do yet
+/// (`[[restore.fallback]]`, which needs the registry's tag list) is refused
+/// rather than ignored.
+fn registry_of(raw: &RawCache, fallbacks: bool) -> Result<Option<crate::oci::Registry>> {
+    let Some(r) = &raw.registry else {
+        return Ok(None);
+    };
+    for (set, field) in [
+        (raw.branch.is_some(), "branch"),
+        (raw.full_ref.is_some(), "ref"),
+        (raw.remote.is_some(), "remote"),
+    ] {
+        if set {
+            bail!(
+                "cache.registry and cache.{field} are both set: a cache lives in a registry or on a git branch; keep one"
+            );
+        }
+    }
+    if fallbacks {
+        bail!(
+            "[[restore.fallback]] is not read from a registry yet (cache.registry): remove it, or keep this cache on a git branch"
+        );
+    }
+    Ok(Some(crate::oci::Registry::parse(r)?))
 }
 
 /// Where the cache lives: `cache.branch` (default `<name>-cache`, a branch

@@ -10,6 +10,7 @@ pub mod fallback;
 pub mod files;
 pub mod key;
 pub mod manifest;
+pub mod oci;
 pub mod readme;
 pub mod trust;
 

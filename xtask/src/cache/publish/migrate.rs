@@ -38,7 +38,7 @@ pub struct Migrated {
 pub fn run(sh: &Shell, args: MigrateArgs) -> Result<()> {
     crate::contract::fail_with(serde_json::json!({ "name": args.name }));
     let repo = Repo::from_cwd()?;
-    let m = manifests::load(&repo, &args.name)?;
+    let m = manifests::load_git(&repo, &args.name, "cache migrate")?;
     let from = old_branch(&m, args.from)?;
     git::check_branch(&from)?;
     let mut git = CacheGit::open(sh, &repo)?;

@@ -19,6 +19,7 @@ pub mod chunks;
 pub mod commit;
 pub mod lease;
 pub mod migrate;
+pub mod oci;
 pub mod pack;
 pub mod packed;
 pub mod prune;
@@ -114,6 +115,9 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             out.say(format!("  {} = {}", p.name, p.value));
         }
         return Ok(summary);
+    }
+    if let Some(registry) = &m.registry {
+        return oci::publish(sh, repo, req, &m, registry, &key, summary, &out, started);
     }
 
     let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());

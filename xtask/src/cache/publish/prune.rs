@@ -330,7 +330,7 @@ fn prune(sh: &Shell, args: &PruneArgs) -> Result<PruneSummary> {
     let out = Reporter::new(args.out.quiet(), args.out.json);
     let older_than = older_than(args)?;
     let repo = Repo::from_cwd()?;
-    let m = manifests::load(&repo, &args.name)?;
+    let m = manifests::load_git(&repo, &args.name, "cache prune")?;
     let key = manifests::compute_key(sh, &repo, &m)?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());

@@ -65,7 +65,7 @@ fn resign(
     args: &crate::cli::cache::ResignArgs,
     out: &Reporter,
 ) -> Result<ResignSummary> {
-    let m = manifests::load(repo, &args.name)?;
+    let m = manifests::load_git(repo, &args.name, "cache resign")?;
     let deadline = lease_deadline(&m)?;
     let remote_name = args.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::git::resolve_remote(sh, &repo.root, &remote_name)?;

@@ -309,7 +309,21 @@ impl Cold<'_> {
     ) -> Result<Result<Chosen, RestoreOutcome>> {
         let (sh, repo, m, opts) = (self.sh, self.repo, self.m, self.opts);
         let t = Instant::now();
-        let (git, branch) = fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?;
+        // A registry holds one artifact per key: the key's is fetched and
+        // read as a one-key branch (`cache::fetch::oci`).
+        let (git, branch) = match &m.registry {
+            Some(r) if opts.remote.is_some() => {
+                return Err(fail(
+                    Code::Usage,
+                    format!(
+                        "--remote names a git remote, and cache {} lives in registry {r}",
+                        m.name
+                    ),
+                ));
+            }
+            Some(r) => crate::cache::fetch::oci::fetch(sh, repo, m, r, &key.value, opts.progress)?,
+            None => fetch(sh, repo, m, opts.remote.as_deref(), opts.progress)?,
+        };
         // Trusted before read, for the key chosen (the exact one or the
         // first fallback candidate the policy lets through): exit 12 here
         // leaves the install as it is and fetches no chunk.

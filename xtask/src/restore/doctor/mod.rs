@@ -155,6 +155,7 @@ fn gather(sh: &xshell::Shell, repo: &Repo) -> Result<Targets> {
     };
     for name in crate::cache::manifests::names(repo).unwrap_or_default() {
         if let Ok(m) = crate::cache::manifests::load(repo, &name)
+            && m.registry.is_none()
             && let Some(url) = resolve(&m.remote)
         {
             t.add(true, &url, format!("cache {name}"));

@@ -93,6 +93,9 @@ impl Job {
     /// the direct reader can, else (and for what it left when it gave up
     /// on the server) with one `git fetch`. False when fetching stops.
     fn fetch_batch(&self, shared: &Shared, batch: &[usize]) -> bool {
+        if let Some(client) = &self.oci {
+            return self.fetch_oci(shared, client, batch);
+        }
         let direct_ok = batch.iter().all(|&j| self.pieces[j].sha256.is_some());
         if let Some(server) = self
             .server
@@ -120,6 +123,59 @@ impl Job {
         }
         let rest = self.pending(shared, batch);
         rest.is_empty() || self.fetch_git(shared, &rest)
+    }
+
+    /// The chunks of `batch` from a registry, one blob at a time, each
+    /// into the chunk store and ready once stored (hashed on arrival by
+    /// `cache::fetch::oci::fetch_chunk`). False when fetching stops.
+    fn fetch_oci(&self, shared: &Shared, client: &crate::oci::Client, batch: &[usize]) -> bool {
+        for j in self.pending(shared, batch) {
+            if shared.lock().stop || crate::process::signals::ending().is_some() {
+                return false;
+            }
+            let piece = &self.pieces[j];
+            let Some(sha256) = piece.sha256 else {
+                let e = anyhow::anyhow!("chunk {} of {} has no sha256", piece.file, self.label);
+                shared.fail(&[j], e);
+                return false;
+            };
+            let dest = self.store.path(&sha256);
+            let t = Instant::now();
+            let r = self
+                .store
+                .reserve_tmp(&sha256)
+                .map_err(anyhow::Error::from)
+                .and_then(|tmp| {
+                    let mut track = shared.track();
+                    crate::cache::fetch::oci::fetch_chunk(
+                        client,
+                        &sha256,
+                        piece.size,
+                        (&tmp, &dest),
+                        &mut track,
+                    )
+                    .inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })
+                });
+            let mut st = shared.lock();
+            st.fetching += t.elapsed();
+            match r {
+                Ok(()) => {
+                    st.reuse.chunks_fetched += 1;
+                    st.reuse.bytes_fetched += piece.size;
+                    st.source = Source::ById;
+                    shared.settle(&mut st, j, Slot::Ready(At::Store(dest)));
+                }
+                Err(e) => {
+                    drop(st);
+                    let e = e.context(format!("fetching chunk {} of {}", piece.file, self.label));
+                    shared.fail(&[j], e);
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// The chunks of `chunks` still pending.
