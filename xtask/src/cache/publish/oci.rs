@@ -70,7 +70,7 @@ pub(super) fn publish(
     let tag = crate::oci::tag_of(&key.value)?;
     let shown = remote_of(registry);
     summary.remote = Some(super::RemoteJson::of(&shown));
-    let (plan, _) = walk(m, &mut summary)?;
+    let (plan, planned_at_ns) = walk(m, &mut summary)?;
     if req.dry_run {
         summary.status = "dry-run";
         print_plan(out, m, key, &plan, &shown);
@@ -100,7 +100,7 @@ pub(super) fn publish(
         repo,
         m,
         key,
-        &plan,
+        (&plan, planned_at_ns),
         &git,
         &shown,
         gate_record,
@@ -211,17 +211,17 @@ fn land(
     Ok((hex::encode(&Sha256::digest(&manifest)), sent))
 }
 
-/// Packs `plan` into chunk blobs in cache.git (compressing every chunk:
-/// the frames a branch would lend are not at hand, and the same bytes
-/// make the same chunks, which the registry then has) and makes the key's
-/// entry.
+/// Packs `plan` into chunk blobs in cache.git and makes the key's entry.
+/// The frames a branch would lend are not at hand, so every chunk this
+/// clone's record of its last pack does not vouch for is compressed (the
+/// same bytes make the same chunks, which the registry then has).
 #[allow(clippy::too_many_arguments)]
 fn pack_key(
     sh: &Shell,
     repo: &Repo,
     m: &CacheManifest,
     key: &Key,
-    plan: &super::pack::Plan,
+    (plan, planned_at_ns): (&super::pack::Plan, i64),
     git: &CacheGit,
     shown: &crate::git::Remote,
     gate_record: serde_json::Value,
@@ -234,6 +234,8 @@ fn pack_key(
         branch: None,
         oids: &Default::default(),
         remote: shown,
+        record: &super::unchanged::path(&repo.state_dir(), &m.name),
+        planned_at_ns,
     };
     let packed = pack_into_git(git, m, key, plan, prior, out)?;
     summary.timings_ms.insert("pack", ms(t.elapsed()));
