@@ -521,6 +521,21 @@ pub(crate) fn cargo(repo: &Path, args: &[&str]) -> crate::util::Run {
     run(&mut cmd)
 }
 
+/// Builds the adopter's xtask crate at `repo` and returns a copy of its
+/// binary in the test's own directory. Every adopter repository builds
+/// `xtask` into the one shared target, and each build relinks `debug/xtask`
+/// from its own path: two tests at once overwrote each other's binary
+/// between one's build and its checksum of what it published. The build and
+/// the copy hold one lock, so each test keeps the binary it built.
+pub(crate) fn build_adopter_xtask(env: &TestEnv, repo: &Path) -> PathBuf {
+    let lock = std::fs::File::create(shared_target().join("adopter-xtask.lock")).unwrap();
+    lock.lock().unwrap();
+    cargo(repo, &["build", "--quiet", "-p", "xtask"]).ok();
+    let copy = env.join("adopter-xtask");
+    std::fs::copy(shared_target().join("debug/xtask"), &copy).unwrap();
+    copy
+}
+
 /// A repository with an xtask crate of its own: `fn main() { warmstart::main() }`
 /// and `warmstart = { path = ... }`, this repository's profile settings and
 /// lockfile (so the offline build resolves the same versions).
@@ -652,7 +667,7 @@ fn assert_restored_without_compiling(clone: &Path, r: &crate::util::Run, key_pre
 fn adopt_an_xtask_crate_repository_restores_a_fresh_clone_with_no_compiler() {
     let env = TestEnv::new();
     let repo = xtask_adopter(&env);
-    cargo(&repo, &["build", "--quiet", "-p", "xtask"]).ok();
+    let built = build_adopter_xtask(&env, &repo);
     // `cargo xtask init` through the adopter's alias: it names itself so.
     let init = cargo(&repo, &["xtask", "init"]).ok().stdout();
     assert!(
@@ -661,7 +676,6 @@ fn adopt_an_xtask_crate_repository_restores_a_fresh_clone_with_no_compiler() {
     );
     assert!(init.contains("`cargo xtask init --pip-hash"), "{init}");
     add_data_cache(&repo);
-    let built = shared_target().join("debug/xtask");
     let (clone, r) = publish_then_bootstrap_a_fresh_clone(
         &env,
         &repo,

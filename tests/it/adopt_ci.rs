@@ -7,7 +7,7 @@
 //! `tools/ci-gates.sh` runs the adopter's gates, pushes the record and
 //! publishes its binary cache, which a fresh clone then restores.
 
-use crate::adopt::{cargo, shared_target, write, xtask_adopter};
+use crate::adopt::{build_adopter_xtask, shared_target, write, xtask_adopter};
 use crate::util::{Run, TestEnv, run, show, source_root};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -94,8 +94,7 @@ fn adopt_ci_the_generated_workflow_names_nothing_of_this_repository_and_lints_cl
 fn adopt_ci_the_generated_ci_gates_sh_gates_and_publishes_in_an_adopter_repository() {
     let env = TestEnv::new();
     let repo = xtask_adopter(&env);
-    cargo(&repo, &["build", "--quiet", "-p", "xtask"]).ok();
-    let built = shared_target().join("debug/xtask");
+    let built = build_adopter_xtask(&env, &repo);
     init(&env, &repo, &built);
     write(&repo.join(".gitignore"), "/target\n");
     // The adopter's own gate (a cheap one: the generated `cargo test` would
