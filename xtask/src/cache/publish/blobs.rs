@@ -80,7 +80,6 @@ pub(super) fn pack_into_git(
     prior: Prior,
     out: &Reporter,
 ) -> Result<PackedKey> {
-    bound_malloc();
     let opts = PackOptions::new(m.level, m.chunk_sizes, m.chunk_bytes);
     let (old_oids, today) = (prior.oids, opts.params.frames(opts.sizes));
     let keys: Vec<&KeyEntry> = prior.branch.iter().flat_map(|b| b.keys.values()).collect();
@@ -214,18 +213,6 @@ fn known_chunks(git: &CacheGit, record: &Path, plan: &Plan, params: &str) -> Opt
     let record = unchanged::load(record)?;
     let sizes = git.blob_sizes(&record.blobs()).ok()?;
     record.known(plan, params, &sizes)
-}
-
-/// Makes glibc give every chunk-sized buffer back to the kernel when it is
-/// freed. By default its mmap threshold rises to the size of the largest
-/// block freed (up to 32 MiB), after which chunks, frames and decode
-/// buffers of every worker thread's arena stay in the heap: peak RSS grew
-/// by tens of MiB over the chunks actually in flight.
-fn bound_malloc() {
-    // SAFETY: mallopt only sets allocator parameters; 1 MiB is in range.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-    }
 }
 
 /// The key on the branch a publish of `key` most likely shares chunks
