@@ -200,14 +200,6 @@ impl Client {
         Ok(self)
     }
 
-    /// The mirrors asked before the origin, as `host[:port]/repo`.
-    pub fn mirror_names(&self) -> Vec<String> {
-        self.mirrors
-            .iter()
-            .map(|m| m.client.registry.to_string())
-            .collect()
-    }
-
     fn call(&self, method: &'static str, url: String) -> Call<'_> {
         Call::new(self, method, url)
     }
@@ -398,7 +390,9 @@ impl Client {
     }
 
     /// The manifest tagged `tag`: its bytes and their sha256, or `None`
-    /// when the repository has no such tag (or no such repository).
+    /// when the repository has no such tag (or no such repository). Asked
+    /// of the origin alone, never of a mirror: a tag is a name, and only
+    /// the origin says what it names now (`mirror`).
     pub fn get_manifest(&self, tag: &str, tmp: &Path) -> Result<Option<(Vec<u8>, String)>> {
         let r = self
             .call("GET", self.registry.url(&format!("manifests/{tag}")))
