@@ -3,8 +3,9 @@
 //! nginx as a pull-through cache with `proxy_cache_lock` (each blob leaves
 //! the registry once), a mirror that serves wrong bytes (one warning, a
 //! refetch from the origin, a correct install), dead mirrors (given up on
-//! within one connect deadline), and a link that cuts every connection
-//! (the cut blobs resumed with HTTP Range).
+//! within one connect deadline), a link that cuts every connection (the
+//! cut blobs resumed with HTTP Range), a mirror that never sees the
+//! origin's token, a tag or a publish, and the settings' refusals.
 
 use crate::util::fixture::{Fixture, Manifest};
 use crate::util::git_daemon::free_port;
@@ -424,4 +425,37 @@ fn oci_mirror_settings_that_do_not_parse_are_exit_10_naming_the_fix() {
         one_line(fx.xtask(&["cache", "restore", "art"]), &[needle]);
         assert!(!fx.work.join("restored").exists());
     }
+}
+
+#[test]
+fn oci_a_mirror_is_never_sent_the_origins_token() {
+    let reg = Registry::start();
+    let mirror = RegistryMirror::start(&reg);
+    // No config.json entry for either host: the origin's credentials are
+    // the environment's, as in CI.
+    let (fx, publish) = fixture(&[], &[&reg.ca.cert, &mirror.ca.cert], 300_000, 60_000);
+    let fx = fx
+        .with_var("WARMSTART_REGISTRY_USER", REGISTRY_USER)
+        .with_var("WARMSTART_REGISTRY_TOKEN", REGISTRY_PASSWORD);
+    let cache = format!(
+        "registry = \"{}\"\nmirrors = [\"{}\"]",
+        reg.name(REPO),
+        mirror.host()
+    );
+    manifest(&fx, &publish, &cache).write(&fx.work, "art");
+    let p = fx.json(&["cache", "publish", "art", "--json", "--allow-unpushed"]);
+    // A publish writes nothing to the mirror, not even a question.
+    assert_eq!(mirror.access_log(), "", "a publish asked the mirror");
+    fx.forget();
+    let r = fx.xtask(&["cache", "restore", "art", "--json"]).ok();
+    assert!(warnings(&r.stderr()).is_empty(), "{}", r.stderr());
+    assert_same_tree(&src(&fx), &fx.work.join("restored/art"));
+    let log = mirror.access_log();
+    let blobs = log.lines().filter(|l| l.contains("/blobs/sha256:")).count();
+    assert_eq!(blobs, chunk_digests(&p).len() + 2, "{log}");
+    // nginx logs the user of any basic credentials a request carried.
+    assert!(!log.contains(REGISTRY_USER), "{log}");
+    assert!(log.lines().all(|l| l.contains(" - - [")), "{log}");
+    // The tag was read from the origin alone.
+    assert!(!log.contains("/manifests/"), "{log}");
 }
