@@ -4,14 +4,15 @@
 //! the registry once), a mirror that serves wrong bytes (one warning, a
 //! refetch from the origin, a correct install), dead mirrors (given up on
 //! within one connect deadline), a link that cuts every connection (the
-//! cut blobs resumed with HTTP Range), a mirror that never sees the
+//! cut blobs resumed with HTTP Range, and fetched whole again from a server
+//! that ignores ranges), a mirror that never sees the
 //! origin's token, a tag or a publish, and the settings' refusals.
 
 use crate::util::fixture::{Fixture, Manifest};
 use crate::util::git_daemon::free_port;
 use crate::util::relay::CuttingRelay;
 use crate::util::servers::{
-    REGISTRY_PASSWORD, REGISTRY_USER, Registry, RegistryMirror, Silent, ca_bundle,
+    REGISTRY_PASSWORD, REGISTRY_USER, Registry, RegistryMirror, Silent, StaticHttps, ca_bundle,
 };
 use crate::util::tree::{assert_same_tree, write_pseudo_random};
 use crate::util::{run, show};
@@ -458,4 +459,73 @@ fn oci_a_mirror_is_never_sent_the_origins_token() {
     assert!(log.lines().all(|l| l.contains(" - - [")), "{log}");
     // The tag was read from the origin alone.
     assert!(!log.contains("/manifests/"), "{log}");
+}
+
+#[test]
+fn oci_a_cut_blob_from_a_server_that_ignores_ranges_is_fetched_whole_again() {
+    let reg = Registry::start();
+    let plain = StaticHttps::start();
+    // The mirror's link drops once, 48 KiB into the first blob over it.
+    let relay = CuttingRelay::start_cutting(plain.port, 48 << 10, 1);
+    let (fx, publish) = fixture(
+        &[format!("127.0.0.1:{}", reg.port)],
+        &[&reg.ca.cert, &plain.ca.cert],
+        400_000,
+        300_000,
+    );
+    let cache = format!(
+        "registry = \"{}\"\nmirrors = [\"127.0.0.1:{}\"]",
+        reg.name(REPO),
+        relay.port
+    );
+    manifest(&fx, &publish, &cache).write(&fx.work, "art");
+    let p = fx.json(&["cache", "publish", "art", "--json", "--allow-unpushed"]);
+    assert!(
+        p["chunks"].as_array().unwrap()[0]["size"].as_u64().unwrap() > 48 << 10,
+        "{p:#}"
+    );
+    // The static server holds every blob the registry does, at its path.
+    let blobs = plain.root.join(format!("v2/{REPO}/blobs"));
+    std::fs::create_dir_all(&blobs).unwrap();
+    let mut n = 0;
+    for digest in blob_gets_all(&reg) {
+        std::fs::copy(
+            reg.blob_file(&digest),
+            blobs.join(format!("sha256:{digest}")),
+        )
+        .unwrap();
+        n += 1;
+    }
+    assert!(n >= 3, "{n}");
+    fx.forget();
+    let r = fx.xtask(&["cache", "restore", "art", "--json"]).ok();
+    assert!(warnings(&r.stderr()).is_empty(), "{}", r.stderr());
+    assert_same_tree(&src(&fx), &fx.work.join("restored/art"));
+    assert_eq!(relay.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The cut blob: asked whole, asked for the rest (refused with a whole
+    // answer), asked whole again; nothing of it from the origin.
+    let log = plain.log();
+    let cut = log
+        .lines()
+        .filter_map(|l| l.split_once("/blobs/sha256:").map(|x| &x.1[..64]))
+        .fold(BTreeMap::<&str, usize>::new(), |mut m, d| {
+            *m.entry(d).or_default() += 1;
+            m
+        });
+    assert_eq!(cut.values().filter(|&&k| k == 3).count(), 1, "{log}");
+    assert!(cut.values().all(|&k| k == 1 || k == 3), "{log}");
+    assert!(blob_gets(&reg).is_empty(), "{}", reg.log());
+}
+
+/// Every blob in the registry's storage, by digest.
+fn blob_gets_all(reg: &Registry) -> Vec<String> {
+    let any = reg.blob_file(&"0".repeat(64));
+    let root = any.parent().unwrap().parent().unwrap().parent().unwrap();
+    let mut out = Vec::new();
+    for prefix in std::fs::read_dir(root).unwrap().flatten() {
+        for blob in std::fs::read_dir(prefix.path()).unwrap().flatten() {
+            out.push(blob.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out
 }

@@ -848,3 +848,59 @@ pub fn ca_bundle(at: &Path, certs: &[&Path]) -> PathBuf {
     std::fs::write(at, all).unwrap();
     at.to_path_buf()
 }
+
+/// A static file server over HTTPS (python's `http.server`) that serves
+/// the files under `root` and ignores `Range`: every answer is a whole
+/// file with status 200, as some caches and object stores answer. Its log
+/// has one line a request.
+pub struct StaticHttps {
+    pub port: u16,
+    pub ca: TestCa,
+    pub root: PathBuf,
+    dir: tempfile::TempDir,
+    _server: Daemon,
+}
+
+impl StaticHttps {
+    pub fn start() -> StaticHttps {
+        let dir = tempdir("warmstart-static-");
+        let d = dir.path();
+        let ca = TestCa::create(d);
+        let root = d.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let port = free_port();
+        let script = r#"
+import http.server, ssl, sys, functools
+port, root, cert, key = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
+httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+httpd.serve_forever()
+"#;
+        let mut cmd = Command::new("python3");
+        cmd.arg("-u")
+            .arg("-c")
+            .arg(script)
+            .arg(port.to_string())
+            .arg(&root)
+            .arg(&ca.server_cert)
+            .arg(&ca.server_key);
+        let log = d.join("server.log");
+        let mut server = Daemon::spawn(cmd, "python3 http.server", &log, "python3");
+        wait_listening(&mut server, port, &log);
+        StaticHttps {
+            port,
+            ca,
+            root,
+            dir,
+            _server: server,
+        }
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
