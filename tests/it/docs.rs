@@ -593,6 +593,13 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
     ),
     (
         "cache manifest",
+        "cache.mirrors",
+        "",
+        "",
+        "registries (`host[:port]` or `host[:port]/path`) asked for the cache's blobs by digest before `registry`, after this machine's `WARMSTART_REGISTRY_MIRRORS`; never for a tag, never published to; only with `registry` (docs/mirrors.md)",
+    ),
+    (
+        "cache manifest",
         "cache.description",
         "",
         "",

@@ -50,6 +50,7 @@ mod git_errors;
 mod json_contract;
 mod net_deadline;
 mod oci;
+mod oci_mirrors;
 mod progress;
 mod publish_interrupted;
 mod publish_reuse;

@@ -154,6 +154,7 @@ fn usage_message(text: &str) -> String {
 pub fn run(cli: cli::Cli) -> Result<()> {
     out::set_color(cli.color);
     settings::check_env()?;
+    oci::mirror::check_env()?;
     out::quiet_on_broken_pipe(|| dispatch(cli))
 }
 

@@ -75,6 +75,11 @@ pub const KNOWN: &[(&str, Kind, &str)] = &[
         "the user name sent with WARMSTART_REGISTRY_TOKEN as basic auth to a cache's OCI registry",
     ),
     (
+        "WARMSTART_REGISTRY_MIRRORS",
+        Kind::Text,
+        "this machine's registry mirrors, asked for blobs before a cache's registry and its manifest's `mirrors`: `ORIGIN=MIRROR[,MIRROR...]` entries separated by spaces, e.g. `ghcr.io=mirror.internal:5000` (checked at startup; docs/mirrors.md)",
+    ),
+    (
         "WARMSTART_COMMAND",
         Kind::Text,
         "the command messages name (default: `cargo xtask` under `cargo run`, else the binary as it was run: its name when PATH finds it, else its path)",

@@ -20,6 +20,12 @@ impl CuttingRelay {
     /// Relays to `upstream`, cutting each connection (both ways, both
     /// sockets) after the server sent `per_connection` bytes on it.
     pub fn start(upstream: u16, per_connection: u64) -> CuttingRelay {
+        CuttingRelay::start_cutting(upstream, per_connection, u64::MAX)
+    }
+
+    /// `start`, making at most `max_cuts` cuts: once they are made, every
+    /// connection is relayed whole (a link that dropped once).
+    pub fn start_cutting(upstream: u16, per_connection: u64, max_cuts: u64) -> CuttingRelay {
         let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
@@ -39,7 +45,9 @@ impl CuttingRelay {
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || copy(c2, s2, u64::MAX, None));
                 let cuts = c.clone();
-                std::thread::spawn(move || copy(server, client, per_connection, Some(cuts)));
+                std::thread::spawn(move || {
+                    copy(server, client, per_connection, Some((cuts, max_cuts)))
+                });
             }
         });
         CuttingRelay { port, cuts, stop }
@@ -58,23 +66,32 @@ impl Drop for CuttingRelay {
 }
 
 /// Copies `from` to `to` until either ends or `budget` bytes went through;
-/// then closes both sockets both ways (a cut, counted in `cuts`).
-fn copy(mut from: TcpStream, mut to: TcpStream, budget: u64, cuts: Option<Arc<AtomicU64>>) {
+/// then closes both sockets both ways (a cut, counted in `cuts`), unless
+/// the cuts already made reached their most, when it copies on to the end.
+fn copy(mut from: TcpStream, mut to: TcpStream, budget: u64, cuts: Option<(Arc<AtomicU64>, u64)>) {
     let mut buf = [0u8; 16384];
     let mut left = budget;
     loop {
-        let n = match from.read(&mut buf) {
+        let got = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let n = n.min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = got.min(usize::try_from(left).unwrap_or(usize::MAX));
         if to.write_all(&buf[..n]).is_err() {
             break;
         }
         left -= n as u64;
         if left == 0 {
-            if let Some(c) = &cuts {
-                c.fetch_add(1, Ordering::SeqCst);
+            if let Some((c, most)) = &cuts
+                && c.fetch_add(1, Ordering::SeqCst) >= *most
+            {
+                // No cut left to make: the rest goes through whole.
+                c.fetch_sub(1, Ordering::SeqCst);
+                left = u64::MAX;
+                if to.write_all(&buf[n..got]).is_err() {
+                    break;
+                }
+                continue;
             }
             let _ = from.shutdown(Shutdown::Both);
             let _ = to.shutdown(Shutdown::Both);

@@ -736,3 +736,171 @@ impl Registry {
         }
     }
 }
+
+/// nginx as a fleet's pull-through cache in front of a `Registry`, over
+/// HTTPS with a CA of its own: blobs by digest are cached on disk and
+/// concurrent misses of one blob collapse into one upstream request
+/// (`proxy_cache_lock`); everything else (tags) is passed through
+/// uncached. It holds the registry's credentials itself and asks none of
+/// its clients, as a fleet's mirror does.
+pub struct RegistryMirror {
+    pub port: u16,
+    pub ca: TestCa,
+    dir: tempfile::TempDir,
+    _nginx: Daemon,
+}
+
+impl RegistryMirror {
+    pub fn start(upstream: &Registry) -> RegistryMirror {
+        let dir = tempdir("warmstart-mirror-");
+        let d = dir.path();
+        let ca = TestCa::create(d);
+        std::fs::create_dir_all(d.join("tmp")).unwrap();
+        let auth = setup(
+            Command::new("sh")
+                .arg("-c")
+                .arg("printf %s \"$1\" | base64 -w0")
+                .arg("sh")
+                .arg(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}")),
+        );
+        let port = free_port();
+        let dd = d.display();
+        let conf = format!(
+            r#"daemon off;
+user root;
+worker_processes 1;
+pid {dd}/nginx.pid;
+events {{ worker_connections 512; }}
+http {{
+  access_log {dd}/access.log;
+  client_body_temp_path {dd}/tmp/body;
+  fastcgi_temp_path {dd}/tmp/fastcgi;
+  proxy_temp_path {dd}/tmp/proxy;
+  uwsgi_temp_path {dd}/tmp/uwsgi;
+  scgi_temp_path {dd}/tmp/scgi;
+  proxy_cache_path {dd}/cache levels=1:2 keys_zone=blobs:10m max_size=2g inactive=1h use_temp_path=off;
+  server {{
+    listen 127.0.0.1:{port} ssl;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    proxy_http_version 1.1;
+    proxy_set_header Host 127.0.0.1:{up};
+    proxy_set_header Authorization "Basic {auth}";
+    # Loopback in a test: the upstream's CA is one made a moment ago.
+    proxy_ssl_verify off;
+    location ~ "^/v2/.+/blobs/sha256:[0-9a-f]{{64}}$" {{
+      proxy_pass https://127.0.0.1:{up};
+      proxy_cache blobs;
+      proxy_cache_key $uri;
+      proxy_cache_valid 200 1h;
+      proxy_cache_lock on;
+      proxy_cache_lock_timeout 300s;
+      proxy_cache_lock_age 300s;
+      proxy_read_timeout 300s;
+    }}
+    location /v2/ {{
+      proxy_pass https://127.0.0.1:{up};
+    }}
+  }}
+}}
+"#,
+            cert = ca.server_cert.display(),
+            key = ca.server_key.display(),
+            up = upstream.port,
+            auth = auth.trim(),
+        );
+        std::fs::write(d.join("nginx.conf"), conf).unwrap();
+        let mut cmd = Command::new(sbin("nginx"));
+        cmd.arg("-e")
+            .arg(d.join("error.log"))
+            .arg("-p")
+            .arg(d)
+            .arg("-c")
+            .arg(d.join("nginx.conf"));
+        let mut nginx = Daemon::spawn(cmd, "nginx", &d.join("nginx.log"), "nginx-light");
+        wait_listening(&mut nginx, port, &d.join("error.log"));
+        RegistryMirror {
+            port,
+            ca,
+            dir,
+            _nginx: nginx,
+        }
+    }
+
+    /// `127.0.0.1:<port>`, as a mirror is named.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// nginx's access log: one line per request a client made of it.
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default()
+    }
+}
+
+/// One CA bundle for a client that reaches several test servers
+/// (`CURL_CA_BUNDLE` names one file).
+pub fn ca_bundle(at: &Path, certs: &[&Path]) -> PathBuf {
+    let mut all = String::new();
+    for c in certs {
+        all.push_str(&std::fs::read_to_string(c).unwrap());
+    }
+    std::fs::write(at, all).unwrap();
+    at.to_path_buf()
+}
+
+/// A static file server over HTTPS (python's `http.server`) that serves
+/// the files under `root` and ignores `Range`: every answer is a whole
+/// file with status 200, as some caches and object stores answer. Its log
+/// has one line a request.
+pub struct StaticHttps {
+    pub port: u16,
+    pub ca: TestCa,
+    pub root: PathBuf,
+    dir: tempfile::TempDir,
+    _server: Daemon,
+}
+
+impl StaticHttps {
+    pub fn start() -> StaticHttps {
+        let dir = tempdir("warmstart-static-");
+        let d = dir.path();
+        let ca = TestCa::create(d);
+        let root = d.join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let port = free_port();
+        let script = r#"
+import http.server, ssl, sys, functools
+port, root, cert, key = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
+httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+httpd.serve_forever()
+"#;
+        let mut cmd = Command::new("python3");
+        cmd.arg("-u")
+            .arg("-c")
+            .arg(script)
+            .arg(port.to_string())
+            .arg(&root)
+            .arg(&ca.server_cert)
+            .arg(&ca.server_key);
+        let log = d.join("server.log");
+        let mut server = Daemon::spawn(cmd, "python3 http.server", &log, "python3");
+        wait_listening(&mut server, port, &log);
+        StaticHttps {
+            port,
+            ca,
+            root,
+            dir,
+            _server: server,
+        }
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}

@@ -27,6 +27,8 @@ pub(super) struct Call<'a> {
     output: Option<PathBuf>,
     upload: Option<PathBuf>,
     follow: bool,
+    /// Ask for the body from this byte on (`Range`), appended to `output`.
+    continue_at: Option<u64>,
     /// Told curl's process group while it runs, `None` after.
     track: Option<&'a mut dyn FnMut(Option<u32>)>,
 }
@@ -93,6 +95,7 @@ impl<'a> Call<'a> {
             output: None,
             upload: None,
             follow: false,
+            continue_at: None,
             track: None,
         }
     }
@@ -128,6 +131,13 @@ impl<'a> Call<'a> {
         self
     }
 
+    /// Resume a cut body: ask for it from byte `at` on (an HTTP Range),
+    /// appending to the `output` file, which holds the first `at` bytes.
+    pub fn continue_at(mut self, at: u64) -> Self {
+        self.continue_at = Some(at);
+        self
+    }
+
     /// The config curl reads on stdin: the URL, the headers, the
     /// credentials.
     fn config(&self) -> Result<String> {
@@ -145,7 +155,19 @@ impl<'a> Call<'a> {
     /// Runs the request. `Err` is a transfer that failed (exit 8, 13 or
     /// 1); an HTTP status, whatever it is, is an `Ok` for the caller to
     /// judge.
-    pub fn run(mut self) -> Result<Reply> {
+    pub fn run(self) -> Result<Reply> {
+        self.run_with_exit().0
+    }
+
+    /// `run`, with curl's exit status beside it (`is_cut` tells a
+    /// connection cut mid-body, which a Range can resume).
+    pub fn run_with_exit(mut self) -> (Result<Reply>, Option<i32>) {
+        let mut exit = None;
+        let r = self.run_inner(&mut exit);
+        (r, exit)
+    }
+
+    fn run_inner(&mut self, exit: &mut Option<i32>) -> Result<Reply> {
         let net = self.client.net;
         let mut cmd = self.command();
         let output = self.output.clone();
@@ -176,6 +198,7 @@ impl<'a> Call<'a> {
             t(None);
         }
         let out = out?;
+        *exit = out.status.code();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = crate::redact::text(String::from_utf8_lossy(&out.stderr).trim());
         let mut lines = stdout.split('\n');
@@ -283,6 +306,9 @@ impl<'a> Call<'a> {
         if self.follow {
             cmd.arg("--location");
         }
+        if let Some(at) = self.continue_at {
+            cmd.args(["--continue-at", &at.to_string()]);
+        }
         match &self.upload {
             Some(p) => {
                 cmd.arg("--upload-file").arg(p);
@@ -299,6 +325,13 @@ impl<'a> Call<'a> {
         cmd.arg("--output").arg(&body_file);
         cmd
     }
+}
+
+/// Whether curl's exit `code` is a connection that ended before the body
+/// did (a reset, a close, a short body, a broken HTTP/2 stream): what a
+/// Range request can resume. A stall (28) is not: the deadline spoke.
+pub(super) fn is_cut(code: i32) -> bool {
+    matches!(code, 16 | 18 | 52 | 55 | 56 | 92)
 }
 
 #[cfg(test)]

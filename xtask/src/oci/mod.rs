@@ -23,6 +23,7 @@
 
 pub mod auth;
 mod curl;
+pub mod mirror;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
@@ -161,6 +162,8 @@ pub struct Client {
     pub registry: Registry,
     auth: Auth,
     net: NetworkSettings,
+    /// Asked for blobs before `registry` (`mirror`); none for a publish.
+    mirrors: Vec<mirror::Mirror>,
 }
 
 /// What a HEAD of a blob found.
@@ -174,11 +177,27 @@ impl Client {
     /// A client of `registry`, with the credentials `auth::find` finds.
     pub fn new(registry: Registry, net: NetworkSettings) -> Result<Client> {
         let auth = auth::find(&registry.host)?;
-        Ok(Client {
+        Ok(Client::bare(registry, auth, net))
+    }
+
+    fn bare(registry: Registry, auth: Auth, net: NetworkSettings) -> Client {
+        Client {
             registry,
             auth,
             net,
-        })
+            mirrors: Vec::new(),
+        }
+    }
+
+    /// This client, asking for blobs first of the mirrors this machine
+    /// (`WARMSTART_REGISTRY_MIRRORS`) and then `listed` (a manifest's
+    /// `[cache] mirrors`) name for its registry (`mirror::resolve`).
+    pub fn with_mirrors(mut self, listed: &[mirror::Spec]) -> Result<Client> {
+        for spec in mirror::resolve(&self.registry, listed)? {
+            self.mirrors
+                .push(mirror::Mirror::new(&spec, &self.registry, self.net)?);
+        }
+        Ok(self)
     }
 
     fn call(&self, method: &'static str, url: String) -> Call<'_> {
@@ -205,6 +224,10 @@ impl Client {
     }
 
     /// `get_blob`, telling `track` curl's process group while it runs.
+    /// Each mirror that is still on is asked first (`mirror`): what one
+    /// serves is held to the same digest and size, and any failure but a
+    /// 404 turns it off with one warning; the origin is asked last, and
+    /// its failure is the caller's.
     pub fn get_blob_tracked(
         &self,
         sha256: &str,
@@ -212,16 +235,90 @@ impl Client {
         dest: &Path,
         track: &mut dyn FnMut(Option<u32>),
     ) -> Result<()> {
+        for (i, m) in self.mirrors.iter().enumerate() {
+            if m.is_off() {
+                continue;
+            }
+            match m.client.fetch_blob(sha256, size, dest, track) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let next = self.mirrors[i + 1..]
+                        .iter()
+                        .find(|n| !n.is_off())
+                        .map_or_else(
+                            || format!("the origin {}", self.registry),
+                            |n| format!("mirror {}", n.client.registry),
+                        );
+                    m.failed(&format!("blob sha256:{sha256}"), &e, &next);
+                }
+            }
+        }
+        self.fetch_blob(sha256, size, dest, track)
+    }
+
+    /// Blob `sha256` from this client's registry alone, hashed as it
+    /// arrives. A connection cut after some bytes arrived is asked again
+    /// for the rest with an HTTP Range (`curl --continue-at`), as long as
+    /// each attempt brings at least one more byte; one that brings none is
+    /// tried once more, and then fails. A server that refuses the range is
+    /// asked once for the whole blob again.
+    fn fetch_blob(
+        &self,
+        sha256: &str,
+        size: u64,
+        dest: &Path,
+        track: &mut dyn FnMut(Option<u32>),
+    ) -> Result<()> {
         let what = format!("blob sha256:{sha256}");
-        let r = self
-            .call("GET", self.registry.url(&format!("blobs/sha256:{sha256}")))
-            .follow()
-            .output(dest)
-            .track(track)
-            .run()?;
-        if r.status != 200 {
-            let _ = std::fs::remove_file(dest);
-            return Err(r.failure(&format!("fetching {what}")));
+        let url = self.registry.url(&format!("blobs/sha256:{sha256}"));
+        let _ = std::fs::remove_file(dest);
+        let have = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let (mut idle, mut restarted) = (false, false);
+        loop {
+            let from = have(dest);
+            let mut call = self.call("GET", url.clone()).follow().output(dest);
+            if from > 0 {
+                call = call.continue_at(from);
+            }
+            let (r, exit) = call.track(track).run_with_exit();
+            match r {
+                Ok(r) if r.status == 200 || r.status == 206 => break,
+                // The range is past the blob's end: it is not the blob
+                // asked for, or it changed; start over once.
+                Ok(r) if r.status == 416 && !restarted => {
+                    restarted = true;
+                    let _ = std::fs::remove_file(dest);
+                }
+                Ok(r) => {
+                    let _ = std::fs::remove_file(dest);
+                    return Err(r.failure(&format!("fetching {what}")));
+                }
+                // curl's 33: the server ignores ranges.
+                Err(_) if exit == Some(33) && !restarted => {
+                    restarted = true;
+                    let _ = std::fs::remove_file(dest);
+                }
+                Err(e) if exit.is_some_and(curl::is_cut) => {
+                    let now = have(dest);
+                    if now >= size {
+                        break;
+                    }
+                    if now > from {
+                        idle = false;
+                    } else if idle {
+                        let _ = std::fs::remove_file(dest);
+                        return Err(e.context(format!(
+                            "fetching {what} of {size} bytes: the connection was cut twice with no byte more after {now}"
+                        )));
+                    } else {
+                        idle = true;
+                    }
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(dest);
+                    return Err(e);
+                }
+            }
         }
         let got = hash_file(dest)?;
         if got.1 != size || got.0 != sha256 {
@@ -293,7 +390,9 @@ impl Client {
     }
 
     /// The manifest tagged `tag`: its bytes and their sha256, or `None`
-    /// when the repository has no such tag (or no such repository).
+    /// when the repository has no such tag (or no such repository). Asked
+    /// of the origin alone, never of a mirror: a tag is a name, and only
+    /// the origin says what it names now (`mirror`).
     pub fn get_manifest(&self, tag: &str, tmp: &Path) -> Result<Option<(Vec<u8>, String)>> {
         let r = self
             .call("GET", self.registry.url(&format!("manifests/{tag}")))

@@ -73,7 +73,8 @@ pub fn fetch(
 ) -> Result<(CacheGit, Branch)> {
     let mut git = CacheGit::open(sh, repo)?;
     git.set_network(&m.network)?;
-    let client = Client::new(registry.clone(), git.network())?;
+    // Blobs are asked of the mirrors first; the tag only of the origin.
+    let client = Client::new(registry.clone(), git.network())?.with_mirrors(&m.mirrors)?;
     let tag = crate::oci::tag_of(key)?;
     let spin = if progress {
         crate::progress::spinner(format!("fetching key {key} from {registry}"))
@@ -184,6 +185,7 @@ fn read_key(
         content: Content::V1(bm),
         manifest_sha256: hex::encode(&Sha256::digest(&config)),
         fresh,
+        registry: Some(client.clone()),
     })
 }
 

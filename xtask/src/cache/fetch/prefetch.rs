@@ -359,10 +359,11 @@ impl Prefetch {
     /// fetching the others from `remote` (the branch `branch` was fetched
     /// from). `fresh` are blobs this run's branch fetch brought into
     /// cache.git: fetched, not reused. Chunks in cache.git are checked for
-    /// size now.
+    /// size now. `registry` is the client a registry key was read with
+    /// (its mirrors included), which fetches every missing chunk.
     pub fn start(
         git: &CacheGit,
-        remote: &Remote,
+        (remote, registry): (&Remote, Option<&crate::oci::Client>),
         branch: &str,
         kp: &KeyPlan,
         fresh: &std::collections::HashSet<String>,
@@ -377,9 +378,12 @@ impl Prefetch {
         let missing: Vec<usize> = (0..found.len())
             .filter(|&j| found[j] == Found::Missing)
             .collect();
-        let oci = crate::oci::Registry::from_source_url(&remote.url)
-            .map(|r| crate::oci::Client::new(r, git.network()))
-            .transpose()?;
+        let oci = match registry {
+            Some(c) => Some(c.clone()),
+            None => crate::oci::Registry::from_source_url(&remote.url)
+                .map(|r| crate::oci::Client::new(r, git.network()))
+                .transpose()?,
+        };
         let (server, skipped) = match direct::choose_server(remote, git) {
             _ if oci.is_some() => (None, None),
             Ok(s) => (Some(s), None),

@@ -55,6 +55,9 @@ struct RawCache {
     /// A repository in an OCI registry (`host[:port]/repo`), instead of a
     /// git branch or ref and remote (`crate::oci`).
     registry: Option<String>,
+    /// Registries asked for a registry cache's blobs before `registry`
+    /// (`crate::oci::mirror`).
+    mirrors: Option<Vec<String>>,
     description: Option<String>,
 }
 
@@ -304,6 +307,9 @@ pub struct CacheManifest {
     /// one tagged artifact per key, instead of on a git branch; `branch`
     /// then holds the registry's name, for messages only.
     pub registry: Option<crate::oci::Registry>,
+    /// `cache.mirrors`: asked for blobs before the registry, after this
+    /// machine's own (`crate::oci::mirror`); empty for a git cache.
+    pub mirrors: Vec<crate::oci::mirror::Spec>,
     pub description: String,
     pub pins: Vec<Pin>,
     pub pack_root: PathBuf,
@@ -370,6 +376,7 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         .map(|d| d.resolve_positive("publish.lease_deadline"))
         .transpose()?;
     let registry = registry_of(&raw.cache, !fallbacks.is_empty())?;
+    let mirrors = mirrors_of(&raw.cache, registry.as_ref())?;
     let branch = match &registry {
         Some(r) => r.to_string(),
         None => cache_ref(name, raw.cache.branch, raw.cache.full_ref)?,
@@ -385,6 +392,7 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         branch,
         remote: raw.cache.remote.unwrap_or_else(|| "origin".into()),
         registry,
+        mirrors,
         description: raw.cache.description.unwrap_or_default(),
         pins,
         pack_root: expand_path(repo, &raw.pack.root)?,
@@ -571,6 +579,36 @@ fn registry_of(raw: &RawCache, fallbacks: bool) -> Result<Option<crate::oci::Reg
         );
     }
     Ok(Some(crate::oci::Registry::parse(r)?))
+}
+
+/// `cache.mirrors`, checked: each `host[:port][/path]` as
+/// `oci::mirror::Spec::parse` reads it, none twice, none the registry
+/// itself; only beside `cache.registry` (a git cache's mirrors are not read
+/// yet, and a list nobody reads would be a silent default).
+fn mirrors_of(
+    raw: &RawCache,
+    registry: Option<&crate::oci::Registry>,
+) -> Result<Vec<crate::oci::mirror::Spec>> {
+    let Some(listed) = &raw.mirrors else {
+        return Ok(Vec::new());
+    };
+    let Some(registry) = registry else {
+        bail!(
+            "cache.mirrors is set without cache.registry: mirrors are read for a cache in an OCI registry only (a git branch's mirrors are not read yet); remove it"
+        );
+    };
+    let mut out: Vec<crate::oci::mirror::Spec> = Vec::new();
+    for m in listed {
+        let spec = crate::oci::mirror::Spec::parse(m).context("cache.mirrors")?;
+        if spec.for_origin(registry) == *registry {
+            bail!("cache.mirrors names the registry itself ({m:?}): list only other registries");
+        }
+        if out.contains(&spec) {
+            bail!("cache.mirrors names {m:?} twice: list each mirror once");
+        }
+        out.push(spec);
+    }
+    Ok(out)
 }
 
 /// Where the cache lives: `cache.branch` (default `<name>-cache`, a branch

@@ -47,6 +47,10 @@ pub struct Branch {
     /// Blobs the branch fetch of this run brought into cache.git (chunks
     /// under the fetch's size limit come with it): fetched, not reused.
     pub fresh: std::collections::HashSet<String>,
+    /// The registry client a registry key was read with, mirrors and all
+    /// (`cache::fetch::oci`), which `prefetch` fetches its chunks with;
+    /// `None` for a git branch.
+    pub registry: Option<crate::oci::Client>,
 }
 
 /// One key, ready to stream.
@@ -125,6 +129,7 @@ impl Branch {
             content,
             manifest_sha256,
             fresh: Default::default(),
+            registry: None,
         })
     }
 

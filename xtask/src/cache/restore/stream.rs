@@ -82,7 +82,13 @@ pub fn stream_key<T>(
     consume: impl FnOnce(&mut dyn Read) -> Result<T>,
 ) -> Result<(T, verify::Stats, prefetch::Stats)> {
     let (_stack, [fetch_bar, unpack_bar]) = restore_bars(progress, kp.plan.progress_totals());
-    let chunks = prefetch::Prefetch::start(git, &branch.remote, &branch.name, kp, &branch.fresh)?;
+    let chunks = prefetch::Prefetch::start(
+        git,
+        (&branch.remote, branch.registry.as_ref()),
+        &branch.name,
+        kp,
+        &branch.fresh,
+    )?;
     let reader = git.clone();
     let oids = kp.oids.clone();
     let chunks_ref = &chunks;
