@@ -1,0 +1,324 @@
+//! `[build]`, `cache build`, and a restore's write-back on a miss: a key no
+//! branch holds is built here, then published where this machine may (HEAD
+//! on origin, gates green, a signing key the policy allows), and otherwise
+//! installed and stamped built-not-published, with the command to run said
+//! in the table and `restore status`. Real git, a real `git daemon`, real
+//! ssh-keygen keys; the build is a shell command that counts its runs in a
+//! file outside the repository.
+
+use crate::trust::{key_path, set_trust};
+use crate::util::fixture::Fixture;
+use crate::util::{Run, run, show};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const CACHE: &str = "tool";
+
+/// The cache `tool`: keyed by the git tree of `src/`, built by copying
+/// `src/tool.sh` into `bin/tool` (and counting the build in `builds.log`
+/// beside the repository), packed from `build/out`, restored into
+/// `restored/tool`, gated on `check`; `build` is extra `[build]` lines.
+fn manifest(build: &str) -> String {
+    format!(
+        r#"[[key]]
+name = "src"
+git_tree = ["src"]
+
+[pack]
+root = "build/out"
+
+[publish]
+gates = ["check"]
+
+[restore]
+path = "restored/tool"
+
+[ready]
+path = "bin/tool"
+
+[build]
+command = ["sh", "-c", "echo build >> ../builds.log && mkdir -p \"$WARMSTART_BUILD_OUT/bin\" && cp src/tool.sh \"$WARMSTART_BUILD_OUT/bin/tool\""]
+inputs = ["src"]
+timeout = "30s"
+{build}
+"#
+    )
+}
+
+const RESTORE_TOML: &str =
+    "[[step]]\nname = \"tool\"\nkind = \"cache\"\ncache = \"tool\"\nbackground = true\n";
+
+/// `work` with the cache, its gate and restore.toml committed and pushed
+/// to origin (served by git daemon), keys `ci` and `evil` made, and the
+/// trust root committed with `policy` and `ci` allowed.
+fn world(policy: Option<&str>, build: &str) -> Fixture {
+    let fx = Fixture::served();
+    for name in ["ci", "evil"] {
+        fx.env.ssh_key(name);
+    }
+    fx.write("cache-manifests/tool.toml", &manifest(build));
+    fx.write("cache-manifests/restore.toml", RESTORE_TOML);
+    fx.write(
+        "cache-manifests/gates.toml",
+        "[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
+    );
+    fx.write("src/tool.sh", "#!/bin/sh\necho tool 1\n");
+    fx.write(".gitignore", "/build/\n/restored/\n");
+    set_trust(&fx, policy, &["ci"], "");
+    fx.env.git("work", ["push", "-q", "-u", "origin", "main"]);
+    fx
+}
+
+fn builds(fx: &Fixture) -> usize {
+    std::fs::read_to_string(fx.env.join("builds.log"))
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// `restore --strict --json` in `dir` (background steps in the foreground,
+/// so the build is done when it returns), with `signing` as
+/// WARMSTART_SIGNING_KEY when given.
+fn restore(fx: &Fixture, dir: &str, signing: Option<&Path>) -> (Run, Value) {
+    let mut cmd = fx.env.xtask_in(dir);
+    cmd.args(["restore", "--strict", "--json"]);
+    if let Some(k) = signing {
+        cmd.env("WARMSTART_SIGNING_KEY", k);
+    }
+    let r = run(&mut cmd);
+    let v = serde_json::from_str(&r.stdout())
+        .unwrap_or_else(|e| panic!("--json output is JSON ({e}): {}", show(&r.out)));
+    (r, v)
+}
+
+fn row(v: &Value) -> &Value {
+    &v["steps"][0]
+}
+
+fn gates_run(fx: &Fixture, dir: &str) {
+    run(fx.env.xtask_in(dir).args(["gates", "run"])).ok();
+}
+
+fn remote_has_key(fx: &Fixture) -> bool {
+    let refs = fx.origin_git(&["for-each-ref", "--format=%(refname)"]);
+    if !refs.contains("refs/heads/tool-cache") {
+        return false;
+    }
+    let json = fx.origin_git(&["show", "tool-cache:warmstart.json"]);
+    let m: Value = serde_json::from_str(&json).unwrap();
+    m["keys"].as_object().is_some_and(|k| !k.is_empty())
+}
+
+fn installed(fx: &Fixture, dir: &str) -> String {
+    std::fs::read_to_string(fx.env.join(dir).join("restored/tool/bin/tool")).unwrap_or_default()
+}
+
+fn stamp(fx: &Fixture, dir: &str) -> Value {
+    let p: PathBuf = fx
+        .env
+        .join(dir)
+        .join(".git/warmstart/cache/stamps/tool.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// A miss builds: the branch has no key, the gates are not green here, so
+/// the build is installed, stamped built-not-published, and the row (and
+/// `restore status`) says what to run; the next restore is warm with no
+/// build and no network.
+#[test]
+fn a_miss_builds_installs_and_says_it_is_not_published() {
+    let fx = world(None, "on_miss = true");
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1);
+    assert_eq!(installed(&fx, "work"), "#!/bin/sh\necho tool 1\n");
+    let first = row(&v);
+    assert_eq!(first["state"], "warned", "{first:#}");
+    assert!(
+        first["what"].as_str().unwrap().contains("(built in "),
+        "{first:#}"
+    );
+    let warning = first["warnings"][0].as_str().unwrap();
+    for want in ["not published", "warmstart cache publish tool", "check"] {
+        assert!(warning.contains(want), "{want:?} not in {warning}");
+    }
+    assert!(!remote_has_key(&fx), "published with gates not green");
+    let s = stamp(&fx, "work");
+    assert_eq!(s["layout"], "built");
+    assert!(
+        s["built"]["unpublished"]
+            .as_str()
+            .unwrap()
+            .contains("cache publish tool")
+    );
+
+    // Warm: no build, and the table still says it.
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1, "a warm restore built again");
+    assert_eq!(row(&v)["state"], "warned", "{:#}", row(&v));
+    assert!(
+        row(&v)["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("not published")
+    );
+    let table = run(fx.env.xtask_in("work").arg("restore")).ok();
+    assert!(
+        table.stdout().contains("not published"),
+        "{}",
+        table.stdout()
+    );
+    let status = run(fx.env.xtask_in("work").args(["restore", "status"])).ok();
+    assert!(
+        status.stdout().contains("warned") && status.stdout().contains("cache publish tool"),
+        "{}",
+        status.stdout()
+    );
+}
+
+/// A gated machine with an allowed signing key publishes what it built,
+/// installs it from the branch, and a second fresh clone restores it with
+/// no build.
+#[test]
+fn a_gated_signing_machine_publishes_and_a_fresh_clone_restores_without_building() {
+    let fx = world(Some("require"), "on_miss = true");
+    gates_run(&fx, "work");
+    let ci = key_path(&fx, "ci");
+    let (r, v) = restore(&fx, "work", Some(&ci));
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1);
+    let first = row(&v);
+    assert_eq!(first["state"], "done", "{first:#}");
+    assert!(
+        first["what"]
+            .as_str()
+            .unwrap()
+            .contains("published it to tool-cache@"),
+        "{first:#}"
+    );
+    assert!(remote_has_key(&fx));
+    assert_eq!(
+        stamp(&fx, "work")["layout"],
+        "v1",
+        "installed from the branch"
+    );
+    assert!(stamp(&fx, "work").get("built").is_none());
+
+    fx.env.git(".", ["clone", "-q", fx.url.as_str(), "fresh"]);
+    let (r, v) = restore(&fx, "fresh", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1, "the fresh clone built instead of restoring");
+    assert_eq!(row(&v)["state"], "done", "{:#}", row(&v));
+    assert!(row(&v)["what"].as_str().unwrap().contains("restored tool-"));
+    assert_eq!(installed(&fx, "fresh"), "#!/bin/sh\necho tool 1\n");
+}
+
+/// Under `require`, a machine without a signing key (gates green, HEAD
+/// pushed) builds and installs but does not publish, and prints the
+/// command with the signing key it needs.
+#[test]
+fn an_unsigned_machine_under_require_does_not_publish_and_prints_the_command() {
+    let fx = world(Some("require"), "on_miss = true");
+    gates_run(&fx, "work");
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1);
+    assert!(
+        !remote_has_key(&fx),
+        "an unsigned key was published under require"
+    );
+    let warning = row(&v)["warnings"][0].as_str().unwrap().to_string();
+    for want in [
+        "no signing key",
+        "warmstart cache publish tool --signing-key",
+        "allowed_signers",
+    ] {
+        assert!(warning.contains(want), "{want:?} not in {warning}");
+    }
+    assert_eq!(installed(&fx, "work"), "#!/bin/sh\necho tool 1\n");
+}
+
+/// Where the manifest says not to (`build.platforms` leaves this machine
+/// out, or no `on_miss`), a miss builds nothing and fails open as before.
+#[test]
+fn a_miss_never_builds_where_the_manifest_says_not_to() {
+    for build in [
+        "on_miss = true\nplatforms = [\"nowhere-os\"]",
+        "on_miss = false",
+        "",
+    ] {
+        let fx = world(None, build);
+        let (r, v) = restore(&fx, "work", None);
+        assert_eq!(r.code(), 11, "{build}: {}", show(&r.out));
+        assert_eq!(builds(&fx), 0, "{build}: built");
+        assert_eq!(row(&v)["state"], "failed", "{build}: {:#}", row(&v));
+        if build.contains("platforms") {
+            let what = row(&v)["what"].as_str().unwrap();
+            assert!(what.contains("build.platforms"), "{what}");
+        }
+        assert!(!fx.work.join("restored/tool").exists());
+    }
+}
+
+/// `cache build` into the pack root; a build that fails or passes its
+/// timeout leaves the pack root as it was (exit 11), a manifest without
+/// `[build]` is exit 10.
+#[test]
+fn cache_build_replaces_the_pack_root_only_after_the_build_succeeded() {
+    let fx = world(None, "");
+    let r = fx.xtask(&["cache", "build", CACHE]).ok();
+    assert!(
+        r.stdout().contains("warmstart cache publish tool"),
+        "{}",
+        show(&r.out)
+    );
+    let built = fx.work.join("build/out/bin/tool");
+    assert_eq!(
+        std::fs::read_to_string(&built).unwrap(),
+        "#!/bin/sh\necho tool 1\n"
+    );
+
+    let before = crate::util::tree::snapshot(
+        &fx.work.join("build/out"),
+        crate::util::tree::Detail::EXTRACTED,
+    );
+    for (cmd, timeout, code) in [
+        (
+            "echo half > \\\"$WARMSTART_BUILD_OUT/half\\\"; exit 3",
+            "30s",
+            11,
+        ),
+        (
+            "echo half > \\\"$WARMSTART_BUILD_OUT/half\\\"; sleep 30",
+            "1s",
+            11,
+        ),
+        ("true", "30s", 10),
+    ] {
+        let text = manifest("")
+            .replace(
+                "command = [\"sh\", \"-c\", \"echo build",
+                &format!("command = [\"sh\", \"-c\", \"{cmd}; echo build"),
+            )
+            .replace("timeout = \"30s\"", &format!("timeout = \"{timeout}\""));
+        let text = if code == 10 {
+            text.split("[build]").next().unwrap().to_string()
+        } else {
+            text
+        };
+        fx.write("cache-manifests/tool.toml", &text);
+        let r = fx.xtask(&["cache", "build", CACHE]).expect_code(code);
+        let err = r.stderr();
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        if code == 11 {
+            assert!(err.contains("is as it was"), "{err}");
+        } else {
+            assert!(err.contains("no [build] table"), "{err}");
+        }
+        let after = crate::util::tree::snapshot(
+            &fx.work.join("build/out"),
+            crate::util::tree::Detail::EXTRACTED,
+        );
+        assert_eq!(before, after, "{cmd}: the pack root changed");
+    }
+}
