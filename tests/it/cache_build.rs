@@ -8,6 +8,8 @@
 
 use crate::trust::{key_path, set_trust};
 use crate::util::fixture::Fixture;
+use crate::util::rng::Rng;
+use crate::util::tree::{Detail, snapshot};
 use crate::util::{Run, run, show};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -37,7 +39,7 @@ path = "restored/tool"
 path = "bin/tool"
 
 [build]
-command = ["sh", "-c", "echo build >> ../builds.log && mkdir -p \"$WARMSTART_BUILD_OUT/bin\" && cp src/tool.sh \"$WARMSTART_BUILD_OUT/bin/tool\""]
+command = ["sh", "-c", "test ! -e src/fail && echo build >> ../builds.log && mkdir -p \"$WARMSTART_BUILD_OUT/bin\" && cp src/tool.sh \"$WARMSTART_BUILD_OUT/bin/tool\""]
 inputs = ["src"]
 timeout = "30s"
 {build}
@@ -278,10 +280,7 @@ fn cache_build_replaces_the_pack_root_only_after_the_build_succeeded() {
         "#!/bin/sh\necho tool 1\n"
     );
 
-    let before = crate::util::tree::snapshot(
-        &fx.work.join("build/out"),
-        crate::util::tree::Detail::EXTRACTED,
-    );
+    let before = snapshot(&fx.work.join("build/out"), Detail::EXTRACTED);
     for (cmd, timeout, code) in [
         (
             "echo half > \\\"$WARMSTART_BUILD_OUT/half\\\"; exit 3",
@@ -297,8 +296,8 @@ fn cache_build_replaces_the_pack_root_only_after_the_build_succeeded() {
     ] {
         let text = manifest("")
             .replace(
-                "command = [\"sh\", \"-c\", \"echo build",
-                &format!("command = [\"sh\", \"-c\", \"{cmd}; echo build"),
+                "command = [\"sh\", \"-c\", \"test",
+                &format!("command = [\"sh\", \"-c\", \"{cmd}; test"),
             )
             .replace("timeout = \"30s\"", &format!("timeout = \"{timeout}\""));
         let text = if code == 10 {
@@ -315,10 +314,156 @@ fn cache_build_replaces_the_pack_root_only_after_the_build_succeeded() {
         } else {
             assert!(err.contains("no [build] table"), "{err}");
         }
-        let after = crate::util::tree::snapshot(
-            &fx.work.join("build/out"),
-            crate::util::tree::Detail::EXTRACTED,
-        );
+        let after = snapshot(&fx.work.join("build/out"), Detail::EXTRACTED);
         assert_eq!(before, after, "{cmd}: the pack root changed");
     }
+}
+
+/// Until a recheck finds the key, a built install stays warm and is not
+/// built again (the recheck finds the pack root still holding it); once
+/// someone published the key, the recheck installs it from the branch and
+/// the warning goes. A write-back build that fails leaves the install and
+/// its stamp as they were.
+#[test]
+fn a_recheck_rebuilds_nothing_and_installs_the_key_once_it_is_published() {
+    let fx = world(None, "on_miss = true\nrecheck = \"1s\"");
+    let (r, _) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1, "the recheck built again");
+    assert_eq!(row(&v)["state"], "warned", "{:#}", row(&v));
+    assert!(
+        row(&v)["what"].as_str().unwrap().contains("built earlier"),
+        "{:#}",
+        row(&v)
+    );
+
+    // Someone publishes the key (here, this clone once its gates are green).
+    gates_run(&fx, "work");
+    fx.xtask(&["cache", "publish", CACHE, "--quiet"]).ok();
+    let (_, v) = restore(&fx, "work", None);
+    assert_eq!(row(&v)["state"], "warned", "warm until the recheck is due");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(row(&v)["state"], "done", "{:#}", row(&v));
+    assert!(row(&v).get("warnings").is_none(), "{:#}", row(&v));
+    assert_eq!(stamp(&fx, "work")["layout"], "v1");
+    assert_eq!(builds(&fx), 1);
+
+    // A new key whose build fails: the old install and stamp stay.
+    let before = (
+        snapshot(&fx.work.join("restored/tool"), Detail::EXTRACTED),
+        stamp(&fx, "work"),
+    );
+    fx.write("src/fail", "");
+    fx.env.git("work", ["add", "-A"]);
+    fx.env
+        .git("work", ["commit", "-q", "-m", "a key whose build fails"]);
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 11, "{}", show(&r.out));
+    let what = row(&v)["what"].as_str().unwrap();
+    assert!(what.contains("the build of cache tool exited 1"), "{what}");
+    let after = (
+        snapshot(&fx.work.join("restored/tool"), Detail::EXTRACTED),
+        stamp(&fx, "work"),
+    );
+    assert_eq!(before, after, "a failed write-back touched the install");
+}
+
+/// Never a half-built pack root: generated hostile builds (writing junk,
+/// links out, background children, removing or replacing the staging
+/// directory, then exiting nonzero, killing themselves, or running past the
+/// timeout) each leave the pack root exactly as it was, with one line of
+/// error and no staging directory behind; one that exits 0 with its
+/// staging directory whole replaces the pack root with exactly that.
+#[test]
+fn a_hostile_build_never_leaves_a_half_built_pack_root() {
+    let fx = world(None, "");
+    fx.xtask(&["cache", "build", CACHE]).ok();
+    let pack = fx.work.join("build/out");
+    let mut rng = Rng(0x5eed_b11d);
+    let mut ends = std::collections::BTreeSet::new();
+    for case in 0..14 {
+        let mut script = Vec::new();
+        let mut files = Vec::new();
+        for i in 0..1 + rng.below(4) {
+            match rng.below(4) {
+                0 | 1 => {
+                    script.push(format!("echo {case}.{i} > $WARMSTART_BUILD_OUT/f{i}"));
+                    files.push(format!("f{i}"));
+                }
+                2 => script.push(format!("ln -s /etc $WARMSTART_BUILD_OUT/l{i}")),
+                _ => script.push("(sleep 30 &)".to_string()),
+            }
+        }
+        let staging_gone = rng.chance(20);
+        if staging_gone {
+            script.push(
+                (*rng.pick(&[
+                    "rm -rf $WARMSTART_BUILD_OUT",
+                    "rm -rf $WARMSTART_BUILD_OUT && touch $WARMSTART_BUILD_OUT",
+                ]))
+                .to_string(),
+            );
+        }
+        let end = *rng.pick(&[
+            "exit 0",
+            "exit 0",
+            "exit 7",
+            "kill -9 $$",
+            "kill -TERM $$",
+            "sleep 30",
+        ]);
+        script.push(end.to_string());
+        ends.insert((end, staging_gone));
+        let cmd = script.join("; ");
+        let text = manifest("")
+            .replace(
+                &manifest("")[manifest("").find("command = ").unwrap()
+                    ..manifest("").find("inputs = ").unwrap()],
+                &format!("command = [\"sh\", \"-c\", \"{cmd}\"]\n"),
+            )
+            .replace("timeout = \"30s\"", "timeout = \"1s\"");
+        fx.write("cache-manifests/tool.toml", &text);
+        let before = snapshot(&pack, Detail::EXTRACTED);
+        let r = fx.xtask(&["cache", "build", CACHE]);
+        let ok = end == "exit 0" && !staging_gone;
+        let listing: Vec<String> = std::fs::read_dir(fx.work.join("build"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(listing, ["out"], "case {case} `{cmd}` left {listing:?}");
+        if ok {
+            assert_eq!(r.code(), 0, "case {case} `{cmd}`: {}", show(&r.out));
+            let mut names: Vec<String> = std::fs::read_dir(&pack)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('f'))
+                .collect();
+            names.sort();
+            files.sort();
+            files.dedup();
+            assert_eq!(names, files, "case {case} `{cmd}`");
+        } else {
+            assert_ne!(r.code(), 0, "case {case} `{cmd}` succeeded");
+            assert_eq!(
+                r.stderr().trim().lines().count(),
+                1,
+                "case {case}: {}",
+                r.stderr()
+            );
+            assert_eq!(
+                before,
+                snapshot(&pack, Detail::EXTRACTED),
+                "case {case} `{cmd}`"
+            );
+        }
+    }
+    assert!(
+        ends.len() >= 6,
+        "the seed exercised too few endings: {ends:?}"
+    );
 }

@@ -144,13 +144,29 @@ pub fn run(repo: &Repo, m: &CacheManifest) -> Result<Built> {
             ),
         ));
     }
-    crate::unpack::swap_dir(&staging, &m.pack_root).with_context(|| {
-        format!(
+    // The build may have removed or replaced its output directory: only a
+    // real directory goes in, and whatever is there never stays behind.
+    let is_dir = std::fs::symlink_metadata(&staging).is_ok_and(|md| md.is_dir());
+    if !is_dir {
+        let _ = std::fs::remove_file(&staging);
+        return Err(fail(
+            Code::StepFailed,
+            format!(
+                "the build of cache {} exited 0 but left no directory at {OUT_VAR} ({}): it must write into that directory, not remove or replace it; {} is as it was",
+                m.name,
+                staging.display(),
+                m.pack_root.display()
+            ),
+        ));
+    }
+    if let Err(e) = crate::unpack::swap_dir(&staging, &m.pack_root) {
+        let _ = crate::unpack::remove_staging(&staging);
+        return Err(e.context(format!(
             "moving the build of cache {} into {}",
             m.name,
             m.pack_root.display()
-        )
-    })?;
+        )));
+    }
     Ok(Built {
         duration: outcome.duration,
         log,

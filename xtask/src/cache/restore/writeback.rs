@@ -82,7 +82,8 @@ pub fn on_miss(
     } else {
         Some(crate::cache::build::run(repo, &m)?)
     };
-    let refusal = match may_publish(sh, repo, &m) {
+    let remote = opts.remote.clone().unwrap_or_else(|| m.remote.clone());
+    let refusal = match may_publish(sh, repo, &m, &remote) {
         Ok(()) => {
             let req = crate::cache::publish::Request {
                 name: name.to_string(),
@@ -106,7 +107,7 @@ pub fn on_miss(
             target: m.restore_path.clone(),
         });
     };
-    let unpublished = publish_hint(sh, repo, &m, &refusal);
+    let unpublished = publish_hint(sh, repo, &m, &remote, &refusal);
     install_built(sh, repo, &m, &key, &stamp_file, &unpublished)?;
     drop(lock);
     Ok(WriteBack {
@@ -149,10 +150,10 @@ fn still_built(m: &CacheManifest, key: &Key, stamp_file: &Path) -> Result<bool> 
 /// `cache publish`'s refusals, asked before anything is packed: HEAD not
 /// on the remote, gates not green for this tree, no signing key where the
 /// policy requires one.
-fn may_publish(sh: &Shell, repo: &Repo, m: &CacheManifest) -> Result<()> {
+fn may_publish(sh: &Shell, repo: &Repo, m: &CacheManifest, remote: &str) -> Result<()> {
     let out = crate::cache::publish::report::Reporter::new(true, false);
     if m.registry.is_none() {
-        let remote = crate::git::resolve_remote(sh, &repo.root, &m.remote)?;
+        let remote = crate::git::resolve_remote(sh, &repo.root, remote)?;
         crate::cache::publish::pushed::check(sh, &repo.root, &remote, false, &out)?;
     }
     let signed = m
@@ -183,7 +184,13 @@ fn may_publish(sh: &Shell, repo: &Repo, m: &CacheManifest) -> Result<()> {
 
 /// The line an unpublished build leaves in the stamp, the table and
 /// `restore status`: why, and exactly what to run where.
-fn publish_hint(sh: &Shell, repo: &Repo, m: &CacheManifest, refusal: &anyhow::Error) -> String {
+fn publish_hint(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    remote: &str,
+    refusal: &anyhow::Error,
+) -> String {
     let cmd = crate::invocation::command();
     let signing = crate::trust::Checker::new(sh, repo)
         .ok()
@@ -195,7 +202,7 @@ fn publish_hint(sh: &Shell, repo: &Repo, m: &CacheManifest, refusal: &anyhow::Er
             )
         })
         .unwrap_or_default();
-    let mut needs = vec![format!("HEAD on {}", m.remote)];
+    let mut needs = vec![format!("HEAD on {}", crate::redact::url(remote))];
     if !m.gates.is_empty() {
         needs.push(format!(
             "gates [{}] green for this tree",
