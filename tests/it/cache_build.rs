@@ -244,6 +244,21 @@ fn an_unsigned_machine_under_require_does_not_publish_and_prints_the_command() {
 /// out, or no `on_miss`), a miss builds nothing and fails open as before.
 #[test]
 fn a_miss_never_builds_where_the_manifest_says_not_to() {
+    let fx = world(None, "on_miss = true");
+    fx.write(
+        "cache-manifests/restore.toml",
+        &RESTORE_TOML.replace("true", "false"),
+    );
+    fx.env
+        .git("work", ["commit", "-q", "-am", "a foreground step"]);
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 11, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 0, "a foreground step built");
+    let what = row(&v)["what"].as_str().unwrap();
+    assert!(
+        what.contains("background = true") && what.contains("cache build tool"),
+        "{what}"
+    );
     for build in [
         "on_miss = true\nplatforms = [\"nowhere-os\"]",
         "on_miss = false",
@@ -466,4 +481,61 @@ fn a_hostile_build_never_leaves_a_half_built_pack_root() {
         ends.len() >= 6,
         "the seed exercised too few endings: {ends:?}"
     );
+}
+
+/// A `cache build` killed outright (SIGKILL, which it cannot catch) takes
+/// the build with it, leaves the pack root as it was, and the next build
+/// clears the staging directory it left.
+#[test]
+fn a_killed_cache_build_takes_its_build_with_it_and_leaves_the_pack_root() {
+    let fx = world(None, "");
+    fx.xtask(&["cache", "build", CACHE]).ok();
+    let pack = fx.work.join("build/out");
+    let before = snapshot(&pack, Detail::EXTRACTED);
+    let text = manifest("").replace(
+        "\"test ! -e src/fail",
+        "\"echo half > $WARMSTART_BUILD_OUT/half; echo $$ > ../build.pid; exec sleep 30; test ! -e src/fail",
+    );
+    fx.write("cache-manifests/tool.toml", &text);
+    let mut child = fx
+        .command(&["cache", "build", CACHE])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid_file = fx.env.join("build.pid");
+    let t = std::time::Instant::now();
+    while !pid_file.exists() && t.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let build_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (status, _) = crate::util::signal_and_wait(&mut child, libc::SIGKILL);
+    assert!(!status.success());
+    let t = std::time::Instant::now();
+    // SAFETY: signal 0 only asks whether the process exists.
+    while unsafe { libc::kill(build_pid, 0) } == 0 && t.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_ne!(
+        unsafe { libc::kill(build_pid, 0) },
+        0,
+        "the build outlived warmstart"
+    );
+    assert_eq!(
+        before,
+        snapshot(&pack, Detail::EXTRACTED),
+        "the pack root changed"
+    );
+
+    fx.write("cache-manifests/tool.toml", &manifest(""));
+    fx.xtask(&["cache", "build", CACHE]).ok();
+    let listing: Vec<String> = std::fs::read_dir(fx.work.join("build"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(listing, ["out"], "the killed build's staging stayed");
 }
