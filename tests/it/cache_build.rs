@@ -170,6 +170,21 @@ fn a_miss_builds_installs_and_says_it_is_not_published() {
         "{}",
         table.stdout()
     );
+    let list = run(fx
+        .env
+        .xtask_in("work")
+        .args(["cache", "list", "--offline", "--json"]))
+    .ok();
+    let list: Value = serde_json::from_str(&list.stdout()).unwrap();
+    let local = &list["caches"][0]["local"];
+    assert_eq!(local["state"], "built", "{list:#}");
+    assert!(
+        local["why"]
+            .as_str()
+            .unwrap()
+            .contains("cache publish tool"),
+        "{list:#}"
+    );
     let status = run(fx.env.xtask_in("work").args(["restore", "status"])).ok();
     assert!(
         status.stdout().contains("warned") && status.stdout().contains("cache publish tool"),
