@@ -230,29 +230,61 @@ fn a_gated_signing_machine_publishes_and_a_fresh_clone_restores_without_building
     assert_eq!(installed(&fx, "fresh"), "#!/bin/sh\necho tool 1\n");
 }
 
-/// Under `require`, a machine without a signing key (gates green, HEAD
-/// pushed) builds and installs but does not publish, and prints the
-/// command with the signing key it needs.
+/// Under `require`, a machine without a signing key, or with one that is
+/// not an allowed signer (gates green, HEAD pushed either way), builds and
+/// installs but does not publish, and prints the command with the signing
+/// key it needs.
 #[test]
 fn an_unsigned_machine_under_require_does_not_publish_and_prints_the_command() {
-    let fx = world(Some("require"), "on_miss = true");
-    gates_run(&fx, "work");
-    let (r, v) = restore(&fx, "work", None);
-    assert_eq!(r.code(), 0, "{}", show(&r.out));
-    assert_eq!(builds(&fx), 1);
-    assert!(
-        !remote_has_key(&fx),
-        "an unsigned key was published under require"
-    );
-    let warning = row(&v)["warnings"][0].as_str().unwrap().to_string();
-    for want in [
-        "no signing key",
-        "warmstart cache publish tool --signing-key",
-        "allowed_signers",
-    ] {
-        assert!(warning.contains(want), "{want:?} not in {warning}");
+    for (signer, why) in [(None, "no signing key"), (Some("evil"), "is not trusted")] {
+        let fx = world(Some("require"), "on_miss = true");
+        gates_run(&fx, "work");
+        let key = signer.map(|s| key_path(&fx, s));
+        let (r, v) = restore(&fx, "work", key.as_deref());
+        assert_eq!(r.code(), 0, "{}", show(&r.out));
+        assert_eq!(builds(&fx), 1);
+        assert!(!remote_has_key(&fx), "{signer:?}: published under require");
+        let warning = row(&v)["warnings"][0].as_str().unwrap().to_string();
+        for want in [
+            why,
+            "warmstart cache publish tool --signing-key",
+            "allowed_signers",
+        ] {
+            assert!(warning.contains(want), "{want:?} not in {warning}");
+        }
+        assert_eq!(installed(&fx, "work"), "#!/bin/sh\necho tool 1\n");
     }
-    assert_eq!(installed(&fx, "work"), "#!/bin/sh\necho tool 1\n");
+}
+
+/// In a plain `restore`, the build runs in the background worker: the
+/// command returns, and `restore status` shows the build's row once the
+/// worker is done.
+#[test]
+fn a_plain_restore_builds_in_the_background_worker() {
+    let fx = world(None, "on_miss = true");
+    run(fx.env.xtask_in("work").arg("restore")).ok();
+    let t = std::time::Instant::now();
+    let status = loop {
+        let r = run(fx
+            .env
+            .xtask_in("work")
+            .args(["restore", "status", "--json"]))
+        .ok();
+        let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+        if row(&v)["state"] == "warned" || t.elapsed().as_secs() > 30 {
+            break v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(row(&status)["state"], "warned", "{status:#}");
+    assert!(
+        row(&status)["what"]
+            .as_str()
+            .unwrap()
+            .contains("not published"),
+        "{status:#}"
+    );
+    assert_eq!(builds(&fx), 1);
 }
 
 /// Where the manifest says not to (`build.platforms` leaves this machine
