@@ -114,6 +114,16 @@ fn installed(fx: &Fixture, dir: &str) -> String {
     std::fs::read_to_string(fx.env.join(dir).join("restored/tool/bin/tool")).unwrap_or_default()
 }
 
+/// Moves the built stamp's last look at the branch back by more than its
+/// `build.recheck`.
+fn age_stamp(fx: &Fixture) {
+    let p = fx.work.join(".git/warmstart/cache/stamps/tool.json");
+    let mut s = stamp(fx, "work");
+    let at = s["built"]["checked_at_ms"].as_u64().unwrap();
+    s["built"]["checked_at_ms"] = (at - 3_700_000).into();
+    std::fs::write(p, serde_json::to_string_pretty(&s).unwrap()).unwrap();
+}
+
 fn stamp(fx: &Fixture, dir: &str) -> Value {
     let p: PathBuf = fx
         .env
@@ -385,13 +395,14 @@ fn cache_build_replaces_the_pack_root_only_after_the_build_succeeded() {
 /// built again (the recheck finds the pack root still holding it); once
 /// someone published the key, the recheck installs it from the branch and
 /// the warning goes. A write-back build that fails leaves the install and
-/// its stamp as they were.
+/// its stamp as they were. The recheck is made due by moving the stamp's
+/// `checked_at_ms` back an hour, as the clock would.
 #[test]
 fn a_recheck_rebuilds_nothing_and_installs_the_key_once_it_is_published() {
-    let fx = world(None, "on_miss = true\nrecheck = \"1s\"");
+    let fx = world(None, "on_miss = true\nrecheck = \"1h\"");
     let (r, _) = restore(&fx, "work", None);
     assert_eq!(r.code(), 0, "{}", show(&r.out));
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    age_stamp(&fx);
     let (r, v) = restore(&fx, "work", None);
     assert_eq!(r.code(), 0, "{}", show(&r.out));
     assert_eq!(builds(&fx), 1, "the recheck built again");
@@ -407,7 +418,7 @@ fn a_recheck_rebuilds_nothing_and_installs_the_key_once_it_is_published() {
     fx.xtask(&["cache", "publish", CACHE, "--quiet"]).ok();
     let (_, v) = restore(&fx, "work", None);
     assert_eq!(row(&v)["state"], "warned", "warm until the recheck is due");
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    age_stamp(&fx);
     let (r, v) = restore(&fx, "work", None);
     assert_eq!(r.code(), 0, "{}", show(&r.out));
     assert_eq!(row(&v)["state"], "done", "{:#}", row(&v));
@@ -488,7 +499,16 @@ fn a_hostile_build_never_leaves_a_half_built_pack_root() {
                     ..manifest("").find("inputs = ").unwrap()],
                 &format!("command = [\"sh\", \"-c\", \"{cmd}\"]\n"),
             )
-            .replace("timeout = \"30s\"", "timeout = \"1s\"");
+            // Only the build meant to pass its timeout gets a short one: the
+            // others must never be cut by a slow machine.
+            .replace(
+                "timeout = \"30s\"",
+                if end == "sleep 30" {
+                    "timeout = \"1s\""
+                } else {
+                    "timeout = \"30s\""
+                },
+            );
         fx.write("cache-manifests/tool.toml", &text);
         let before = snapshot(&pack, Detail::EXTRACTED);
         let r = fx.xtask(&["cache", "build", CACHE]);
