@@ -12,6 +12,7 @@ mod bootstrap_hostile;
 mod bootstrap_lock;
 mod broken_pipe;
 mod cache_batch;
+mod cache_build;
 mod cache_concurrency;
 mod cache_delta;
 mod cache_delta_record;

@@ -42,12 +42,12 @@ fn target(fx: &Fixture) -> PathBuf {
     fx.env.join("work/restored/art")
 }
 
-fn key_path(fx: &Fixture, name: &str) -> PathBuf {
+pub(crate) fn key_path(fx: &Fixture, name: &str) -> PathBuf {
     fx.env.join(format!("keys/{name}"))
 }
 
 /// Commits trust.toml and allowed_signers (principal = key name) in `work`.
-fn set_trust(fx: &Fixture, policy: Option<&str>, signers: &[&str], extra: &str) {
+pub(crate) fn set_trust(fx: &Fixture, policy: Option<&str>, signers: &[&str], extra: &str) {
     let dir = fx.work.join("cache-manifests");
     std::fs::create_dir_all(&dir).unwrap();
     let trust = dir.join("trust.toml");

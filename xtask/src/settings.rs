@@ -30,6 +30,11 @@ pub enum Kind {
 /// new one is read anywhere (README.md "Settings" lists the user-facing ones).
 pub const KNOWN: &[(&str, Kind, &str)] = &[
     (
+        "WARMSTART_BUILD_OUT",
+        Kind::Text,
+        "set by `cache build` for a manifest's `[build] command`: the empty staging directory it writes the artifact into (moved into `[pack] root` once it exits 0)",
+    ),
+    (
         "WARMSTART_LOCK_TIMEOUT",
         Kind::Duration,
         "how long `cache restore` waits for another restore of the same target (default 30m)",

@@ -234,7 +234,7 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     (
         "cache-list,cache-status",
         "caches[].local.state",
-        "`installed` (the current key, ready), `stale` (another key or target), `not ready` (the ready probe fails), `not installed` or `corrupt stamp`",
+        "`installed` (the current key, ready), `built` (the current key, built here and not published: `why` says what to run), `stale` (another key or target), `not ready` (the ready probe fails), `not installed` or `corrupt stamp`",
     ),
     (
         "cache-list,cache-status",

@@ -15,6 +15,7 @@
 //! `cache status`, `migrate` moves a cache from a branch to a ref, `gc`
 //! bounds the chunk store, the private stores' objects and old logs.
 
+pub mod build;
 pub mod check;
 pub mod fetch;
 pub mod format;
@@ -41,10 +42,11 @@ pub fn run(sh: &Shell, args: CacheArgs, live_steps: gc::LiveSteps) -> Result<()>
         CacheCommand::Migrate(a) => a.network.apply()?,
         CacheCommand::Prune(a) => a.network.apply()?,
         CacheCommand::Resign(a) => a.network.apply()?,
-        CacheCommand::Gc(_) => {}
+        CacheCommand::Gc(_) | CacheCommand::Build(_) => {}
     }
     match args.command {
         CacheCommand::Publish(a) => publish::run(sh, a),
+        CacheCommand::Build(a) => build::run_cli(a),
         CacheCommand::Restore(a) => restore::run(sh, a, live_steps),
         CacheCommand::Verify(a) => check::run(sh, a),
         CacheCommand::List(a) => status::list(sh, a),

@@ -423,6 +423,10 @@ fn local_state(repo: &Repo, m: &CacheManifest, key: Option<&manifest::Key>) -> L
     }
     match s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         Ok(()) => match restore::ready(m) {
+            Ok(()) if s.built.is_some() => {
+                l.state = "built".into();
+                l.why = s.built.as_ref().map(|b| b.unpublished.clone());
+            }
             Ok(()) => l.state = "installed".into(),
             Err(why) => {
                 l.state = "not ready".into();

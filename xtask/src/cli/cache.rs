@@ -21,6 +21,14 @@ pub enum CacheCommand {
     /// tree (see `gates --help`). An unchanged artifact makes no commit
     /// and no push.
     Publish(PublishArgs),
+    /// Run the manifest's `[build]` and put what it made into the pack root.
+    ///
+    /// The build runs at the repository root with `WARMSTART_BUILD_OUT`
+    /// naming an empty staging directory; once it exits 0 that directory
+    /// replaces `[pack] root` in one rename, so a failed, timed-out or
+    /// interrupted build leaves the pack root as it was. It publishes
+    /// nothing: `cache publish NAME` does, where gates and signing allow.
+    Build(BuildArgs),
     /// Fetch, verify every chunk, and install atomically (a warm run is a no-op).
     Restore(RestoreArgs),
     /// Check a cache branch (every chunk and the tar digest) without installing.
@@ -172,6 +180,12 @@ pub struct PublishArgs {
     pub network: super::NetworkArgs,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The cache: `cache-manifests/<NAME>.toml`, which must have a `[build]` table.
+    pub name: String,
 }
 
 #[derive(Debug, Args)]

@@ -28,6 +28,11 @@ const EXAMPLES: &[(&str, &str)] = &[
   {bin} cache publish rust-sdk --json       # publish, then one JSON summary",
     ),
     (
+        "cache build",
+        "{bin} cache build rust-sdk     # run its [build] into the pack root
+  {bin} cache build rust-sdk && {bin} cache publish rust-sdk",
+    ),
+    (
         "cache restore",
         "{bin} cache restore rust-sdk                # at session start
   {bin} cache restore rust-sdk --verify       # compare the installed copy, repair it

@@ -41,6 +41,9 @@ struct RawManifest {
     /// Only in the binary cache that tools/warmstart-bootstrap.sh reads.
     #[serde(default)]
     bootstrap: Option<crate::cache::format::bootstrap::RawBootstrap>,
+    /// How the artifact is built from source (`cache build`).
+    #[serde(default)]
+    build: Option<crate::cache::format::build::RawBuild>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -349,6 +352,8 @@ pub struct CacheManifest {
     pub trust: super::trust::CacheTrust,
     /// `[bootstrap]`: this is the binary cache the bootstrap script reads.
     pub bootstrap: Option<crate::cache::format::bootstrap::Bootstrap>,
+    /// `[build]`: how `cache build` (and a restore, on a miss) makes it.
+    pub build: Option<crate::cache::format::build::Build>,
 }
 
 /// The path of manifest `name` in `repo`.
@@ -363,6 +368,10 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         .map_err(|e| anyhow!("{}", crate::settings::toml_error_line(text, &e)))?;
     let bootstrap = resolve_bootstrap(raw.bootstrap, &raw.key, text, &raw.restore.path)?;
     let pins = resolve_pins(repo, raw.key)?;
+    let build = raw
+        .build
+        .map(|b| crate::cache::format::build::resolve(b, &pin_reads(&pins), &repo.root))
+        .transpose()?;
     let restore_path = expand_path(repo, &raw.restore.path)?;
     let (fallbacks, recheck) =
         resolve_fallbacks(raw.restore.fallback, raw.restore.recheck.as_ref(), &pins)?;
@@ -381,6 +390,16 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         Some(r) => r.to_string(),
         None => cache_ref(name, raw.cache.branch, raw.cache.full_ref)?,
     };
+    let pack_root = expand_path(repo, &raw.pack.root)?;
+    if let Some(b) = &build
+        && b.on_miss
+        && raw.restore.mode != Mode::Replace
+        && pack_root != restore_path
+    {
+        bail!(
+            "build.on_miss installs what it built without a branch, which only `restore.mode = \"replace\"` (or a pack.root equal to restore.path) can do atomically: set one, or drop build.on_miss and publish with `cache build` then `cache publish`"
+        );
+    }
     let include = if raw.pack.include.is_empty() {
         vec![Glob::new("**")?]
     } else {
@@ -395,7 +414,7 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         mirrors,
         description: raw.cache.description.unwrap_or_default(),
         pins,
-        pack_root: expand_path(repo, &raw.pack.root)?,
+        pack_root,
         include,
         exclude: globs(&raw.pack.exclude)?,
         keep_mtime: raw.pack.keep_mtime,
@@ -424,7 +443,23 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         legacy_versions: raw.restore.legacy_versions,
         trust: raw.trust,
         bootstrap,
+        build,
     })
+}
+
+/// What `pins` read, for `[build] inputs`' check.
+fn pin_reads(pins: &[Pin]) -> crate::cache::format::build::PinReads<'_> {
+    let mut reads = crate::cache::format::build::PinReads::default();
+    for p in pins {
+        match &p.source {
+            PinSource::GitTree(paths) => reads.trees.extend(paths.iter().map(String::as_str)),
+            PinSource::File(f)
+            | PinSource::Json { file: f, .. }
+            | PinSource::Regex { file: f, .. } => reads.files.push(f),
+            PinSource::Literal(_) | PinSource::Platform => {}
+        }
+    }
+    reads
 }
 
 /// `[bootstrap]`, checked against what the bootstrap script can read.

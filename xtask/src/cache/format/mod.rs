@@ -5,6 +5,7 @@
 //! docs/format.md, "`warmstart.json`, format 1" and "Legacy branches".
 
 pub mod bootstrap;
+pub mod build;
 pub mod chunk_sizes;
 pub mod fallback;
 pub mod files;

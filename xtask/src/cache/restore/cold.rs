@@ -160,6 +160,7 @@ pub(super) fn new_stamp(
         restored_at: clock::rfc3339(now),
         restored_at_ms: now,
         partial,
+        built: None,
     }
 }
 

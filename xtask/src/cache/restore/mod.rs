@@ -19,6 +19,7 @@ pub mod delta;
 pub mod overlay;
 pub mod stamp;
 pub mod verify;
+pub mod writeback;
 
 mod choose;
 mod cold;

@@ -53,6 +53,21 @@ pub struct Stamp {
     /// `checked_at_ms`. Older stamps have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial: Option<Partial>,
+    /// Set when this machine built `key` itself (`[build]`, on a miss) and
+    /// did not publish it: warm only until `build.recheck` after
+    /// `checked_at_ms`, then the branch is looked at again. Older stamps
+    /// have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub built: Option<Built>,
+}
+
+/// A key this machine built and installed without publishing it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Built {
+    /// Why it was not published, and what to run where to publish it.
+    pub unpublished: String,
+    /// When the branch was last seen without the key (epoch ms).
+    pub checked_at_ms: u64,
 }
 
 /// What a fallback install stands in for.
@@ -91,6 +106,11 @@ pub enum Miss {
     Recheck {
         installed: String,
         wanted: String,
+    },
+    /// The key was built here and not published, and `build.recheck` has
+    /// passed since the branch was last seen without it.
+    BuiltRecheck {
+        key: String,
     },
     /// The stamp cannot be read (the message says why).
     Corrupt(String),
@@ -136,6 +156,10 @@ impl std::fmt::Display for Miss {
             Miss::Recheck { installed, wanted } => write!(
                 f,
                 "{installed} stands in for {wanted} and restore.recheck has passed: looking for {wanted}"
+            ),
+            Miss::BuiltRecheck { key } => write!(
+                f,
+                "{key} was built here and not published, and build.recheck has passed: looking for it on the branch"
             ),
             Miss::Corrupt(why) => f.write_str(why),
         }
@@ -315,6 +339,7 @@ mod tests {
             restored_at: "2026-11-30T02:26:20Z".into(),
             restored_at_ms: 1_796_005_580_123,
             partial: None,
+            built: None,
         }
     }
 

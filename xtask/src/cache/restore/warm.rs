@@ -47,6 +47,14 @@ pub(super) fn warm_check(
     if let Err(miss) = s.matches(&key.value, &key.parts, &m.restore_path, m.mode) {
         return Ok(Err(miss));
     }
+    if let Some(b) = &s.built {
+        // Built here, not published: warm until the recheck is due (a
+        // clock read, no network), then the cold path looks for the key.
+        let recheck = m.build.as_ref().map_or(Duration::ZERO, |b| b.recheck);
+        if clock::now_ms().saturating_sub(b.checked_at_ms) >= recheck.as_millis() as u64 {
+            return Ok(Err(Miss::BuiltRecheck { key: s.key.clone() }));
+        }
+    }
     Ok(ready(m).map(|()| s).map_err(Miss::NotReady))
 }
 

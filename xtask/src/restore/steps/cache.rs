@@ -3,15 +3,18 @@
 //! An adapter, nothing more: the probe is `cache::restore::is_warm` (key,
 //! stamp and ready-probe: no network, no hashing, no write), the run is
 //! `cache::restore::restore_named`, which fetches, verifies and installs
-//! atomically under its own lock and stamp. This module never reads a cache
-//! branch or writes into a cache's target itself.
+//! atomically under its own lock and stamp. On an exact miss of a cache
+//! whose manifest sets `[build] on_miss`, a background step hands the miss
+//! to `cache::restore::writeback`, which builds the key and publishes or
+//! installs it. This module never reads a cache branch or writes into a
+//! cache's target itself.
 
 use anyhow::Result;
 use anyhow::bail;
 use serde::Deserialize;
 
 use super::common::{Ctx, Outcome, Probe};
-use crate::cache::restore::{self as cache_restore, PartialInfo, RestoreOptions, State};
+use crate::cache::restore::{self as cache_restore, PartialInfo, RestoreOptions, State, writeback};
 use crate::restore::proc::Log;
 
 /// A cache of `cache-manifests/<cache>.toml`, restored by the cache module.
@@ -103,6 +106,15 @@ pub fn probe(ctx: &Ctx, c: &CacheStep) -> Probe {
             ),
             partial: partial_json(&p),
         },
+        // Built here and not published: said on every run, in the row and
+        // as a warning, until a recheck finds the key on the branch.
+        Ok(Ok((s, None))) if s.built.is_some() => {
+            let line = s.built.map(|b| b.unpublished).unwrap_or_default();
+            Probe::Warm {
+                what: format!("{} at {}: {line}", s.key, s.target.display()),
+                warnings: vec![line],
+            }
+        }
         Ok(Ok((s, None))) => Probe::warm(format!(
             "{} at {} ({}@{})",
             s.key,
@@ -117,13 +129,27 @@ pub fn probe(ctx: &Ctx, c: &CacheStep) -> Probe {
     }
 }
 
-pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
+/// Runs the step; `background` says whether it runs in the background
+/// worker, the only place a write-back build may run from.
+pub fn run(ctx: &Ctx, c: &CacheStep, background: bool, log: &mut Log) -> Result<Outcome> {
     let opts = RestoreOptions {
         remote: c.remote.clone(),
         live_steps: crate::restore::step_names,
         ..RestoreOptions::default()
     };
-    let o = cache_restore::restore_named(ctx.sh, ctx.repo, &c.cache, &opts)?;
+    let o = match cache_restore::restore_named(ctx.sh, ctx.repo, &c.cache, &opts) {
+        Ok(o) => o,
+        Err(miss) => {
+            let w = writeback::on_miss(ctx.sh, ctx.repo, &c.cache, &opts, background, miss)?;
+            return Ok(wrote_back(&w, log));
+        }
+    };
+    if o.layout == "built"
+        && let Some(line) = writeback::unpublished(ctx.sh, ctx.repo, &c.cache)
+    {
+        let what = format!("{} at {}: {line}", o.key, o.target.display());
+        return Ok(Outcome::done(what).with_warnings(vec![line]));
+    }
     log.line(&o.summary());
     log.line(&format!(
         "fetch {} ms, unpack {} ms, install {} ms, lock wait {} ms; {} bytes hashed",
@@ -155,4 +181,44 @@ pub fn run(ctx: &Ctx, c: &CacheStep, log: &mut Log) -> Result<Outcome> {
         ),
     })
     .with_partial(partial.map(partial_json)))
+}
+
+/// The row of a write-back: what was built, and whether it was published
+/// (then installed from the branch) or installed from the pack root with
+/// the line saying what to run to publish it.
+fn wrote_back(w: &writeback::WriteBack, log: &mut Log) -> Outcome {
+    let took = match &w.built {
+        Some(b) => {
+            log.line(&format!(
+                "built {} in {}; its output is in {}",
+                w.key,
+                crate::clock::human(b.duration),
+                b.log.display()
+            ));
+            format!("in {}", crate::clock::human(b.duration))
+        }
+        None => "earlier: the pack root still holds it".to_string(),
+    };
+    match (&w.published, &w.unpublished) {
+        (Some(o), _) => {
+            log.line(&o.summary());
+            Outcome::done(format!(
+                "built {} {took}, published it to {}@{} and installed it at {} from there",
+                w.key,
+                o.branch,
+                short(&o.commit),
+                w.target.display()
+            ))
+        }
+        (None, line) => {
+            let line = line.clone().unwrap_or_default();
+            log.line(&line);
+            Outcome::done(format!(
+                "{} at {} (built {took}): {line}",
+                w.key,
+                w.target.display()
+            ))
+            .with_warnings(vec![line])
+        }
+    }
 }

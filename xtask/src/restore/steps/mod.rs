@@ -38,7 +38,7 @@ pub fn probe(ctx: &Ctx, step: &Step) -> Probe {
 /// Runs the step; an `Err` is a failure like `Outcome::failed`, with its chain.
 pub fn run(ctx: &Ctx, step: &Step, log: &mut Log) -> Result<Outcome> {
     match &step.kind {
-        Kind::Cache(c) => cache::run(ctx, c, log),
+        Kind::Cache(c) => cache::run(ctx, c, step.background, log),
         Kind::Submodules(s) => submodules::run(ctx, s, log),
         Kind::Links(s) => links::run(ctx, s, log),
         Kind::Command(s) => command::run(ctx, s, log),
