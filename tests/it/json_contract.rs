@@ -202,6 +202,13 @@ fn json_contract_cache_commands() {
         true,
     );
     assert_eq!(doc["remote"]["name"], "origin", "{doc:#}");
+    let doc = c.check(
+        "cache-publish.ok.present",
+        "cache publish",
+        &ws(&env, w, &["cache", "publish", "art", "--missing", "--json"]),
+        true,
+    );
+    assert_eq!(doc["status"], "present", "{doc:#}");
     c.check(
         "cache-publish.fail",
         "cache publish",

@@ -52,6 +52,7 @@ mod net_deadline;
 mod oci;
 mod progress;
 mod publish_interrupted;
+mod publish_missing;
 mod publish_reuse;
 mod publish_unchanged;
 mod restore;
