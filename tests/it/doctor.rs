@@ -275,3 +275,94 @@ fn doctor_never_prints_a_secret_from_any_url_or_proxy_setting() {
         }
     }
 }
+
+/// The doctor as a step (`kind = "doctor"`) always fails open: git's proxy
+/// is dead, yet `restore --strict` goes on and exits 0; the step's row says
+/// what the doctor found (`warned`, the dead proxy named in its warning and
+/// log, its password never), and the next restore within `interval` is warm
+/// without probing. `fail_open = false` on it is refused (exit 10).
+#[test]
+fn restore_doctor_step_fails_open_on_a_dead_proxy_and_shows_in_the_table() {
+    let env = TestEnv::new();
+    env.work_repo("work");
+    let dead = free_port();
+    let proxy = format!("http://carol:dead-s3cret@127.0.0.1:{dead}");
+    env.git("work", ["config", "http.proxy", &proxy]);
+    env.git(
+        "work",
+        ["remote", "add", "origin", "https://127.0.0.1:9/origin.git"],
+    );
+    let plan = |extra: &str| {
+        format!(
+            "[[step]]\nname = \"network\"\nkind = \"doctor\"\nconnect_timeout = \"1s\"\ntimeout = \"3s\"\n{extra}\n[[step]]\nname = \"after\"\nkind = \"command\"\nrun = \"touch after-marker\"\ncreates = \"after-marker\"\n"
+        )
+    };
+    let toml = env.join("work/cache-manifests/restore.toml");
+    write(&toml, &plan(""));
+    let r = ws(&env, &["restore", "--strict", "--json"], &[]).ok();
+    let doc: Value = serde_json::from_str(&r.stdout()).unwrap();
+    let row = |doc: &Value, step: &str| {
+        doc["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["step"] == step)
+            .cloned()
+            .unwrap()
+    };
+    let net = row(&doc, "network");
+    assert_eq!(net["kind"], "doctor", "{doc:#}");
+    assert_eq!(net["state"], "warned", "{doc:#}");
+    assert_eq!(net["what"], "0 reached, 1 not reached", "{doc:#}");
+    let warned = net["warnings"].to_string();
+    assert!(
+        warned.contains("proxy-down")
+            && warned.contains(&format!(
+                "the proxy http://127.0.0.1:{dead} (from http.proxy) is down"
+            )),
+        "{warned}"
+    );
+    assert_eq!(row(&doc, "after")["state"], "done", "{doc:#}");
+    assert_eq!(doc["all_steps_ok"], true, "{doc:#}");
+    let log = std::fs::read_to_string(net["log"].as_str().unwrap()).unwrap();
+    assert!(log.contains("proxy-down"), "{log}");
+    let said = format!("{}{}{log}", r.stdout(), r.stderr());
+    assert!(!said.contains("dead-s3cret"), "{said}");
+
+    // Within `interval` (default 1h): warm, from the stamp, in the table.
+    let r = ws(&env, &["restore"], &[]).ok();
+    let line = r
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("network "))
+        .map(String::from)
+        .unwrap_or_else(|| panic!("no doctor row:\n{}", r.stdout()));
+    assert!(
+        line.contains("doctor")
+            && line.contains("warm")
+            && line.contains("0 reached, 1 not reached"),
+        "{line}"
+    );
+
+    // Every run with `interval = "0s"`: the table shows this run's finding.
+    write(&toml, &plan("interval = \"0s\"\n"));
+    let r = ws(&env, &["restore", "--strict"], &[]).ok();
+    let line = r
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("network "))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains("warned") && line.contains("1 not reached"),
+        "{line}"
+    );
+
+    write(&toml, &plan("fail_open = false\n"));
+    let r = ws(&env, &["restore"], &[]).expect_code(10);
+    assert!(
+        r.stderr().contains("a doctor step always fails open"),
+        "{}",
+        r.stderr()
+    );
+}

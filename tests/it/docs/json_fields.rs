@@ -1171,6 +1171,11 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     ),
     (
         "restore,restore-status",
+        "steps[].cache_hint",
+        "the 10-minute rule (`slow_uncached`): its cold time, that no cache holds its result, and the command that would cache it; null when not flagged (always null in `restore status`)",
+    ),
+    (
+        "restore,restore-status",
         "steps[].log",
         "its log file; null when it wrote none",
     ),
