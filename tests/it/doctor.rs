@@ -366,3 +366,70 @@ fn restore_doctor_step_fails_open_on_a_dead_proxy_and_shows_in_the_table() {
         r.stderr()
     );
 }
+
+/// Never fails the restore, as a property over generated broken networks:
+/// each round gives the clone a few remotes and downloads, each broken its
+/// own way (a dead proxy, nothing listening, a name that does not resolve,
+/// ssh and git:// to a closed port), and `restore --strict` still exits 0
+/// with the doctor's row `warned`, its WHAT counting the hosts not reached,
+/// and the step after it done.
+#[test]
+fn restore_doctor_step_never_fails_a_restore_whatever_the_network() {
+    let mut rng = Rng(0xd0c7_0125 ^ 0x9e37);
+    for round in 0..4 {
+        let env = TestEnv::new();
+        env.work_repo("work");
+        let dead = free_port();
+        let broken = [
+            format!("https://127.0.0.1:{dead}/r.git"),
+            "https://no-such-host.invalid/r.git".to_string(),
+            format!("ssh://git@127.0.0.1:{dead}/r.git"),
+            format!("git://127.0.0.1:{dead}/r.git"),
+        ];
+        let mut vars: Vec<(&str, String)> = Vec::new();
+        let n = 1 + rng.below(3);
+        for i in 0..n {
+            let url = rng.pick(&broken).clone();
+            env.git("work", ["remote", "add", &format!("r{i}"), &url]);
+        }
+        if rng.chance(50) {
+            env.git(
+                "work",
+                ["config", "http.proxy", &format!("http://127.0.0.1:{dead}")],
+            );
+        }
+        let mut plan = String::from(
+            "[[step]]\nname = \"network\"\nkind = \"doctor\"\nconnect_timeout = \"1s\"\ntimeout = \"2s\"\n\n",
+        );
+        if rng.chance(50) {
+            plan.push_str(&download_step("tool", "https://127.0.0.1:9/tool").replace(
+                "[[step]]\nname = \"tool\"",
+                "[[step]]\nname = \"tool\"\nunless = \"true\"",
+            ));
+            vars.push(("HTTPS_PROXY", format!("http://127.0.0.1:{dead}")));
+        }
+        plan.push_str(
+            "[[step]]\nname = \"after\"\nkind = \"command\"\nrun = \"touch after-marker\"\ncreates = \"after-marker\"\n",
+        );
+        write(&env.join("work/cache-manifests/restore.toml"), &plan);
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let r = ws(&env, &["restore", "--strict", "--json"], &vars);
+        assert_eq!(
+            r.code(),
+            0,
+            "round {round}: {plan}\n{}",
+            crate::util::show(&r.out)
+        );
+        let doc: Value = serde_json::from_str(&r.stdout()).unwrap();
+        let steps = doc["steps"].as_array().unwrap();
+        let net = steps.iter().find(|s| s["step"] == "network").unwrap();
+        assert_eq!(net["state"], "warned", "round {round}: {doc:#}");
+        assert!(
+            net["what"].as_str().unwrap().ends_with(" not reached")
+                && !net["what"].as_str().unwrap().contains(" 0 not reached"),
+            "round {round}: {doc:#}"
+        );
+        let after = steps.iter().find(|s| s["step"] == "after").unwrap();
+        assert_eq!(after["state"], "done", "round {round}: {doc:#}");
+    }
+}

@@ -5,7 +5,10 @@
 //! replaced. Real ssh-keygen keys, a real `git daemon` on 127.0.0.1 (the
 //! fixture of `trust.rs`), and the real CI script.
 
-use crate::trust::{CACHE, content, json, publish, set_trust, trusted, xtask};
+use crate::trust::{
+    CACHE, content, edit_manifest, json, publish, set_trust, tamper, trusted, xtask,
+};
+use crate::util::rng::Rng;
 use crate::util::{Run, TestEnv, run, show, source_root};
 use serde_json::Value;
 use std::process::Command;
@@ -173,4 +176,83 @@ fn the_ci_script_rerun_with_nothing_missing_pushes_nothing() {
         show(&again.out)
     );
     assert_eq!(tip(), before, "the re-run pushed");
+}
+
+/// Never by name alone, as a property: the accepted key on the branch is
+/// damaged by a pusher in one generated way (signature dropped, statement
+/// dropped, one statement byte flipped, re-signed by a key nobody allows,
+/// an entry field edited with SHA256SUMS agreeing, a chunk digest edited
+/// without) and `--missing` must see it missing and land it anew, after
+/// which a restore accepts it and the next `--missing` finds it present.
+#[test]
+fn a_damaged_key_of_the_right_name_is_never_present() {
+    let fx = trusted(Some("require"), &["ci"]);
+    let evil = fx.env.join("keys/evil");
+    publish(&fx, "work", Some("ci"), &[]).ok();
+    let mut rng = Rng(0x5eed_0f15_51e6 ^ 29);
+    let kinds = [
+        "no-sig",
+        "no-statement",
+        "flip",
+        "evil",
+        "field",
+        "chunk-sha",
+    ];
+    // Each kind once, at generated places (the byte flipped, the chunk).
+    for (round, kind) in kinds.into_iter().enumerate() {
+        let seed = rng.next();
+        tamper(&fx, |d| {
+            let st = d.join("art-1.statement");
+            let sig = d.join("art-1.statement.sig");
+            match kind {
+                "no-sig" => std::fs::remove_file(&sig).unwrap(),
+                "no-statement" => {
+                    std::fs::remove_file(&st).unwrap();
+                    std::fs::remove_file(&sig).unwrap();
+                }
+                "flip" => {
+                    let mut b = std::fs::read(&st).unwrap();
+                    let at = (seed as usize) % b.len();
+                    b[at] = if b[at] == b'0' { b'1' } else { b'0' };
+                    std::fs::write(&st, b).unwrap();
+                }
+                "evil" => {
+                    std::fs::remove_file(&sig).unwrap();
+                    let out = Command::new("ssh-keygen")
+                        .args(["-q", "-Y", "sign", "-n", "warmstart-cache", "-f"])
+                        .arg(&evil)
+                        .arg(&st)
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "{}", show(&out));
+                }
+                "field" => edit_manifest(d, "art-1", |e| {
+                    e["created_at"] = "2099-01-01T00:00:00Z".into();
+                }),
+                _ => {
+                    let f = d.join("warmstart.json");
+                    let mut m: Value =
+                        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+                    let chunks = m["keys"]["art-1"]["chunks"].as_array_mut().unwrap();
+                    let n = chunks.len();
+                    chunks[(seed as usize) % n]["sha256"] = format!("{seed:064x}").into();
+                    std::fs::write(&f, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+                }
+            }
+        });
+        let damaged = tip(&fx);
+        let p = json(&publish(&fx, "work", Some("ci"), &["--missing"]).ok());
+        assert_eq!(p["status"], "published", "round {round} ({kind}): {p:#}");
+        assert_eq!(p["missing"]["present"], false, "round {round} ({kind})");
+        assert_ne!(tip(&fx), damaged, "round {round} ({kind}): not replaced");
+        if kind == "chunk-sha" {
+            // The branch itself does not cross-check: no verdict is made.
+            assert_eq!(p["missing"]["verdict"], Value::Null, "{p:#}");
+        } else {
+            assert_ne!(p["missing"]["verdict"], "trusted", "{p:#}");
+        }
+        xtask(&fx, "work", &["cache", "verify", CACHE]).ok();
+        let p = json(&publish(&fx, "work", Some("ci"), &["--missing"]).ok());
+        assert_eq!(p["status"], "present", "round {round} ({kind}): {p:#}");
+    }
 }

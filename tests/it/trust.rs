@@ -114,7 +114,7 @@ fn pin(fx: &Fixture, literal: &str) {
 
 /// The attacker rewrites the branch: its tree, edited by `edit`, as a
 /// fresh root commit force-pushed with plain git.
-fn tamper(fx: &Fixture, edit: impl FnOnce(&Path)) {
+pub(crate) fn tamper(fx: &Fixture, edit: impl FnOnce(&Path)) {
     let dir = fx.env.join("tamper");
     let _ = std::fs::remove_dir_all(&dir);
     fx.env.git(".", ["init", "-q", "tamper"]);

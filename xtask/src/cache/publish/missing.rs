@@ -83,7 +83,25 @@ pub(crate) fn standing(
             key.value
         )));
     }
-    let branch = Branch::read(git, remote.clone(), &m.branch, state.commit.clone())?;
+    // A branch whose files do not cross-check is one a restore refuses
+    // before any key of it: the key is missing, and its publish replaces it.
+    let branch = match Branch::read(git, remote.clone(), &m.branch, state.commit.clone()) {
+        Ok(b) => b,
+        Err(e) if crate::exit::code_of(&e) == crate::exit::Code::Verify => {
+            let why = format!("{e:#}");
+            return Ok(Standing {
+                line: format!("missing: {why}; a restore refuses it, so publishing it anew"),
+                json: MissingJson {
+                    present: false,
+                    policy: None,
+                    verdict: None,
+                    why: Some(why),
+                },
+                replace: true,
+            });
+        }
+        Err(e) => return Err(e),
+    };
     let mut checker = crate::trust::Checker::new(sh, repo)?;
     Ok(
         match crate::trust::check_key(sh, repo, &mut checker, m, git, &branch, &key.value)? {
