@@ -8,7 +8,9 @@
 //! key into the branch's `warmstart.json` (other keys are kept); write a
 //! fresh root commit and push it with a lease on the fetched value. If the
 //! lease fails because another publisher moved the branch meanwhile, the
-//! merge is redone on the new value (the packed chunks are kept).
+//! merge is redone on the new value (the packed chunks are kept). With
+//! `--missing` (module `missing`) the branch is fetched first, and a key it
+//! holds that HEAD's trust policy accepts ends the publish there.
 //!
 //! Never: commit with a parent, push without a lease, replace a branch that
 //! is not a cache branch, or push when this key's bytes are already there.
