@@ -13,9 +13,12 @@
 #    record someone pushed never skips a gate here. With WARMSTART_SIGNING_KEY
 #    set, the entries this job records are signed with it;
 # 3. push the green record, so other machines can check it;
-# 4. `cache publish` each CACHE (default: every cache manifest, i.e. every
-#    cache-manifests/*.toml except gates, restore and trust.toml); publish itself
-#    refuses unless that cache's required gates are green for this tree.
+# 4. `cache publish --missing` each CACHE (default: every cache manifest, i.e.
+#    every cache-manifests/*.toml except gates, restore and trust.toml): a key
+#    the remote holds and HEAD's trust policy accepts is skipped with one line
+#    (nothing packed or pushed), so a re-run after an unchanged landing costs
+#    seconds; publish itself refuses unless that cache's required gates are
+#    green for this tree.
 #
 # Environment: WARMSTART_REMOTE (default origin), XTASK (how to run warmstart,
 # default `cargo xtask`; .github/workflows/gates.yml sets it to the binary it
@@ -50,5 +53,5 @@ if [ ${#caches[@]} -eq 0 ]; then
 fi
 for cache in "${caches[@]}"; do
   echo "tools/ci-gates.sh: publishing $cache" >&2
-  "${xtask[@]}" cache publish "$cache"
+  "${xtask[@]}" cache publish --missing "$cache"
 done

@@ -606,3 +606,43 @@ fn a_killed_cache_build_takes_its_build_with_it_and_leaves_the_pack_root() {
         .collect();
     assert_eq!(listing, ["out"], "the killed build's staging stayed");
 }
+
+/// CI publishes only what is missing, building it first: `cache publish
+/// --missing` on a key the branch lacks runs `[build]` once and publishes
+/// it signed; the re-run finds the key trusted and builds, packs and pushes
+/// nothing. On a machine whose HEAD is not on origin, the publish is
+/// refused before the build runs, not after it.
+#[test]
+fn publish_missing_builds_only_the_key_the_remote_lacks() {
+    let fx = world(Some("require"), "");
+    gates_run(&fx, "work");
+    let publish = |dir: &str| {
+        let mut cmd = fx.env.xtask_in(dir);
+        cmd.args(["cache", "publish", CACHE, "--missing", "--json"])
+            .env("WARMSTART_SIGNING_KEY", key_path(&fx, "ci"));
+        run(&mut cmd)
+    };
+    let r = publish("work");
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v["status"], "published", "{v:#}");
+    assert_eq!(builds(&fx), 1, "the missing key was not built once");
+    assert!(remote_has_key(&fx));
+    let tip = fx.origin_git(&["rev-parse", "tool-cache"]);
+
+    let r = publish("work");
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    let v: Value = serde_json::from_str(&r.stdout()).unwrap();
+    assert_eq!(v["status"], "present", "{v:#}");
+    assert_eq!(builds(&fx), 1, "a present key was built again");
+    assert_eq!(fx.origin_git(&["rev-parse", "tool-cache"]), tip);
+
+    // A new key (src changed) from a commit origin does not have.
+    fx.write("src/tool.sh", "#!/bin/sh\necho tool 2\n");
+    fx.env.git("work", ["commit", "-qam", "tool 2"]);
+    let r = publish("work");
+    assert_eq!(r.code(), 9, "{}", show(&r.out));
+    assert!(r.stderr().contains("push it first"), "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1, "built before the refusal: {}", show(&r.out));
+    assert_eq!(fx.origin_git(&["rev-parse", "tool-cache"]), tip);
+}

@@ -553,6 +553,7 @@ fn manifest_kinds() -> Vec<(&'static str, Box<fields::Describe>)> {
         ("step pin", of::<s::pin::RawPin>()),
         ("step freshness", of::<s::freshness::RawFreshness>()),
         ("step service", of::<s::service::RawService>()),
+        ("step doctor", of::<s::doctor::RawDoctor>()),
     ]
 }
 
@@ -1499,6 +1500,27 @@ const FIELDS: &[(&str, &str, &str, &str, &str)] = &[
         "`\"5s\"`",
         "`restore stop`: SIGTERM, then SIGKILL after this",
     ),
+    (
+        "step doctor",
+        "connect_timeout",
+        "",
+        "the doctor's (`\"10s\"`, or WARMSTART_CONNECT_TIMEOUT)",
+        "`doctor --connect-timeout`: give up connecting to a host or a proxy after this long",
+    ),
+    (
+        "step doctor",
+        "timeout",
+        "",
+        "the connect timeout plus 10s",
+        "`doctor --timeout`: give up on one host's whole probe after this long",
+    ),
+    (
+        "step doctor",
+        "interval",
+        "",
+        "`\"1h\"`",
+        "a check younger than this is warm (no network); `\"0s\"`: every restore",
+    ),
 ];
 
 /// The fields every step takes, read by `restore::plan` itself rather
@@ -1668,6 +1690,7 @@ know (exit 10). Durations, sizes and globs: [settings.md](settings.md). Guides: 
         };
         if kind == "step cache" {
             s.push_str("\n## restore.toml: every step\n\n`cache-manifests/restore.toml` takes `parallel` (true, false or 1 to 64; default false), \
+`slow_uncached` (a duration, or false; default `\"10m\"`: the 10-minute rule, [restore.md](../restore.md#the-10-minute-rule-slow_uncached)), \
 a top-level `[env]` table (`path`, `env`, as a step's) and `[[step]]` tables. The fields every step takes \
 (read by the plan itself, `restore::plan::STEP_FIELDS`; a test checks this table lists exactly those and a debug build that the plan takes no other by hand):\n\n\
 | field | type | default | meaning |\n|---|---|---|---|\n");

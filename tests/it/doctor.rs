@@ -275,3 +275,161 @@ fn doctor_never_prints_a_secret_from_any_url_or_proxy_setting() {
         }
     }
 }
+
+/// The doctor as a step (`kind = "doctor"`) always fails open: git's proxy
+/// is dead, yet `restore --strict` goes on and exits 0; the step's row says
+/// what the doctor found (`warned`, the dead proxy named in its warning and
+/// log, its password never), and the next restore within `interval` is warm
+/// without probing. `fail_open = false` on it is refused (exit 10).
+#[test]
+fn restore_doctor_step_fails_open_on_a_dead_proxy_and_shows_in_the_table() {
+    let env = TestEnv::new();
+    env.work_repo("work");
+    let dead = free_port();
+    let proxy = format!("http://carol:dead-s3cret@127.0.0.1:{dead}");
+    env.git("work", ["config", "http.proxy", &proxy]);
+    env.git(
+        "work",
+        ["remote", "add", "origin", "https://127.0.0.1:9/origin.git"],
+    );
+    let plan = |extra: &str| {
+        format!(
+            "[[step]]\nname = \"network\"\nkind = \"doctor\"\nconnect_timeout = \"1s\"\ntimeout = \"3s\"\n{extra}\n[[step]]\nname = \"after\"\nkind = \"command\"\nrun = \"touch after-marker\"\ncreates = \"after-marker\"\n"
+        )
+    };
+    let toml = env.join("work/cache-manifests/restore.toml");
+    write(&toml, &plan(""));
+    let r = ws(&env, &["restore", "--strict", "--json"], &[]).ok();
+    let doc: Value = serde_json::from_str(&r.stdout()).unwrap();
+    let row = |doc: &Value, step: &str| {
+        doc["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["step"] == step)
+            .cloned()
+            .unwrap()
+    };
+    let net = row(&doc, "network");
+    assert_eq!(net["kind"], "doctor", "{doc:#}");
+    assert_eq!(net["state"], "warned", "{doc:#}");
+    assert_eq!(net["what"], "0 reached, 1 not reached", "{doc:#}");
+    let warned = net["warnings"].to_string();
+    assert!(
+        warned.contains("proxy-down")
+            && warned.contains(&format!(
+                "the proxy http://127.0.0.1:{dead} (from http.proxy) is down"
+            )),
+        "{warned}"
+    );
+    assert_eq!(row(&doc, "after")["state"], "done", "{doc:#}");
+    assert_eq!(doc["all_steps_ok"], true, "{doc:#}");
+    let log = std::fs::read_to_string(net["log"].as_str().unwrap()).unwrap();
+    assert!(log.contains("proxy-down"), "{log}");
+    let said = format!("{}{}{log}", r.stdout(), r.stderr());
+    assert!(!said.contains("dead-s3cret"), "{said}");
+
+    // Within `interval` (default 1h): warm, from the stamp, in the table.
+    let r = ws(&env, &["restore"], &[]).ok();
+    let line = r
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("network "))
+        .map(String::from)
+        .unwrap_or_else(|| panic!("no doctor row:\n{}", r.stdout()));
+    assert!(
+        line.contains("doctor")
+            && line.contains("warm")
+            && line.contains("0 reached, 1 not reached"),
+        "{line}"
+    );
+
+    // Every run with `interval = "0s"`: the table shows this run's finding.
+    write(&toml, &plan("interval = \"0s\"\n"));
+    let r = ws(&env, &["restore", "--strict"], &[]).ok();
+    let line = r
+        .stdout()
+        .lines()
+        .find(|l| l.starts_with("network "))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains("warned") && line.contains("1 not reached"),
+        "{line}"
+    );
+
+    write(&toml, &plan("fail_open = false\n"));
+    let r = ws(&env, &["restore"], &[]).expect_code(10);
+    assert!(
+        r.stderr().contains("a doctor step always fails open"),
+        "{}",
+        r.stderr()
+    );
+}
+
+/// Never fails the restore, as a property over generated broken networks:
+/// each round gives the clone a few remotes and downloads, each broken its
+/// own way (a dead proxy, nothing listening, a name that does not resolve,
+/// ssh and git:// to a closed port), and `restore --strict` still exits 0
+/// with the doctor's row `warned`, its WHAT counting the hosts not reached,
+/// and the step after it done.
+#[test]
+fn restore_doctor_step_never_fails_a_restore_whatever_the_network() {
+    let mut rng = Rng(0xd0c7_0125 ^ 0x9e37);
+    for round in 0..4 {
+        let env = TestEnv::new();
+        env.work_repo("work");
+        let dead = free_port();
+        let broken = [
+            format!("https://127.0.0.1:{dead}/r.git"),
+            "https://no-such-host.invalid/r.git".to_string(),
+            format!("ssh://git@127.0.0.1:{dead}/r.git"),
+            format!("git://127.0.0.1:{dead}/r.git"),
+        ];
+        let mut vars: Vec<(&str, String)> = Vec::new();
+        let n = 1 + rng.below(3);
+        for i in 0..n {
+            let url = rng.pick(&broken).clone();
+            env.git("work", ["remote", "add", &format!("r{i}"), &url]);
+        }
+        if rng.chance(50) {
+            env.git(
+                "work",
+                ["config", "http.proxy", &format!("http://127.0.0.1:{dead}")],
+            );
+        }
+        let mut plan = String::from(
+            "[[step]]\nname = \"network\"\nkind = \"doctor\"\nconnect_timeout = \"1s\"\ntimeout = \"2s\"\n\n",
+        );
+        if rng.chance(50) {
+            plan.push_str(&download_step("tool", "https://127.0.0.1:9/tool").replace(
+                "[[step]]\nname = \"tool\"",
+                "[[step]]\nname = \"tool\"\nunless = \"true\"",
+            ));
+            vars.push(("HTTPS_PROXY", format!("http://127.0.0.1:{dead}")));
+        }
+        plan.push_str(
+            "[[step]]\nname = \"after\"\nkind = \"command\"\nrun = \"touch after-marker\"\ncreates = \"after-marker\"\n",
+        );
+        write(&env.join("work/cache-manifests/restore.toml"), &plan);
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let r = ws(&env, &["restore", "--strict", "--json"], &vars);
+        assert_eq!(
+            r.code(),
+            0,
+            "round {round}: {plan}\n{}",
+            crate::util::show(&r.out)
+        );
+        let doc: Value = serde_json::from_str(&r.stdout()).unwrap();
+        let steps = doc["steps"].as_array().unwrap();
+        let net = steps.iter().find(|s| s["step"] == "network").unwrap();
+        assert_eq!(net["state"], "warned", "round {round}: {doc:#}");
+        assert!(
+            net["what"].as_str().unwrap().ends_with(" not reached")
+                && !net["what"].as_str().unwrap().contains(" 0 not reached"),
+            "round {round}: {doc:#}"
+        );
+        let after = steps.iter().find(|s| s["step"] == "after").unwrap();
+        assert_eq!(after["state"], "done", "round {round}: {doc:#}");
+    }
+}

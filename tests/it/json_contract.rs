@@ -202,6 +202,13 @@ fn json_contract_cache_commands() {
         true,
     );
     assert_eq!(doc["remote"]["name"], "origin", "{doc:#}");
+    let doc = c.check(
+        "cache-publish.ok.present",
+        "cache publish",
+        &ws(&env, w, &["cache", "publish", "art", "--missing", "--json"]),
+        true,
+    );
+    assert_eq!(doc["status"], "present", "{doc:#}");
     c.check(
         "cache-publish.fail",
         "cache publish",
@@ -571,7 +578,8 @@ fn json_contract_gates_restore_and_init() {
              [[step]]\nname = \"tool\"\nkind = \"download\"\nurl = \"https://example.org/tool\"\nsha256 = \"{hex}\"\ndest = \"bin/tool\"\nexecutable = true\n\n\
              [[step]]\nname = \"python\"\nkind = \"pin\"\ntool = \"python3\"\nargs = [\"--version\"]\nexpect = '^Python 3'\nfix = {{ run = \"true\" }}\n\n\
              [[step]]\nname = \"fresh\"\nkind = \"freshness\"\nbackground = true\nremote = \"origin\"\nbranch = \"main\"\n\n\
-             [[step]]\nname = \"daemon\"\nkind = \"service\"\nrun = \"sleep 600\"\n"
+             [[step]]\nname = \"daemon\"\nkind = \"service\"\nrun = \"sleep 600\"\n\n\
+             [[step]]\nname = \"network\"\nkind = \"doctor\"\nconnect_timeout = \"2s\"\n"
         ),
     );
     let doc = c.check(
@@ -580,7 +588,7 @@ fn json_contract_gates_restore_and_init() {
         &ws(&env, "plan", &["restore", "--dry-run", "--json"]),
         true,
     );
-    assert_eq!(doc["steps"].as_array().unwrap().len(), 7, "{doc:#}");
+    assert_eq!(doc["steps"].as_array().unwrap().len(), 8, "{doc:#}");
     let doc = c.check(
         "restore-stop.ok",
         "restore stop",

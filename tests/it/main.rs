@@ -54,6 +54,7 @@ mod oci;
 mod oci_mirrors;
 mod progress;
 mod publish_interrupted;
+mod publish_missing;
 mod publish_reuse;
 mod publish_unchanged;
 mod restore;

@@ -211,3 +211,121 @@ fn restore_cache_step_with_a_bad_manifest_name_fails_open_naming_the_file() {
     );
     assert_eq!(row(&v, "after")["state"], "done");
 }
+
+/// The 10-minute rule, with `slow_uncached = "1s"`: a slow step no cache
+/// holds is flagged with the command that would cache it (the publish of
+/// the manifest that packs its output, or a new manifest's), in `--json`
+/// and under the table; a fast step never is, and once a cache step
+/// restores the slow step's output, neither is that step.
+#[test]
+fn slow_uncached_steps_are_flagged_with_the_command_that_would_cache_them() {
+    let fx = Fixture::serve(Serve::FileUrl);
+    let out = fx.work.join("out");
+    fx.write_manifest("outc", &Manifest::literal("1", &out).restore_path(&out));
+    fx.write(
+        "cache-manifests/restore.toml",
+        r#"slow_uncached = "1s"
+
+[[step]]
+name = "outc"
+kind = "cache"
+cache = "outc"
+
+[[step]]
+name = "built"
+kind = "command"
+run = "sleep 1.2 && mkdir -p out && echo built > out/built.txt"
+creates = "out/built.txt"
+
+[[step]]
+name = "slow"
+kind = "command"
+run = "sleep 1.2 && touch slow-marker"
+creates = "slow-marker"
+
+[[step]]
+name = "fast"
+kind = "command"
+run = "touch fast-marker"
+creates = "fast-marker"
+"#,
+    );
+    fx.write(".gitignore", "out/\nslow-marker\nfast-marker\n");
+    fx.env.git(&fx.work, ["add", "-A"]);
+    fx.env.git(&fx.work, ["commit", "-q", "-m", "slow steps"]);
+    let hint = |v: &Value, step: &str| row(v, step)["cache_hint"].as_str().map(String::from);
+
+    // Nothing published: the cache step fails open, both slow steps run.
+    let v = restore_json(&fx, &[]);
+    assert_eq!(row(&v, "outc")["state"], "failed-open", "{v:#}");
+    let built = hint(&v, "built").unwrap_or_else(|| panic!("built not flagged: {v:#}"));
+    assert!(
+        built.contains("more than slow_uncached = 1s")
+            && built.contains("cache publish outc`")
+            && !built.contains("restore it with"),
+        "{built}"
+    );
+    let slow = hint(&v, "slow").unwrap_or_else(|| panic!("slow not flagged: {v:#}"));
+    assert!(
+        slow.contains("pack slow-marker in a cache manifest")
+            && slow.contains("cache publish slow`"),
+        "{slow}"
+    );
+    assert_eq!(hint(&v, "fast"), None, "{v:#}");
+    assert_eq!(hint(&v, "outc"), None, "{v:#}");
+
+    // Warm, and still nothing cached: flagged from the last cold time, in
+    // the table's LAST COLD column and a line under it.
+    let text = fx.xtask(&["restore"]).ok().stdout();
+    assert!(
+        text.contains("! slow, uncached: step slow took ")
+            && text.contains("! slow, uncached: step built took "),
+        "{text}"
+    );
+    let fast_line = text.lines().find(|l| l.starts_with("fast ")).unwrap();
+    assert!(!fast_line.contains('!'), "{text}");
+
+    // Published and restored by the cache step: built is held by a cache now.
+    fx.xtask(&["cache", "publish", "outc", "--quiet"]).ok();
+    std::fs::remove_dir_all(&out).unwrap();
+    let v = restore_json(&fx, &[]);
+    assert_eq!(row(&v, "outc")["state"], "done", "{v:#}");
+    assert_eq!(row(&v, "built")["state"], "warm", "{v:#}");
+    assert!(row(&v, "built")["last_cold_ms"].as_u64().unwrap() > 1000);
+    assert_eq!(hint(&v, "built"), None, "{v:#}");
+    assert!(hint(&v, "slow").is_some(), "{v:#}");
+    assert_eq!(hint(&v, "fast"), None, "{v:#}");
+}
+
+/// `slow_uncached` is strict: a value that is not a positive duration or
+/// `false` is exit 10 naming the key and what it takes; `false` flags nothing.
+#[test]
+fn slow_uncached_refuses_what_is_not_a_duration_and_false_turns_it_off() {
+    let fx = Fixture::serve(Serve::FileUrl);
+    let step = "\n[[step]]\nname = \"slow\"\nkind = \"command\"\nrun = \"sleep 0.2 && touch m\"\ncreates = \"m\"\n";
+    for bad in ["\"soon\"", "0", "\"0s\"", "true", "-5"] {
+        fx.write(
+            "cache-manifests/restore.toml",
+            &format!("slow_uncached = {bad}\n{step}"),
+        );
+        let r = fx.xtask(&["restore"]).expect_code(10);
+        assert!(
+            r.stderr().contains("slow_uncached") && r.stderr().lines().count() == 1,
+            "{bad}: {}",
+            r.stderr()
+        );
+        assert!(!fx.work.join("m").exists(), "{bad}: a step ran");
+    }
+    fx.write(
+        "cache-manifests/restore.toml",
+        &format!("slow_uncached = \"100ms\"\n{step}"),
+    );
+    let v = restore_json(&fx, &[]);
+    assert!(row(&v, "slow")["cache_hint"].is_string(), "{v:#}");
+    fx.write(
+        "cache-manifests/restore.toml",
+        &format!("slow_uncached = false\n{step}"),
+    );
+    let v = restore_json(&fx, &[]);
+    assert_eq!(row(&v, "slow")["cache_hint"], Value::Null, "{v:#}");
+}

@@ -15,13 +15,13 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CACHE: &str = "art";
+pub(crate) const CACHE: &str = "art";
 
 /// `work` (the trusted publisher and the restoring machine) and `att`
 /// (the attacker's clone), both cloned from `origin.git` served by git
 /// daemon; signing keys `ci`, `alice` and `evil`; `work` commits
 /// allowed_signers with `signers` and trust.toml with `policy`.
-fn trusted(policy: Option<&str>, signers: &[&str]) -> Fixture {
+pub(crate) fn trusted(policy: Option<&str>, signers: &[&str]) -> Fixture {
     let fx = Fixture::served();
     fx.clone_repo("att");
     for name in ["ci", "alice", "evil"] {
@@ -78,7 +78,7 @@ fn manifest(fx: &Fixture, repo: &str, literal: &str, extra: &str) {
 }
 
 /// What `repo` packs: a few files and ~70 kB of noise (four chunks).
-fn content(fx: &Fixture, repo: &str, tag: &str) {
+pub(crate) fn content(fx: &Fixture, repo: &str, tag: &str) {
     let src = fx.env.join(format!("src-{repo}"));
     let _ = std::fs::remove_dir_all(&src);
     std::fs::create_dir_all(src.join("bin")).unwrap();
@@ -86,14 +86,14 @@ fn content(fx: &Fixture, repo: &str, tag: &str) {
     crate::util::tree::write_pseudo_random(&src.join("noise.bin"), 70_000, tag.len() as u64 + 7);
 }
 
-fn xtask(fx: &Fixture, repo: &str, args: &[&str]) -> Run {
+pub(crate) fn xtask(fx: &Fixture, repo: &str, args: &[&str]) -> Run {
     let mut cmd = fx.env.xtask_in(repo);
     cmd.args(args);
     run(&mut cmd)
 }
 
 /// Publishes from `repo` signed with key `signer` (none: unsigned).
-fn publish(fx: &Fixture, repo: &str, signer: Option<&str>, more: &[&str]) -> Run {
+pub(crate) fn publish(fx: &Fixture, repo: &str, signer: Option<&str>, more: &[&str]) -> Run {
     let key = signer.map(|s| key_path(fx, s));
     let mut args = vec!["cache", "publish", CACHE, "--json"];
     if let Some(k) = &key {
@@ -114,7 +114,7 @@ fn pin(fx: &Fixture, literal: &str) {
 
 /// The attacker rewrites the branch: its tree, edited by `edit`, as a
 /// fresh root commit force-pushed with plain git.
-fn tamper(fx: &Fixture, edit: impl FnOnce(&Path)) {
+pub(crate) fn tamper(fx: &Fixture, edit: impl FnOnce(&Path)) {
     let dir = fx.env.join("tamper");
     let _ = std::fs::remove_dir_all(&dir);
     fx.env.git(".", ["init", "-q", "tamper"]);
@@ -161,7 +161,7 @@ fn refused(
     line.to_string()
 }
 
-fn json(r: &Run) -> Value {
+pub(crate) fn json(r: &Run) -> Value {
     serde_json::from_str(&r.stdout()).unwrap_or_else(|e| panic!("{e}\n{}", show(&r.out)))
 }
 

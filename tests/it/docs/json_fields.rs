@@ -417,7 +417,7 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     (
         "cache-publish",
         "status",
-        "`published`, `unchanged` (the branch already holds this tree), `dry-run` or `key-only`",
+        "`published`, `unchanged` (the branch already holds this tree), `present` (`--missing`: the remote holds a key HEAD's trust policy accepts; nothing walked, packed or pushed), `dry-run` or `key-only`",
     ),
     (
         "cache-publish",
@@ -587,6 +587,31 @@ const MEANINGS: &[(&str, &str, &str)] = &[
         "cache-publish",
         "push.temp_refs_removed",
         "temporary refs deleted after the root push, this run's and leftovers",
+    ),
+    (
+        "cache-publish",
+        "missing",
+        "what `--missing` found on the remote before anything was walked or packed; null without `--missing`",
+    ),
+    (
+        "cache-publish",
+        "missing.present",
+        "true when the branch holds the key and HEAD's trust policy accepts it: nothing was built, packed or pushed (status `present`)",
+    ),
+    (
+        "cache-publish",
+        "missing.policy",
+        "the trust policy the key was judged by (`off`, `warn`, `require`); null when the branch does not hold the key",
+    ),
+    (
+        "cache-publish",
+        "missing.verdict",
+        "the key's trust verdict (`trusted`, `unsigned`, `untrusted`, ...); null with policy `off` or when the branch does not hold the key",
+    ),
+    (
+        "cache-publish",
+        "missing.why",
+        "why the key counts as missing (no branch, no such key, or the policy's refusal line); null when present",
     ),
     // cache resign
     (
@@ -1143,6 +1168,11 @@ const MEANINGS: &[(&str, &str, &str)] = &[
         "restore,restore-status",
         "steps[].last_cold_ms",
         "how long its last cold run took",
+    ),
+    (
+        "restore,restore-status",
+        "steps[].cache_hint",
+        "the 10-minute rule (`slow_uncached`): its cold time, that no cache holds its result, and the command that would cache it; null when not flagged (always null in `restore status`)",
     ),
     (
         "restore,restore-status",

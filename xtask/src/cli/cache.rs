@@ -176,6 +176,15 @@ pub struct PublishArgs {
     /// Sign the key's statement with this ssh private key (default: `WARMSTART_SIGNING_KEY`).
     #[arg(long, value_name = "FILE")]
     pub signing_key: Option<std::path::PathBuf>,
+    /// Check the remote first, and publish only when it lacks this key: a
+    /// key on the branch that HEAD's trust policy refuses (unsigned under
+    /// `require`, signed by nobody allowed) counts as missing and is
+    /// replaced. A present key costs the branch fetch and one signature
+    /// check: the pack root is not even read (status `present`). A missing
+    /// key of a manifest with `[build]` is built first (`cache build`), after
+    /// the checks that would refuse its publish.
+    #[arg(long, conflicts_with = "key_only")]
+    pub missing: bool,
     #[command(flatten)]
     pub network: super::NetworkArgs,
     #[command(flatten)]

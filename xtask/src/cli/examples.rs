@@ -25,7 +25,8 @@ const EXAMPLES: &[(&str, &str)] = &[
         "cache publish",
         "{bin} cache publish rust-sdk --key-only   # print the key and how it was built
   {bin} cache publish rust-sdk --dry-run    # the plan: files, key, branch, remote
-  {bin} cache publish rust-sdk --json       # publish, then one JSON summary",
+  {bin} cache publish rust-sdk --json       # publish, then one JSON summary
+  {bin} cache publish rust-sdk --missing    # only if the remote lacks a trusted key (CI)",
     ),
     (
         "cache build",

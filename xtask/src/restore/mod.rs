@@ -23,6 +23,7 @@ pub mod proc;
 pub mod report;
 pub mod retry;
 pub mod schedule;
+pub mod slow;
 pub mod state;
 pub mod status;
 pub mod steps;
@@ -186,6 +187,7 @@ fn execute(ctx: &Ctx, plan: &Plan, selected: &[&Step], args: &RestoreArgs) -> Re
         .find_map(|r| r.fatal.clone().map(|f| (f, r.code)));
     let deferred: Vec<usize> = (0..ran.len()).filter(|&i| ran[i].deferred).collect();
     let mut rows: Vec<Row> = ran.into_iter().map(|r| r.row).collect();
+    slow::mark(ctx.repo, plan, &mut rows);
 
     let mut worker_pid = None;
     if !deferred.is_empty() {
@@ -249,6 +251,7 @@ fn new_row(ctx: &Ctx, step: &Step, prior: &state::StateFile) -> Row {
         log: None,
         pid: None,
         partial: None,
+        cache_hint: None,
     }
 }
 

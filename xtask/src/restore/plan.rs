@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::steps::cache::{self, CacheStep};
 use super::steps::command::{self, Cmdline, CommandStep};
+use super::steps::doctor::{self, Doctor};
 use super::steps::download::{self, Download};
 use super::steps::freshness::{self, Freshness};
 use super::steps::links::{self, Links};
@@ -25,7 +26,7 @@ use crate::repo::Repo;
 use crate::restore::fields::{one_line, shown};
 
 /// The step kinds this build knows, as written in `kind = "..."`.
-pub const KINDS: [&str; 8] = [
+pub const KINDS: [&str; 9] = [
     "cache",
     "submodules",
     "links",
@@ -34,6 +35,7 @@ pub const KINDS: [&str; 8] = [
     "pin",
     "freshness",
     "service",
+    "doctor",
 ];
 
 /// The whole bootstrap: the steps in the order they run.
@@ -46,6 +48,9 @@ pub struct Plan {
     pub parallel: Option<usize>,
     /// The top-level `[env]`: exported whatever the steps' states.
     pub exports: super::exports::Exports,
+    /// `slow_uncached`: a step whose cold run took longer, and whose result
+    /// no cache holds, is flagged (`restore::slow`). `None`: `false`, off.
+    pub slow_uncached: Option<Duration>,
 }
 
 /// One validated step.
@@ -73,6 +78,7 @@ pub enum Kind {
     Pin(Pin),
     Freshness(Freshness),
     Service(Service),
+    Doctor(Doctor),
 }
 
 impl Step {
@@ -86,6 +92,7 @@ impl Step {
             Kind::Pin(_) => "pin",
             Kind::Freshness(_) => "freshness",
             Kind::Service(_) => "service",
+            Kind::Doctor(_) => "doctor",
         }
     }
 
@@ -118,6 +125,7 @@ impl Step {
                 (None, None) => "upstream".into(),
             },
             Kind::Service(s) => s.run.display(),
+            Kind::Doctor(d) => d.display(),
         }
     }
 
@@ -181,6 +189,11 @@ impl Step {
                 "timeout_ms": ms(&f.timeout), "interval_ms": ms(&f.interval),
             }),
             Kind::Service(s) => s.describe(),
+            Kind::Doctor(d) => json!({
+                "connect_timeout_ms": d.connect_timeout.as_ref().map(ms),
+                "timeout_ms": d.timeout.as_ref().map(ms),
+                "interval_ms": ms(&d.interval),
+            }),
         };
         let mut detail = detail;
         if !self.exports.is_empty()
@@ -254,6 +267,8 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
         }
     };
     let parallel = parallel_limit(top.remove("parallel")).map_err(|e| bad(format!("{e:#}")))?;
+    let slow_uncached =
+        slow_uncached(top.remove("slow_uncached")).map_err(|e| bad(format!("{e:#}")))?;
     let exports = match top.remove("env") {
         None => super::exports::Exports::default(),
         Some(v) => {
@@ -262,7 +277,7 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
     };
     if let Some(key) = top.keys().next() {
         return Err(bad(format!(
-            "unknown top-level key `{key}`: only `parallel`, `[env]` and `[[step]]` tables belong here"
+            "unknown top-level key `{key}`: only `parallel`, `slow_uncached`, `[env]` and `[[step]]` tables belong here"
         )));
     }
     let mut steps: Vec<Step> = Vec::new();
@@ -306,6 +321,7 @@ pub fn parse(repo: &Repo, file: &Path, text: &str) -> Result<Plan> {
         steps,
         parallel,
         exports,
+        slow_uncached,
     })
 }
 
@@ -342,6 +358,25 @@ fn parallel_limit(v: Option<toml::Value>) -> Result<Option<usize>> {
             shown(&other)
         ),
     }
+}
+
+/// `slow_uncached` when restore.toml does not set it: ten minutes.
+pub const SLOW_UNCACHED_DEFAULT: Duration = Duration::from_secs(600);
+
+/// `slow_uncached = "10m"` (a positive duration; the default), or `false`:
+/// the 10-minute rule off.
+fn slow_uncached(v: Option<toml::Value>) -> Result<Option<Duration>> {
+    let spec = match v {
+        None => return Ok(Some(SLOW_UNCACHED_DEFAULT)),
+        Some(toml::Value::Boolean(false)) => return Ok(None),
+        Some(toml::Value::String(s)) => crate::clock::DurationSpec::Text(s),
+        Some(toml::Value::Integer(n)) if n > 0 => crate::clock::DurationSpec::Seconds(n as u64),
+        Some(other) => bail!(
+            "`slow_uncached` = {} must be a duration such as \"10m\" or \"90s\", or false to flag no step",
+            shown(&other)
+        ),
+    };
+    Ok(Some(spec.resolve_positive("`slow_uncached`")?))
 }
 
 /// `after` only means something in a parallel plan (file order already
@@ -434,6 +469,7 @@ fn parse_step(repo: &Repo, mut t: toml::Table) -> std::result::Result<Step, Step
         "pin" => pin::resolve_pin(repo, de(rest)?).map(Kind::Pin),
         "freshness" => freshness::resolve_freshness(de(rest)?).map(Kind::Freshness),
         "service" => service::resolve_service(repo, &name, de(rest)?).map(Kind::Service),
+        "doctor" => doctor::resolve_doctor(de(rest)?, fail_open).map(Kind::Doctor),
         other => Err(anyhow!(
             "unknown kind {other:?}: one of {}",
             KINDS.join(", ")

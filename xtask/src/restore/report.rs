@@ -32,6 +32,10 @@ pub struct Row {
     /// the key parts that differ (`cache restore --json`'s `partial`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partial: Option<serde_json::Value>,
+    /// The 10-minute rule (`restore::slow`): how long its cold run took, that
+    /// no cache holds its result, and the command that would cache it; null
+    /// when the rule does not flag it.
+    pub cache_hint: Option<String>,
 }
 
 /// A duration for people: `clock::human` (`0.4ms`, `12ms`, `1.3s`, `2m`).
@@ -77,7 +81,11 @@ pub fn table(rows: &[Row], this_run_label: &str) -> String {
             cut(&r.source, 40),
             state,
             fmt_ms_precise(r.ms),
-            fmt_ms(r.last_cold_ms),
+            match r.cache_hint {
+                // The flag of the 10-minute rule; the line under the table says why.
+                Some(_) => format!("{} !", fmt_ms(r.last_cold_ms)),
+                None => fmt_ms(r.last_cold_ms),
+            },
             r.what.clone(),
         ]);
     }
@@ -99,6 +107,11 @@ pub fn table(rows: &[Row], this_run_label: &str) -> String {
         }
         out.push_str(line.trim_end());
         out.push('\n');
+    }
+    for r in rows {
+        if let Some(hint) = &r.cache_hint {
+            out.push_str(&format!("! slow, uncached: step {} {hint}\n", r.step));
+        }
     }
     out
 }
@@ -162,6 +175,7 @@ mod tests {
             log: None,
             pid: None,
             partial: None,
+            cache_hint: None,
         }
     }
 
@@ -184,6 +198,18 @@ mod tests {
         assert!(lines[0].starts_with("STEP                 KIND"), "{t}");
         assert!(lines[1].contains("warm") && lines[1].contains("65s"), "{t}");
         assert!(lines[2].contains("background (pid 42)"), "{t}");
+        assert!(!t.contains('!'), "nothing flagged: {t}");
+        let mut slow = row("build", State::Done);
+        slow.cache_hint = Some("took 11m cold ...: `x cache publish build`".into());
+        let t = table(&[row("deps", State::Warm), slow], "THIS RUN");
+        let lines: Vec<_> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(lines[2].contains("65s !"), "{t}");
+        assert!(!lines[1].contains('!'), "{t}");
+        assert_eq!(
+            lines[3],
+            "! slow, uncached: step build took 11m cold ...: `x cache publish build`"
+        );
         let col = lines[0].find("STATE").unwrap();
         assert_eq!(&lines[1][col..col + 4], "warm");
         let json = serde_json::to_value(row("d", State::FailedOpen)).unwrap();

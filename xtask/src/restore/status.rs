@@ -45,6 +45,7 @@ pub fn run(as_json: bool) -> Result<()> {
                 log: None,
                 pid: None,
                 partial: None,
+                cache_hint: None,
             });
             continue;
         };
@@ -74,6 +75,7 @@ pub fn run(as_json: bool) -> Result<()> {
             log: r.log.clone(),
             pid: r.pid,
             partial: None,
+            cache_hint: None,
         });
     }
     let running = rows.iter().any(|r| {

@@ -8,7 +8,9 @@
 //! key into the branch's `warmstart.json` (other keys are kept); write a
 //! fresh root commit and push it with a lease on the fetched value. If the
 //! lease fails because another publisher moved the branch meanwhile, the
-//! merge is redone on the new value (the packed chunks are kept).
+//! merge is redone on the new value (the packed chunks are kept). With
+//! `--missing` (module `missing`) the branch is fetched first, and a key it
+//! holds that HEAD's trust policy accepts ends the publish there.
 //!
 //! Never: commit with a parent, push without a lease, replace a branch that
 //! is not a cache branch, or push when this key's bytes are already there.
@@ -19,6 +21,7 @@ pub mod chunks;
 pub mod commit;
 pub mod lease;
 pub mod migrate;
+pub mod missing;
 pub mod oci;
 pub mod pack;
 pub mod packed;
@@ -68,6 +71,9 @@ pub struct Request {
     pub remote: Option<String>,
     /// `--signing-key` (else `WARMSTART_SIGNING_KEY`, else unsigned).
     pub signing_key: Option<PathBuf>,
+    /// `--missing`: publish only when the remote lacks a key HEAD's trust
+    /// policy accepts (module `missing`).
+    pub missing: bool,
     pub json: bool,
     pub quiet: bool,
 }
@@ -82,6 +88,7 @@ impl From<PublishArgs> for Request {
             allow_unpushed: a.allow_unpushed,
             remote: a.remote,
             signing_key: a.signing_key,
+            missing: a.missing,
             json: a.out.json,
             quiet: a.out.quiet(),
         }
@@ -117,32 +124,73 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         return Ok(summary);
     }
     if let Some(registry) = &m.registry {
+        if req.missing {
+            out.warn(format!(
+                "--missing does not read OCI registries yet: cache {} (in {registry}) is published as without it",
+                m.name
+            ));
+        }
         return oci::publish(sh, repo, req, &m, registry, &key, summary, &out, started);
     }
 
     let remote_name = req.remote.clone().unwrap_or_else(|| m.remote.clone());
     let remote = crate::git::resolve_remote(sh, &repo.root, &remote_name)?;
     summary.remote = Some(RemoteJson::of(&remote));
+    // `--missing` looks at the remote before the pack root: a present key
+    // costs the branch fetch and its trust check, nothing else.
+    let mut fetched = None;
+    let mut replace = false;
+    let mut checked = None;
+    if req.missing {
+        let (git, state) = open_and_fetch(sh, repo, &m, &remote, deadline, &out, &mut summary)?;
+        let found = missing::standing(sh, repo, &m, &key, (&git, &remote), state.as_ref())?;
+        out.say(&found.line);
+        summary.missing = Some(found.json.clone());
+        if found.json.present {
+            summary.status = "present";
+            summary.previous_commit = state.as_ref().map(|s| s.commit.clone());
+            summary.commit = summary.previous_commit.clone();
+            summary.keys_on_branch = state
+                .as_ref()
+                .map(|s| s.manifest.keys.keys().cloned().collect())
+                .unwrap_or_default();
+            summary.duration_ms = Some(ms(started.elapsed()));
+            return Ok(summary);
+        }
+        replace = found.replace;
+        if m.build.is_some() && !req.dry_run {
+            // A build may take an hour: what would refuse its publish is
+            // asked before it, not after.
+            pushed::check(sh, &repo.root, &remote, req.allow_unpushed, &out)?;
+            checked = Some(gate_record(sh, repo, &m, req.allow_ungated, &out)?);
+            missing::build_missing(repo, &m, &out)?;
+        }
+        fetched = Some((git, state));
+    }
     let (plan, planned_at_ns) = walk(&m, &mut summary)?;
     if req.dry_run {
         summary.status = "dry-run";
         print_plan(&out, &m, &key, &plan, &remote);
         return Ok(summary);
     }
-    pushed::check(sh, &repo.root, &remote, req.allow_unpushed, &out)?;
+    let (gate_record, ungated) = match checked {
+        Some(checked) => checked,
+        None => {
+            pushed::check(sh, &repo.root, &remote, req.allow_unpushed, &out)?;
+            gate_record(sh, repo, &m, req.allow_ungated, &out)?
+        }
+    };
     let stamped = stamp(&plan, planned_at_ns, &mut summary);
-    let (gate_record, ungated) = gate_record(sh, repo, &m, req.allow_ungated, &out)?;
     summary.ungated = ungated;
 
     out.say(format!(
         "publishing {} (key {}) to {} on {remote}",
         m.name, key.value, m.branch
     ));
-    let mut git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
-    git.set_network(&m.network)?;
-    let t = Instant::now();
-    let state = healing(|| BranchState::load(&git, &remote, &m.branch, &out))?;
-    summary.timings_ms.insert("fetch", ms(t.elapsed()));
+    let (git, state) = match fetched {
+        Some(f) => f,
+        None => open_and_fetch(sh, repo, &m, &remote, deadline, &out, &mut summary)?,
+    };
     summary.previous_commit = state.as_ref().map(|s| s.commit.clone());
 
     let cx = Cx {
@@ -153,11 +201,31 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         remote: &remote,
         git: &git,
         out: &out,
+        replace,
     };
     let gates = (gate_record, ungated);
     cx.publish_plan(state, &plan, stamped, gates, req, deadline, &mut summary)?;
     summary.duration_ms = Some(ms(started.elapsed()));
     Ok(summary)
+}
+
+/// cache.git (waiting for its lock up to `deadline`) and the branch as
+/// fetched from `remote` now, timed as `fetch`.
+fn open_and_fetch(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    remote: &Remote,
+    deadline: Duration,
+    out: &Reporter,
+    summary: &mut Summary,
+) -> Result<(CacheGit, Option<BranchState>)> {
+    let mut git = CacheGit::open(sh, repo)?.with_lock_wait(deadline);
+    git.set_network(&m.network)?;
+    let t = Instant::now();
+    let state = healing(|| BranchState::load(&git, remote, &m.branch, out))?;
+    summary.timings_ms.insert("fetch", ms(t.elapsed()));
+    Ok((git, state))
 }
 
 /// The walk of the pack root, timed as `plan`, and when it began.
@@ -227,6 +295,9 @@ struct Cx<'a> {
     remote: &'a Remote,
     git: &'a CacheGit,
     out: &'a Reporter,
+    /// `--missing` found the key refused by HEAD's trust policy: land it
+    /// anew even when the branch holds the same bytes.
+    replace: bool,
 }
 
 /// The key this publish lands: its entry, the blob ids of its new files
@@ -257,7 +328,9 @@ impl Cx<'_> {
         let params = packed::pack_params(&opts.params.frames(opts.sizes));
         let record_path = packed::path(&self.repo.state_dir(), &m.name);
         let (s, p) = (state.as_ref(), plan);
-        if self.unchanged_by_record(s, ungated, p, &stamp, &tree, &params, summary)? {
+        if !self.replace
+            && self.unchanged_by_record(s, ungated, p, &stamp, &tree, &params, summary)?
+        {
             return Ok(());
         }
         let planned = (plan, tree.planned_at_ns);
@@ -449,6 +522,7 @@ impl Cx<'_> {
         loop {
             let old = state.as_ref().and_then(|s| s.manifest.keys.get(&key.value));
             if let (Some(s), Some(old)) = (&state, old)
+                && !self.replace
                 && same_artifact(old, new.entry)
             {
                 git.set_local_branch(&m.branch, &s.commit)?;

@@ -15,7 +15,8 @@ use crate::cache::publish::push;
 /// What a publish did: the `--json` output.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
-    /// `published`, `unchanged`, `dry-run` or `key-only`.
+    /// `published`, `unchanged`, `present` (`--missing`: the remote holds
+    /// an accepted key), `dry-run` or `key-only`.
     pub status: &'static str,
     pub name: String,
     pub key: String,
@@ -70,6 +71,8 @@ pub struct Summary {
     pub timings_ms: BTreeMap<&'static str, u64>,
     /// How the push went (batches under the push limit); null without a push.
     pub push: Option<push::Report>,
+    /// What `--missing` found on the remote; null without `--missing`.
+    pub missing: Option<crate::cache::publish::missing::MissingJson>,
 }
 
 /// The contract's one remote shape, `{name, url}`.
@@ -114,6 +117,7 @@ impl Summary {
             duration_ms: None,
             timings_ms: BTreeMap::new(),
             push: None,
+            missing: None,
         }
     }
 

@@ -82,6 +82,10 @@ kind = "service"
 run = ["lsp", "--port", "7070"]
 ready_port = 7070
 watch = ["bin/lsp"]
+
+[[step]]
+name = "network"
+kind = "doctor"
 "#
         .replace("SHA", &"AB".repeat(32)),
     )
@@ -121,6 +125,13 @@ watch = ["bin/lsp"]
     assert_eq!((c.cache.as_str(), c.remote.as_deref()), ("xtask-bin", None));
     // No manifest under /r: the source names the file the step needs.
     assert_eq!(p.steps[0].source(&repo()), "cache-manifests/xtask-bin.toml");
+    let Kind::Doctor(doc) = &p.steps[8].kind else {
+        panic!()
+    };
+    assert_eq!(doc.interval, Duration::from_secs(3600));
+    assert_eq!((doc.connect_timeout, doc.timeout), (None, None));
+    assert_eq!(p.steps[8].source(&repo()), "doctor --json");
+    assert_eq!(p.slow_uncached, Some(Duration::from_secs(600)));
 }
 
 #[test]

@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod command;
 pub mod common;
+pub mod doctor;
 pub mod download;
 pub mod freshness;
 pub mod links;
@@ -32,6 +33,7 @@ pub fn probe(ctx: &Ctx, step: &Step) -> Probe {
         Kind::Pin(s) => pin::probe(ctx, &step.name, s),
         Kind::Freshness(s) => freshness::probe(ctx, &step.name, s),
         Kind::Service(s) => service::probe(ctx, &step.name, s),
+        Kind::Doctor(s) => doctor::probe(ctx, &step.name, s),
     }
 }
 
@@ -46,5 +48,6 @@ pub fn run(ctx: &Ctx, step: &Step, log: &mut Log) -> Result<Outcome> {
         Kind::Pin(s) => pin::run(ctx, &step.name, s, log),
         Kind::Freshness(s) => freshness::run(ctx, &step.name, s, log),
         Kind::Service(s) => service::run(ctx, &step.name, s, log),
+        Kind::Doctor(s) => doctor::run(ctx, &step.name, s, log),
     }
 }

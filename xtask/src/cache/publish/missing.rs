@@ -1,0 +1,162 @@
+//! `cache publish --missing`: publish a key only when its remote lacks it,
+//! so that a CI run after a landing that changed nothing costs a branch
+//! fetch and a signature check, not a build and a pack.
+//!
+//! "Lacks" is judged as a restore judges it: the branch holds the key AND
+//! HEAD's trust policy accepts it (`trust::check_key`, the very check
+//! `cache restore` makes before its first chunk). A key present by name but
+//! refused (unsigned under `require`, signed by nobody allowed_signers
+//! lists) is missing, and its publish replaces it even when the bytes are
+//! the same. Never: walk the pack root, build, pack or push for a key that
+//! is present; decide from a name alone.
+
+use anyhow::Result;
+use serde::Serialize;
+use xshell::Shell;
+
+use crate::cache::format::manifest::{CacheManifest, Key};
+use crate::cache::publish::branch::BranchState;
+use crate::cache::publish::report::Reporter;
+use crate::cache::restore::branch::Branch;
+use crate::git::{CacheGit, Remote};
+use crate::repo::Repo;
+use crate::trust::Gate;
+
+/// What `--missing` found, for `--json` (`missing`).
+#[derive(Clone, Debug, Serialize)]
+pub struct MissingJson {
+    /// True when the remote holds the key and HEAD's trust policy accepts
+    /// it: then nothing was built, packed or pushed.
+    pub present: bool,
+    /// The trust policy the key was judged by (`off`, `warn`, `require`);
+    /// null when the branch does not hold the key.
+    pub policy: Option<&'static str>,
+    /// The key's verdict when one was made (`trusted`, `unsigned`, ...);
+    /// null with policy `off` or when the branch does not hold the key.
+    pub verdict: Option<&'static str>,
+    /// Why the key counts as missing, in words (null when present).
+    pub why: Option<String>,
+}
+
+/// The standing of the key on its remote.
+pub(crate) struct Standing {
+    pub(crate) json: MissingJson,
+    /// The one line the publish says.
+    pub(crate) line: String,
+    /// The branch holds the key but the policy refuses it: publish anew
+    /// even when the bytes are the same (an "unchanged" would leave it
+    /// refused).
+    pub(crate) replace: bool,
+}
+
+/// Whether the branch at `state` (as just fetched from `remote`) holds `key`
+/// of `m` in a form HEAD's trust policy accepts.
+pub(crate) fn standing(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    key: &Key,
+    (git, remote): (&CacheGit, &Remote),
+    state: Option<&BranchState>,
+) -> Result<Standing> {
+    let absent = |why: String| Standing {
+        line: format!("missing: {why}; publishing it"),
+        json: MissingJson {
+            present: false,
+            policy: None,
+            verdict: None,
+            why: Some(why),
+        },
+        replace: false,
+    };
+    let Some(state) = state else {
+        return Ok(absent(format!(
+            "{} does not exist on {} yet",
+            m.branch,
+            remote.shown_name()
+        )));
+    };
+    if !state.manifest.keys.contains_key(&key.value) {
+        return Ok(absent(format!(
+            "{} on {} holds no key {}",
+            m.branch,
+            remote.shown_name(),
+            key.value
+        )));
+    }
+    // A branch whose files do not cross-check is one a restore refuses
+    // before any key of it: the key is missing, and its publish replaces it.
+    let branch = match Branch::read(git, remote.clone(), &m.branch, state.commit.clone()) {
+        Ok(b) => b,
+        Err(e) if crate::exit::code_of(&e) == crate::exit::Code::Verify => {
+            let why = format!("{e:#}");
+            return Ok(Standing {
+                line: format!("missing: {why}; a restore refuses it, so publishing it anew"),
+                json: MissingJson {
+                    present: false,
+                    policy: None,
+                    verdict: None,
+                    why: Some(why),
+                },
+                replace: true,
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    let mut checker = crate::trust::Checker::new(sh, repo)?;
+    Ok(
+        match crate::trust::check_key(sh, repo, &mut checker, m, git, &branch, &key.value)? {
+            Gate::Pass(checked) => Standing {
+                line: format!(
+                    "present: {} on {} holds key {} and HEAD's trust policy ({}) accepts it; nothing built, packed or pushed",
+                    m.branch,
+                    remote.shown_name(),
+                    key.value,
+                    checked.policy
+                ),
+                json: MissingJson {
+                    present: true,
+                    policy: Some(checked.policy),
+                    verdict: checked.key.as_ref().map(|k| k.verdict),
+                    why: None,
+                },
+                replace: false,
+            },
+            Gate::Refused { verdict, line } => Standing {
+                line: format!("missing: {line}; so it counts as missing: publishing it anew"),
+                json: MissingJson {
+                    present: false,
+                    policy: Some("require"),
+                    verdict: Some(verdict.verdict),
+                    why: Some(line),
+                },
+                replace: true,
+            },
+        },
+    )
+}
+
+/// Builds a missing key whose manifest has `[build]` (`cache::build::run`)
+/// before its pack root is walked, so that a CI run builds only the keys
+/// its remote lacks. Called for missing keys only, after the checks that
+/// would refuse the publish; a manifest without `[build]` publishes what
+/// the pack root holds, as a plain publish does.
+pub(crate) fn build_missing(repo: &Repo, m: &CacheManifest, out: &Reporter) -> Result<()> {
+    if m.build.is_none() {
+        return Ok(());
+    }
+    out.say(format!(
+        "building {} ([build] in {})",
+        m.name,
+        m.file.display()
+    ));
+    let built = crate::cache::build::run(repo, m)?;
+    out.say(format!(
+        "built {} into {} in {} (log {})",
+        m.name,
+        m.pack_root.display(),
+        crate::clock::human(built.duration),
+        built.log.display()
+    ));
+    Ok(())
+}
