@@ -74,3 +74,33 @@ impl Outcome {
         self
     }
 }
+
+/// How long ago a step's stamp says it last checked (at `checked_at`, ms
+/// since the epoch), when that is less than `interval` ago: the step is
+/// warm. A stamp from the future (a clock set back, a stamp copied from
+/// another machine) is never warm: it would otherwise stay so for the skew
+/// plus the interval.
+pub fn checked_within(
+    checked_at: u64,
+    interval: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let age = crate::clock::now_ms().checked_sub(checked_at)?;
+    (age < interval.as_millis() as u64).then(|| std::time::Duration::from_millis(age))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checked_within;
+    use std::time::Duration;
+
+    #[test]
+    fn a_stamp_from_the_future_or_past_the_interval_is_not_warm() {
+        let now = crate::clock::now_ms();
+        let hour = Duration::from_secs(3600);
+        assert!(checked_within(now - 1000, hour).is_some());
+        assert_eq!(checked_within(now + 3_600_000, hour), None);
+        assert_eq!(checked_within(now + 1, hour), None);
+        assert_eq!(checked_within(now - 3_600_001, hour), None);
+        assert_eq!(checked_within(u64::MAX, hour), None);
+    }
+}

@@ -101,16 +101,10 @@ struct Stamp {
 }
 
 pub fn probe(ctx: &Ctx, name: &str, d: &Doctor) -> Probe {
-    let now = crate::clock::now_ms();
-    match state::read_stamp::<Stamp>(ctx.paths, name) {
-        Some(s) if now.saturating_sub(s.checked_at) < d.interval.as_millis() as u64 => {
-            Probe::warm(format!(
-                "checked {} ago: {}",
-                fmt_duration(Duration::from_millis(now - s.checked_at)),
-                s.what
-            ))
-        }
-        _ => Probe::Needed("not checked recently".into()),
+    let stamp = state::read_stamp::<Stamp>(ctx.paths, name);
+    match stamp.and_then(|s| Some((super::common::checked_within(s.checked_at, d.interval)?, s))) {
+        Some((ago, s)) => Probe::warm(format!("checked {} ago: {}", fmt_duration(ago), s.what)),
+        None => Probe::Needed("not checked recently".into()),
     }
 }
 

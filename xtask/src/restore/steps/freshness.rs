@@ -70,14 +70,9 @@ struct Stamp {
 }
 
 pub fn probe(ctx: &Ctx, name: &str, f: &Freshness) -> Probe {
-    let now = crate::clock::now_ms();
-    match state::read_stamp::<Stamp>(ctx.paths, name) {
-        Some(s) if now.saturating_sub(s.checked_at) < f.interval.as_millis() as u64 => {
-            Probe::warm(format!(
-                "checked {} ago",
-                fmt_duration(std::time::Duration::from_millis(now - s.checked_at))
-            ))
-        }
+    let stamp = state::read_stamp::<Stamp>(ctx.paths, name);
+    match stamp.and_then(|s| super::common::checked_within(s.checked_at, f.interval)) {
+        Some(ago) => Probe::warm(format!("checked {} ago", fmt_duration(ago))),
         _ => Probe::Needed("not checked recently".into()),
     }
 }
