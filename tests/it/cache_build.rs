@@ -646,3 +646,32 @@ fn publish_missing_builds_only_the_key_the_remote_lacks() {
     assert_eq!(builds(&fx), 1, "built before the refusal: {}", show(&r.out));
     assert_eq!(fx.origin_git(&["rev-parse", "tool-cache"]), tip);
 }
+
+/// `--missing` cannot yet tell whether a registry cache needs its build, so
+/// a registry cache with `[build]` is refused (exit 10, naming the commands
+/// to run) rather than published from whatever the pack root holds.
+#[test]
+fn publish_missing_of_a_registry_cache_with_a_build_is_refused_not_published_stale() {
+    let fx = world(None, "");
+    let text = manifest("").replace(
+        "[pack]",
+        "[cache]\nregistry = \"127.0.0.1:9/team/tool\"\n\n[pack]",
+    );
+    fx.write("cache-manifests/tool.toml", &text);
+    std::fs::create_dir_all(fx.work.join("build/out/bin")).unwrap();
+    std::fs::write(fx.work.join("build/out/bin/tool"), "stale\n").unwrap();
+    let r = run(fx.env.xtask_in("work").args([
+        "cache",
+        "publish",
+        CACHE,
+        "--missing",
+        "--allow-unpushed",
+    ]));
+    assert_eq!(r.code(), 10, "{}", show(&r.out));
+    let err = r.stderr();
+    assert!(
+        err.contains("cache build tool") && err.contains("without --missing"),
+        "{err}"
+    );
+    assert_eq!(builds(&fx), 0);
+}

@@ -48,7 +48,11 @@ fn a_rerun_with_nothing_missing_reads_no_pack_root_and_pushes_nothing() {
     assert_eq!(again["commit"].as_str(), Some(before.as_str()), "{again:#}");
     assert_eq!(again["push"], Value::Null, "{again:#}");
     let phases: Vec<&String> = again["timings_ms"].as_object().unwrap().keys().collect();
-    assert_eq!(phases, ["fetch"], "only the branch fetch: {again:#}");
+    assert_eq!(
+        phases,
+        ["fetch", "verify"],
+        "only the branch fetch and the check of its bytes: {again:#}"
+    );
     assert_eq!(tip(&fx), before, "the branch moved");
 
     // In words: one line that says so, nothing about packing.
@@ -182,7 +186,8 @@ fn the_ci_script_rerun_with_nothing_missing_pushes_nothing() {
 /// damaged by a pusher in one generated way (signature dropped, statement
 /// dropped, one statement byte flipped, re-signed by a key nobody allows,
 /// an entry field edited with SHA256SUMS agreeing, a chunk digest edited
-/// without) and `--missing` must see it missing and land it anew, after
+/// without, one byte of a chunk's blob flipped behind its signed digest)
+/// and `--missing` must see it missing and land it anew, after
 /// which a restore accepts it and the next `--missing` finds it present.
 #[test]
 fn a_damaged_key_of_the_right_name_is_never_present() {
@@ -197,6 +202,7 @@ fn a_damaged_key_of_the_right_name_is_never_present() {
         "evil",
         "field",
         "chunk-sha",
+        "chunk-bytes",
     ];
     // Each kind once, at generated places (the byte flipped, the chunk).
     for (round, kind) in kinds.into_iter().enumerate() {
@@ -229,6 +235,21 @@ fn a_damaged_key_of_the_right_name_is_never_present() {
                 "field" => edit_manifest(d, "art-1", |e| {
                     e["created_at"] = "2099-01-01T00:00:00Z".into();
                 }),
+                "chunk-bytes" => {
+                    // Every signature and digest stays; the blob lies.
+                    let m: Value = serde_json::from_str(
+                        &std::fs::read_to_string(d.join("warmstart.json")).unwrap(),
+                    )
+                    .unwrap();
+                    let chunks = m["keys"]["art-1"]["chunks"].as_array().unwrap();
+                    let file = chunks[(seed as usize) % chunks.len()]["file"]
+                        .as_str()
+                        .unwrap();
+                    let mut b = std::fs::read(d.join(file)).unwrap();
+                    let at = (seed as usize >> 8) % b.len();
+                    b[at] ^= 1 << (seed % 8);
+                    std::fs::write(d.join(file), b).unwrap();
+                }
                 _ => {
                     let f = d.join("warmstart.json");
                     let mut m: Value =
@@ -248,6 +269,11 @@ fn a_damaged_key_of_the_right_name_is_never_present() {
         if kind == "chunk-sha" {
             // The branch itself does not cross-check: no verdict is made.
             assert_eq!(p["missing"]["verdict"], Value::Null, "{p:#}");
+        } else if kind == "chunk-bytes" {
+            // The signature holds; the bytes a restore would refuse do not.
+            assert_eq!(p["missing"]["verdict"], "trusted", "{p:#}");
+            let why = p["missing"]["why"].as_str().unwrap();
+            assert!(why.contains("sha256"), "{p:#}");
         } else {
             assert_ne!(p["missing"]["verdict"], "trusted", "{p:#}");
         }

@@ -7,8 +7,12 @@
 //! `cache restore` makes before its first chunk). A key present by name but
 //! refused (unsigned under `require`, signed by nobody allowed_signers
 //! lists) is missing, and its publish replaces it even when the bytes are
-//! the same. Never: walk the pack root, build, pack or push for a key that
-//! is present; decide from a name alone.
+//! the same. So is a key whose chunks a restore would refuse (a blob
+//! swapped behind its signed digest): a present key's chunks are streamed
+//! through the restore's verification, which costs a fetch of what the
+//! chunk store lacks and a decode, never a build. Never: walk the pack
+//! root, build, pack or push for a key that is present; decide from a name
+//! or a signature alone.
 
 use anyhow::Result;
 use serde::Serialize;
@@ -104,36 +108,89 @@ pub(crate) fn standing(
         Err(e) => return Err(e),
     };
     let mut checker = crate::trust::Checker::new(sh, repo)?;
-    Ok(
+    let checked =
         match crate::trust::check_key(sh, repo, &mut checker, m, git, &branch, &key.value)? {
-            Gate::Pass(checked) => Standing {
-                line: format!(
-                    "present: {} on {} holds key {} and HEAD's trust policy ({}) accepts it; nothing built, packed or pushed",
-                    m.branch,
-                    remote.shown_name(),
-                    key.value,
-                    checked.policy
-                ),
-                json: MissingJson {
-                    present: true,
-                    policy: Some(checked.policy),
-                    verdict: checked.key.as_ref().map(|k| k.verdict),
-                    why: None,
-                },
-                replace: false,
+            Gate::Pass(checked) => checked,
+            Gate::Refused { verdict, line } => {
+                return Ok(Standing {
+                    line: format!("missing: {line}; so it counts as missing: publishing it anew"),
+                    json: MissingJson {
+                        present: false,
+                        policy: Some("require"),
+                        verdict: Some(verdict.verdict),
+                        why: Some(line),
+                    },
+                    replace: true,
+                });
+            }
+        };
+    // The statement signs the digests warmstart.json lists, not the blobs
+    // the tree holds: a pusher can swap a chunk's bytes and keep every
+    // signature. The key is present only when its bytes are what a restore
+    // accepts, so every chunk is streamed through the restore's verified
+    // stream (fetched, hashed, decoded, the tar digest checked; nothing is
+    // written).
+    let policy = checked.policy;
+    let verdict = checked.key.as_ref().map(|k| k.verdict);
+    if let Some(why) = damaged(repo, m, git, &branch, &key.value)? {
+        return Ok(Standing {
+            line: format!("missing: {why}; a restore refuses it, so publishing it anew"),
+            json: MissingJson {
+                present: false,
+                policy: Some(policy),
+                verdict,
+                why: Some(why),
             },
-            Gate::Refused { verdict, line } => Standing {
-                line: format!("missing: {line}; so it counts as missing: publishing it anew"),
-                json: MissingJson {
-                    present: false,
-                    policy: Some("require"),
-                    verdict: Some(verdict.verdict),
-                    why: Some(line),
-                },
-                replace: true,
-            },
+            replace: true,
+        });
+    }
+    Ok(Standing {
+        line: format!(
+            "present: {} on {} holds key {} and HEAD's trust policy ({policy}) accepts it, every chunk verified; nothing built, packed or pushed",
+            m.branch,
+            remote.shown_name(),
+            key.value,
+        ),
+        json: MissingJson {
+            present: true,
+            policy: Some(policy),
+            verdict,
+            why: None,
         },
-    )
+        replace: false,
+    })
+}
+
+/// Why key `k` of `branch` fails the verification a restore makes of its
+/// bytes, or `None` when every chunk and the tar digest are right. Only a
+/// verification failure (exit 6) is an answer; a network or store error
+/// is the publish's error.
+fn damaged(
+    repo: &Repo,
+    m: &CacheManifest,
+    git: &CacheGit,
+    branch: &Branch,
+    k: &str,
+) -> Result<Option<String>> {
+    // `cache gc` removes no chunk while this reads them.
+    let _reading = crate::cache::gc::Reading::take(
+        &repo.state_dir(),
+        crate::cache::restore::RestoreOptions::default().lock_timeout,
+    )?;
+    let fix = crate::cache::restore::republish_fix(&m.name);
+    let streamed = branch.plan(k, &fix).and_then(|kp| {
+        crate::cache::restore::stream_key(git, branch, &kp, false, |r| {
+            std::io::copy(r, &mut std::io::sink())?;
+            Ok(())
+        })
+    });
+    match streamed {
+        Ok(_) => Ok(None),
+        Err(e) if crate::exit::code_of(&e) == crate::exit::Code::Verify => {
+            Ok(Some(format!("{e:#}")))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Builds a missing key whose manifest has `[build]` (`cache::build::run`)

@@ -124,6 +124,20 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         return Ok(summary);
     }
     if let Some(registry) = &m.registry {
+        if req.missing && m.build.is_some() {
+            // Publishing the pack root as it is would pass an old build off
+            // as the missing key's.
+            return Err(fail(
+                Code::Config,
+                format!(
+                    "--missing does not read OCI registries yet, so it cannot tell whether cache {} (in {registry}) needs its [build]: run `{cmd} cache build {}` and then `{cmd} cache publish {}` without --missing",
+                    m.name,
+                    m.name,
+                    m.name,
+                    cmd = crate::invocation::command()
+                ),
+            ));
+        }
         if req.missing {
             out.warn(format!(
                 "--missing does not read OCI registries yet: cache {} (in {registry}) is published as without it",
@@ -143,7 +157,9 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let mut checked = None;
     if req.missing {
         let (git, state) = open_and_fetch(sh, repo, &m, &remote, deadline, &out, &mut summary)?;
+        let t = Instant::now();
         let found = missing::standing(sh, repo, &m, &key, (&git, &remote), state.as_ref())?;
+        summary.timings_ms.insert("verify", ms(t.elapsed()));
         out.say(&found.line);
         summary.missing = Some(found.json.clone());
         if found.json.present {
