@@ -172,7 +172,10 @@ fn mutate(rng: &mut Rng, e: &mut Value, files: &mut Files) -> &'static str {
         8 => {
             let parts = e["key_parts"].as_array_mut().unwrap();
             let i = rng.below(parts.len());
-            parts[i]["value"] = format!("{}", rng.next() % 1000).into();
+            // Appended to, so the edit never writes the value back (a
+            // random 0-999 was "2", the pin's own value, once in a thousand).
+            let old = parts[i]["value"].as_str().unwrap().to_string();
+            parts[i]["value"] = format!("{old}{}", rng.next() % 1000).into();
             "key_parts"
         }
         9 => {
