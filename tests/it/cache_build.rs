@@ -646,3 +646,91 @@ fn publish_missing_builds_only_the_key_the_remote_lacks() {
     assert_eq!(builds(&fx), 1, "built before the refusal: {}", show(&r.out));
     assert_eq!(fx.origin_git(&["rev-parse", "tool-cache"]), tip);
 }
+
+/// Regression (data loss): a `[build]` swaps its output in for the whole
+/// pack root, so generated hostile manifests (a pack root that is or holds
+/// the repository, its git dir, warmstart's state, HOME or an input,
+/// lexically or through a symlink; `[pack] include`/`exclude`; `on_miss`
+/// under merge or overlay) are each refused, exit 10, on one line naming
+/// the manifest, and nothing in the repository or HOME changes.
+#[test]
+fn a_build_whose_pack_root_is_not_its_own_is_refused_and_touches_nothing() {
+    let fx = world(None, "");
+    std::os::unix::fs::symlink(&fx.work, fx.env.join("link-to-work")).unwrap();
+    std::os::unix::fs::symlink(".", fx.work.join("here")).unwrap();
+    std::os::unix::fs::symlink(fx.env.home(), fx.work.join("build-home")).unwrap();
+    let work = fx.work.display().to_string();
+    let roots = [
+        ".".to_string(),
+        "./".into(),
+        "..".into(),
+        "src".into(),
+        "src/..".into(),
+        "./src/".into(),
+        "build/../src".into(),
+        "~".into(),
+        "$HOME".into(),
+        "${HOME}".into(),
+        "~/..".into(),
+        ".git".into(),
+        ".git/warmstart".into(),
+        "/".into(),
+        work.clone(),
+        format!("{work}/."),
+        "../link-to-work".into(),
+        format!("{}/link-to-work", fx.env.path().display()),
+        "here".into(),
+        "here/src".into(),
+        "build-home".into(),
+        "cache-manifests/..".into(),
+    ];
+    let safe = ["build/out", "~/.local", "out"];
+    let mut rng = Rng(0x5eed_b01d);
+    let detail = Detail::default();
+    let before = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+    for case in 0..40 {
+        // Every case is hostile in at least one way.
+        let bad_root = case < roots.len() || rng.chance(50);
+        let root = if bad_root {
+            rng.pick(&roots).clone()
+        } else {
+            rng.pick(&safe).to_string()
+        };
+        let mut pack = format!("root = {root:?}");
+        let mut mode = "";
+        let mut build = "";
+        let which = rng.below(4);
+        if !bad_root || rng.chance(30) {
+            match which {
+                0 => pack.push_str("\ninclude = [\"out/**\"]"),
+                1 => pack.push_str("\nexclude = [\"*.o\"]"),
+                2 => {
+                    mode = "mode = \"merge\"";
+                    build = "on_miss = true";
+                }
+                _ => {
+                    mode = "mode = \"overlay\"";
+                    build = "on_miss = true";
+                }
+            }
+        }
+        let text = manifest(build)
+            .replace("root = \"build/out\"", &pack)
+            .replace(
+                "path = \"restored/tool\"",
+                &format!("path = \"restored/tool\"\n{mode}"),
+            );
+        fx.write("cache-manifests/tool.toml", &text);
+        let snap = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+        let r = run(fx.env.xtask_in("work").args(["cache", "build", CACHE]));
+        assert_eq!(r.code(), 10, "case {case}: {text}\n{}", show(&r.out));
+        let err = r.stderr();
+        assert_eq!(err.trim().lines().count(), 1, "case {case}: {err}");
+        assert!(err.contains("tool.toml"), "case {case}: {err}");
+        let after = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+        assert!(snap == after, "case {case} changed the tree: {text}");
+    }
+    fx.write("cache-manifests/tool.toml", &manifest(""));
+    let after = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+    assert!(before == after, "the hostile cases left the tree changed");
+}
