@@ -647,6 +647,92 @@ fn publish_missing_builds_only_the_key_the_remote_lacks() {
     assert_eq!(fx.origin_git(&["rev-parse", "tool-cache"]), tip);
 }
 
+/// `manifest(build)` with its build command replaced by `sh -c script`.
+fn manifest_running(script: &str, build: &str) -> String {
+    let command = serde_json::to_string(&["sh", "-c", script]).unwrap();
+    manifest(build)
+        .lines()
+        .map(|l| {
+            if l.starts_with("command = ") {
+                format!("command = {command}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Regression (a poisoned key): a build during which HEAD moves (here the
+/// build itself commits and pushes a change to its input, then makes the
+/// new tree's gates green) made v1's output, and publishing it would file
+/// it under v2's key. It is installed here, not published, and the stamp
+/// says why.
+#[test]
+fn a_build_during_which_head_moves_is_not_published_under_the_new_key() {
+    let script = "echo build >> ../builds.log && mkdir -p \"$WARMSTART_BUILD_OUT/bin\" && cp src/tool.sh \"$WARMSTART_BUILD_OUT/bin/tool\" \
+        && printf '#!/bin/sh\\necho tool 2\\n' > src/tool.sh && git commit -q -am v2 && git push -q origin main && \"$WS_BIN\" gates run";
+    let fx = world(None, "on_miss = true");
+    fx.write(
+        "cache-manifests/tool.toml",
+        &manifest_running(script, "on_miss = true"),
+    );
+    fx.env
+        .git("work", ["commit", "-q", "-am", "build moves HEAD"]);
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    gates_run(&fx, "work");
+    let mut cmd = fx.env.xtask_in("work");
+    cmd.args(["restore", "--strict", "--json"])
+        .env("WS_BIN", crate::util::bin());
+    let r = run(&mut cmd);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1);
+    assert_eq!(
+        fx.env.git("work", ["log", "-1", "--format=%s"]).trim(),
+        "v2",
+        "the build did not move HEAD"
+    );
+    assert!(
+        !remote_has_key(&fx),
+        "v1's build was published under v2's key"
+    );
+    let why = stamp(&fx, "work")["built"]["unpublished"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(why.contains("HEAD moved during the build"), "{why}");
+}
+
+/// Regression (a poisoned key): an uncommitted edit under an input is
+/// built here and installed, but never published under the clean tree's
+/// key, so a clean clone builds (or restores) the committed input instead.
+#[test]
+fn an_uncommitted_input_is_built_here_but_never_published_under_the_clean_key() {
+    let fx = world(None, "on_miss = true");
+    gates_run(&fx, "work");
+    fx.write("src/tool.sh", "#!/bin/sh\necho dirty\n");
+    fx.write("src/new-file.sh", "untracked\n");
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1);
+    assert_eq!(installed(&fx, "work"), "#!/bin/sh\necho dirty\n");
+    assert!(!remote_has_key(&fx), "the dirty build was published");
+    let why = stamp(&fx, "work")["built"]["unpublished"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for want in ["inputs differ from HEAD", "src/tool.sh", "src/new-file.sh"] {
+        assert!(why.contains(want), "{want:?} not in {why}");
+    }
+    let warning = row(&v)["warnings"][0].as_str().unwrap_or_default();
+    assert!(warning.contains("inputs differ from HEAD"), "{:#}", row(&v));
+
+    fx.env.git(".", ["clone", "-q", fx.url.as_str(), "fresh"]);
+    let (r, _) = restore(&fx, "fresh", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(installed(&fx, "fresh"), "#!/bin/sh\necho tool 1\n");
+}
+
 /// Regression (data loss): a `[build]` swaps its output in for the whole
 /// pack root, so generated hostile manifests (a pack root that is or holds
 /// the repository, its git dir, warmstart's state, HOME or an input,
