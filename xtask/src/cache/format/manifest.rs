@@ -976,6 +976,34 @@ mod tests {
     }
 
     #[test]
+    fn a_build_pack_root_is_compared_lexically_and_through_links() {
+        assert_eq!(lexical(Path::new("/r/./a/../b/")), Path::new("/r/b"));
+        assert_eq!(lexical(Path::new("/../r/..")), Path::new("/"));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::create_dir_all(dir.join("work/src")).unwrap();
+        std::os::unix::fs::symlink(dir.join("work"), dir.join("link")).unwrap();
+        assert_eq!(through_links(&dir.join("link")), dir.join("work"));
+        assert_eq!(
+            through_links(&dir.join("link/src/../missing/x")),
+            dir.join("work/missing/x")
+        );
+        let work = dir.join("work");
+        let build = |root: &str, extra: &str| {
+            format!(
+                "[[key]]\nname = \"s\"\ngit_tree = [\"src\"]\n[pack]\nroot = {root:?}\n{extra}[restore]\npath = \"dest\"\n[build]\ncommand = [\"make\"]\ninputs = [\"src\"]\ntimeout = \"1m\"\n"
+            )
+        };
+        assert!(parse_str(&work, &build("out", "")).is_ok());
+        for root in [".", "..", "src", ".git", "../link", "/"] {
+            let e = parse_str(&work, &build(root, "")).unwrap_err();
+            assert!(e.to_string().contains("pack.root"), "{root}: {e}");
+        }
+        let e = parse_str(&work, &build("out", "include = [\"a/**\"]\n")).unwrap_err();
+        assert!(e.to_string().contains("include and exclude"), "{e}");
+    }
+
+    #[test]
     fn minimal_manifest_gets_defaults() {
         let m = parse_str(
             Path::new("/r"),
