@@ -675,3 +675,177 @@ fn publish_missing_of_a_registry_cache_with_a_build_is_refused_not_published_sta
     );
     assert_eq!(builds(&fx), 0);
 }
+
+/// `manifest(build)` with its build command replaced by `sh -c script`.
+fn manifest_running(script: &str, build: &str) -> String {
+    let command = serde_json::to_string(&["sh", "-c", script]).unwrap();
+    manifest(build)
+        .lines()
+        .map(|l| {
+            if l.starts_with("command = ") {
+                format!("command = {command}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Regression (a poisoned key): a build during which HEAD moves (here the
+/// build itself commits and pushes a change to its input, then makes the
+/// new tree's gates green) made v1's output, and publishing it would file
+/// it under v2's key. It is installed here, not published, and the stamp
+/// says why.
+#[test]
+fn a_build_during_which_head_moves_is_not_published_under_the_new_key() {
+    let script = "echo build >> ../builds.log && mkdir -p \"$WARMSTART_BUILD_OUT/bin\" && cp src/tool.sh \"$WARMSTART_BUILD_OUT/bin/tool\" \
+        && printf '#!/bin/sh\\necho tool 2\\n' > src/tool.sh && git commit -q -am v2 && git push -q origin main && \"$WS_BIN\" gates run";
+    let fx = world(None, "on_miss = true");
+    fx.write(
+        "cache-manifests/tool.toml",
+        &manifest_running(script, "on_miss = true"),
+    );
+    fx.env
+        .git("work", ["commit", "-q", "-am", "build moves HEAD"]);
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    gates_run(&fx, "work");
+    let mut cmd = fx.env.xtask_in("work");
+    cmd.args(["restore", "--strict", "--json"])
+        .env("WS_BIN", crate::util::bin());
+    let r = run(&mut cmd);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1);
+    assert_eq!(
+        fx.env.git("work", ["log", "-1", "--format=%s"]).trim(),
+        "v2",
+        "the build did not move HEAD"
+    );
+    assert!(
+        !remote_has_key(&fx),
+        "v1's build was published under v2's key"
+    );
+    let why = stamp(&fx, "work")["built"]["unpublished"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(why.contains("HEAD moved during the build"), "{why}");
+}
+
+/// Regression (a poisoned key): an uncommitted edit under an input is
+/// built here and installed, but never published under the clean tree's
+/// key, so a clean clone builds (or restores) the committed input instead.
+#[test]
+fn an_uncommitted_input_is_built_here_but_never_published_under_the_clean_key() {
+    let fx = world(None, "on_miss = true");
+    gates_run(&fx, "work");
+    fx.write("src/tool.sh", "#!/bin/sh\necho dirty\n");
+    fx.write("src/new-file.sh", "untracked\n");
+    let (r, v) = restore(&fx, "work", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(builds(&fx), 1);
+    assert_eq!(installed(&fx, "work"), "#!/bin/sh\necho dirty\n");
+    assert!(!remote_has_key(&fx), "the dirty build was published");
+    let why = stamp(&fx, "work")["built"]["unpublished"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for want in ["inputs differ from HEAD", "src/tool.sh", "src/new-file.sh"] {
+        assert!(why.contains(want), "{want:?} not in {why}");
+    }
+    let warning = row(&v)["warnings"][0].as_str().unwrap_or_default();
+    assert!(warning.contains("inputs differ from HEAD"), "{:#}", row(&v));
+
+    fx.env.git(".", ["clone", "-q", fx.url.as_str(), "fresh"]);
+    let (r, _) = restore(&fx, "fresh", None);
+    assert_eq!(r.code(), 0, "{}", show(&r.out));
+    assert_eq!(installed(&fx, "fresh"), "#!/bin/sh\necho tool 1\n");
+}
+
+/// Regression (data loss): a `[build]` swaps its output in for the whole
+/// pack root, so generated hostile manifests (a pack root that is or holds
+/// the repository, its git dir, warmstart's state, HOME or an input,
+/// lexically or through a symlink; `[pack] include`/`exclude`; `on_miss`
+/// under merge or overlay) are each refused, exit 10, on one line naming
+/// the manifest, and nothing in the repository or HOME changes.
+#[test]
+fn a_build_whose_pack_root_is_not_its_own_is_refused_and_touches_nothing() {
+    let fx = world(None, "");
+    std::os::unix::fs::symlink(&fx.work, fx.env.join("link-to-work")).unwrap();
+    std::os::unix::fs::symlink(".", fx.work.join("here")).unwrap();
+    std::os::unix::fs::symlink(fx.env.home(), fx.work.join("build-home")).unwrap();
+    let work = fx.work.display().to_string();
+    let roots = [
+        ".".to_string(),
+        "./".into(),
+        "..".into(),
+        "src".into(),
+        "src/..".into(),
+        "./src/".into(),
+        "build/../src".into(),
+        "~".into(),
+        "$HOME".into(),
+        "${HOME}".into(),
+        "~/..".into(),
+        ".git".into(),
+        ".git/warmstart".into(),
+        "/".into(),
+        work.clone(),
+        format!("{work}/."),
+        "../link-to-work".into(),
+        format!("{}/link-to-work", fx.env.path().display()),
+        "here".into(),
+        "here/src".into(),
+        "build-home".into(),
+        "cache-manifests/..".into(),
+    ];
+    let safe = ["build/out", "~/.local", "out"];
+    let mut rng = Rng(0x5eed_b01d);
+    let detail = Detail::default();
+    let before = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+    for case in 0..40 {
+        // Every case is hostile in at least one way.
+        let bad_root = case < roots.len() || rng.chance(50);
+        let root = if bad_root {
+            rng.pick(&roots).clone()
+        } else {
+            rng.pick(&safe).to_string()
+        };
+        let mut pack = format!("root = {root:?}");
+        let mut mode = "";
+        let mut build = "";
+        let which = rng.below(4);
+        if !bad_root || rng.chance(30) {
+            match which {
+                0 => pack.push_str("\ninclude = [\"out/**\"]"),
+                1 => pack.push_str("\nexclude = [\"*.o\"]"),
+                2 => {
+                    mode = "mode = \"merge\"";
+                    build = "on_miss = true";
+                }
+                _ => {
+                    mode = "mode = \"overlay\"";
+                    build = "on_miss = true";
+                }
+            }
+        }
+        let text = manifest(build)
+            .replace("root = \"build/out\"", &pack)
+            .replace(
+                "path = \"restored/tool\"",
+                &format!("path = \"restored/tool\"\n{mode}"),
+            );
+        fx.write("cache-manifests/tool.toml", &text);
+        let snap = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+        let r = run(fx.env.xtask_in("work").args(["cache", "build", CACHE]));
+        assert_eq!(r.code(), 10, "case {case}: {text}\n{}", show(&r.out));
+        let err = r.stderr();
+        assert_eq!(err.trim().lines().count(), 1, "case {case}: {err}");
+        assert!(err.contains("tool.toml"), "case {case}: {err}");
+        let after = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+        assert!(snap == after, "case {case} changed the tree: {text}");
+    }
+    fx.write("cache-manifests/tool.toml", &manifest(""));
+    let after = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
+    assert!(before == after, "the hostile cases left the tree changed");
+}

@@ -10,6 +10,14 @@
 //! never publishes and never writes a restore's target: `run` is the one
 //! function `cache publish --missing` and a restore's write-back call to
 //! make the artifact, and what happens to it next is theirs to decide.
+//!
+//! What they decide must first pass `publishable`: a key's pins read
+//! committed content (`HEAD:<path>`), while a build reads the work tree, so
+//! an artifact is published under a key only when HEAD and the key are the
+//! ones taken before the build (`Before::take`) and `git status` shows no
+//! change under any `[build] input`, before the build and after it. A build
+//! that fails this check is still a good local build; it is never anyone
+//! else's key.
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -21,6 +29,7 @@ use crate::cli::cache::BuildArgs;
 use crate::exit::{Code, fail};
 use crate::process::runner::{self, End, Limits, Output};
 use crate::repo::Repo;
+use xshell::Shell;
 
 /// How long a build's process group gets between SIGTERM and SIGKILL.
 const GRACE: Duration = Duration::from_secs(10);
@@ -171,4 +180,98 @@ pub fn run(repo: &Repo, m: &CacheManifest) -> Result<Built> {
         duration: outcome.duration,
         log,
     })
+}
+
+/// HEAD and the key, as they were before a build: what `publishable`
+/// compares with afterwards.
+#[derive(Clone, Debug)]
+pub struct Before {
+    /// `git rev-parse HEAD` (empty in a repository with no commit).
+    pub head: String,
+    /// The key today's pins gave.
+    pub key: String,
+}
+
+impl Before {
+    /// Takes HEAD now; `key` is the key computed for this build.
+    pub fn take(sh: &Shell, repo: &Repo, key: &str) -> Before {
+        Before {
+            head: head(sh, repo),
+            key: key.to_string(),
+        }
+    }
+}
+
+fn head(sh: &Shell, repo: &Repo) -> String {
+    sh.cmd("git")
+        .arg("-C")
+        .arg(&repo.root)
+        .args(["rev-parse", "--verify", "--quiet", "HEAD"])
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .unwrap_or_default()
+}
+
+/// Whether what manifest `m`'s build made may be published under
+/// `before.key`: `Err` says why not ("inputs differ from HEAD: <paths>",
+/// "HEAD moved during the build", "the key changed during the build"). Call
+/// it before the build (a dirty tree still builds, for this machine only)
+/// and again after it, just before publishing. `cache publish --missing`
+/// and a restore's write-back both use it; it never changes anything.
+pub fn publishable(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    before: &Before,
+) -> Result<(), String> {
+    let inputs = m
+        .build
+        .as_ref()
+        .map(|b| b.inputs.clone())
+        .unwrap_or_default();
+    if !inputs.is_empty() {
+        let status = sh
+            .cmd("git")
+            .arg("-C")
+            .arg(&repo.root)
+            .args(["status", "--porcelain", "--untracked-files=all", "--"])
+            .args(&inputs)
+            .quiet()
+            .ignore_stderr()
+            .read()
+            .map_err(|e| format!("cannot tell whether build.inputs differ from HEAD ({e})"))?;
+        let paths: Vec<&str> = status.lines().filter_map(|l| l.get(3..)).collect();
+        if !paths.is_empty() {
+            return Err(format!(
+                "inputs differ from HEAD: {}; commit them (or stash them) and build again to publish",
+                paths.join(", ")
+            ));
+        }
+    }
+    let now = head(sh, repo);
+    if now != before.head {
+        return Err(format!(
+            "HEAD moved during the build (from {} to {}), so the build may not be what either commit's key names",
+            short(&before.head),
+            short(&now)
+        ));
+    }
+    let key = crate::cache::manifests::compute_key(sh, repo, m)
+        .map_err(|e| format!("cannot compute the key again after the build ({e:#})"))?;
+    if key.value != before.key {
+        return Err(format!(
+            "the key changed during the build (from {} to {})",
+            before.key, key.value
+        ));
+    }
+    Ok(())
+}
+
+fn short(commit: &str) -> &str {
+    if commit.is_empty() {
+        "no commit"
+    } else {
+        &commit[..commit.len().min(12)]
+    }
 }

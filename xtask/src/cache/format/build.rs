@@ -9,7 +9,10 @@
 //! so that a change to any of them changes the key: a build whose inputs the
 //! key does not see would publish an entry that lies about what it was made
 //! from. Pure: the parser takes the table and the resolved pins, and never
-//! reads a file.
+//! reads a file. What `[build]` demands of the rest of the manifest (a pack
+//! root the build owns outright, no `[pack] include`/`exclude`, `on_miss`
+//! only under `restore.mode = "replace"`) is checked by `manifest::parse`,
+//! which knows the repository and reads through symlinks.
 //!
 //! `[bootstrap] build` is not this mechanism: it is the bootstrap script's
 //! compile fallback, run in shell before any warmstart binary exists, and it

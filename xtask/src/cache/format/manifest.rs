@@ -9,7 +9,7 @@
 use crate::hex;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use crate::cache::format::chunk_sizes::Sizes;
 use crate::cache::format::{DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
@@ -391,14 +391,8 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         None => cache_ref(name, raw.cache.branch, raw.cache.full_ref)?,
     };
     let pack_root = expand_path(repo, &raw.pack.root)?;
-    if let Some(b) = &build
-        && b.on_miss
-        && raw.restore.mode != Mode::Replace
-        && pack_root != restore_path
-    {
-        bail!(
-            "build.on_miss installs what it built without a branch, which only `restore.mode = \"replace\"` (or a pack.root equal to restore.path) can do atomically: set one, or drop build.on_miss and publish with `cache build` then `cache publish`"
-        );
+    if let Some(b) = &build {
+        build_fits(repo, b, &raw.pack, raw.restore.mode, &pack_root)?;
     }
     let include = if raw.pack.include.is_empty() {
         vec![Glob::new("**")?]
@@ -445,6 +439,89 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         bootstrap,
         build,
     })
+}
+
+/// The limits `[build]` puts on the rest of the manifest, checked when the
+/// manifest loads so that a refused one touches nothing: a build's staging
+/// directory replaces the whole pack root, so the pack root must be a
+/// directory the build owns outright, never one that is, or holds, the
+/// repository, its git directory, warmstart's state, HOME or an input
+/// (compared lexically and through symlinks); `[pack] include`/`exclude`
+/// would say only part of it is the artifact; and a write-back (`on_miss`)
+/// replaces its target whole, which only `restore.mode = "replace"` says.
+fn build_fits(
+    repo: &Repo,
+    b: &crate::cache::format::build::Build,
+    pack: &RawPack,
+    mode: Mode,
+    pack_root: &Path,
+) -> Result<()> {
+    if !pack.include.is_empty() || !pack.exclude.is_empty() {
+        bail!(
+            "[build] replaces the whole pack.root ({}), so [pack] include and exclude cannot pick part of it: drop include/exclude and have the build write only the artifact, or drop [build]",
+            pack_root.display()
+        );
+    }
+    if b.on_miss && mode != Mode::Replace {
+        bail!(
+            "build.on_miss installs what it built by replacing restore.path whole, which only `restore.mode = \"replace\"` says: set it, or drop build.on_miss and publish with `cache build` then `cache publish`"
+        );
+    }
+    let mut guarded: Vec<(String, PathBuf)> = vec![
+        ("the repository root".into(), repo.root.clone()),
+        ("the git directory".into(), repo.git_dir.clone()),
+        ("the git directory".into(), repo.common_git_dir()),
+        ("warmstart's state directory".into(), repo.state_dir()),
+    ];
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        guarded.push(("HOME".into(), PathBuf::from(h)));
+    }
+    for input in &b.inputs {
+        guarded.push((format!("build.inputs {input:?}"), repo.root.join(input)));
+    }
+    let root_forms = [lexical(pack_root), through_links(pack_root)];
+    for (what, p) in &guarded {
+        let hit = [lexical(p), through_links(p)]
+            .iter()
+            .any(|g| root_forms.iter().any(|r| g.starts_with(r)));
+        if hit {
+            bail!(
+                "pack.root {} is or holds {what} ({}), and a [build] replaces the whole pack root: point pack.root at a directory only the build writes, such as \"build/out\"",
+                pack_root.display(),
+                p.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `p` with `.` dropped and each `..` taking off the component before it.
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `p` with its longest existing prefix resolved through symlinks (the rest
+/// taken lexically): where a write to `p` would land.
+fn through_links(p: &Path) -> PathBuf {
+    let parts: Vec<Component> = p.components().collect();
+    for n in (1..=parts.len()).rev() {
+        let head: PathBuf = parts[..n].iter().collect();
+        if let Ok(real) = std::fs::canonicalize(&head) {
+            let rest: PathBuf = parts[n..].iter().collect();
+            return lexical(&real.join(rest));
+        }
+    }
+    lexical(p)
 }
 
 /// What `pins` read, for `[build] inputs`' check.
@@ -896,6 +973,34 @@ mod tests {
 
     fn parse_str(dir: &Path, text: &str) -> Result<CacheManifest> {
         parse(&repo(dir), "tc", &dir.join("tc.toml"), text)
+    }
+
+    #[test]
+    fn a_build_pack_root_is_compared_lexically_and_through_links() {
+        assert_eq!(lexical(Path::new("/r/./a/../b/")), Path::new("/r/b"));
+        assert_eq!(lexical(Path::new("/../r/..")), Path::new("/"));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::create_dir_all(dir.join("work/src")).unwrap();
+        std::os::unix::fs::symlink(dir.join("work"), dir.join("link")).unwrap();
+        assert_eq!(through_links(&dir.join("link")), dir.join("work"));
+        assert_eq!(
+            through_links(&dir.join("link/src/../missing/x")),
+            dir.join("work/missing/x")
+        );
+        let work = dir.join("work");
+        let build = |root: &str, extra: &str| {
+            format!(
+                "[[key]]\nname = \"s\"\ngit_tree = [\"src\"]\n[pack]\nroot = {root:?}\n{extra}[restore]\npath = \"dest\"\n[build]\ncommand = [\"make\"]\ninputs = [\"src\"]\ntimeout = \"1m\"\n"
+            )
+        };
+        assert!(parse_str(&work, &build("out", "")).is_ok());
+        for root in [".", "..", "src", ".git", "../link", "/"] {
+            let e = parse_str(&work, &build(root, "")).unwrap_err();
+            assert!(e.to_string().contains("pack.root"), "{root}: {e}");
+        }
+        let e = parse_str(&work, &build("out", "include = [\"a/**\"]\n")).unwrap_err();
+        assert!(e.to_string().contains("include and exclude"), "{e}");
     }
 
     #[test]

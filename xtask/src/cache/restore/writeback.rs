@@ -15,6 +15,8 @@
 //! carries `built`, so the warm path stays free of network calls until
 //! `build.recheck` sends a restore to the branch again; that recheck
 //! rebuilds only when the pack root no longer holds what was installed.
+//! Before any of that, `cache::build::publishable` (before the build and
+//! after it): HEAD and the key unchanged, no change under an input.
 //! Never: build a key the branch has, build where `build.platforms` says
 //! not to, build from a foreground step, or push what a gate did not clear.
 
@@ -77,13 +79,20 @@ pub fn on_miss(
     let state_dir = records_dir(repo, &m)?;
     let stamp_file = stamp::path(&state_dir, name);
     let (lock, _) = lock_target(&state_dir, &m.restore_path, opts.lock_timeout)?;
+    // Pins read HEAD, the build reads the work tree: what is published
+    // under `key` must be what HEAD held then and still holds.
+    let before = crate::cache::build::Before::take(sh, repo, &key.value);
+    let dirty = crate::cache::build::publishable(sh, repo, &m, &before).err();
     let built = if still_built(&m, &key, &stamp_file)? {
         None
     } else {
         Some(crate::cache::build::run(repo, &m)?)
     };
     let remote = opts.remote.clone().unwrap_or_else(|| m.remote.clone());
-    let refusal = match may_publish(sh, repo, &m, &remote) {
+    let unpublishable = dirty
+        .or_else(|| crate::cache::build::publishable(sh, repo, &m, &before).err())
+        .map(|why| fail(Code::Config, why));
+    let refusal = match unpublishable.map_or_else(|| may_publish(sh, repo, &m, &remote), Err) {
         Ok(()) => {
             let req = crate::cache::publish::Request {
                 name: name.to_string(),
