@@ -849,3 +849,34 @@ fn a_build_whose_pack_root_is_not_its_own_is_refused_and_touches_nothing() {
     let after = (snapshot(&fx.work, detail), snapshot(&fx.env.home(), detail));
     assert!(before == after, "the hostile cases left the tree changed");
 }
+
+/// Pins read HEAD, the build reads the work tree: `--missing` on a tree
+/// whose inputs differ from HEAD is refused (exit 9, naming the paths)
+/// before it builds, and nothing is published under the clean key.
+#[test]
+fn publish_missing_on_a_dirty_input_is_refused_before_it_builds() {
+    let fx = world(Some("require"), "");
+    // The gates call *.log noise, so the tree is green for them: the
+    // inputs check is what must refuse.
+    fx.write(
+        "cache-manifests/gates.toml",
+        "ignore = [\"**/*.log\"]\n\n[[gate]]\nname = \"check\"\ncommand = [\"true\"]\ntimeout = \"30s\"\n",
+    );
+    fx.env.git("work", ["commit", "-qam", "ignore logs"]);
+    fx.env.git("work", ["push", "-q", "origin", "main"]);
+    gates_run(&fx, "work");
+    fx.write("src/notes.log", "an untracked file among the inputs\n");
+    let r = run(fx
+        .env
+        .xtask_in("work")
+        .args(["cache", "publish", CACHE, "--missing"])
+        .env("WARMSTART_SIGNING_KEY", key_path(&fx, "ci")));
+    assert_eq!(r.code(), 9, "{}", show(&r.out));
+    let err = r.stderr();
+    assert!(
+        err.contains("src/notes.log") && err.contains("not built"),
+        "{err}"
+    );
+    assert_eq!(builds(&fx), 0, "built a dirty tree for CI");
+    assert!(!remote_has_key(&fx));
+}

@@ -539,6 +539,11 @@ const MEANINGS: &[(&str, &str, &str)] = &[
     ),
     (
         "cache-publish",
+        "timings_ms.verify",
+        "with --missing: judging the key on the branch (trust check, and a present key's chunks streamed through the restore's verification)",
+    ),
+    (
+        "cache-publish",
         "timings_ms.pack",
         "tar, chunking, compression and hashing",
     ),

@@ -22,6 +22,7 @@ use crate::cache::format::manifest::{CacheManifest, Key};
 use crate::cache::publish::branch::BranchState;
 use crate::cache::publish::report::Reporter;
 use crate::cache::restore::branch::Branch;
+use crate::exit::{Code, fail};
 use crate::git::{CacheGit, Remote};
 use crate::repo::Repo;
 use crate::trust::Gate;
@@ -198,10 +199,36 @@ fn damaged(
 /// its remote lacks. Called for missing keys only, after the checks that
 /// would refuse the publish; a manifest without `[build]` publishes what
 /// the pack root holds, as a plain publish does.
-pub(crate) fn build_missing(repo: &Repo, m: &CacheManifest, out: &Reporter) -> Result<()> {
+///
+/// Pins read HEAD and the build reads the work tree, so the build is
+/// published under `key` only when the inputs are HEAD's before and after
+/// it and HEAD did not move (`cache::build::publishable`): a dirty tree is
+/// refused before an hour of building, a moved HEAD after it (exit 9).
+pub(crate) fn build_missing(
+    sh: &Shell,
+    repo: &Repo,
+    m: &CacheManifest,
+    key: &Key,
+    out: &Reporter,
+) -> Result<()> {
     if m.build.is_none() {
         return Ok(());
     }
+    let before = crate::cache::build::Before::take(sh, repo, &key.value);
+    let unpublishable = |why: String, built: &str| {
+        fail(
+            Code::NotGreen,
+            format!(
+                "{why}: cache {} {built}not published under key {}; commit the inputs and run `{} cache publish {} --missing` again",
+                m.name,
+                key.value,
+                crate::invocation::command(),
+                m.name
+            ),
+        )
+    };
+    crate::cache::build::publishable(sh, repo, m, &before)
+        .map_err(|why| unpublishable(why, "was not built and is "))?;
     out.say(format!(
         "building {} ([build] in {})",
         m.name,
@@ -215,5 +242,39 @@ pub(crate) fn build_missing(repo: &Repo, m: &CacheManifest, out: &Reporter) -> R
         crate::clock::human(built.duration),
         built.log.display()
     ));
+    crate::cache::build::publishable(sh, repo, m, &before)
+        .map_err(|why| unpublishable(why, "was built but is "))
+}
+
+/// What `--missing` does for a registry cache, which it cannot read yet:
+/// with `[build]` it refuses (publishing the pack root as it is would pass
+/// an old build off as the missing key's); without, it warns and the
+/// publish goes on as without the flag.
+pub(crate) fn registry(
+    missing: bool,
+    m: &CacheManifest,
+    registry: &crate::oci::Registry,
+    out: &Reporter,
+) -> Result<()> {
+    if missing && m.build.is_some() {
+        // Publishing the pack root as it is would pass an old build off
+        // as the missing key's.
+        return Err(fail(
+            Code::Config,
+            format!(
+                "--missing does not read OCI registries yet, so it cannot tell whether cache {} (in {registry}) needs its [build]: run `{cmd} cache build {}` and then `{cmd} cache publish {}` without --missing",
+                m.name,
+                m.name,
+                m.name,
+                cmd = crate::invocation::command()
+            ),
+        ));
+    }
+    if missing {
+        out.warn(format!(
+            "--missing does not read OCI registries yet: cache {} (in {registry}) is published as without it",
+            m.name
+        ));
+    }
     Ok(())
 }

@@ -74,6 +74,10 @@ pub struct Request {
     /// `--missing`: publish only when the remote lacks a key HEAD's trust
     /// policy accepts (module `missing`).
     pub missing: bool,
+    /// The key the artifact was built for (a write-back's): the publish is
+    /// refused when today's pins give another, so a commit that lands
+    /// between the build and the publish cannot give it the wrong key.
+    pub expect_key: Option<String>,
     pub json: bool,
     pub quiet: bool,
 }
@@ -89,6 +93,7 @@ impl From<PublishArgs> for Request {
             remote: a.remote,
             signing_key: a.signing_key,
             missing: a.missing,
+            expect_key: None,
             json: a.out.json,
             quiet: a.out.quiet(),
         }
@@ -115,6 +120,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     let m = manifests::load(repo, &req.name)?;
     let deadline = lease_deadline(&m)?;
     let key = manifests::compute_key(sh, repo, &m)?;
+    built_for(req, &m, &key)?;
     let mut summary = Summary::new(&m, &key);
     if req.key_only {
         out.say(&key.value);
@@ -124,26 +130,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
         return Ok(summary);
     }
     if let Some(registry) = &m.registry {
-        if req.missing && m.build.is_some() {
-            // Publishing the pack root as it is would pass an old build off
-            // as the missing key's.
-            return Err(fail(
-                Code::Config,
-                format!(
-                    "--missing does not read OCI registries yet, so it cannot tell whether cache {} (in {registry}) needs its [build]: run `{cmd} cache build {}` and then `{cmd} cache publish {}` without --missing",
-                    m.name,
-                    m.name,
-                    m.name,
-                    cmd = crate::invocation::command()
-                ),
-            ));
-        }
-        if req.missing {
-            out.warn(format!(
-                "--missing does not read OCI registries yet: cache {} (in {registry}) is published as without it",
-                m.name
-            ));
-        }
+        missing::registry(req.missing, &m, registry, &out)?;
         return oci::publish(sh, repo, req, &m, registry, &key, summary, &out, started);
     }
 
@@ -179,7 +166,7 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
             // asked before it, not after.
             pushed::check(sh, &repo.root, &remote, req.allow_unpushed, &out)?;
             checked = Some(gate_record(sh, repo, &m, req.allow_ungated, &out)?);
-            missing::build_missing(repo, &m, &out)?;
+            missing::build_missing(sh, repo, &m, &key, &out)?;
         }
         fetched = Some((git, state));
     }
@@ -223,6 +210,21 @@ pub fn publish(sh: &Shell, repo: &Repo, req: &Request) -> Result<Summary> {
     cx.publish_plan(state, &plan, stamped, gates, req, deadline, &mut summary)?;
     summary.duration_ms = Some(ms(started.elapsed()));
     Ok(summary)
+}
+
+/// Refuses a publish whose artifact was built for another key than HEAD's
+/// pins give now (`Request::expect_key`).
+fn built_for(req: &Request, m: &CacheManifest, key: &Key) -> Result<()> {
+    if let Some(want) = req.expect_key.as_ref().filter(|w| **w != key.value) {
+        return Err(fail(
+            Code::NotGreen,
+            format!(
+                "cache {} was built for key {want}, but HEAD's pins now give {}: HEAD moved after the build, so it is not published (build and publish again at the new HEAD)",
+                m.name, key.value
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// cache.git (waiting for its lock up to `deadline`) and the branch as

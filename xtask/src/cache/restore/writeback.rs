@@ -97,6 +97,7 @@ pub fn on_miss(
             let req = crate::cache::publish::Request {
                 name: name.to_string(),
                 remote: opts.remote.clone(),
+                expect_key: Some(key.value.clone()),
                 quiet: true,
                 ..Default::default()
             };
