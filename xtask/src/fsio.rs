@@ -7,10 +7,14 @@
 //! name is unique per process and per write (steps of a parallel plan write
 //! from several threads at once) and starts with `.`, so a reader listing
 //! the directory for records never takes it for one.
+//!
+//! Beside it, the one spelling of a path as a write would reach it:
+//! `lexical` (`.` and `..` resolved without the file system) and
+//! `through_links` (its longest existing prefix resolved through symlinks).
 
 use anyhow::{Context, Result};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The temporary name beside `path` for one write: `.<name>.tmp-<pid>-<n>`.
@@ -77,6 +81,38 @@ fn write(path: &Path, bytes: &[u8], mode: Option<u32>) -> Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+// ---- paths as a write would reach them
+
+/// `p` with `.` dropped and each `..` taking off the component before it
+/// (no file system access).
+pub fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `p` with its longest existing prefix resolved through symlinks (the rest
+/// taken lexically): where a write to `p` would land.
+pub fn through_links(p: &Path) -> PathBuf {
+    let parts: Vec<Component> = p.components().collect();
+    for n in (1..=parts.len()).rev() {
+        let head: PathBuf = parts[..n].iter().collect();
+        if let Ok(real) = std::fs::canonicalize(&head) {
+            let rest: PathBuf = parts[n..].iter().collect();
+            return lexical(&real.join(rest));
+        }
+    }
+    lexical(p)
 }
 
 #[cfg(test)]

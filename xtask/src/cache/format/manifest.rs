@@ -9,7 +9,9 @@
 use crate::hex;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+use super::place;
 
 use crate::cache::format::chunk_sizes::Sizes;
 use crate::cache::format::{DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
@@ -384,15 +386,28 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         .as_ref()
         .map(|d| d.resolve_positive("publish.lease_deadline"))
         .transpose()?;
-    let registry = registry_of(&raw.cache, !fallbacks.is_empty())?;
-    let mirrors = mirrors_of(&raw.cache, registry.as_ref())?;
+    let c = &raw.cache;
+    let set = [
+        (c.branch.is_some(), "branch"),
+        (c.full_ref.is_some(), "ref"),
+        (c.remote.is_some(), "remote"),
+    ];
+    let registry = place::registry_of(c.registry.as_deref(), set, !fallbacks.is_empty())?;
+    let mirrors = place::mirrors_of(c.mirrors.as_deref(), registry.as_ref())?;
     let branch = match &registry {
         Some(r) => r.to_string(),
-        None => cache_ref(name, raw.cache.branch, raw.cache.full_ref)?,
+        None => place::cache_ref(name, raw.cache.branch, raw.cache.full_ref)?,
     };
     let pack_root = expand_path(repo, &raw.pack.root)?;
     if let Some(b) = &build {
-        build_fits(repo, b, &raw.pack, raw.restore.mode, &pack_root)?;
+        let picks = !raw.pack.include.is_empty() || !raw.pack.exclude.is_empty();
+        super::build_fits::check(
+            repo,
+            b,
+            picks,
+            raw.restore.mode == Mode::Replace,
+            &pack_root,
+        )?;
     }
     let include = if raw.pack.include.is_empty() {
         vec![Glob::new("**")?]
@@ -439,89 +454,6 @@ pub fn parse(repo: &Repo, name: &str, file: &Path, text: &str) -> Result<CacheMa
         bootstrap,
         build,
     })
-}
-
-/// The limits `[build]` puts on the rest of the manifest, checked when the
-/// manifest loads so that a refused one touches nothing: a build's staging
-/// directory replaces the whole pack root, so the pack root must be a
-/// directory the build owns outright, never one that is, or holds, the
-/// repository, its git directory, warmstart's state, HOME or an input
-/// (compared lexically and through symlinks); `[pack] include`/`exclude`
-/// would say only part of it is the artifact; and a write-back (`on_miss`)
-/// replaces its target whole, which only `restore.mode = "replace"` says.
-fn build_fits(
-    repo: &Repo,
-    b: &crate::cache::format::build::Build,
-    pack: &RawPack,
-    mode: Mode,
-    pack_root: &Path,
-) -> Result<()> {
-    if !pack.include.is_empty() || !pack.exclude.is_empty() {
-        bail!(
-            "[build] replaces the whole pack.root ({}), so [pack] include and exclude cannot pick part of it: drop include/exclude and have the build write only the artifact, or drop [build]",
-            pack_root.display()
-        );
-    }
-    if b.on_miss && mode != Mode::Replace {
-        bail!(
-            "build.on_miss installs what it built by replacing restore.path whole, which only `restore.mode = \"replace\"` says: set it, or drop build.on_miss and publish with `cache build` then `cache publish`"
-        );
-    }
-    let mut guarded: Vec<(String, PathBuf)> = vec![
-        ("the repository root".into(), repo.root.clone()),
-        ("the git directory".into(), repo.git_dir.clone()),
-        ("the git directory".into(), repo.common_git_dir()),
-        ("warmstart's state directory".into(), repo.state_dir()),
-    ];
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        guarded.push(("HOME".into(), PathBuf::from(h)));
-    }
-    for input in &b.inputs {
-        guarded.push((format!("build.inputs {input:?}"), repo.root.join(input)));
-    }
-    let root_forms = [lexical(pack_root), through_links(pack_root)];
-    for (what, p) in &guarded {
-        let hit = [lexical(p), through_links(p)]
-            .iter()
-            .any(|g| root_forms.iter().any(|r| g.starts_with(r)));
-        if hit {
-            bail!(
-                "pack.root {} is or holds {what} ({}), and a [build] replaces the whole pack root: point pack.root at a directory only the build writes, such as \"build/out\"",
-                pack_root.display(),
-                p.display()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// `p` with `.` dropped and each `..` taking off the component before it.
-fn lexical(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// `p` with its longest existing prefix resolved through symlinks (the rest
-/// taken lexically): where a write to `p` would land.
-fn through_links(p: &Path) -> PathBuf {
-    let parts: Vec<Component> = p.components().collect();
-    for n in (1..=parts.len()).rev() {
-        let head: PathBuf = parts[..n].iter().collect();
-        if let Ok(real) = std::fs::canonicalize(&head) {
-            let rest: PathBuf = parts[n..].iter().collect();
-            return lexical(&real.join(rest));
-        }
-    }
-    lexical(p)
 }
 
 /// What `pins` read, for `[build] inputs`' check.
@@ -663,108 +595,6 @@ fn resolve_fallbacks(
         ),
         (true, Some(_)) => bail!("restore.recheck is set but there is no restore.fallback"),
         _ => Ok((out, recheck)),
-    }
-}
-
-/// `cache.registry`, checked: it excludes the git fields (`branch`, `ref`,
-/// `remote`), and what a registry cache cannot do yet
-/// (`[[restore.fallback]]`, which needs the registry's tag list) is refused
-/// rather than ignored.
-fn registry_of(raw: &RawCache, fallbacks: bool) -> Result<Option<crate::oci::Registry>> {
-    let Some(r) = &raw.registry else {
-        return Ok(None);
-    };
-    for (set, field) in [
-        (raw.branch.is_some(), "branch"),
-        (raw.full_ref.is_some(), "ref"),
-        (raw.remote.is_some(), "remote"),
-    ] {
-        if set {
-            bail!(
-                "cache.registry and cache.{field} are both set: a cache lives in a registry or on a git branch; keep one"
-            );
-        }
-    }
-    if fallbacks {
-        bail!(
-            "[[restore.fallback]] is not read from a registry yet (cache.registry): remove it, or keep this cache on a git branch"
-        );
-    }
-    Ok(Some(crate::oci::Registry::parse(r)?))
-}
-
-/// `cache.mirrors`, checked: each `host[:port][/path]` as
-/// `oci::mirror::Spec::parse` reads it, none twice, none the registry
-/// itself; only beside `cache.registry` (a git cache's mirrors are not read
-/// yet, and a list nobody reads would be a silent default).
-fn mirrors_of(
-    raw: &RawCache,
-    registry: Option<&crate::oci::Registry>,
-) -> Result<Vec<crate::oci::mirror::Spec>> {
-    let Some(listed) = &raw.mirrors else {
-        return Ok(Vec::new());
-    };
-    let Some(registry) = registry else {
-        bail!(
-            "cache.mirrors is set without cache.registry: mirrors are read for a cache in an OCI registry only (a git branch's mirrors are not read yet); remove it"
-        );
-    };
-    let mut out: Vec<crate::oci::mirror::Spec> = Vec::new();
-    for m in listed {
-        let spec = crate::oci::mirror::Spec::parse(m).context("cache.mirrors")?;
-        if spec.for_origin(registry) == *registry {
-            bail!("cache.mirrors names the registry itself ({m:?}): list only other registries");
-        }
-        if out.contains(&spec) {
-            bail!("cache.mirrors names {m:?} twice: list each mirror once");
-        }
-        out.push(spec);
-    }
-    Ok(out)
-}
-
-/// Where the cache lives: `cache.branch` (default `<name>-cache`, a branch
-/// as before refs existed, so that a manifest without either field keeps
-/// meaning what it always meant) or `cache.ref`, a full ref.
-fn cache_ref(name: &str, branch: Option<String>, full: Option<String>) -> Result<String> {
-    let usable = |s: &str| {
-        !(s.is_empty()
-            || s.starts_with('-')
-            || s.ends_with('/')
-            || s.contains("..")
-            || s.contains("//")
-            || s.ends_with(".lock")
-            || s.bytes().any(|b| b <= b' ' || b":~^?*[\\".contains(&b)))
-    };
-    match (branch, full) {
-        (Some(_), Some(_)) => bail!(
-            "cache.branch and cache.ref are both set: keep one (`ref = \"refs/warmstart/cache/{name}\"` keeps the cache out of plain clones)"
-        ),
-        (b, None) => {
-            let b = b.unwrap_or_else(|| format!("{name}-cache"));
-            if !usable(&b) || b.starts_with("refs/") {
-                bail!(
-                    "cache.branch {b:?} is not a usable branch name (for a full ref such as refs/warmstart/cache/{name}, set cache.ref instead)"
-                );
-            }
-            Ok(b)
-        }
-        (None, Some(r)) => {
-            let bad_place = ["refs/tags/", "refs/remotes/", "refs/warmstart/gates/"]
-                .iter()
-                .find(|p| r.starts_with(*p));
-            if !r.starts_with("refs/") || r.matches('/').count() < 2 || !usable(&r) {
-                bail!(
-                    "cache.ref {r:?} is not a usable ref: give a full ref such as \"refs/warmstart/cache/{name}\""
-                );
-            }
-            if let Some(p) = bad_place {
-                bail!(
-                    "cache.ref {r:?} is under {p}, which clones, fetches or gate records use: choose e.g. \"refs/warmstart/cache/{name}\""
-                );
-            }
-            Ok(r)
-        }
     }
 }
 
@@ -977,6 +807,7 @@ mod tests {
 
     #[test]
     fn a_build_pack_root_is_compared_lexically_and_through_links() {
+        use crate::fsio::{lexical, through_links};
         assert_eq!(lexical(Path::new("/r/./a/../b/")), Path::new("/r/b"));
         assert_eq!(lexical(Path::new("/../r/..")), Path::new("/"));
         let tmp = tempfile::tempdir().unwrap();

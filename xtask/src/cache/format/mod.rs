@@ -6,12 +6,14 @@
 
 pub mod bootstrap;
 pub mod build;
+pub mod build_fits;
 pub mod chunk_sizes;
 pub mod fallback;
 pub mod files;
 pub mod key;
 pub mod manifest;
 pub mod oci;
+pub mod place;
 pub mod readme;
 pub mod trust;
 

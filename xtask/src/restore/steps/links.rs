@@ -240,21 +240,6 @@ fn dangling(farm: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// `p` with `.` and `..` resolved lexically (no file system access).
-fn lexical(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// Symlinks in the farm that point into `source` but whose entry is no
 /// longer selected (`include` or `entries` changed, e.g. to stop linking
 /// `build-info.json`): the farm is regenerated, so they go. Links to
@@ -268,7 +253,7 @@ fn unselected(l: &Links, entries: &[Entry]) -> Vec<PathBuf> {
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let ours = std::fs::read_link(e.path())
-                .is_ok_and(|t| lexical(&l.farm.join(t)).starts_with(&l.source));
+                .is_ok_and(|t| crate::fsio::lexical(&l.farm.join(t)).starts_with(&l.source));
             ours && !name.starts_with('.') && !entries.iter().any(|x| x.name == name)
         })
         .map(|e| e.path())
