@@ -140,14 +140,7 @@ pub(super) fn new_stamp(
     files: u64,
     partial: Option<stamp::Partial>,
 ) -> Stamp {
-    let now = clock::now_ms();
     Stamp {
-        format: stamp::STAMP_FORMAT,
-        name: m.name.clone(),
-        key: key.value.clone(),
-        key_parts: key.parts.clone(),
-        target: m.restore_path.clone(),
-        mode: stamp::mode_name(m.mode).to_string(),
         branch: branch.name.clone(),
         source: branch.remote.to_string(),
         commit: branch.commit.clone(),
@@ -157,10 +150,8 @@ pub(super) fn new_stamp(
         // The key's (a delta decodes only part of it).
         tar_size: kp.plan.tar_size.unwrap_or(vstats.tar_bytes),
         files,
-        restored_at: clock::rfc3339(now),
-        restored_at_ms: now,
         partial,
-        built: None,
+        ..Stamp::of(m, key, clock::now_ms())
     }
 }
 

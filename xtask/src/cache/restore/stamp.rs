@@ -175,6 +175,38 @@ pub fn mode_name(mode: Mode) -> &'static str {
 }
 
 impl Stamp {
+    /// A stamp of `key` of `m` installed at `now` (epoch ms), with where it
+    /// came from and what was unpacked left empty for the caller to fill:
+    /// the one place that says which fields name the manifest, the key and
+    /// the time (a cold restore's and a write-back's stamps differ only in
+    /// the rest).
+    pub fn of(
+        m: &crate::cache::format::manifest::CacheManifest,
+        key: &crate::cache::format::manifest::Key,
+        now: u64,
+    ) -> Stamp {
+        Stamp {
+            format: STAMP_FORMAT,
+            name: m.name.clone(),
+            key: key.value.clone(),
+            key_parts: key.parts.clone(),
+            target: m.restore_path.clone(),
+            mode: mode_name(m.mode).to_string(),
+            branch: m.branch.clone(),
+            source: String::new(),
+            commit: String::new(),
+            layout: String::new(),
+            manifest_sha256: String::new(),
+            tar_sha256: String::new(),
+            tar_size: 0,
+            files: 0,
+            restored_at: crate::clock::rfc3339(now),
+            restored_at_ms: now,
+            partial: None,
+            built: None,
+        }
+    }
+
     /// Whether this stamp installed exactly `key` (with `parts`) at `target`
     /// in `mode`. Compares strings only: no hashing, no I/O.
     pub fn matches(

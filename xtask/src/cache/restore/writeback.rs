@@ -296,27 +296,17 @@ fn install_built(
         .read()
         .unwrap_or_default();
     let s = Stamp {
-        format: stamp::STAMP_FORMAT,
-        name: m.name.clone(),
-        key: key.value.clone(),
-        key_parts: key.parts.clone(),
-        target: m.restore_path.clone(),
-        mode: stamp::mode_name(m.mode).to_string(),
-        branch: m.branch.clone(),
         source: "this machine's build".into(),
         commit: head,
         layout: "built".into(),
-        manifest_sha256: String::new(),
         tar_sha256: digest.sha256,
         tar_size: digest.size,
         files,
-        restored_at: clock::rfc3339(now),
-        restored_at_ms: now,
-        partial: None,
         built: Some(stamp::Built {
             unpublished: unpublished.to_string(),
             checked_at_ms: now,
         }),
+        ..Stamp::of(m, key, now)
     };
     stamp::store(stamp_file, &s)?;
     ready(m).map_err(|why| {
